@@ -1,0 +1,73 @@
+"""Evaluation of ALU expressions over constants and variables, with C semantics for integers."""
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+from mtlir.dtypes import DType
+from mtlir.ops import Ops
+from mtlir.uop import UOp
+
+__all__ = ["evaluate", "c_idiv", "c_mod", "wrap", "ALU_FUNCS"]
+
+
+def c_idiv(a: int, b: int) -> int:
+    """Integer division truncating toward zero (C). Raises ``ZeroDivisionError``."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def c_mod(a: int, b: int) -> int:
+    """Remainder with the sign of the dividend (C). Raises ``ZeroDivisionError``."""
+    return a - b * c_idiv(a, b)
+
+
+def wrap(dtype: DType, value: Any) -> Any:
+    """``value`` wrapped to the range of an integer dtype (two's complement), unchanged for floats."""
+    if not dtype.is_word or dtype.kind == "bool":
+        return bool(value) if dtype.kind == "bool" else value
+    value &= (1 << dtype.bits) - 1
+    if dtype.kind == "int" and value >> (dtype.bits - 1):
+        value -= 1 << dtype.bits
+    return value
+
+
+ALU_FUNCS: dict[Ops, Callable[..., Any]] = {
+    Ops.NEG: operator.neg, Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul,
+    Ops.IDIV: c_idiv, Ops.MOD: c_mod, Ops.MAX: max, Ops.MIN: min, Ops.SHL: operator.lshift,
+    Ops.SHR: operator.rshift, Ops.AND: operator.and_, Ops.OR: operator.or_, Ops.XOR: operator.xor,
+    Ops.CMPLT: operator.lt, Ops.CMPLE: operator.le, Ops.CMPEQ: operator.eq, Ops.CMPNE: operator.ne,
+    Ops.WHERE: lambda c, a, b: a if c else b,
+}
+
+
+def evaluate(root: UOp, values: dict[str, int]) -> Any:
+    """The value of ``root``, an expression of CONST, DEFINE_VAR, CAST and ALU nodes.
+
+    ``values`` binds DEFINE_VARs by name. Raises ``KeyError`` naming an unbound variable, ``ValueError`` for a
+    variable value outside its bounds or a node that is not arithmetic."""
+    memo: dict[UOp, Any] = {}
+    for u in root.toposort():
+        if u.op is Ops.CONST:
+            memo[u] = u.arg
+        elif u.op is Ops.DEFINE_VAR:
+            name, lo, hi = u.arg
+            if name not in values:
+                raise KeyError(f"variable {name!r} has no value")
+            v = int(values[name])
+            if not lo <= v <= hi:
+                raise ValueError(f"variable {name!r} = {v} is outside its bounds [{lo}, {hi}]")
+            memo[u] = v
+        elif u.op in ALU_FUNCS:
+            memo[u] = wrap(u.dtype, ALU_FUNCS[u.op](*(memo[s] for s in u.src)))
+        elif u.op is Ops.CAST:
+            v = memo[u.src[0]]
+            memo[u] = float(v) if u.dtype.is_float else wrap(u.dtype, int(v))
+        elif u.op in (Ops.AFTER,):
+            memo[u] = memo[u.src[0]]
+        else:
+            raise ValueError(f"cannot evaluate {u.op!r} (only constants, variables and arithmetic)")
+    return memo[root]
+
+

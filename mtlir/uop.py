@@ -1,0 +1,325 @@
+"""UOp: the immutable, hash-consed node of the mtlir IR.
+
+Building the same node twice returns the same object (``is``), so structural equality is identity and "did this
+pass change anything" is ``new is old``. The intern table holds weak references only: a node nobody references is
+freed and leaves the table. Args are keyed by type and value (``_argkey``): ``-0.0`` and ``0.0`` are different
+constants, every NaN is one constant, and ``1``, ``True`` and ``1.0`` never merge.
+"""
+from __future__ import annotations
+
+import dataclasses
+import struct
+import weakref
+from collections.abc import Iterator
+from enum import Enum
+from typing import Any
+
+from mtlir.dtypes import DType, PtrDType, dtypes
+from mtlir.ops import GroupOp, Ops
+
+__all__ = ["UOp", "argkey"]
+
+_ATOMS = (str, int, bool, type(None), bytes, Ops, DType)
+
+
+def argkey(arg: Any) -> Any:
+    """A hashable key for ``arg`` that tells apart values Python's ``==`` merges.
+
+    Raises ``TypeError`` for an arg that is not hashable (a list, a dict, a mutable object)."""
+    t = type(arg)
+    if t is float:
+        return (float, "nan") if arg != arg else (float, struct.pack("<d", arg))
+    if t is tuple:
+        return (tuple, tuple(argkey(a) for a in arg))
+    if t in _ATOMS or isinstance(arg, (Enum, DType)):
+        return (t, arg)
+    if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
+        return (t, tuple(argkey(getattr(arg, f.name)) for f in dataclasses.fields(arg)))
+    if isinstance(arg, frozenset):
+        return (frozenset, frozenset(argkey(a) for a in arg))
+    hash(arg)  # raises TypeError for unhashable args
+    return (t, arg)
+
+
+_table: dict[tuple, weakref.ReferenceType[UOp]] = {}
+
+
+def _const_cast(dtype: DType, value: Any) -> Any:
+    if dtype.kind == "bool":
+        return bool(value)
+    if dtype.kind == "float":
+        return float(value)
+    if dtype.is_word:
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise ValueError(f"constant {value!r} is not an integer, cannot be a {dtype.name}")
+            value = int(value)
+        return int(value)
+    return value
+
+
+class UOp:
+    """A node: ``op`` (Ops), ``dtype`` (DType), ``src`` (tuple of UOps), ``arg`` (hashable), ``tag`` (hashable).
+
+    Construct with ``UOp(op, dtype, src, arg, tag)`` or the builders (``UOp.const``, ``UOp.variable``,
+    ``x.index(i).load()``, arithmetic operators). Raises ``TypeError`` when ``src`` holds a non-UOp or
+    ``arg``/``tag`` is not hashable.
+    """
+
+    __slots__ = ("op", "dtype", "src", "arg", "tag", "_key", "__weakref__")
+    op: Ops
+    dtype: DType
+    src: tuple[UOp, ...]
+    arg: Any
+    tag: Any
+
+    def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None,
+                tag: Any = None) -> UOp:
+        if type(src) is not tuple:
+            src = tuple(src)
+        key = (op, dtype, src, argkey(arg), None if tag is None else argkey(tag))
+        ref = _table.get(key)
+        if ref is not None and (node := ref()) is not None:
+            return node
+        for s in src:
+            if type(s) is not UOp:
+                raise TypeError(f"UOp({op!r}): source {s!r} is not a UOp")
+        node = object.__new__(cls)
+        osa = object.__setattr__
+        osa(node, "op", op)
+        osa(node, "dtype", dtype)
+        osa(node, "src", src)
+        osa(node, "arg", arg)
+        osa(node, "tag", tag)
+        osa(node, "_key", key)
+        _table[key] = weakref.ref(node)
+        return node
+
+    def __del__(self) -> None:
+        try:
+            ref = _table.get(self._key)
+            if ref is not None and ref() in (None, self):
+                del _table[self._key]
+        except (AttributeError, TypeError, KeyError):  # interpreter shutdown
+            pass
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError("UOp is immutable: use replace()")
+
+    def __reduce__(self) -> tuple:
+        return (UOp, (self.op, self.dtype, self.src, self.arg, self.tag))
+
+    # identity semantics: hash-consing makes structural equality identity
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        from mtlir.render import render
+        text = render(self)
+        return text if len(text) < 2000 else text[:2000] + " ..."
+
+    def replace(self, **kwargs: Any) -> UOp:
+        """A node like this one with the given fields changed; this very node when nothing changes."""
+        op, dtype, src, arg, tag = (kwargs.get("op", self.op), kwargs.get("dtype", self.dtype),
+                                    kwargs.get("src", self.src), kwargs.get("arg", self.arg),
+                                    kwargs.get("tag", self.tag))
+        return UOp(op, dtype, src, arg, tag)
+
+    # ---- traversal
+
+    def toposort(self) -> list[UOp]:
+        """Every node reachable from this one, each after all of its sources; deterministic (source order).
+
+        Iterative: a 100,000-node chain works at the default recursion limit."""
+        order: list[UOp] = []
+        seen: set[UOp] = set()
+        stack: list[tuple[UOp, bool]] = [(self, False)]
+        while stack:
+            node, ready = stack.pop()
+            if ready:
+                order.append(node)
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            for s in reversed(node.src):
+                if s not in seen:
+                    stack.append((s, False))
+        return order
+
+    def walk(self) -> Iterator[UOp]:
+        """Iterate over ``toposort()``."""
+        return iter(self.toposort())
+
+    # ---- builders
+
+    @staticmethod
+    def const(dtype: DType, value: Any) -> UOp:
+        """A constant of ``dtype``; ``value`` is cast to the dtype's Python type (int, float, bool).
+
+        Raises ``ValueError`` for a non-integral float given to an integer dtype."""
+        return UOp(Ops.CONST, dtype, (), _const_cast(dtype, value))
+
+    @staticmethod
+    def variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.int32) -> UOp:
+        """A value bound at run time (DEFINE_VAR) with inclusive bounds ``[min_val, max_val]``.
+
+        Raises ``ValueError`` when ``min_val > max_val``."""
+        if min_val > max_val:
+            raise ValueError(f"variable {name!r}: min {min_val} > max {max_val}")
+        return UOp(Ops.DEFINE_VAR, dtype, (), (name, int(min_val), int(max_val)))
+
+    @staticmethod
+    def sink(*srcs: UOp, arg: Any = None) -> UOp:
+        """A SINK keeping ``srcs`` (side effects, results) alive."""
+        return UOp(Ops.SINK, dtypes.void, srcs, arg)
+
+    def _ufix(self, x: UOp | int | float | bool) -> UOp:
+        if isinstance(x, UOp):
+            return x
+        dt = self.dtype if not isinstance(self.dtype, PtrDType) else dtypes.int64
+        if isinstance(x, float) and not dt.is_float:
+            dt = dtypes.float32
+        return UOp.const(dt, x)
+
+    def alu(self, op: Ops, *srcs: UOp | int | float) -> UOp:
+        """An ALU node ``op(self, *srcs)``; ints become constants of ``self``'s dtype; comparisons are bool."""
+        src = (self, *(self._ufix(s) for s in srcs))
+        if op is Ops.WHERE:
+            dtype = src[1].dtype
+        elif op in GroupOp.Comparison:
+            dtype = dtypes.bool
+        else:
+            dtype = self.dtype
+        return UOp(op, dtype, src)
+
+    def __add__(self, x: UOp | int) -> UOp: return self.alu(Ops.ADD, x)
+    def __radd__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.ADD, self)
+    def __sub__(self, x: UOp | int) -> UOp: return self.alu(Ops.SUB, x)
+    def __rsub__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.SUB, self)
+    def __mul__(self, x: UOp | int) -> UOp: return self.alu(Ops.MUL, x)
+    def __rmul__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.MUL, self)
+    def __floordiv__(self, x: UOp | int) -> UOp: return self.alu(Ops.IDIV, x)
+    def __rfloordiv__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.IDIV, self)
+    def __mod__(self, x: UOp | int) -> UOp: return self.alu(Ops.MOD, x)
+    def __rmod__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.MOD, self)
+    def __lshift__(self, x: UOp | int) -> UOp: return self.alu(Ops.SHL, x)
+    def __rshift__(self, x: UOp | int) -> UOp: return self.alu(Ops.SHR, x)
+    def __and__(self, x: UOp | int) -> UOp: return self.alu(Ops.AND, x)
+    def __rand__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.AND, self)
+    def __or__(self, x: UOp | int) -> UOp: return self.alu(Ops.OR, x)
+    def __ror__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.OR, self)
+    def __xor__(self, x: UOp | int) -> UOp: return self.alu(Ops.XOR, x)
+    def __rxor__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.XOR, self)
+    def __neg__(self) -> UOp: return self.alu(Ops.NEG)
+    def __lt__(self, x: UOp | int) -> UOp: return self.alu(Ops.CMPLT, x)  # type: ignore[override]
+    def __le__(self, x: UOp | int) -> UOp: return self.alu(Ops.CMPLE, x)  # type: ignore[override]
+    def __gt__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.CMPLT, self)  # type: ignore[override]
+    def __ge__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.CMPLE, self)  # type: ignore[override]
+
+    def eq(self, x: UOp | int) -> UOp:
+        """``self == x`` as a CMPEQ node (``==`` itself is identity)."""
+        return self.alu(Ops.CMPEQ, x)
+
+    def ne(self, x: UOp | int) -> UOp:
+        """``self != x`` as a CMPNE node."""
+        return self.alu(Ops.CMPNE, x)
+
+    def maximum(self, x: UOp | int) -> UOp:
+        return self.alu(Ops.MAX, x)
+
+    def minimum(self, x: UOp | int) -> UOp:
+        return self.alu(Ops.MIN, x)
+
+    def where(self, a: UOp | int, b: UOp | int) -> UOp:
+        """``self ? a : b``; ``a`` and ``b`` take their dtype from each other when one is an int."""
+        a2 = a if isinstance(a, UOp) else (b._ufix(a) if isinstance(b, UOp) else UOp.const(dtypes.int32, a))
+        b2 = b if isinstance(b, UOp) else a2._ufix(b)
+        return UOp(Ops.WHERE, a2.dtype, (self, a2, b2))
+
+    def cast(self, dtype: DType) -> UOp:
+        """Convert the value to ``dtype`` (CAST); this node itself when the dtype already matches."""
+        return self if self.dtype is dtype else UOp(Ops.CAST, dtype, (self,))
+
+    def bitcast(self, dtype: DType) -> UOp:
+        """Reinterpret the bits as ``dtype`` (BITCAST)."""
+        return self if self.dtype is dtype else UOp(Ops.BITCAST, dtype, (self,))
+
+    def index(self, i: UOp | int) -> UOp:
+        """The address of element ``i`` of the pointer ``self`` (INDEX, dtype: the same pointer)."""
+        idx = i if isinstance(i, UOp) else UOp.const(dtypes.int64, i)
+        return UOp(Ops.INDEX, self.dtype, (self, idx))
+
+    def load(self, *deps: UOp) -> UOp:
+        """Read the element at this address (LOAD); ``deps`` order the read after those side effects."""
+        base = self.dtype.base if isinstance(self.dtype, PtrDType) else self.dtype
+        return UOp(Ops.LOAD, base, (self, *deps))
+
+    def store(self, value: UOp | int | float) -> UOp:
+        """Write ``value`` at this address (STORE, a side effect of dtype void)."""
+        base = self.dtype.base if isinstance(self.dtype, PtrDType) else self.dtype
+        v = value if isinstance(value, UOp) else UOp.const(base, value)
+        return UOp(Ops.STORE, dtypes.void, (self, v))
+
+    def after(self, *deps: UOp) -> UOp:
+        """This value, ordered after the side effects ``deps`` (AFTER); this node when ``deps`` is empty."""
+        return UOp(Ops.AFTER, self.dtype, (self, *deps)) if deps else self
+
+    @staticmethod
+    def range(end: UOp | int, rid: int = 0, dtype: DType = dtypes.int64) -> UOp:
+        """A loop counter running ``0 .. end-1`` (RANGE); ``rid`` tells apart loops with the same bound."""
+        e = end if isinstance(end, UOp) else UOp.const(dtype, end)
+        return UOp(Ops.RANGE, dtype, (e,), rid)
+
+    def end(self, *effects: UOp) -> UOp:
+        """Close the loop ``self`` (a RANGE) after ``effects`` (END, a side effect)."""
+        if self.op is not Ops.RANGE:
+            raise TypeError(f"end() closes a RANGE, not {self.op!r}")
+        return UOp(Ops.END, dtypes.void, (self, *effects))
+
+    @staticmethod
+    def struct(dtype: DType, *fields: UOp | int) -> UOp:
+        """A struct value (``dtypes.MTLSize`` from 3 words, ``dtypes.NSRange`` from 2) built from its fields."""
+        n = len(getattr(dtype, "fields", ()))
+        if n == 0 or len(fields) != n:
+            raise ValueError(f"{dtype!r} takes {n} fields, got {len(fields)}")
+        src = tuple(f if isinstance(f, UOp) else UOp.const(dtypes.uint64, f) for f in fields)
+        return UOp(Ops.STRUCT, dtype, src)
+
+    def gep(self, i: int) -> UOp:
+        """Field ``i`` of a struct value (GEP, a uint64)."""
+        return UOp(Ops.GEP, dtypes.uint64, (self,), i)
+
+    # ---- queries
+
+    @property
+    def is_const(self) -> bool:
+        return self.op is Ops.CONST
+
+    def const_value(self) -> Any:
+        """The value of a CONST; raises ``ValueError`` for any other op."""
+        if self.op is not Ops.CONST:
+            raise ValueError(f"{self.op!r} is not a constant")
+        return self.arg
+
+    def variables(self) -> list[UOp]:
+        """The DEFINE_VAR nodes this node depends on, in toposort order."""
+        return [u for u in self.toposort() if u.op is Ops.DEFINE_VAR]
+
+    def evaluate(self, values: dict[str, int] | None = None) -> Any:
+        """The value of an ALU expression over constants and variables (``values`` by variable name).
+
+        Integer division and modulo truncate toward zero, as in C. Raises ``KeyError`` for an unbound variable
+        and ``ValueError`` for an op that is not arithmetic."""
+        from mtlir.evaluate import evaluate
+        return evaluate(self, values or {})
+
