@@ -1,0 +1,59 @@
+# mtlir: `make run` (the main job) and `make test` (the whole suite) set everything up on a fresh machine.
+# Debian/Ubuntu: missing system packages are installed with apt-get (Graphviz's dot, an OpenCL runtime for the CPU,
+# a C compiler). Elsewhere the Makefile says what to install by hand. A second run reuses what is installed.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TRACE ?= examples/traces/mlp.apple7.json
+OUT ?= out
+APT_PACKAGES := graphviz pocl-opencl-icd ocl-icd-libopencl1 build-essential
+
+.PHONY: run test setup sysdeps bench example clean
+
+run: $(STAMP)
+	$(VENV)/bin/mtlir run $(TRACE) --viz $(OUT)/$(notdir $(basename $(basename $(TRACE))))
+	@echo "pictures of every lowering stage: $(OUT)/$(notdir $(basename $(basename $(TRACE))))/*.svg"
+
+test: $(STAMP)
+	$(PY) -m pytest tests
+
+setup: $(STAMP)
+
+example: $(STAMP)
+	$(PY) examples/saxpy_reduce.py --viz $(OUT)/saxpy_reduce --run
+
+bench: $(STAMP)
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# system packages: checked every time (cheap), installed only when something is missing
+sysdeps:
+	@missing=""; \
+	command -v dot >/dev/null 2>&1 || missing="$$missing graphviz"; \
+	command -v cc >/dev/null 2>&1 || missing="$$missing build-essential"; \
+	ls /etc/OpenCL/vendors/*.icd >/dev/null 2>&1 || [ "$$(uname)" = Darwin ] || missing="$$missing pocl-opencl-icd ocl-icd-libopencl1"; \
+	$(PYTHON) -c "import venv, ensurepip" >/dev/null 2>&1 || missing="$$missing python3-venv"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  echo "installing system packages:$$missing"; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null || \
+	  { echo "apt-get failed: install by hand:$$missing"; exit 1; }; \
+	elif [ "$$(uname)" = Darwin ]; then \
+	  echo "missing:$$missing -- on macOS install Graphviz with 'brew install graphviz' and the Xcode command line"; \
+	  echo "tools with 'xcode-select --install' (OpenCL and Metal come with macOS)"; exit 1; \
+	else \
+	  echo "missing:$$missing -- install Graphviz (the 'dot' program), an OpenCL runtime for the CPU (PoCL) with"; \
+	  echo "an ICD loader, a C compiler and Python's venv module with your system's package manager"; exit 1; \
+	fi
+
+$(STAMP): pyproject.toml | sysdeps
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) $(OUT) build dist *.egg-info .pytest_cache .hypothesis

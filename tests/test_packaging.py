@@ -1,0 +1,61 @@
+"""The installed layout: `passes/` and `runtime/` install as `mtlir.passes` and `mtlir.runtime`, and nothing but
+`mtlir` lands in site-packages. Run from the repository root the top-level `mtlir/` folder would shadow an installed
+package, so this test builds the wheel, installs it into a fresh environment and imports from another directory."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = tmp_path_factory.mktemp("src")
+    for name in ("mtlir", "passes", "runtime"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+                    str(src)], check=True, capture_output=True, text=True)
+    (whl,) = out.glob("mtlir-*.whl")
+    return whl
+
+
+def test_wheel_holds_only_mtlir(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as z:
+        tops = {n.split("/")[0] for n in z.namelist()}
+        names = set(z.namelist())
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"mtlir"}
+    for needed in ("mtlir/py.typed", "mtlir/passes/__init__.py", "mtlir/runtime/__init__.py",
+                   "mtlir/runtime/sim/__init__.py"):
+        assert needed in names, needed
+
+
+def test_wheel_imports_from_another_directory(wheel: Path, tmp_path: Path) -> None:
+    env_dir = tmp_path / "env"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    # the wheel's files go into the fresh environment; its dependencies come from this test's environment through a
+    # plain path entry (a .pth line adds a path without running that directory's own .pth files, so the editable
+    # install of the checkout stays out of sight)
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = ("import mtlir, mtlir.passes, mtlir.runtime, mtlir.runtime.sim; "
+            "print(mtlir.__file__); print(mtlir.passes.__file__); print(mtlir.runtime.__file__)")
+    got = subprocess.run([str(py), "-c", code], cwd=elsewhere, check=True, capture_output=True, text=True).stdout
+    for line in got.split():
+        assert line.startswith(site), (line, site)
