@@ -1,1 +1,19 @@
-"""mtlir."""
+"""mtlir.runtime: run a lowered Program on a device.
+
+``link`` makes a Program's device objects once; an executor (``Interpreter`` or ``CompiledReplay``) runs the
+Program through a ``Bridge``; a ``Session`` links once and replays ``submit``/``wait``; ``RecordingBridge`` records
+the messages a run sends (docs/runtime.md). The devices live in ``mtlir.runtime.sim`` (simulated) and
+``mtlir.runtime.metal`` (macOS).
+"""
+from mtlir.runtime.bridge import Bridge, HostMemory, Message, RecordingBridge
+from mtlir.runtime.errors import (BridgeError, GPUExecutionError, KernelCompileError, LinkError, MetalValidationError,
+                                  UnsupportedKernelError)
+from mtlir.runtime.interpreter import (EXECUTORS, CompiledReplay, Executor, Interpreter, ProgramError, make_executor,
+                                       prepare_registers)
+from mtlir.runtime.link import IcbCommand, Linked, link
+from mtlir.runtime.session import Session, Submission
+
+__all__ = ["Bridge", "HostMemory", "Message", "RecordingBridge", "BridgeError", "GPUExecutionError",
+           "KernelCompileError", "LinkError", "MetalValidationError", "UnsupportedKernelError", "EXECUTORS",
+           "CompiledReplay", "Executor", "Interpreter", "ProgramError", "make_executor", "prepare_registers",
+           "IcbCommand", "Linked", "link", "Session", "Submission"]

@@ -2,16 +2,23 @@
 
 A Bridge is objc_msgSend, sel_registerName, objc_getClass, the few C functions a program calls, and host memory.
 Values are Python ints (ids, SELs, addresses, integers), floats (double) and tuples (a struct by value).
-docs/internals.md is the contract; ``RecordingBridge`` wraps any bridge and records the messages it sends.
+docs/internals.md is the contract; ``RecordingBridge`` wraps any bridge and records the messages it sends, and
+without an inner bridge it is a small fake device of its own (``mtlir lower --json`` needs no device).
 """
 from __future__ import annotations
 
+import itertools
+import struct
+import time
 from typing import Any, Protocol, runtime_checkable
 
-from mtlir.dtypes import DType
-from mtlir.metal import Prototype
+from mtlir.dtypes import DType, PtrDType, dtypes
+from mtlir.metal import MTL, SELECTORS, TARGETS, Prototype
+from mtlir.runtime.errors import BridgeError
 
-__all__ = ["Bridge"]
+__all__ = ["Bridge", "HostMemory", "RecordingBridge", "Message"]
+
+Message = dict[str, Any]
 
 
 @runtime_checkable
@@ -60,3 +67,335 @@ class Bridge(Protocol):
     def store(self, addr: int, dtype: DType, value: Any) -> None:
         """Write one value of ``dtype`` at ``addr``."""
         ...
+
+    def make_string(self, s: str) -> int:
+        """An NSString (+0, autoreleased) holding ``s``."""
+        ...
+
+    def read_cstring(self, addr: int) -> str:
+        """The NUL-terminated UTF-8 string at ``addr``."""
+        ...
+
+
+class HostMemory:
+    """Host memory of a fake device: one growing arena of bytes at addresses from ``BASE`` (above 2**32, so a
+    value cut to 32 bits is caught). Allocations are 16-byte aligned and never reused; ``free`` only checks.
+
+    Raises ``BridgeError`` for an access outside the arena or a ``free`` of an address ``malloc`` did not give."""
+
+    BASE = 0x20_0000_0000
+
+    def __init__(self) -> None:
+        self.mem = bytearray()
+        self.live: dict[int, int] = {}
+
+    def malloc(self, nbytes: int) -> int:
+        if nbytes < 0:
+            raise BridgeError(f"malloc of a negative size ({nbytes} bytes)")
+        addr = self.BASE + len(self.mem)
+        self.mem.extend(bytes((max(nbytes, 1) + 15) & ~15))
+        self.live[addr] = nbytes
+        return addr
+
+    def free(self, addr: int) -> None:
+        if self.live.pop(addr, None) is None:
+            raise BridgeError(f"free of 0x{addr:x}: not an address malloc returned (or freed twice)")
+
+    def _off(self, addr: int, nbytes: int) -> int:
+        off = addr - self.BASE
+        if off < 0 or off + nbytes > len(self.mem):
+            raise BridgeError(f"host access of {nbytes} bytes at 0x{addr:x} is outside host memory")
+        return off
+
+    def read(self, addr: int, nbytes: int) -> bytes:
+        off = self._off(addr, nbytes)
+        return bytes(self.mem[off:off + nbytes])
+
+    def write(self, addr: int, data: bytes) -> None:
+        off = self._off(addr, len(data))
+        self.mem[off:off + len(data)] = data
+
+    def load(self, addr: int, dtype: DType) -> Any:
+        v = struct.unpack_from("<" + dtype.fmt, self.mem, self._off(addr, dtype.itemsize))
+        return v[0] if len(v) == 1 else v
+
+    def store(self, addr: int, dtype: DType, value: Any) -> None:
+        if dtype.is_word and dtype.kind != "bool":
+            value = int(value) & ((1 << dtype.bits) - 1)
+            fmt = "<" + {1: "B", 2: "H", 4: "I", 8: "Q"}[dtype.itemsize]
+            struct.pack_into(fmt, self.mem, self._off(addr, dtype.itemsize), value)
+        elif isinstance(value, tuple):
+            struct.pack_into("<" + dtype.fmt, self.mem, self._off(addr, dtype.itemsize), *value)
+        else:
+            struct.pack_into("<" + dtype.fmt, self.mem, self._off(addr, dtype.itemsize), value)
+
+    def read_cstring(self, addr: int) -> str:
+        off = self._off(addr, 1)
+        end = self.mem.find(0, off)
+        if end < 0:
+            raise BridgeError(f"string at 0x{addr:x} has no NUL terminator in host memory")
+        return self.mem[off:end].decode()
+
+
+_NAMED_RESULTS = {"commandBuffer": "cmdbuf", "computeCommandEncoder": "encoder"}
+
+
+class RecordingBridge:
+    """A Bridge that records every ``msg_send`` as ``{"receiver": NAME, "selector": SEL, "args": [...]}``.
+
+    Objects are recorded by name (``names``: handle -> name, filled by ``link``; results of ``commandBuffer`` are
+    named ``"cmdbuf"``, of ``computeCommandEncoder`` ``"encoder"``, classes by their class name), integers as
+    numbers, BOOL as true/false, structs as lists (NSRange ``[location, length]``, MTLSize ``[w, h, d]``) decoded
+    with the target's ABI rules (METAL.md §2: on arm64 the 24 bytes behind the MTLSize pointer are read), so a
+    record is the same on both targets. An object with no name is recorded as ``"0x…"``.
+
+    ``inner``: the bridge that does the work; ``None`` makes this a standalone fake device (fresh 64-bit handles
+    at or above 2**36, its own host memory, status Completed, ``signaledValue`` the last value signalled on that
+    event by a committed command buffer). ``target`` defaults to the inner bridge's, else ``"arm64"``.
+    Set ``recording = False`` to pass calls through without recording. Raises ``ValueError`` for an unknown
+    target, ``BridgeError`` for a selector the fake device does not know."""
+
+    def __init__(self, inner: Bridge | None = None, *, target: str | None = None,
+                 names: dict[int, str] | None = None) -> None:
+        tgt = target or (inner.target if inner is not None else "arm64")
+        if tgt not in TARGETS:
+            raise ValueError(f"unknown target {tgt!r}: expected arm64 or x86_64")
+        if inner is not None and inner.target != tgt:
+            raise ValueError(f"target {tgt!r} disagrees with the inner bridge's target {inner.target!r}")
+        self.target = tgt
+        self.inner = inner
+        self.names: dict[int, str] = dict(names or {})
+        self.messages: list[Message] = []
+        self.recording = True
+        self._sels: dict[int, str] = {}
+        self._sel_ids: dict[str, int] = {}
+        if inner is None:
+            self._fake = _FakeDevice(self)
+        for sel in SELECTORS:  # know every selector's name, whoever resolved the SELs of a program
+            self.sel_registerName(sel)
+
+    # ---- naming and records
+
+    def name_object(self, handle: int, name: str) -> None:
+        """Record ``handle`` as ``name`` from now on (link calls this for every object it creates)."""
+        self.names[handle] = name
+
+    def name_of(self, handle: Any) -> Any:
+        """The name of an object handle or host address; ``None`` for nil; ``"0x…"`` when it has no name."""
+        if not handle:
+            return None
+        name = self.names.get(handle)
+        return name if name is not None else f"0x{int(handle):x}"
+
+    def clear(self) -> list[Message]:
+        """The messages recorded so far; the record starts again empty."""
+        out, self.messages = self.messages, []
+        return out
+
+    def selector_name(self, sel: int) -> str:
+        """The selector name of a SEL value this bridge has seen; raises ``BridgeError`` otherwise."""
+        name = self._sels.get(sel)
+        if name is None:
+            raise BridgeError(f"unknown SEL 0x{sel:x}: not registered through this bridge")
+        return name
+
+    def _decode(self, selector: str, proto: Prototype, args: tuple[Any, ...]) -> list[Any]:
+        sig = SELECTORS.get(selector)
+        flat = list(args[2:])
+        if sig is None:  # not in the table: the raw words
+            return [self._word(p, v) for p, v in zip(proto.args[2:], flat)]
+        out: list[Any] = []
+        i = 0
+        for a in sig.args:
+            if a is dtypes.NSRange:
+                out.append([int(flat[i]), int(flat[i + 1])])
+                i += 2
+                continue
+            v = flat[i]
+            i += 1
+            if a is dtypes.MTLSize:
+                if isinstance(v, tuple):
+                    out.append([int(x) for x in v])
+                else:
+                    out.append(list(struct.unpack("<3Q", self.read(int(v), 24))))
+            else:
+                out.append(self._word(a, v))
+        if i != len(flat):
+            raise BridgeError(f"{selector}: {len(flat)} argument words where the prototype {proto!r} takes {i}")
+        return out
+
+    def _word(self, dtype: DType, v: Any) -> Any:
+        if dtype.kind in ("id", "ptr") or isinstance(dtype, PtrDType):
+            return self.name_of(v)
+        if dtype.kind == "bool":
+            return bool(v)
+        if dtype.kind == "float":
+            return float(v)
+        return v if isinstance(v, (int, float)) else list(v) if isinstance(v, tuple) else v
+
+    # ---- the Bridge
+
+    def sel_registerName(self, name: str) -> int:
+        sel = self._sel_ids.get(name)
+        if sel is None:
+            sel = self.inner.sel_registerName(name) if self.inner is not None else self._fake.new_handle()
+            self._sel_ids[name] = sel
+            self._sels[sel] = name
+        return sel
+
+    def objc_getClass(self, name: str) -> int:
+        cls = self.inner.objc_getClass(name) if self.inner is not None else self._fake.get_class(name)
+        self.names.setdefault(cls, name)
+        return cls
+
+    def c_call(self, fn: str, proto: Prototype, args: tuple[Any, ...]) -> Any:
+        if self.inner is not None:
+            return self.inner.c_call(fn, proto, args)
+        return self._fake.c_call(fn, args)
+
+    def msg_send(self, proto: Prototype, args: tuple[Any, ...]) -> Any:
+        selector = self._sels.get(args[1])
+        if selector is None:
+            raise BridgeError(f"objc_msgSend with an unknown SEL 0x{int(args[1]):x} (receiver 0x{int(args[0]):x})")
+        if self.recording:
+            self.messages.append({"receiver": self.name_of(args[0]), "selector": selector,
+                                  "args": self._decode(selector, proto, args)})
+        ret = self.inner.msg_send(proto, args) if self.inner is not None else self._fake.msg_send(selector, proto, args)
+        label = _NAMED_RESULTS.get(selector)
+        if label is not None and ret:
+            self.names[ret] = label
+        return ret
+
+    def malloc(self, nbytes: int) -> int:
+        return self.inner.malloc(nbytes) if self.inner is not None else self._fake.mem.malloc(nbytes)
+
+    def free(self, addr: int) -> None:
+        self.inner.free(addr) if self.inner is not None else self._fake.mem.free(addr)
+
+    def read(self, addr: int, nbytes: int) -> bytes:
+        return self.inner.read(addr, nbytes) if self.inner is not None else self._fake.mem.read(addr, nbytes)
+
+    def write(self, addr: int, data: bytes) -> None:
+        self.inner.write(addr, data) if self.inner is not None else self._fake.mem.write(addr, data)
+
+    def load(self, addr: int, dtype: DType) -> Any:
+        return self.inner.load(addr, dtype) if self.inner is not None else self._fake.mem.load(addr, dtype)
+
+    def store(self, addr: int, dtype: DType, value: Any) -> None:
+        if self.inner is not None:
+            self.inner.store(addr, dtype, value)
+        else:
+            self._fake.mem.store(addr, dtype, value)
+
+    def make_string(self, s: str) -> int:
+        return self.inner.make_string(s) if self.inner is not None else self._fake.new_string(s)
+
+    def read_cstring(self, addr: int) -> str:
+        return self.inner.read_cstring(addr) if self.inner is not None else self._fake.mem.read_cstring(addr)
+
+
+class _FakeDevice:
+    """The standalone answers of a ``RecordingBridge`` without an inner bridge: enough of Metal for link and a
+    submit to run (every command buffer completes at commit; nothing executes kernels)."""
+
+    HANDLE_BASE = 0x10_0000_0000
+
+    def __init__(self, owner: RecordingBridge) -> None:
+        self.owner = owner
+        self.mem = HostMemory()
+        self._next = itertools.count(self.HANDLE_BASE, 0x10)
+        self.classes: dict[str, int] = {}
+        self.strings: dict[int, str] = {}
+        self.cstrings: dict[int, int] = {}
+        self.buffers: dict[int, tuple[int, int]] = {}  # buffer -> (length, contents)
+        self.signaled: dict[int, int] = {}
+        self.pending: dict[int, list[tuple[int, int]]] = {}  # command buffer -> [(event, value)]
+        self.times: dict[int, float] = {}
+        self.commands: dict[tuple[int, int], int] = {}
+
+    def new_handle(self) -> int:
+        return next(self._next)
+
+    def get_class(self, name: str) -> int:
+        if name not in self.classes:
+            self.classes[name] = self.new_handle()
+        return self.classes[name]
+
+    def new_string(self, s: str) -> int:
+        h = self.new_handle()
+        self.strings[h] = s
+        return h
+
+    def c_call(self, fn: str, args: tuple[Any, ...]) -> Any:
+        if fn in ("MTLCreateSystemDefaultDevice", "objc_autoreleasePoolPush"):
+            return self.new_handle()
+        if fn == "objc_autoreleasePoolPop":
+            return None
+        if fn == "sel_registerName":
+            return self.owner.sel_registerName(self.mem.read_cstring(int(args[0])))
+        if fn == "objc_getClass":
+            return self.owner.objc_getClass(self.mem.read_cstring(int(args[0])))
+        raise BridgeError(f"C function {fn!r} is unknown to the recording bridge")
+
+    def msg_send(self, selector: str, proto: Prototype, args: tuple[Any, ...]) -> Any:
+        recv = int(args[0])
+        if recv == 0:
+            return None if proto.ret is dtypes.void else 0
+        a = args[2:]
+        if selector == "newBufferWithLength:options:":
+            h = self.new_handle()
+            self.buffers[h] = (int(a[0]), self.mem.malloc(int(a[0])))
+            return h
+        if selector == "contents":
+            return self.buffers[recv][1] if recv in self.buffers else 0
+        if selector == "length":
+            return self.buffers[recv][0] if recv in self.buffers else 0
+        if selector == "encodeSignalEvent:value:":
+            self.pending.setdefault(recv, []).append((int(a[0]), int(a[1])))
+            return None
+        if selector == "commit":
+            for event, value in self.pending.pop(recv, []):
+                self.signaled[event] = max(self.signaled.get(event, 0), value)
+            self.times[recv] = time.perf_counter()
+            return None
+        if selector == "signaledValue":
+            return self.signaled.get(recv, 0)
+        if selector == "waitUntilSignaledValue:timeoutMS:":
+            return self.signaled.get(recv, 0) >= int(a[0])
+        if selector == "status":
+            return MTL.StatusCompleted
+        if selector in ("GPUStartTime", "GPUEndTime"):
+            return self.times.get(recv, 0.0)
+        if selector == "maxTotalThreadsPerThreadgroup":
+            return 1024
+        if selector == "indirectComputeCommandAtIndex:":
+            key = (recv, int(a[0]))
+            if key not in self.commands:
+                self.commands[key] = self.new_handle()
+            return self.commands[key]
+        if selector == "stringWithUTF8String:":
+            return self.new_string(self.mem.read_cstring(int(a[0])))
+        if selector == "localizedDescription":
+            return self.new_string("no error")
+        if selector == "UTF8String":
+            if recv not in self.cstrings:
+                data = self.strings.get(recv, "").encode() + b"\0"
+                self.cstrings[recv] = addr = self.mem.malloc(len(data))
+                self.mem.write(addr, data)
+            return self.cstrings[recv]
+        if selector == "retain":
+            return recv
+        if selector in ("error", "code", "gpuAddress"):
+            return 0 if selector != "gpuAddress" else self.new_handle()
+        ret = proto.ret
+        if ret is dtypes.void:
+            return None
+        if ret.kind == "id":
+            return self.new_handle()
+        if ret.kind == "bool":
+            return True
+        if ret.kind == "float":
+            return 0.0
+        if selector not in SELECTORS:
+            raise BridgeError(f"selector {selector!r} is unknown to the recording bridge")
+        return 0

@@ -1,0 +1,481 @@
+"""link: every placeholder (``mtlir.metal.Obj``) of a Program becomes a device object, once, through a Bridge.
+
+What each kind becomes is docs/internals.md's table; the messages and their order are METAL.md §1 and §2:
+
+- ``device``: ``MTLCreateSystemDefaultDevice()`` (a C call); ``queue``: ``newCommandQueueWithMaxCommandBufferCount:``;
+  ``event``: ``newSharedEvent`` (the timeline); ``fence``: ``newFence``.
+- ``buffer`` / ``varbuf``: ``newBufferWithLength:options:`` (shared storage), filled from ``initial`` through
+  ``contents``.
+- ``pipeline``: ``stringWithUTF8String:`` on NSString, ``newLibraryWithSource:options:error:`` (NSError** checked),
+  ``newFunctionWithName:``, an MTLComputePipelineDescriptor with ``setComputeFunction:`` and
+  ``setSupportIndirectCommandBuffers: YES``, ``newComputePipelineStateWithDescriptor:options:reflection:error:``.
+- ``icb``: an MTLIndirectCommandBufferDescriptor (ConcurrentDispatch, inherit nothing, the bind count),
+  ``newIndirectCommandBufferWithDescriptor:maxCommandCount:options:``, then per command
+  ``indirectComputeCommandAtIndex:`` (retained), ``setComputePipelineState:``, ``setKernelBuffer:offset:atIndex:``
+  per binding, ``concurrentDispatchThreadgroups:threadsPerThreadgroup:``, ``setBarrier``; each command's
+  threadgroup is checked against its pipeline's ``maxTotalThreadsPerThreadgroup``.
+- residency: with ``program.device.residency_set``, an MTLResidencySet holding every buffer and the ICB,
+  committed and added to the queue; without, the ``resources`` placeholder (a host array for
+  ``useResources:count:usage:``) is all there is.
+- host tables: ``contents`` (a buffer's host pointer), ``resources``, ``cbslots``, ``struct`` (a constant MTLSize
+  copy), ``scratch`` through ``bridge.malloc``; ``icbcmd``: the retained command of the ICB.
+
+Every message uses ``mtlir.metal.abi_prototype(selector, bridge.target)``: an MTLSize is a pointer to a 24-byte
+copy on arm64 and a 3-tuple on x86_64.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mtlir.dtypes import dtypes
+from mtlir.metal import MTL, Kernel, Obj, abi_prototype, c_prototype
+from mtlir.program import Program
+from mtlir.runtime.bridge import Bridge
+from mtlir.runtime.errors import LinkError
+from mtlir.runtime.interpreter import prepare_registers
+
+__all__ = ["link", "Linked", "IcbCommand", "icb_commands", "collect_objects"]
+
+_OBJECT_KINDS = ("device", "queue", "event", "fence", "buffer", "varbuf", "pipeline", "icb", "icbcmd", "resources",
+                 "cbslots", "struct", "scratch", "contents")
+
+
+@dataclass(frozen=True)
+class IcbCommand:
+    """One ICB command as link builds it: ``pipeline`` (the pipeline's placeholder name), ``bindings`` as
+    ``(buffer name, byte offset, buffer index)``, ``grid`` in threadgroups and ``threadgroup`` in threads (the
+    link-time sizes; symbolic sizes are set again by each submit), ``barrier``."""
+
+    pipeline: str
+    bindings: tuple[tuple[str, int, int], ...]
+    grid: tuple[int, int, int]
+    threadgroup: tuple[int, int, int]
+    barrier: bool = True
+
+
+def _name(x: Any) -> str:
+    return x.name if isinstance(x, Obj) else str(x)
+
+
+def _size3(x: Any, what: str) -> tuple[int, int, int]:
+    try:
+        vals = tuple(int(v) if not hasattr(v, "const_value") else int(v.const_value()) for v in x)
+    except (TypeError, ValueError):
+        vals = ()
+    if len(vals) != 3:
+        raise LinkError(f"{what}: expected 3 integer sizes, got {x!r}")
+    return vals  # type: ignore[return-value]
+
+
+def icb_commands(spec: Any) -> tuple[list[IcbCommand], int]:
+    """The commands of an ICB placeholder's payload and its ``maxKernelBufferBindCount``.
+
+    ``spec`` has ``commands`` (each with ``pipeline``, ``bindings`` or ``buffers`` as (buffer, offset, index),
+    ``grid``, ``threadgroup``, ``barrier``) and optionally ``max_bind_count``; a buffer or pipeline is an ``Obj``
+    or its name. Raises ``LinkError`` for a payload of another shape."""
+    cmds_in = getattr(spec, "commands", None)
+    if cmds_in is None:
+        raise LinkError(f"ICB payload {spec!r} has no 'commands'")
+    cmds: list[IcbCommand] = []
+    for i, c in enumerate(cmds_in):
+        if isinstance(c, IcbCommand):
+            cmds.append(c)
+            continue
+        binds = getattr(c, "bindings", None)
+        if binds is None:
+            binds = getattr(c, "buffers", ())
+        try:
+            bindings = tuple((_name(b[0]), int(b[1]), int(b[2])) for b in binds)
+            pipeline = _name(c.pipeline)
+            grid = _size3(getattr(c, "grid_link", None) or c.grid, f"icb[{i}] grid")
+            tg = _size3(getattr(c, "threadgroup_link", None) or c.threadgroup, f"icb[{i}] threadgroup")
+        except (AttributeError, IndexError, TypeError) as e:
+            raise LinkError(f"icb[{i}]: cannot read the command {c!r}: {e}") from None
+        cmds.append(IcbCommand(pipeline, bindings, grid, tg, bool(getattr(c, "barrier", True))))
+    binds_needed = max((b[2] + 1 for c in cmds for b in c.bindings), default=1)
+    count = int(getattr(spec, "max_bind_count", 0) or getattr(spec, "max_kernel_buffer_bind_count", 0) or binds_needed)
+    return cmds, count
+
+
+def _walk(value: Any) -> Iterator[Obj]:
+    """Every Obj inside ``value`` (tuples, lists, dicts, dataclasses), depth first."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, Obj):
+            yield v
+            stack.extend(reversed(v.payload))
+        elif isinstance(v, (tuple, list)):
+            stack.extend(reversed(v))
+        elif isinstance(v, dict):
+            stack.extend(reversed(list(v.values())))
+        elif dataclasses.is_dataclass(v) and not isinstance(v, (type, Kernel)):
+            stack.extend(reversed([getattr(v, f.name) for f in dataclasses.fields(v)]))
+
+
+def collect_objects(program: Program) -> dict[str, Obj]:
+    """Every placeholder of ``program`` by name: those in registers and those inside payloads (the ICB's
+    buffers and pipelines). Raises ``LinkError`` when two different placeholders share a name."""
+    found: dict[str, Obj] = {}
+    for obj in _walk(list(program.objects.values())):
+        prev = found.setdefault(obj.name, obj)
+        if prev != obj:
+            raise LinkError(f"two different placeholders are named {obj.name!r}: {prev!r} and {obj!r}")
+        if obj.kind not in _OBJECT_KINDS:
+            raise LinkError(f"placeholder {obj!r}: unknown kind {obj.kind!r} (docs/internals.md lists the kinds)")
+    return found
+
+
+@dataclass
+class Linked:
+    """The device objects of one linked Program.
+
+    ``objects``: every placeholder by name (``collect_objects``); ``registers``: the prepared register file (``mtlir.runtime.interpreter.prepare_registers``); ``handles``:
+    name -> handle or host address (``"queue"``, ``"buffer:7"``, ``"pipeline:E_5_8_2"``, ``"icb[3]"``,
+    ``"cbslots"``, ...); ``names``: the reverse map (for ``RecordingBridge``); ``buffers``: name -> (handle,
+    contents address, length in bytes); ``icb``: the ICB's commands as built. ``release()`` gives everything
+    back (idempotent)."""
+
+    program: Program
+    bridge: Bridge
+    objects: dict[str, Obj] = field(default_factory=dict)
+    registers: list[Any] = field(default_factory=list)
+    handles: dict[str, int] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)
+    buffers: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    icb: list[IcbCommand] = field(default_factory=list)
+    cleanup: list[tuple[str, int, str]] = field(default_factory=list)  # ("release"|"free", value, name)
+
+    def of_kind(self, kind: str) -> list[str]:
+        """The names of the placeholders of ``kind`` (``"event"``, ``"cbslots"``, ``"buffer"``, ...)."""
+        return [name for name, o in self.objects.items() if o.kind == kind]
+
+    def registers_for(self, other: Program) -> list[Any]:
+        """A register file for another Program over these objects (e.g. a timeline read of the same event).
+        Raises ``LinkError`` naming a placeholder this link did not make."""
+        objects = {}
+        for r, obj in other.objects.items():
+            if obj.name not in self.handles:
+                raise LinkError(f"placeholder {obj.name!r} of the other Program was not linked here")
+            objects[r] = self.handles[obj.name]
+        return prepare_registers(other, self.bridge, objects)
+
+    def _buffer(self, name: str, offset: int, nbytes: int) -> tuple[int, int]:
+        if name not in self.buffers:
+            raise KeyError(f"no buffer named {name!r}: the linked buffers are {', '.join(self.buffers)}")
+        _, contents, length = self.buffers[name]
+        if offset < 0 or nbytes < 0 or offset + nbytes > length:
+            raise ValueError(f"{name}: bytes [{offset}, {offset + nbytes}) are outside its {length} bytes")
+        return contents, length
+
+    def read_buffer(self, name: str, offset: int = 0, nbytes: int | None = None) -> bytes:
+        """``nbytes`` bytes (default: to the end) of buffer ``name`` from byte ``offset``, through ``contents``.
+        Raises ``KeyError`` for an unknown buffer, ``ValueError`` for a range outside it."""
+        length = self.buffers[name][2] if name in self.buffers else 0
+        contents, _ = self._buffer(name, offset, length - offset if nbytes is None else nbytes)
+        return self.bridge.read(contents + offset, length - offset if nbytes is None else nbytes)
+
+    def write_buffer(self, name: str, data: bytes, offset: int = 0) -> None:
+        """Copy ``data`` into buffer ``name`` at byte ``offset``; errors as ``read_buffer``."""
+        contents, _ = self._buffer(name, offset, len(data))
+        self.bridge.write(contents + offset, bytes(data))
+
+    def release(self) -> None:
+        """Release the objects and free the host memory link made, newest first; errors are collected and
+        raised together at the end as one ``LinkError`` (everything is attempted)."""
+        errors: list[str] = []
+        proto = abi_prototype("release", self.bridge.target)
+        sel = self.bridge.sel_registerName("release")
+        while self.cleanup:
+            how, value, name = self.cleanup.pop()
+            try:
+                if how == "release":
+                    self.bridge.msg_send(proto, (value, sel))
+                else:
+                    self.bridge.free(value)
+            except Exception as e:  # keep going: release everything that can be
+                errors.append(f"{name}: {e}")
+        if errors:
+            raise LinkError("release failed for " + "; ".join(errors))
+
+
+class _Linker:
+    """One run of link: sends the messages and fills a ``Linked``."""
+
+    def __init__(self, program: Program, bridge: Bridge, initial: Mapping[str, Any], max_command_buffers: int,
+                 buffer_options: int) -> None:
+        self.p, self.b, self.t = program, bridge, bridge.target
+        self.initial = initial
+        self.max_cbs = max_command_buffers
+        self.buffer_options = buffer_options
+        self.out = Linked(program, bridge)
+        self.sels: dict[str, int] = {}
+        self.size_buf = 0
+
+    # ---- helpers
+
+    def send(self, recv: int, selector: str, *args: Any) -> Any:
+        sel = self.sels.get(selector)
+        if sel is None:
+            sel = self.sels[selector] = self.b.sel_registerName(selector)
+        return self.b.msg_send(abi_prototype(selector, self.t), (recv, sel, *args))
+
+    def keep(self, name: str, value: int, how: str = "release") -> int:
+        """Remember ``value`` under ``name`` and how to give it back."""
+        self.out.handles[name] = value
+        self.out.names[value] = name
+        self.out.cleanup.append((how, value, name))
+        namer = getattr(self.b, "name_object", None)
+        if namer is not None:
+            namer(value, name)
+        return value
+
+    def label(self, value: int, name: str) -> int:
+        """Name a temporary object (descriptor, string) for a RecordingBridge; not released by ``Linked``."""
+        namer = getattr(self.b, "name_object", None)
+        if namer is not None:
+            namer(value, name)
+        return value
+
+    def checked(self, value: Any, what: str) -> int:
+        if not value:
+            raise LinkError(f"{what}: Metal returned nil")
+        return int(value)
+
+    def error_text(self, errptr: int) -> str:
+        err = int(self.b.load(errptr, dtypes.uint64) or 0)
+        if not err:
+            return "no NSError given"
+        desc = self.send(err, "localizedDescription")
+        code = self.send(err, "code")
+        text = self.b.read_cstring(self.send(desc, "UTF8String")) if desc else "(no description)"
+        return f"{text} (NSError code {code})"
+
+    def with_error(self, what: str, recv: int, selector: str, *args: Any) -> int:
+        """A call whose last argument is an NSError**: nil -> LinkError with the error's description."""
+        errptr = self.b.malloc(8)
+        try:
+            ret = self.send(recv, selector, *args, errptr)
+            if not ret:
+                raise LinkError(f"{what}: {selector} returned nil: {self.error_text(errptr)}")
+            return int(ret)
+        finally:
+            self.b.free(errptr)
+
+    def nsstring(self, s: str) -> int:
+        data = s.encode() + b"\0"
+        addr = self.b.malloc(len(data))
+        try:
+            self.b.write(addr, data)
+            return self.label(self.checked(self.send(self.b.objc_getClass("NSString"), "stringWithUTF8String:", addr),
+                                           f"NSString of {s[:40]!r}"), "nsstring")
+        finally:
+            self.b.free(addr)
+
+    def mtlsize(self, *sizes: tuple[int, int, int]) -> tuple[Any, ...]:
+        """The MTLSize arguments as the target passes them (METAL.md §2)."""
+        if self.t == "x86_64":
+            return tuple(tuple(s) for s in sizes)
+        if not self.size_buf:
+            self.size_buf = self.keep("mtlsize:link", self.b.malloc(48), "free")
+        out = []
+        for i, s in enumerate(sizes):
+            self.b.write(self.size_buf + 24 * i, struct.pack("<3Q", *s))
+            out.append(self.size_buf + 24 * i)
+        return tuple(out)
+
+    # ---- the objects
+
+    def run(self) -> Linked:
+        objs = self.out.objects = collect_objects(self.p)
+        by_kind: dict[str, list[Obj]] = {}
+        for o in objs.values():
+            by_kind.setdefault(o.kind, []).append(o)
+        for name in self.initial:
+            if name not in objs or objs[name].kind not in ("buffer", "varbuf"):
+                raise LinkError(f"initial data for {name!r}, which is not a buffer of the Program "
+                                f"(buffers: {', '.join(o.name for o in by_kind.get('buffer', []))})")
+        pool = self.b.c_call("objc_autoreleasePoolPush", c_prototype("objc_autoreleasePoolPush"), ())
+        try:
+            self.make_all(by_kind)
+        except BaseException:
+            self.b.c_call("objc_autoreleasePoolPop", c_prototype("objc_autoreleasePoolPop"), (pool,))
+            try:
+                self.out.release()
+            except LinkError:
+                pass
+            raise
+        self.b.c_call("objc_autoreleasePoolPop", c_prototype("objc_autoreleasePoolPop"), (pool,))
+        regs = {r: self.out.handles[o.name] for r, o in self.p.objects.items()}
+        self.out.registers = prepare_registers(self.p, self.b, regs)
+        return self.out
+
+    def make_all(self, by_kind: dict[str, list[Obj]]) -> None:
+        b, h = self.b, self.out.handles
+        dev_name = by_kind["device"][0].name if "device" in by_kind else "device"
+        device = self.keep(dev_name, self.checked(b.c_call("MTLCreateSystemDefaultDevice",
+                                                           c_prototype("MTLCreateSystemDefaultDevice"), ()),
+                                                  "MTLCreateSystemDefaultDevice (no Metal device)"))
+        for o in by_kind.get("queue", []):
+            self.keep(o.name, self.checked(self.send(device, "newCommandQueueWithMaxCommandBufferCount:",
+                                                     self.max_cbs), f"command queue {o.name!r}"))
+        for kind, sel in (("event", "newSharedEvent"), ("fence", "newFence")):
+            for o in by_kind.get(kind, []):
+                self.keep(o.name, self.checked(self.send(device, sel), f"{kind} {o.name!r}"))
+        for o in by_kind.get("buffer", []) + by_kind.get("varbuf", []):
+            self.make_buffer(device, o)
+        for o in by_kind.get("pipeline", []):
+            self.make_pipeline(device, o)
+        icbs = by_kind.get("icb", [])
+        if len(icbs) > 1:
+            raise LinkError(f"a Program with {len(icbs)} ICBs ({', '.join(o.name for o in icbs)}): one is supported")
+        for o in icbs:
+            self.make_icb(device, o)
+        if self.p.device.residency_set:
+            self.make_residency_set(device, by_kind)
+        for o in by_kind.get("contents", []):
+            src = o.payload[0] if o.payload else o.name.partition(":")[2]
+            src = _name(src)
+            if src not in self.out.buffers:
+                raise LinkError(f"{o.name}: no buffer named {src!r}")
+            h[o.name] = self.out.buffers[src][1]
+            self.out.names.setdefault(h[o.name], o.name)
+        for o in by_kind.get("icbcmd", []):
+            idx = int(o.payload[-1]) if o.payload else -1
+            key = f"{icbs[0].name}[{idx}]" if icbs else ""
+            if key not in h:
+                raise LinkError(f"{o.name}: no ICB command {idx} (the ICB has {len(self.out.icb)} commands)")
+            h[o.name] = h[key]
+        for o in by_kind.get("resources", []):
+            missing = [_name(n) for n in o.payload if _name(n) not in h]
+            if missing:
+                raise LinkError(f"{o.name}: names objects link did not make: {', '.join(missing)}")
+            table = self.keep(o.name, b.malloc(8 * max(len(o.payload), 1)), "free")
+            b.write(table, struct.pack(f"<{len(o.payload)}Q", *(h[_name(n)] for n in o.payload)))
+        for o in by_kind.get("cbslots", []):
+            self.keep(o.name, b.malloc(8 * max(int(o.payload[0]), 1)), "free")
+        for o in by_kind.get("struct", []):
+            addr = self.keep(o.name, b.malloc(8 * len(o.payload)), "free")
+            b.write(addr, struct.pack(f"<{len(o.payload)}Q", *(int(v) for v in o.payload)))
+        for o in by_kind.get("scratch", []):
+            self.keep(o.name, b.malloc(max(int(o.payload[0]), 1)), "free")
+
+    def make_buffer(self, device: int, o: Obj) -> None:
+        nbytes = int(o.payload[0]) if o.payload else 0
+        if nbytes <= 0:
+            raise LinkError(f"{o.name}: a buffer of {nbytes} bytes")
+        buf = self.keep(o.name, self.checked(self.send(device, "newBufferWithLength:options:", nbytes,
+                                                       self.buffer_options), f"{o.name} ({nbytes} bytes)"))
+        contents = self.checked(self.send(buf, "contents"), f"contents of {o.name}")
+        self.out.buffers[o.name] = (buf, contents, nbytes)
+        data = self.initial.get(o.name)
+        if data is not None:
+            offset, data = (0, data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+            if offset < 0 or offset + len(data) > nbytes:
+                raise LinkError(f"initial data for {o.name}: {len(data)} bytes at offset {offset} do not fit its "
+                                f"{nbytes} bytes")
+            self.b.write(contents + offset, bytes(data))
+
+    def make_pipeline(self, device: int, o: Obj) -> None:
+        kernel = o.payload[0] if o.payload else None
+        if not isinstance(kernel, Kernel):
+            raise LinkError(f"{o.name}: the payload is not a Kernel: {o.payload!r}")
+        key = kernel.key
+        lib = self.keep(f"library:{key}", self.with_error(f"library of {o.name}", device,
+                                                          "newLibraryWithSource:options:error:",
+                                                          self.nsstring(kernel.msl), 0))
+        fn = self.keep(f"function:{key}", self.checked(self.send(lib, "newFunctionWithName:",
+                                                                 self.nsstring(kernel.function)),
+                                                       f"{o.name}: function {kernel.function!r} of its library"))
+        desc = self.label(self.checked(self.send(self.b.objc_getClass("MTLComputePipelineDescriptor"), "new"),
+                                       f"MTLComputePipelineDescriptor for {o.name}"), f"descriptor:{o.name}")
+        try:
+            self.send(desc, "setComputeFunction:", fn)
+            self.send(desc, "setSupportIndirectCommandBuffers:", True)
+            pipe = self.with_error(o.name, device, "newComputePipelineStateWithDescriptor:options:reflection:error:",
+                                   desc, 0, 0)
+        finally:
+            self.send(desc, "release")
+        self.keep(o.name, pipe)
+
+    def make_icb(self, device: int, o: Obj) -> None:
+        if not o.payload:
+            raise LinkError(f"{o.name}: no command list in the payload")
+        cmds, bind_count = icb_commands(o.payload[0])
+        h = self.out.handles
+        desc = self.label(self.checked(self.send(self.b.objc_getClass("MTLIndirectCommandBufferDescriptor"), "new"),
+                                       "MTLIndirectCommandBufferDescriptor"), f"descriptor:{o.name}")
+        try:
+            self.send(desc, "setCommandTypes:", MTL.IndirectCommandTypeConcurrentDispatch)
+            self.send(desc, "setInheritBuffers:", False)
+            self.send(desc, "setInheritPipelineState:", False)
+            self.send(desc, "setMaxKernelBufferBindCount:", bind_count)
+            icb = self.keep(o.name, self.checked(
+                self.send(device, "newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", desc,
+                          max(len(cmds), 1), 0), f"{o.name} ({len(cmds)} commands; does the device support ICBs?)"))
+        finally:
+            self.send(desc, "release")
+        max_threads: dict[str, int] = {}
+        for i, c in enumerate(cmds):
+            where = f"{o.name}[{i}] ({c.pipeline})"
+            if c.pipeline not in h:
+                raise LinkError(f"{where}: no pipeline named {c.pipeline!r}")
+            if c.pipeline not in max_threads:
+                max_threads[c.pipeline] = int(self.send(h[c.pipeline], "maxTotalThreadsPerThreadgroup"))
+            if math.prod(c.threadgroup) > max_threads[c.pipeline]:
+                raise LinkError(f"{where}: threadgroup {list(c.threadgroup)} = {math.prod(c.threadgroup)} threads is "
+                                f"more than the pipeline's maxTotalThreadsPerThreadgroup {max_threads[c.pipeline]}")
+            cmd = self.keep(f"{o.name}[{i}]", self.checked(self.send(icb, "indirectComputeCommandAtIndex:", i), where))
+            self.send(cmd, "retain")  # +0 from the ICB: kept until release
+            self.send(cmd, "setComputePipelineState:", h[c.pipeline])
+            for buf, offset, index in c.bindings:
+                if buf not in self.out.buffers:
+                    raise LinkError(f"{where}: binds {buf!r}, which is not a buffer of the Program")
+                if not 0 <= offset <= 0xFFFFFFFF:
+                    raise LinkError(f"{where}: offset {offset} of {buf} does not fit the ICB's 32 bits")
+                self.send(cmd, "setKernelBuffer:offset:atIndex:", self.out.buffers[buf][0], offset, index)
+            self.send(cmd, "concurrentDispatchThreadgroups:threadsPerThreadgroup:", *self.mtlsize(c.grid, c.threadgroup))
+            if c.barrier:
+                self.send(cmd, "setBarrier")
+        self.out.icb = cmds
+
+    def make_residency_set(self, device: int, by_kind: dict[str, list[Obj]]) -> None:
+        desc = self.label(self.checked(self.send(self.b.objc_getClass("MTLResidencySetDescriptor"), "new"),
+                                       "MTLResidencySetDescriptor"), "descriptor:residency_set")
+        try:
+            rset = self.keep("residency_set", self.with_error(
+                "residency set (macOS 15+; lower with --no-residency-set otherwise)", device,
+                "newResidencySetWithDescriptor:error:", desc))
+        finally:
+            self.send(desc, "release")
+        allocations = [self.out.buffers[o.name][0] for o in by_kind.get("buffer", []) + by_kind.get("varbuf", [])]
+        allocations += [self.out.handles[o.name] for o in by_kind.get("icb", [])]
+        for a in allocations:
+            self.send(rset, "addAllocation:", a)
+        self.send(rset, "commit")
+        for o in by_kind.get("queue", []):
+            self.send(self.out.handles[o.name], "addResidencySet:", rset)
+
+
+def link(program: Program, bridge: Bridge, *, initial: Mapping[str, Any] | None = None,
+         max_command_buffers: int = 1024, buffer_options: int = MTL.ResourceStorageModeShared) -> Linked:
+    """Create every device object ``program`` needs through ``bridge``, once; returns a ``Linked``.
+
+    ``initial``: buffer name -> bytes written from byte 0 (or ``(offset, bytes)``) after the buffer is created.
+    ``max_command_buffers``: the queue's maxCommandBufferCount. ``buffer_options``: MTLResourceOptions of every
+    buffer (shared storage by default: the CPU writes them through ``contents``). When ``bridge`` has
+    ``name_object`` (a ``RecordingBridge``), every object is named there too.
+
+    Raises ``LinkError`` naming the object when Metal returns nil (with the NSError's localizedDescription where
+    the call has an error out-parameter), for initial data that names no buffer or does not fit, a threadgroup
+    above a pipeline's ``maxTotalThreadsPerThreadgroup``, or an ICB offset above 32 bits; everything created so far
+    is released first. Whatever the Bridge raises (``BridgeError``, ``UnsupportedKernelError``, ...) passes
+    through unchanged."""
+    if program.target != bridge.target:
+        raise LinkError(f"the Program was lowered for {program.target} but the bridge decodes {bridge.target}")
+    return _Linker(program, bridge, initial or {}, max_command_buffers, buffer_options).run()

@@ -1,0 +1,269 @@
+"""Session: link a Program once, then replay it: ``submit(**values)`` many times, ``wait(value, timeout_s)``.
+
+A submit runs the Program with this run's values (the timeline value, symbolic sizes, variables) inside an
+autorelease pool (``objc_autoreleasePoolPush``/``Pop``), then reads the command buffers it committed from the
+``cbslots`` table, retains them (``commandBuffer`` returns +0) and keeps them in an in-flight record: O(1) work
+and memory per submit, whatever the history. ``wait`` polls the timeline (``signaledValue`` on the shared event)
+and the ``status`` of those command buffers: status Error raises ``GPUExecutionError`` with Metal's error code,
+its name and the NSError's description (Metal skips a failed command buffer's event signals, METAL.md §3 rule 6,
+so waiting for the value alone would hang); past the timeout ``TimeoutError`` says what was awaited. A completed
+submit's ``GPUStartTime``/``GPUEndTime`` (seconds) are read, then its command buffers are released.
+
+By default a submit first waits for the previous one: a submit patches the variables buffer and the ICB's
+commands from the CPU, which races with a command buffer still reading them (METAL.md §3 rule 15).
+"""
+from __future__ import annotations
+
+import collections
+import struct
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mtlir.metal import MTL, abi_prototype, c_prototype
+from mtlir.program import Program
+from mtlir.runtime.bridge import Bridge, Message, RecordingBridge
+from mtlir.runtime.errors import GPUExecutionError
+from mtlir.runtime.interpreter import Executor, make_executor
+from mtlir.runtime.link import Linked, link
+
+__all__ = ["Session", "Submission", "DEFAULT_TIMELINE_VAR"]
+
+DEFAULT_TIMELINE_VAR = "timeline"
+
+
+@dataclass(eq=False)
+class Submission:
+    """One submit: the timeline ``value`` it signals (None when the Program signals none), the retained command
+    buffers it committed (``cbs``), host seconds the submit took, and after completion each command buffer's
+    (GPUStartTime, GPUEndTime) in seconds."""
+
+    index: int
+    value: int | None
+    cbs: tuple[int, ...]
+    host_s: float
+    gpu_times: list[tuple[float, float]] = field(default_factory=list)
+
+
+class Session:
+    """A linked Program replayed many times through one Bridge.
+
+    ``initial``: buffer name -> bytes (``link``). ``executor``: ``"compiled"`` (default) or ``"interpreter"``.
+    ``timeline_var``: the Program variable holding the value a submit signals on the timeline; when the Program
+    has it and ``submit`` is not given it, each submit takes the next value (1, 2, ...). ``timeout_s``: the default
+    wait timeout in seconds. ``serialize``: wait for the previous submit before the next (METAL.md §3 rule 15).
+    ``keep_completed``: how many completed Submissions ``completed`` keeps.
+
+    Raises what ``link`` raises; use as a context manager or call ``close()``."""
+
+    def __init__(self, program: Program, bridge: Bridge, *, initial: Mapping[str, Any] | None = None,
+                 executor: str = "compiled", timeline_var: str = DEFAULT_TIMELINE_VAR, timeout_s: float = 30.0,
+                 serialize: bool = True, max_command_buffers: int = 1024, keep_completed: int = 64) -> None:
+        self.program, self.bridge = program, bridge
+        self.timeout_s = timeout_s
+        self.serialize = serialize
+        self.timeline_var = timeline_var if timeline_var in program.variables else None
+        self.linked: Linked = link(program, bridge, initial=initial, max_command_buffers=max_command_buffers)
+        self.executor_kind = executor
+        self.executor: Executor = make_executor(executor, program, bridge, self.linked.registers)
+        t = bridge.target
+        self._p = {s: abi_prototype(s, t) for s in ("retain", "release", "status", "error", "code",
+                                                    "localizedDescription", "UTF8String", "signaledValue",
+                                                    "GPUStartTime", "GPUEndTime")}
+        self._s = {s: bridge.sel_registerName(s) for s in self._p}
+        self._push, self._pop = c_prototype("objc_autoreleasePoolPush"), c_prototype("objc_autoreleasePoolPop")
+        events = self.linked.of_kind("event")
+        self.event: int | None = self.linked.handles[events[0]] if events else None
+        slots = self.linked.of_kind("cbslots")
+        self._slots = [(self.linked.handles[n], int(self.linked.objects[n].payload[0])) for n in slots]
+        self.inflight: collections.deque[Submission] = collections.deque()
+        self.completed: collections.deque[Submission] = collections.deque(maxlen=keep_completed)
+        self.last_value = 0
+        self.submits = 0
+        self.host_s_total = 0.0
+        self.closed = False
+
+    # ---- Objective-C helpers (bookkeeping sends)
+
+    def _send(self, recv: int, selector: str, *args: Any) -> Any:
+        return self.bridge.msg_send(self._p[selector], (recv, self._s[selector], *args))
+
+    def timeline_value(self) -> int:
+        """The timeline's current value (``signaledValue`` of the shared event); 0 when there is no event."""
+        return int(self._send(self.event, "signaledValue")) if self.event else 0
+
+    # ---- submit
+
+    def submit(self, **values: Any) -> Submission:
+        """Run the Program once with ``values`` (variables by name); returns the in-flight Submission.
+
+        The timeline variable, when not given, is the last value + 1. Raises ``ValueError``/``TypeError`` for a
+        missing, unknown or out-of-bounds variable (before anything is sent), ``GPUExecutionError`` or
+        ``TimeoutError`` from waiting for the previous submit, and what the Bridge raises."""
+        if self.closed:
+            raise RuntimeError("submit on a closed Session")
+        if self.serialize and self.inflight:
+            self.wait(timeout_s=self.timeout_s)
+        if self.timeline_var is not None and self.timeline_var not in values:
+            values[self.timeline_var] = self.last_value + 1
+        value = int(values[self.timeline_var]) if self.timeline_var is not None else None
+        b = self.bridge
+        t0 = time.perf_counter()
+        for addr, n in self._slots:
+            b.write(addr, bytes(8 * n))
+        pool = b.c_call("objc_autoreleasePoolPush", self._push, ())
+        try:
+            self.executor.run(**values)
+            cbs: list[int] = []
+            for addr, n in self._slots:
+                cbs += [cb for cb in struct.unpack(f"<{n}Q", b.read(addr, 8 * n)) if cb]
+            for cb in cbs:
+                self._send(cb, "retain")
+        finally:
+            b.c_call("objc_autoreleasePoolPop", self._pop, (pool,))
+        dt = time.perf_counter() - t0
+        rec = Submission(self.submits, value, tuple(cbs), dt)
+        self.inflight.append(rec)
+        self.submits += 1
+        self.host_s_total += dt
+        if value is not None:
+            self.last_value = value
+        return rec
+
+    def record_submit(self, **values: Any) -> list[Message]:
+        """The messages one submit sends, in order, as ``RecordingBridge`` records them (the Program's messages
+        only: no retain of command buffers, no waits). The submit really runs and is in flight afterwards."""
+        rec_bridge = RecordingBridge(self.bridge, names=self.linked.names)
+        recorder = make_executor(self.executor_kind, self.program, rec_bridge, self.linked.registers)
+        saved, self.executor = self.executor, recorder
+        rec_bridge.clear()
+        try:
+            self.submit(**values)
+        finally:
+            self.executor = saved
+        return rec_bridge.messages
+
+    # ---- wait
+
+    def wait(self, value: int | None = None, timeout_s: float | None = None) -> list[Submission]:
+        """Wait until every submit up to timeline ``value`` (default: all in flight) has completed; returns those
+        Submissions with their GPU times, their command buffers released.
+
+        Raises ``GPUExecutionError`` (``code``, ``name``) as soon as one of their command buffers is in status
+        Error, and ``TimeoutError`` after ``timeout_s`` seconds (default: the session's) naming the value awaited,
+        the timeline's current value and the statuses of the command buffers still pending."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        target = self.last_value if value is None else int(value)
+        n = len(self.inflight) if value is None else sum(
+            1 for r in self.inflight if r.value is None or r.value <= target)
+        pending = [self.inflight[i] for i in range(n)]
+        deadline = time.monotonic() + timeout
+        delay = 0.0
+        done: list[Submission] = []
+        while True:
+            current = self.timeline_value() if self.event is not None else None
+            while pending:
+                rec = pending[0]
+                statuses = [int(self._send(cb, "status")) for cb in rec.cbs]
+                for cb, st in zip(rec.cbs, statuses):
+                    if st == MTL.StatusError:
+                        self._fail(rec, cb)
+                reached = rec.value is None or current is None or current >= rec.value
+                if not reached or any(st != MTL.StatusCompleted for st in statuses):
+                    break
+                self._finish(rec)
+                done.append(pending.pop(0))
+            if not pending:
+                return done
+            if time.monotonic() > deadline:
+                raise TimeoutError(self._timeout_text(target, current, pending, timeout))
+            time.sleep(delay)
+            delay = min(delay * 2 or 1e-5, 1e-3)
+
+    def _finish(self, rec: Submission) -> None:
+        rec.gpu_times = [(float(self._send(cb, "GPUStartTime")), float(self._send(cb, "GPUEndTime")))
+                         for cb in rec.cbs]
+        for cb in rec.cbs:
+            self._send(cb, "release")
+        self._drop(rec)
+        self.completed.append(rec)
+
+    def _drop(self, rec: Submission) -> None:
+        if self.inflight and self.inflight[0] is rec:  # the oldest: O(1)
+            self.inflight.popleft()
+        else:
+            self.inflight = collections.deque(r for r in self.inflight if r is not rec)
+
+    def _fail(self, rec: Submission, cb: int) -> None:
+        err = int(self._send(cb, "error") or 0)
+        code, desc = 0, "no NSError"
+        if err:
+            code = int(self._send(err, "code"))
+            text = self._send(err, "localizedDescription")
+            desc = self.bridge.read_cstring(self._send(text, "UTF8String")) if text else "(no description)"
+        name = MTL.ERROR_NAMES.get(code, "Unknown")
+        which = rec.cbs.index(cb)
+        for c in rec.cbs:
+            self._send(c, "release")
+        self._drop(rec)
+        val = f" (timeline value {rec.value})" if rec.value is not None else ""
+        raise GPUExecutionError(f"submit {rec.index}{val}: command buffer {which} failed with status Error, "
+                                f"MTLCommandBufferError {code} ({name}): {desc}", code, name)
+
+    def _timeout_text(self, target: int, current: int | None, pending: list[Submission], timeout: float) -> str:
+        parts = []
+        for rec in pending[:4]:
+            sts = [MTL.STATUS_NAMES[s] if 0 <= s < 6 else str(s)
+                   for s in (int(self._send(cb, "status")) for cb in rec.cbs)]
+            parts.append(f"submit {rec.index} (value {rec.value}): {', '.join(sts) or 'no command buffers'}")
+        more = f" and {len(pending) - 4} more" if len(pending) > 4 else ""
+        return (f"timed out after {timeout:g} s waiting for timeline value {target} (the timeline is at {current}); "
+                f"command buffer statuses: {'; '.join(parts)}{more}")
+
+    # ---- data and teardown
+
+    def read(self, name: str, offset: int = 0, nbytes: int | None = None) -> bytes:
+        """Bytes of buffer ``name`` (``Linked.read_buffer``); call after ``wait``: reading while a submit is in
+        flight races with the GPU."""
+        return self.linked.read_buffer(name, offset, nbytes)
+
+    def write(self, name: str, data: bytes, offset: int = 0) -> None:
+        """Write into buffer ``name`` (``Linked.write_buffer``); call with nothing in flight."""
+        self.linked.write_buffer(name, data, offset)
+
+    @property
+    def host_s_per_submit(self) -> float:
+        """Mean host seconds per submit so far (0.0 before the first)."""
+        return self.host_s_total / self.submits if self.submits else 0.0
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Wait for what is in flight (errors are re-raised after cleanup), then release every command buffer
+        still held and everything link made. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.inflight:
+                self.wait(timeout_s=timeout_s)
+        finally:
+            while self.inflight:
+                rec = self.inflight.popleft()
+                for cb in rec.cbs:
+                    try:
+                        self._send(cb, "release")
+                    except Exception:  # the device may already be gone; keep releasing
+                        pass
+            self.linked.release()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            try:
+                self.close(timeout_s=min(self.timeout_s, 5.0))
+            except Exception:  # do not hide the original error
+                pass
