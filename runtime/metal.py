@@ -501,7 +501,7 @@ class MetalBridge(NativeMemory):
         if not isinstance(args, (tuple, list)):
             return BridgeError(f"{call.name}: arguments {args!r} are not a tuple")
         selector = self.selector_name(args[1]) if message and len(args) > 1 else None
-        label = call.name if not message else f"objc_msgSend {selector}"
+        label = call.name if not message else f"objc_msgSend {selector!r}"
         if len(args) != len(call.checks):
             return BridgeError(f"{label}: {len(args)} arguments given, the prototype {call.proto!r} takes "
                                f"{len(call.checks)}")
@@ -527,7 +527,7 @@ class MetalBridge(NativeMemory):
         fast = self._fast.get(id(proto))
         if fast is None:
             sel = args[1] if isinstance(args, (tuple, list)) and len(args) > 1 else None
-            fast = self._msg_call(proto, f"objc_msgSend {self.selector_name(sel)}" if sel is not None
+            fast = self._msg_call(proto, f"objc_msgSend {self.selector_name(sel)!r}" if sel is not None
                                   else "objc_msgSend").fast
             self._remember(id(proto), proto, fast)
         return fast(args)

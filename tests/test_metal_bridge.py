@@ -271,7 +271,7 @@ UNFIT = [
 def test_unfit_arguments_raise_before_the_call(bridge: MetalBridge, fake: Fake, device: int, selector: str,
                                                args: tuple[Any, ...], match: str) -> None:
     calls = fake.last.calls
-    with pytest.raises(BridgeError, match=f"objc_msgSend {selector}: {match}"):
+    with pytest.raises(BridgeError, match=f"objc_msgSend '{selector}': {match}"):
         send(bridge, selector, device, *args)
     assert fake.last.calls == calls, "the message was sent although an argument did not fit"
 
@@ -279,7 +279,7 @@ def test_unfit_arguments_raise_before_the_call(bridge: MetalBridge, fake: Fake, 
 @needs_x86_64
 def test_unfit_receiver_and_selector(bridge: MetalBridge, device: int) -> None:
     proto = abi_prototype("commit", "x86_64")
-    with pytest.raises(BridgeError, match=r"objc_msgSend commit: argument 0 'self' \(id\): -1 does not fit"):
+    with pytest.raises(BridgeError, match=r"objc_msgSend 'commit': argument 0 'self' \(id\): -1 does not fit"):
         bridge.msg_send(proto, (-1, bridge.sel_registerName("commit")))
     with pytest.raises(BridgeError, match=r"argument 1 '_cmd' \(SEL\): 'commit' is not an integer"):
         bridge.msg_send(proto, (device, "commit"))
