@@ -177,8 +177,12 @@ class RecordingBridge:
     # ---- naming and records
 
     def name_object(self, handle: int, name: str) -> None:
-        """Record ``handle`` as ``name`` from now on (link calls this for every object it creates)."""
+        """Record ``handle`` as ``name`` from now on (link calls this for every object it creates); an inner bridge
+        that names objects too is told as well."""
         self.names[handle] = name
+        namer = getattr(self.inner, "name_object", None)
+        if namer is not None:
+            namer(handle, name)
 
     def name_of(self, handle: Any) -> Any:
         """The name of an object handle or host address; ``None`` for nil; ``"0x…"`` when it has no name."""

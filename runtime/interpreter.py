@@ -135,11 +135,30 @@ def prepare_registers(program: Program, bridge: Bridge, objects: Mapping[int, An
 
 
 def format_instr(program: Program, pc: int) -> str:
-    """Instruction ``pc`` as one line of text (for error messages)."""
+    """Instruction ``pc`` as one line of text (for error messages): ``pc: rD = OP operands`` with registers as
+    ``rN``, jump targets as ``@pc`` and selectors by name."""
     ins = program.instrs[pc]
-    ops = ", ".join(repr(o) if not isinstance(o, int) or isinstance(o, bool) else f"r{o}" for o in ins[2:])
+    if not isinstance(ins, tuple) or len(ins) < 2:
+        return f"{pc}: {ins!r}"
+    regs = _REG_POSITIONS.get(ins[0], ())
+    variadic = ins[0] in ("ALU", "STRUCT", "CALL")  # registers from the first register position on
+    parts = []
+    for i, o in enumerate(ins[2:], start=2):
+        if i in regs or (variadic and i >= regs[0]):
+            name = program.selectors.get(o) if isinstance(o, int) else None
+            parts.append(f"r{o}" if name is None else f"r{o}({name})")
+        elif ins[0] in ("RANGE", "END") and i == 3:
+            parts.append(f"@{o}")
+        else:
+            parts.append(o.name if isinstance(o, Ops) else repr(o))
     dst = f"r{ins[1]} = " if isinstance(ins[1], int) and ins[1] >= 0 else ""
-    return f"{pc}: {dst}{ins[0]} {ops}"
+    return f"{pc}: {dst}{ins[0]} {', '.join(parts)}"
+
+
+_REG_POSITIONS: dict[str, tuple[int, ...]] = {
+    "ALU": (4,), "CAST": (3,), "BITCAST": (3,), "INDEX": (3, 4), "LOAD": (3,), "STORE": (3, 4), "STRUCT": (2,),
+    "GEP": (3,), "CALL": (4,), "RANGE": (2,), "END": (2,),
+}
 
 
 _REG_OPERANDS: dict[str, Callable[[tuple[Any, ...]], tuple[int, ...]]] = {

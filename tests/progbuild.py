@@ -1,0 +1,174 @@
+"""Hand-written Programs for the runtime tests: a small builder of ``mtlir.program.Program`` and a submit shaped
+like METAL.md §1 over an ICB, independent of the passes (so the runtime is tested on its own)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mtlir.dtypes import DType, dtypes
+from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj, abi_prototype, c_prototype
+from mtlir.ops import Ops
+from mtlir.program import Program
+from mtlir.runtime.link import IcbCommand
+
+
+class PB:
+    """Program builder: each method appends one instruction and returns its destination register."""
+
+    def __init__(self, target: str = "arm64", device: DeviceSpec | None = None) -> None:
+        self.target = target
+        self.device = device or DeviceSpec()
+        self.instrs: list[tuple[Any, ...]] = []
+        self.n = 0
+        self.consts: dict[int, Any] = {}
+        self.objects: dict[int, Obj] = {}
+        self.obj_regs: dict[str, int] = {}
+        self.selectors: dict[int, str] = {}
+        self.sel_regs: dict[str, int] = {}
+        self.variables: dict[str, tuple[int, int, int]] = {}
+
+    def reg(self) -> int:
+        self.n += 1
+        return self.n - 1
+
+    def const(self, v: Any) -> int:
+        r = self.reg()
+        self.consts[r] = v
+        return r
+
+    def obj(self, o: Obj) -> int:
+        if o.name not in self.obj_regs:
+            self.obj_regs[o.name] = r = self.reg()
+            self.objects[r] = o
+        return self.obj_regs[o.name]
+
+    def var(self, name: str, lo: int, hi: int) -> int:
+        r = self.reg()
+        self.variables[name] = (r, lo, hi)
+        return r
+
+    def sel(self, name: str) -> int:
+        if name not in self.sel_regs:
+            self.sel_regs[name] = r = self.reg()
+            self.selectors[r] = name
+        return self.sel_regs[name]
+
+    def emit(self, *ins: Any, ret: bool = True) -> int:
+        dst = self.reg() if ret else -1
+        self.instrs.append((ins[0], dst, *ins[1:]))
+        return dst
+
+    def msg(self, recv: int, selector: str, *args: int) -> int:
+        proto = abi_prototype(selector, self.target)
+        return self.emit("CALL", "objc_msgSend", proto, recv, self.sel(selector), *args,
+                         ret=proto.ret is not dtypes.void)
+
+    def ccall(self, fn: str, *args: int) -> int:
+        proto = c_prototype(fn)
+        return self.emit("CALL", fn, proto, *args, ret=proto.ret is not dtypes.void)
+
+    def alu(self, op: Ops, dtype: DType, *srcs: int) -> int:
+        return self.emit("ALU", op, dtype, *srcs)
+
+    def store(self, dtype: DType, addr: int, val: int) -> None:
+        self.emit("STORE", dtype, addr, val, ret=False)
+
+    def load(self, dtype: DType, addr: int) -> int:
+        return self.emit("LOAD", dtype, addr)
+
+    def index(self, itemsize: int, base: int, idx: int) -> int:
+        return self.emit("INDEX", itemsize, base, idx)
+
+    def range(self, end: int) -> tuple[int, int]:
+        dst = self.emit("RANGE", end, -1)
+        return dst, len(self.instrs) - 1
+
+    def end(self, loop: tuple[int, int]) -> None:
+        counter, pc = loop
+        self.instrs.append(("END", -1, counter, pc))
+        ins = self.instrs[pc]
+        self.instrs[pc] = (ins[0], ins[1], ins[2], len(self.instrs) - 1)
+
+    def mtlsize(self, w: int, h: int, d: int) -> int:
+        """A constant MTLSize argument as the target passes it: a host copy (arm64) or a STRUCT value."""
+        if self.target == "x86_64":
+            return self.emit("STRUCT", self.const(w), self.const(h), self.const(d))
+        return self.obj(Obj("struct", f"mtlsize[{w},{h},{d}]", (w, h, d)))
+
+    def build(self) -> Program:
+        return Program(list(self.instrs), self.n, dict(self.consts), dict(self.objects), dict(self.selectors),
+                       dict(self.variables), self.target, self.device)
+
+
+@dataclass(frozen=True)
+class FakeIcbSpec:
+    """Stand-in for the ICB payload: the commands, and the placeholders they use (so link finds them)."""
+
+    commands: tuple[IcbCommand, ...]
+    buffers: tuple[Obj, ...]
+    pipelines: tuple[Obj, ...]
+
+
+COPY_MSL = """#include <metal_stdlib>
+using namespace metal;
+kernel void add1(device float* out, device float* inp, constant int& n, uint3 gid [[threadgroup_position_in_grid]],
+                 uint3 lid [[thread_position_in_threadgroup]]) {
+  int i = gid.x * 4 + lid.x;
+  if (i < n) out[i] = inp[i] + 1.0f;
+}
+"""
+
+
+def submit_program(target: str = "arm64", *, kernels: int = 2, residency_set: bool = True, family: str = "Apple7",
+                   symbolic: bool = True, nbytes: int = 256) -> Program:
+    """A submit of ``kernels`` ICB commands over two buffers, shaped like METAL.md §1: commandBuffer,
+    computeCommandEncoder, waitForFence:, useResources (without a residency set), the warm-up (before Apple9),
+    the symbolic sizes on icb[0] (grid = ceil(n / 4)), executeCommandsInBuffer:withRange:, updateFence:,
+    endEncoding, encodeSignalEvent:value:, commit, and the command buffer stored into ``cbslots``. Variables:
+    ``n`` (elements, 1..64, written to the variables buffer) and ``timeline``."""
+    dev = DeviceSpec(family, residency_set=residency_set)
+    p = PB(target, dev)
+    kern = Kernel("add1", "add1", COPY_MSL, (KernelParam(None, 0), KernelParam(None, 1), KernelParam("n", 2, "int32")))
+    pipe = Obj("pipeline", "pipeline:add1", (kern,))
+    bufs = (Obj("buffer", "buffer:0", (nbytes,)), Obj("buffer", "buffer:1", (nbytes,)), Obj("varbuf", "varbuf", (256,)))
+    cmds = tuple(IcbCommand(pipe.name, ((bufs[i % 2].name, 0, 0), (bufs[(i + 1) % 2].name, 0, 1), ("varbuf", 0, 2)),
+                            (nbytes // 16, 1, 1), (4, 1, 1)) for i in range(kernels))
+    icb = Obj("icb", "icb", (FakeIcbSpec(cmds, bufs, (pipe,)),))
+    n = p.var("n", 1, 64)
+    tl = p.var("timeline", 0, 2**62)
+    queue, fence, event = (p.obj(Obj(k, k)) for k in ("queue", "fence", "event"))
+    vb = p.obj(Obj("contents", "contents:varbuf", ("varbuf",)))
+    p.store(dtypes.int32, vb, n)
+    cb = p.msg(queue, "commandBuffer")
+    enc = p.msg(cb, "computeCommandEncoder")
+    p.msg(enc, "waitForFence:", fence)
+    if not residency_set:
+        res = p.obj(Obj("resources", "resources", tuple(b.name for b in bufs) + ("icb",)))
+        p.msg(enc, "useResources:count:usage:", res, p.const(len(bufs) + 1), p.const(3))
+    if dev.needs_warmup:
+        zero = p.mtlsize(0, 0, 0)
+        p.msg(enc, "setComputePipelineState:", p.obj(pipe))
+        p.msg(enc, "dispatchThreadgroups:threadsPerThreadgroup:", zero, zero)
+    if symbolic:
+        c3, c1, c4 = p.const(3), p.const(1), p.const(4)
+        groups = p.alu(Ops.IDIV, dtypes.uint64, p.alu(Ops.ADD, dtypes.uint64, n, c3), c4)
+        if target == "x86_64":
+            g, t = p.emit("STRUCT", groups, c1, c1), p.emit("STRUCT", c4, c1, c1)
+        else:
+            scratch = p.obj(Obj("scratch", "scratch:48", (48,)))
+            p.store(dtypes.uint64, scratch, groups)
+            p.store(dtypes.uint64, p.index(8, scratch, p.const(1)), c1)
+            p.store(dtypes.uint64, p.index(8, scratch, p.const(2)), c1)
+            t = p.index(8, scratch, p.const(3))
+            for k, v in enumerate((c4, c1, c1)):
+                p.store(dtypes.uint64, p.index(8, t, p.const(k)), v)
+            g = scratch
+        p.msg(p.obj(Obj("icbcmd", "icb[0]", (0,))), "concurrentDispatchThreadgroups:threadsPerThreadgroup:", g, t)
+    p.msg(enc, "executeCommandsInBuffer:withRange:", p.obj(icb), p.const(0), p.const(kernels))
+    p.msg(enc, "updateFence:", fence)
+    p.msg(enc, "endEncoding")
+    p.msg(cb, "encodeSignalEvent:value:", event, tl)
+    p.msg(cb, "commit")
+    slots = p.obj(Obj("cbslots", "cbslots", (1,)))
+    p.store(dtypes.uint64, slots, cb)
+    return p.build()

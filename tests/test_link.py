@@ -1,0 +1,282 @@
+"""link (every placeholder kind, the exact link-time messages, errors naming the object, release) and the Session's
+replay, wait and error reporting, against RecordingBridge fakes (the simulated device is in test_end_to_end)."""
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+from progbuild import submit_program
+
+from mtlir.dtypes import dtypes
+from mtlir.metal import MTL, Prototype
+from mtlir.runtime import GPUExecutionError, LinkError, RecordingBridge, Session, link
+
+_CREATES = ("new", "newCommandQueueWithMaxCommandBufferCount:", "newSharedEvent", "newFence",
+            "newBufferWithLength:options:", "newLibraryWithSource:options:error:", "newFunctionWithName:",
+            "newComputePipelineStateWithDescriptor:options:reflection:error:",
+            "newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", "newResidencySetWithDescriptor:error:")
+
+
+@pytest.mark.parametrize("target", ["arm64", "x86_64"])
+def test_link_messages_with_a_residency_set(target: str) -> None:
+    b = RecordingBridge(target=target)
+    linked = link(submit_program(target, kernels=2), b)
+    sels = [(m["receiver"], m["selector"]) for m in b.messages]
+    # the queue, event, fence, then buffers each followed by contents
+    assert sels[:9] == [("device", "newCommandQueueWithMaxCommandBufferCount:"), ("device", "newSharedEvent"),
+                        ("device", "newFence"), ("device", "newBufferWithLength:options:"), ("buffer:0", "contents"),
+                        ("device", "newBufferWithLength:options:"), ("buffer:1", "contents"),
+                        ("device", "newBufferWithLength:options:"), ("varbuf", "contents")]
+    # pipeline from source, through a descriptor that supports ICBs
+    i = sels.index(("device", "newLibraryWithSource:options:error:"))
+    assert sels[i - 1] == ("NSString", "stringWithUTF8String:")
+    assert ("library:add1", "newFunctionWithName:") in sels
+    assert ("descriptor:pipeline:add1", "setComputeFunction:") in sels
+    assert {"receiver": "descriptor:pipeline:add1", "selector": "setSupportIndirectCommandBuffers:",
+            "args": [True]} in b.messages
+    # the ICB descriptor, then each command: retained, pipeline, bindings, sizes, barrier
+    icb_desc = [m for m in b.messages if m["receiver"] == "descriptor:icb"]
+    assert [(m["selector"], m["args"]) for m in icb_desc] == [
+        ("setCommandTypes:", [MTL.IndirectCommandTypeConcurrentDispatch]), ("setInheritBuffers:", [False]),
+        ("setInheritPipelineState:", [False]), ("setMaxKernelBufferBindCount:", [3]), ("release", [])]
+    cmd1 = [(m["selector"], m["args"]) for m in b.messages if m["receiver"] == "icb[1]"]
+    assert cmd1 == [("retain", []), ("setComputePipelineState:", ["pipeline:add1"]),
+                    ("setKernelBuffer:offset:atIndex:", ["buffer:1", 0, 0]),
+                    ("setKernelBuffer:offset:atIndex:", ["buffer:0", 0, 1]),
+                    ("setKernelBuffer:offset:atIndex:", ["varbuf", 0, 2]),
+                    ("concurrentDispatchThreadgroups:threadsPerThreadgroup:", [[16, 1, 1], [4, 1, 1]]),
+                    ("setBarrier", [])]
+    # every allocation in the residency set, committed, attached to the queue
+    rs = [(m["selector"], m["args"]) for m in b.messages if m["receiver"] == "residency_set"]
+    assert rs == [("addAllocation:", ["buffer:0"]), ("addAllocation:", ["buffer:1"]), ("addAllocation:", ["varbuf"]),
+                  ("addAllocation:", ["icb"]), ("commit", [])]
+    assert sels[-1] == ("queue", "addResidencySet:")
+    assert linked.names[linked.handles["icb[0]"]] == "icb[0]"
+    for r, obj in linked.program.objects.items():  # every placeholder register holds its object
+        assert linked.registers[r] == linked.handles[obj.name]
+
+
+def test_without_a_residency_set_the_resources_table_holds_the_handles() -> None:
+    b = RecordingBridge()
+    linked = link(submit_program("arm64", residency_set=False), b)
+    assert not any("esidency" in m["selector"] for m in b.messages)
+    table = linked.handles["resources"]
+    names = ("buffer:0", "buffer:1", "varbuf", "icb")
+    assert struct.unpack("<4Q", b.read(table, 32)) == tuple(linked.handles[n] for n in names)
+
+
+def test_initial_data_and_buffer_access() -> None:
+    b = RecordingBridge()
+    linked = link(submit_program(), b, initial={"buffer:1": b"\x01\x02\x03", "buffer:0": (8, b"\xff")})
+    assert linked.read_buffer("buffer:1", 0, 4) == b"\x01\x02\x03\x00"
+    assert linked.read_buffer("buffer:0", 7, 3) == b"\x00\xff\x00"
+    assert len(linked.read_buffer("buffer:0")) == 256
+    linked.write_buffer("buffer:0", b"zz", offset=254)
+    assert linked.read_buffer("buffer:0", 254) == b"zz"
+    with pytest.raises(ValueError, match="outside its 256 bytes"):
+        linked.read_buffer("buffer:0", 250, 10)
+    with pytest.raises(KeyError, match="no buffer named 'buffer:9'"):
+        linked.read_buffer("buffer:9")
+
+
+@pytest.mark.parametrize("initial, match", [
+    ({"buffer:9": b"x"}, "initial data for 'buffer:9', which is not a buffer"),
+    ({"buffer:0": bytes(257)}, "257 bytes at offset 0 do not fit its 256 bytes"),
+])
+def test_bad_initial_data(initial: dict[str, Any], match: str) -> None:
+    with pytest.raises(LinkError, match=match):
+        link(submit_program(), RecordingBridge(), initial=initial)
+
+
+class NilBridge(RecordingBridge):
+    """A fake device where one selector returns nil, with an NSError when the call has an error out-param."""
+
+    def __init__(self, nil_for: str, message: str = "", max_threads: int = 1024, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.nil_for, self.message, self.max_threads = nil_for, message, max_threads
+        self.errors: dict[int, str] = {}
+
+    def msg_send(self, proto: Prototype, args: tuple[Any, ...]) -> Any:
+        sel = self.selector_name(args[1])
+        if sel == self.nil_for:
+            super().msg_send(proto, args)
+            if sel.endswith("error:"):
+                err = self.make_string("NSError")
+                self.errors[err] = self.message
+                self.store(args[-1], dtypes.uint64, err)
+            return 0
+        if sel == "maxTotalThreadsPerThreadgroup":
+            super().msg_send(proto, args)
+            return self.max_threads
+        if sel == "localizedDescription" and args[0] in self.errors:
+            return self.make_string(self.errors[args[0]])
+        if sel == "code" and args[0] in self.errors:
+            return 3
+        return super().msg_send(proto, args)
+
+
+def _released(b: RecordingBridge) -> list[str]:
+    return [m["receiver"] for m in b.messages if m["selector"] == "release"]
+
+
+def test_nil_library_names_the_pipeline_and_metal_says_why() -> None:
+    b = NilBridge("newLibraryWithSource:options:error:", "program_source:3:1: error: unknown type name 'flot'")
+    with pytest.raises(LinkError, match=r"library of pipeline:add1: .*returned nil: program_source:3:1: error: "
+                                        r"unknown type name 'flot' \(NSError code 3\)"):
+        link(submit_program(), b)
+    # what was created before the failure is released, newest first
+    assert _released(b)[:4] == ["varbuf", "buffer:1", "buffer:0", "fence"]
+    assert _released(b)[-1] == "device"
+
+
+@pytest.mark.parametrize("selector, match", [
+    ("newCommandQueueWithMaxCommandBufferCount:", "command queue 'queue': Metal returned nil"),
+    ("newBufferWithLength:options:", r"buffer:0 \(256 bytes\): Metal returned nil"),
+    ("newFunctionWithName:", "pipeline:add1: function 'add1' of its library: Metal returned nil"),
+    ("newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", "does the device support ICBs"),
+    ("newResidencySetWithDescriptor:error:", "residency set .*--no-residency-set"),
+])
+def test_nil_results_name_the_object(selector: str, match: str) -> None:
+    with pytest.raises(LinkError, match=match):
+        link(submit_program(), NilBridge(selector, "unsupported"))
+
+
+def test_threadgroup_above_the_pipeline_limit() -> None:
+    with pytest.raises(LinkError, match=r"icb\[0\] \(pipeline:add1\): threadgroup \[4, 1, 1\] = 4 threads is more "
+                                        r"than the pipeline's maxTotalThreadsPerThreadgroup 2"):
+        link(submit_program(), NilBridge("", max_threads=2))
+
+
+def test_target_mismatch() -> None:
+    with pytest.raises(LinkError, match="lowered for arm64 but the bridge decodes x86_64"):
+        link(submit_program("arm64"), RecordingBridge(target="x86_64"))
+
+
+def test_release_gives_back_every_object_once() -> None:
+    b = RecordingBridge()
+    linked = link(submit_program(), b)
+    created = sum(1 for m in b.messages if m["selector"] in _CREATES) + 1  # + the device (a C call)
+    descriptors = 3  # released by link itself
+    retained = sum(1 for m in b.messages if m["selector"] == "retain")
+    b.clear()
+    linked.release()
+    linked.release()  # idempotent
+    rel = _released(b)
+    assert len(rel) == len(set(rel)) == created - descriptors + retained
+    assert rel[-1] == "device" and "icb[1]" in rel and "pipeline:add1" in rel
+
+
+# ---- the Session: replay, wait, errors
+
+
+class FaultBridge(RecordingBridge):
+    """Command buffers stay Committed until ``complete`` is called; ``fail(code)`` puts them in status Error with
+    an NSError of that code (Metal then skips their event signals)."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.state = MTL.StatusCommitted
+        self.code = 0
+        self.cbs: set[int] = set()
+        self.signals: dict[int, tuple[int, int]] = {}
+        self.err = 0
+
+    def msg_send(self, proto: Prototype, args: tuple[Any, ...]) -> Any:
+        sel, recv = self.selector_name(args[1]), args[0]
+        if sel == "commandBuffer":
+            cb = super().msg_send(proto, args)
+            self.cbs.add(cb)
+            return cb
+        if sel == "encodeSignalEvent:value:":  # held back until complete(), not signalled at commit
+            self.signals[recv] = (args[2], args[3])
+            return None
+        if sel == "status" and recv in self.cbs:
+            return self.state
+        if sel == "error" and recv in self.cbs:
+            return self.err if self.state == MTL.StatusError else 0
+        if sel == "code" and recv == self.err:
+            return self.code
+        if sel == "localizedDescription" and recv == self.err:
+            return self.make_string("Caused GPU Address Fault Error (kIOGPUCommandBufferCallbackErrorPageFault)")
+        return super().msg_send(proto, args)
+
+    def complete(self) -> None:
+        self.state = MTL.StatusCompleted
+        for event, value in self.signals.values():
+            self._fake.signaled[event] = max(self._fake.signaled.get(event, 0), value)
+
+    def fail(self, code: int) -> None:
+        self.state, self.code = MTL.StatusError, code
+        self.err = self.make_string("NSError")
+
+
+@pytest.mark.parametrize("executor", ["compiled", "interpreter"])
+def test_submit_wait_replay(executor: str) -> None:
+    b = RecordingBridge()
+    with Session(submit_program(), b, executor=executor) as s:
+        vb = s.linked.buffers["varbuf"][1]
+        for n in (1, 17, 64):
+            rec = s.submit(n=n)
+            assert b.load(vb, dtypes.int32) == n  # the variable patched into the variables buffer
+            assert rec.value == s.last_value and len(rec.cbs) == 1
+        assert [r.value for r in s.inflight] == [3]  # serialized: each submit waited for the one before
+        done = s.wait(3, timeout_s=1.0)
+        assert [r.value for r in done] == [3] and not s.inflight
+        assert len(done[0].gpu_times) == 1 and s.timeline_value() == 3
+        s.submit(n=2, timeline=10)
+        assert s.last_value == 10
+        with pytest.raises(ValueError, match=r"'n' = 65 is outside its bounds \[1, 64\]"):
+            s.submit(n=65)
+        assert s.submits == 4 and s.host_s_per_submit > 0
+    assert s.closed and not s.inflight
+
+
+def test_command_buffers_are_retained_and_released() -> None:
+    b = RecordingBridge()
+    s = Session(submit_program(), b)
+    b.clear()
+    rec = s.submit(n=4)
+    (cb,) = rec.cbs
+    retains = [m for m in b.messages if m["selector"] == "retain"]
+    assert retains == [{"receiver": "cmdbuf", "selector": "retain", "args": []}]
+    s.wait()
+    assert b.messages[-1] == {"receiver": "cmdbuf", "selector": "release", "args": []}
+    s.close()
+
+
+def test_gpu_error_is_reported_with_code_and_name() -> None:
+    b = FaultBridge()
+    s = Session(submit_program(), b, timeout_s=5.0)
+    s.submit(n=3)
+    b.fail(MTL.ErrorPageFault)
+    with pytest.raises(GPUExecutionError) as e:
+        s.wait(1, timeout_s=5.0)
+    assert e.value.code == 3 and e.value.name == "PageFault"
+    assert "MTLCommandBufferError 3 (PageFault)" in str(e.value)
+    assert "kIOGPUCommandBufferCallbackErrorPageFault" in str(e.value)
+    assert not s.inflight  # its command buffers were released
+    s.close()
+
+
+def test_timeout_says_what_it_waited_for() -> None:
+    b = FaultBridge()
+    s = Session(submit_program(), b)
+    s.submit(n=3)
+    with pytest.raises(TimeoutError, match=r"waiting for timeline value 1 \(the timeline is at 0\); command buffer "
+                                           r"statuses: submit 0 \(value 1\): Committed"):
+        s.wait(timeout_s=0.02)
+    b.complete()
+    assert [r.value for r in s.wait(timeout_s=5.0)] == [1]
+    s.close()
+
+
+def test_wait_for_a_value_leaves_later_submits_in_flight() -> None:
+    b = RecordingBridge()
+    s = Session(submit_program(), b, serialize=False)
+    for _ in range(3):
+        s.submit(n=1)
+    assert [r.value for r in s.wait(2)] == [1, 2]
+    assert [r.value for r in s.inflight] == [3]
+    s.close()
+    assert not s.inflight
