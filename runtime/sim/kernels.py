@@ -1,0 +1,300 @@
+"""Run Metal kernels for real on the OpenCL device present (PoCL on the CPU here): the simulated device's GPU.
+
+``KernelRunner`` owns one pyopencl context and queue. ``compile(msl, function)`` translates the MSL library with
+``msl.translate`` and builds it once (cached per MSL source; kernels per (source, function)).
+``CompiledKernel.run(bindings, grid, threadgroup)`` binds each Metal buffer index to (host storage, byte offset),
+runs ``grid`` threadgroups of ``threadgroup`` threads (Metal's dispatchThreadgroups convention, METAL.md §4:
+OpenCL global size = grid x threadgroup per axis, local size = threadgroup) and returns when the results are in
+the storage arrays.
+
+Memory: each distinct storage array becomes one OpenCL buffer over the same host memory (``CL_MEM_USE_HOST_PTR``:
+nothing is copied where the device can use host memory, as PoCL's CPU device does); the buffers the kernel may
+write are mapped for reading after the run, which is where OpenCL guarantees the host sees the results. A view
+at a byte offset is bound as an OpenCL sub-buffer when the offset is a multiple of the device's
+``mem_base_addr_align`` (OpenCL 1.2 §5.2.1: sub-buffer origins must be), else as the whole buffer with the
+offset passed in the kernel's offset parameter (the translator adds one per buffer, ``msl.py``).
+"""
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mtlir.runtime.errors import KernelCompileError
+from mtlir.runtime.sim.msl import KernelArg, KernelInfo, Translation, translate
+
+try:
+    import pyopencl as cl
+except ImportError:  # pragma: no cover - pyopencl is a dependency; the runner says what is missing
+    cl = None
+
+__all__ = ["KernelRunner", "CompiledKernel", "KernelArg", "View", "INSTALL_HINT"]
+
+INSTALL_HINT = ("install an OpenCL runtime for the CPU (Debian/Ubuntu: `sudo apt-get install pocl-opencl-icd "
+                "ocl-icd-libopencl1`) and the Python package pyopencl (`pip install pyopencl`)")
+# -cl-single-precision-constant: MSL has no double, an unsuffixed literal such as 0.5 is a float there.
+# -w: no warnings (tinygrad's `if ((a==0))` draws one per kernel, which PoCL prints on stderr).
+BUILD_OPTIONS = ["-cl-single-precision-constant", "-w"]
+DEFAULT_TIMEOUT_S = 120.0  # a kernel still running after this long is reported, never waited for forever
+
+
+@dataclass(frozen=True)
+class View:
+    """How ``run`` binds one parameter: ``how`` is ``"buffer"`` (offset 0: the whole buffer), ``"sub-buffer"``
+    (an OpenCL sub-buffer starting at the view, offset argument 0) or ``"offset"`` (the whole buffer, the byte
+    ``offset`` passed to the kernel); ``offset`` is the byte offset of the view in its storage."""
+
+    arg: KernelArg
+    how: str
+    offset: int
+
+
+class CompiledKernel:
+    """One kernel function built for the runner's OpenCL device.
+
+    ``function``: the MSL kernel name; ``params``: its Metal-bound parameters in MSL order (``KernelArg``:
+    name, kind ``buffer`` | ``constant``, Metal buffer index, dtype); ``opencl_source``: the translated source of
+    the whole library; ``info``: what the translator learnt of it (``msl.KernelInfo``)."""
+
+    def __init__(self, runner: KernelRunner, kernel: Any, info: KernelInfo, source: str) -> None:
+        self.function: str = info.function
+        self.params: tuple[KernelArg, ...] = info.args
+        self.opencl_source: str = source
+        self.info = info
+        self._runner = runner
+        self._kernel = kernel
+        wg = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, runner.device)
+        self.max_threads_per_threadgroup: int = min(int(wg), runner.device.max_work_group_size)
+
+    def __repr__(self) -> str:
+        return f"CompiledKernel({self.function!r}, params={[a.name for a in self.params]})"
+
+    def plan(self, bindings: dict[int, tuple[np.ndarray, int]]) -> tuple[View, ...]:
+        """Check ``bindings`` against the parameters and say how each parameter will be bound (``View``).
+
+        Raises ``ValueError`` naming the kernel, parameter and buffer index for a missing binding, a storage that
+        is not a 1-D C-contiguous ``numpy.uint8`` array (or is read-only where the kernel writes), an offset
+        outside the storage, or an offset that is not a multiple of the element size (Metal requires it,
+        METAL.md §1)."""
+        align = self._runner.base_align
+        views = []
+        for b in self.info.bindings:
+            arg = b.arg
+            where = f"kernel {self.function!r}, parameter {arg.name!r} (buffer index {arg.index})"
+            if arg.index not in bindings:
+                raise ValueError(f"{where}: no binding for buffer index {arg.index}")
+            storage, offset = bindings[arg.index]
+            _check_storage(storage, where, writable=b.writable)
+            if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+                raise ValueError(f"{where}: the offset must be an int (bytes), got {offset!r}")
+            offset = int(offset)
+            if not 0 <= offset < storage.nbytes or offset + b.nbytes > storage.nbytes:
+                raise ValueError(f"{where}: offset {offset} (+{b.nbytes} bytes read) is outside the "
+                                 f"{storage.nbytes}-byte buffer")
+            if offset % b.align:
+                raise ValueError(f"{where}: offset {offset} is not a multiple of the element size {b.align} bytes")
+            how = "buffer" if offset == 0 else "sub-buffer" if offset % align == 0 else "offset"
+            views.append(View(arg, how, offset))
+        return tuple(views)
+
+    def run(self, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
+            threadgroup: tuple[int, int, int], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """Run ``grid`` threadgroups (per axis) of ``threadgroup`` threads each, synchronously.
+
+        ``bindings`` maps each Metal buffer index to ``(storage, byte offset)``: ``storage`` is the whole
+        MTLBuffer's host memory as a 1-D ``numpy.uint8`` array; a ``constant T&`` variable is the value at that
+        offset. Views of one storage alias as they do in Metal. Results are in the arrays when ``run`` returns.
+        A grid or threadgroup with a zero axis runs nothing (Metal accepts such a dispatch, METAL.md §3 rule 13).
+
+        Raises ``ValueError`` for bad bindings (``plan``) or sizes, and for a threadgroup larger than the OpenCL
+        device runs (``max_threads_per_threadgroup``: 4096 on PoCL here, above Metal's 1024); ``TimeoutError``
+        when the kernel has not finished after ``timeout_s`` seconds (the runner then refuses further work,
+        since OpenCL cannot stop a running kernel); ``RuntimeError`` when OpenCL refuses to run it."""
+        views = self.plan(bindings)
+        grid, threadgroup = _size3(grid, "grid"), _size3(threadgroup, "threadgroup")
+        if 0 in grid or 0 in threadgroup:
+            return
+        threads = threadgroup[0] * threadgroup[1] * threadgroup[2]
+        dev = self._runner.device
+        if threads > self.max_threads_per_threadgroup or any(t > m for t, m in zip(threadgroup, dev.max_work_item_sizes)):
+            raise ValueError(f"kernel {self.function!r}: a threadgroup of {threadgroup} = {threads} threads is more "
+                             f"than the OpenCL device {dev.name!r} runs in one work-group (at most "
+                             f"{self.max_threads_per_threadgroup} threads, {tuple(dev.max_work_item_sizes)[:3]} per "
+                             "axis); the simulated device cannot run it")
+        global_size = tuple(g * t for g, t in zip(grid, threadgroup))
+        self._runner._launch(self, views, bindings, global_size, threadgroup, timeout_s)
+
+
+class KernelRunner:
+    """Compiles and runs translated kernels on one OpenCL device (one context, one in-order queue).
+
+    ``device``: a ``pyopencl.Device``; ``None`` takes the first device of the first platform that has one.
+    Raises ``RuntimeError`` saying what to install when pyopencl or an OpenCL device is missing. Thread-safe:
+    one lock serialises compiles and runs."""
+
+    def __init__(self, device: Any = None) -> None:
+        if cl is None:
+            raise RuntimeError(f"pyopencl is not installed: {INSTALL_HINT}")
+        if device is None:
+            device = _first_device()
+        self.device = device
+        self.context = cl.Context([device])
+        self.queue = cl.CommandQueue(self.context, device)
+        self.fp16: bool = "cl_khr_fp16" in device.extensions.split()
+        self.base_align: int = max(1, device.mem_base_addr_align // 8)  # the device reports bits
+        self._lock = threading.RLock()
+        self._programs: dict[str, tuple[Translation, Any]] = {}
+        self._kernels: dict[tuple[str, str], CompiledKernel] = {}
+        self._stuck: str | None = None
+        self._stuck_refs: list[Any] = []
+
+    def __repr__(self) -> str:
+        return f"KernelRunner({self.device.name!r}, fp16={self.fp16}, base_align={self.base_align})"
+
+    def compile(self, msl: str, function: str) -> CompiledKernel:
+        """The kernel ``function`` of the MSL library ``msl``, translated and built once (cached).
+
+        Raises ``UnsupportedKernelError`` (MSL the translator cannot express in OpenCL C; ``.construct`` names
+        it) or ``KernelCompileError`` (MSL that is not valid, no kernel named ``function``, or an OpenCL build
+        failure: the build log and the numbered translated source are in the message)."""
+        with self._lock:
+            got = self._kernels.get((msl, function))
+            if got is not None:
+                return got
+            translation, program = self._program(msl)
+            info = translation.kernels.get(function)
+            if info is None:
+                names = ", ".join(sorted(translation.kernels)) or "none"
+                raise KernelCompileError(f"no kernel function {function!r} in the MSL (its kernels: {names})")
+            kernel = cl.Kernel(program, function)
+            compiled = CompiledKernel(self, kernel, info, translation.source)
+            self._kernels[(msl, function)] = compiled
+            return compiled
+
+    def _program(self, msl: str) -> tuple[Translation, Any]:
+        got = self._programs.get(msl)
+        if got is None:
+            translation = translate(msl, fp16=self.fp16)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    program = cl.Program(self.context, translation.source).build(options=BUILD_OPTIONS)
+            except cl.Error as e:
+                numbered = "\n".join(f"{n + 1:4d}  {line}" for n, line in enumerate(translation.source.splitlines()))
+                kernels = ", ".join(translation.kernels)
+                raise KernelCompileError(f"OpenCL could not build the translation of kernels {kernels}:\n{e}\n"
+                                         f"--- translated source ---\n{numbered}") from None
+            got = self._programs[msl] = (translation, program)
+        return got
+
+    def _launch(self, ck: CompiledKernel, views: tuple[View, ...], bindings: dict[int, tuple[np.ndarray, int]],
+                global_size: tuple[int, ...], local_size: tuple[int, int, int], timeout_s: float) -> None:
+        with self._lock:
+            if self._stuck is not None:
+                raise RuntimeError(f"the OpenCL queue is blocked by an earlier kernel that never finished "
+                                   f"({self._stuck}); make a new KernelRunner")
+            buffers: dict[int, tuple[Any, np.ndarray]] = {}
+            writes: set[int] = set()
+            args: list[Any] = []
+            for b, view in zip(ck.info.bindings, views):
+                storage = bindings[b.arg.index][0]
+                key = _storage_key(storage, buffers)
+                if key not in buffers:
+                    buffers[key] = (self._buffer(storage), storage)
+                if b.writable:
+                    writes.add(key)
+                buf = buffers[key][0]
+                if view.how == "sub-buffer":
+                    flags = cl.mem_flags.READ_WRITE if b.writable else cl.mem_flags.READ_ONLY
+                    args += [buf.get_sub_region(view.offset, storage.nbytes - view.offset, flags), np.uint64(0)]
+                else:
+                    args += [buf, np.uint64(view.offset)]
+            ck._kernel.set_args(*args)
+            event = cl.enqueue_nd_range_kernel(self.queue, ck._kernel, global_size, local_size)
+            self.queue.flush()
+            self._wait(event, timeout_s, f"kernel {ck.function!r}, global size {global_size}",
+                       (args, [s for _, s in buffers.values()]))
+            for key in writes:
+                buf, storage = buffers[key]
+                mapped, _ = cl.enqueue_map_buffer(self.queue, buf, cl.map_flags.READ, 0, (storage.nbytes,), np.uint8)
+                if mapped.ctypes.data != storage.ctypes.data:  # the device kept its own copy: bring the results home
+                    storage[...] = mapped
+                mapped.base.release(self.queue)
+            self.queue.finish()
+
+    def _buffer(self, storage: np.ndarray) -> Any:
+        if storage.flags.writeable:
+            return cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=storage)
+        return cl.Buffer(self.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=storage)
+
+    def _wait(self, event: Any, timeout_s: float, what: str, keep: Any) -> None:
+        """Poll ``event`` until it completes (short sleeps growing to 1 ms); past ``timeout_s`` mark the runner
+        stuck (keeping the memory the kernel uses alive) and raise ``TimeoutError``."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.0
+        while True:
+            status = event.command_execution_status
+            if status == cl.command_execution_status.COMPLETE:
+                return
+            if status < 0:
+                raise RuntimeError(f"OpenCL failed to run {what}: execution status {status}")
+            if time.monotonic() > deadline:
+                self._stuck = what
+                self._stuck_refs.append(keep)
+                raise TimeoutError(f"{what} did not finish within {timeout_s} s")
+            time.sleep(delay)
+            delay = min(delay * 2 or 1e-5, 1e-3)
+
+
+def _first_device() -> Any:
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error as e:
+        raise RuntimeError(f"no OpenCL platform found ({e}): {INSTALL_HINT}") from None
+    for platform in platforms:
+        try:
+            devices = platform.get_devices()
+        except cl.Error:
+            continue
+        if devices:
+            return devices[0]
+    raise RuntimeError(f"no OpenCL device found: {INSTALL_HINT}")
+
+
+def _check_storage(storage: Any, where: str, writable: bool) -> None:
+    if not isinstance(storage, np.ndarray) or storage.dtype != np.uint8 or storage.ndim != 1:
+        got = f"{type(storage).__name__} {getattr(storage, 'dtype', '')} {getattr(storage, 'shape', '')}".strip()
+        raise ValueError(f"{where}: the storage must be a 1-D numpy.uint8 array (the MTLBuffer's bytes), got {got}")
+    if not storage.flags.c_contiguous:
+        raise ValueError(f"{where}: the storage array is not contiguous")
+    if storage.nbytes == 0:
+        raise ValueError(f"{where}: the storage array is empty (an MTLBuffer has at least 1 byte)")
+    if writable and not storage.flags.writeable:
+        raise ValueError(f"{where}: the kernel may write this buffer but the storage array is read-only")
+
+
+def _storage_key(storage: np.ndarray, known: dict[int, tuple[Any, np.ndarray]]) -> int:
+    """The key of the OpenCL buffer for ``storage``: arrays over the same memory share one (views alias as in
+    Metal); ``ValueError`` for two storages that overlap without being the same memory."""
+    addr = storage.ctypes.data
+    for key, (_, other) in known.items():
+        if key == addr and other.nbytes == storage.nbytes:
+            return key
+        if np.may_share_memory(storage, other):
+            raise ValueError("two bound storages overlap without being the same array: bind one MTLBuffer's "
+                             "memory as one storage array")
+    return addr
+
+
+def _size3(size: Any, what: str) -> tuple[int, int, int]:
+    try:
+        values = tuple(int(v) for v in size)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be three ints (width, height, depth), got {size!r}") from None
+    if len(values) != 3 or any(v < 0 for v in values) or any(isinstance(v, bool) for v in size):
+        raise ValueError(f"{what} must be three ints >= 0 (width, height, depth), got {size!r}")
+    return values  # type: ignore[return-value]

@@ -1,0 +1,151 @@
+"""The names the MSL -> OpenCL C translator knows: types, thread-position attributes, builtins, refused constructs.
+
+Sources: Apple's *Metal Shading Language Specification* (version 3.x: §2 data types, §4 address spaces, §5.2
+function attributes, §6 standard library) and the Khronos *OpenCL C 1.2 Specification* (§6.1 types, §6.12 builtin
+functions). Each table says which MSL names carry over to OpenCL C unchanged, which are renamed, which need a
+helper from ``msl_prelude`` and which are refused (``REFUSED``), so nothing MSL-specific passes through by accident.
+"""
+from __future__ import annotations
+
+__all__ = ["SCALARS", "VECTORS", "VECTOR_ELEMENTS", "dtype_name", "scalar_size", "POSITIONS", "SAME_BUILTINS",
+           "RENAMED_BUILTINS", "HELPER_BUILTINS", "KEYWORDS", "TEMPLATES", "POSITIONS_LINEAR", "refused_construct",
+           "is_type_name"]
+
+# MSL scalar type -> OpenCL C scalar type (MSL spec §2.1; OpenCL C §6.1.1). half needs cl_khr_fp16.
+SCALARS: dict[str, str] = {
+    "bool": "bool", "char": "char", "uchar": "uchar", "short": "short", "ushort": "ushort", "int": "int",
+    "uint": "uint", "long": "long", "ulong": "ulong", "half": "half", "float": "float", "size_t": "size_t",
+    "ptrdiff_t": "ptrdiff_t", "void": "void",
+    "int8_t": "char", "uint8_t": "uchar", "int16_t": "short", "uint16_t": "ushort", "int32_t": "int",
+    "uint32_t": "uint", "int64_t": "long", "uint64_t": "ulong",
+    "unsigned": "unsigned", "signed": "signed",
+}
+# Element types that have vector forms in both languages (bool vectors exist only in MSL: refused).
+VECTOR_ELEMENTS = ("char", "uchar", "short", "ushort", "int", "uint", "long", "ulong", "half", "float")
+# "float4" -> ("float", 4): MSL vectors of 2, 3, 4 elements; a 3-vector has the size of a 4-vector in both.
+VECTORS: dict[str, tuple[str, int]] = {f"{e}{n}": (e, n) for e in VECTOR_ELEMENTS for n in (2, 3, 4)}
+
+_DTYPES = {"bool": "bool", "char": "int8", "uchar": "uint8", "short": "int16", "ushort": "uint16", "int": "int32",
+           "uint": "uint32", "long": "int64", "ulong": "uint64", "half": "float16", "float": "float32",
+           "size_t": "uint64", "ptrdiff_t": "int64"}
+_SIZES = {"bool": 1, "char": 1, "uchar": 1, "short": 2, "ushort": 2, "int": 4, "uint": 4, "long": 8, "ulong": 8,
+          "half": 2, "float": 4, "size_t": 8, "ptrdiff_t": 8}
+
+
+def is_type_name(name: str) -> bool:
+    """True for an MSL scalar or vector type name (``float``, ``uint8_t``, ``half4``)."""
+    return name in SCALARS or name in VECTORS
+
+
+def dtype_name(msl_type: str) -> str:
+    """The mtlir dtype name of an MSL type: ``float`` -> ``float32``, ``uint8_t`` -> ``uint8``, a vector
+    ``float4`` -> ``float32x4``; any other name (a struct) is returned as it is."""
+    if msl_type in VECTORS:
+        elem, n = VECTORS[msl_type]
+        return f"{_DTYPES[elem]}x{n}"
+    return _DTYPES.get(SCALARS.get(msl_type, msl_type), msl_type)
+
+
+def scalar_size(msl_type: str) -> int:
+    """Bytes of one scalar of the MSL type (for a vector: of its element; 1 for a struct or unknown name), the
+    alignment Metal requires of a buffer offset for that type (METAL.md §1)."""
+    elem = VECTORS[msl_type][0] if msl_type in VECTORS else SCALARS.get(msl_type, msl_type)
+    return _SIZES.get(elem, 1)
+
+
+# Thread-position attributes of kernel parameters (MSL spec §5.2.3.6) -> the OpenCL work-item function giving
+# axis ``d`` of that position (OpenCL C §6.12.1). Metal's threadgroup is OpenCL's work-group.
+POSITIONS: dict[str, str] = {
+    "thread_position_in_grid": "get_global_id({d})",
+    "threadgroup_position_in_grid": "get_group_id({d})",
+    "thread_position_in_threadgroup": "get_local_id({d})",
+    "threads_per_threadgroup": "get_local_size({d})",
+    "threadgroups_per_grid": "get_num_groups({d})",
+    "threads_per_grid": "get_global_size({d})",
+}
+# Flattened index of the thread in its threadgroup (MSL spec §5.2.3.6): x + y * width + z * width * height.
+POSITIONS_LINEAR = {
+    "thread_index_in_threadgroup":
+        "(get_local_id(2) * get_local_size(1) + get_local_id(1)) * get_local_size(0) + get_local_id(0)",
+}
+
+# MSL functions with the same name, arguments and meaning in OpenCL C (MSL spec §6.3-6.5; OpenCL C §6.12.2-5).
+# abs, fract, saturate differ (HELPER_BUILTINS); frexp, modf, sincos take references in MSL (refused as unknown).
+SAME_BUILTINS = frozenset("""
+acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh cospi exp exp2 exp10 fabs fdim floor fma fmax
+fmin fmod hypot ilogb ldexp log log2 log10 logb nextafter pow powr rint round rsqrt sin sinh sinpi sqrt
+tan tanh tanpi trunc isnan isinf isfinite isnormal isordered isunordered signbit
+min max clamp mix step smoothstep sign degrees radians dot cross length distance normalize
+clz popcount any all select
+""".split())
+# MSL name -> OpenCL C name, same arguments and meaning.
+RENAMED_BUILTINS: dict[str, str] = {"mulhi": "mul_hi", "absdiff": "abs_diff"}
+# MSL functions whose OpenCL namesake means something else: abs of a float (OpenCL's abs is integer only and
+# returns an unsigned type), fract(x) (OpenCL's takes a second pointer argument), saturate (none in OpenCL).
+# The prelude defines a ``__mtl_<name>`` overload set for each.
+HELPER_BUILTINS = frozenset({"abs", "fract", "saturate"})
+
+KEYWORDS = frozenset("""
+if else for while do switch case default break continue return goto sizeof typedef struct union enum
+static inline const volatile extern register restrict
+""".split())
+
+# Refused identifiers (the whole identifier, or any identifier starting with a prefix ending in "_"), with why.
+_REFUSED: dict[str, str] = {
+    "simdgroup_": "SIMD-group matrices and functions (32-thread SIMD groups) have no OpenCL 1.2 form",
+    "thread_elements": "a SIMD-group matrix's per-thread elements have no OpenCL 1.2 form",
+    "simd_": "SIMD-group functions (32-thread SIMD groups) have no OpenCL 1.2 form",
+    "quad_": "quad-group functions have no OpenCL 1.2 form",
+    "threads_per_simdgroup": "SIMD-group positions have no OpenCL 1.2 form",
+    "thread_index_in_simdgroup": "SIMD-group positions have no OpenCL 1.2 form",
+    "simdgroups_per_threadgroup": "SIMD-group positions have no OpenCL 1.2 form",
+    "thread_index_in_quadgroup": "quad-group positions have no OpenCL 1.2 form",
+    "atomic_": "atomics are not supported by the simulated device yet",
+    "memory_order_": "atomics are not supported by the simulated device yet",
+    "sampler": "samplers are not supported by the simulated device",
+    "imageblock": "imageblocks are not supported by the simulated device",
+    "threadgroup_imageblock": "the threadgroup_imageblock address space is not supported",
+    "ray_data": "the ray_data address space is not supported",
+    "object_data": "the object_data address space is not supported",
+    "visible_function_table": "function tables are not supported",
+    "intersection_function_table": "function tables are not supported",
+    "packed_": "packed vector types (no padding) have no OpenCL C equivalent",
+    "bfloat": "bfloat has no OpenCL C type",
+    "template": "C++ templates are not supported",
+    "typename": "C++ templates are not supported",
+    "class": "C++ classes are not supported",
+    "namespace": "C++ namespaces other than `using namespace metal;` are not supported",
+    "operator": "C++ operator overloading is not supported",
+    "auto": "C++ type deduction is not supported",
+    "reinterpret_cast": "C++ casts other than static_cast are not supported (use as_type)",
+    "const_cast": "C++ casts other than static_cast are not supported",
+    "dynamic_cast": "C++ casts other than static_cast are not supported",
+    "new": "C++ allocation is not supported",
+    "delete": "C++ allocation is not supported",
+    "this": "C++ member functions are not supported",
+    "virtual": "C++ classes are not supported",
+    "nullptr": "C++ nullptr is not supported",
+    "vertex": "vertex functions are not supported (only kernel functions run on the simulated device)",
+    "fragment": "fragment functions are not supported (only kernel functions run on the simulated device)",
+}
+_TEXTURES = ("texture1d", "texture2d", "texture3d", "texturecube", "texture_buffer", "depth2d", "depthcube")
+# Templates MSL has and OpenCL C lacks: refused where the name is followed by ``<``.
+TEMPLATES = frozenset({"vec", "matrix", "array", "array_ref", "numeric_limits", "atomic", "packed_vec"})
+
+
+def refused_construct(name: str) -> str | None:
+    """Why the identifier ``name`` is refused (``None`` when it is not): SIMD-group and quad-group matrices,
+    functions and positions, atomics, textures, samplers, address spaces and types OpenCL C lacks, C++ features.
+    Matrix types such as ``float4x4`` and ``half8x8`` are refused too."""
+    if (why := _REFUSED.get(name)) is not None:
+        return why
+    if "_" in name and (why := _REFUSED.get(name[:name.index("_") + 1])) is not None:
+        return why
+    if name.startswith(_TEXTURES):
+        return "textures are not supported by the simulated device"
+    if name in ("bool2", "bool3", "bool4"):
+        return "boolean vectors have no OpenCL C type"
+    elem, _, shape = name.rpartition("x")
+    if elem[-1:].isdigit() and shape.isdigit() and elem.rstrip("0123456789") in ("float", "half"):
+        return "matrix types have no OpenCL C equivalent"
+    return None
