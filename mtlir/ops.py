@@ -64,6 +64,9 @@ class Ops(Enum):
     TIMESTAMP = auto()
     SUBMIT = auto()
 
+    # identity hash in C: Enum's own __hash__ is Python code, and every node creation and rule lookup hashes an op
+    __hash__ = object.__hash__
+
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
 

@@ -17,31 +17,48 @@ from typing import Any
 from mtlir.dtypes import DType, PtrDType, dtypes
 from mtlir.ops import GroupOp, Ops
 
-__all__ = ["UOp", "argkey"]
+__all__ = ["UOp", "argkey", "live_nodes"]
 
-_ATOMS = (str, int, bool, type(None), bytes, Ops, DType)
+# arg types keyed as (type, value): Python's == already tells their values apart and they hash deterministically
+_ATOMS = frozenset({str, int, bool, type(None), bytes, Ops})
+_NONE_KEY = (type(None), None)
 
 
 def argkey(arg: Any) -> Any:
     """A hashable key for ``arg`` that tells apart values Python's ``==`` merges.
 
-    Raises ``TypeError`` for an arg that is not hashable (a list, a dict, a mutable object)."""
+    Floats are keyed by their bits (``-0.0`` is not ``0.0``; every NaN is one key), every value by its type
+    (``1``, ``True`` and ``1.0`` differ), recursively inside tuples, frozensets and frozen dataclasses.
+    Raises ``TypeError`` for an arg that is not hashable (a list, a dict, a mutable dataclass)."""
     t = type(arg)
+    if t in _ATOMS:
+        return (t, arg)
     if t is float:
         return (float, "nan") if arg != arg else (float, struct.pack("<d", arg))
     if t is tuple:
-        return (tuple, tuple(argkey(a) for a in arg))
-    if t in _ATOMS or isinstance(arg, (Enum, DType)):
+        return (tuple, tuple([argkey(a) for a in arg]))
+    if isinstance(arg, (Enum, DType)):
         return (t, arg)
     if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
-        return (t, tuple(argkey(getattr(arg, f.name)) for f in dataclasses.fields(arg)))
-    if isinstance(arg, frozenset):
-        return (frozenset, frozenset(argkey(a) for a in arg))
-    hash(arg)  # raises TypeError for unhashable args
+        if not t.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+            raise TypeError(f"a {t.__name__} is a mutable dataclass: only frozen dataclasses can be args")
+        return (t, tuple([argkey(getattr(arg, f.name)) for f in dataclasses.fields(arg)]))
+    if t is frozenset:
+        return (frozenset, frozenset([argkey(a) for a in arg]))
+    try:
+        hash(arg)
+    except TypeError:
+        raise TypeError(f"a {t.__name__} is not hashable: args and tags must be immutable values") from None
     return (t, arg)
 
 
+# the intern table: node key -> weak reference; a node removes its own entry when it is freed (UOp.__del__)
 _table: dict[tuple, weakref.ReferenceType[UOp]] = {}
+
+
+def live_nodes() -> int:
+    """How many UOps are alive (the size of the intern table); freed nodes leave it at once."""
+    return len(_table)
 
 
 def _const_cast(dtype: DType, value: Any) -> Any:
@@ -58,32 +75,51 @@ def _const_cast(dtype: DType, value: Any) -> Any:
     return value
 
 
+def _check_fields(op: Any, dtype: Any, src: tuple) -> int:
+    """Validate a new node's fields; return its rank (1 + the largest rank of its sources, 0 for a leaf)."""
+    if type(op) is not Ops:
+        raise TypeError(f"UOp: op {op!r} is not an Ops member")
+    if not isinstance(dtype, DType):
+        raise TypeError(f"UOp({op!r}): dtype {dtype!r} is not a DType")
+    rank = 0
+    for i, s in enumerate(src):
+        if type(s) is not UOp:
+            raise TypeError(f"UOp({op!r}): source {i} is a {type(s).__name__} ({s!r:.80}), not a UOp")
+        if s._rank >= rank:
+            rank = s._rank + 1
+    return rank
+
+
 class UOp:
     """A node: ``op`` (Ops), ``dtype`` (DType), ``src`` (tuple of UOps), ``arg`` (hashable), ``tag`` (hashable).
 
     Construct with ``UOp(op, dtype, src, arg, tag)`` or the builders (``UOp.const``, ``UOp.variable``,
-    ``x.index(i).load()``, arithmetic operators). Raises ``TypeError`` when ``src`` holds a non-UOp or
-    ``arg``/``tag`` is not hashable.
+    ``x.index(i).load()``, arithmetic operators). Building the same node twice returns the same object. Raises
+    ``TypeError`` when ``op`` is not an Ops, ``dtype`` not a DType, ``src`` holds a non-UOp or ``arg``/``tag`` is
+    not hashable. ``_rank`` is the length of the longest path down to a leaf (0 for a leaf), so every node's
+    sources have a smaller rank.
     """
 
-    __slots__ = ("op", "dtype", "src", "arg", "tag", "_key", "__weakref__")
+    __slots__ = ("op", "dtype", "src", "arg", "tag", "_key", "_rank", "__weakref__")
     op: Ops
     dtype: DType
     src: tuple[UOp, ...]
     arg: Any
     tag: Any
+    _rank: int
 
     def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None,
                 tag: Any = None) -> UOp:
         if type(src) is not tuple:
             src = tuple(src)
-        key = (op, dtype, src, argkey(arg), None if tag is None else argkey(tag))
-        ref = _table.get(key)
+        try:
+            key = (op, dtype, src, _NONE_KEY if arg is None else argkey(arg), None if tag is None else argkey(tag))
+            ref = _table.get(key)
+        except TypeError as e:
+            raise TypeError(f"UOp({op!r}, {dtype!r}): {e}") from None
         if ref is not None and (node := ref()) is not None:
             return node
-        for s in src:
-            if type(s) is not UOp:
-                raise TypeError(f"UOp({op!r}): source {s!r} is not a UOp")
+        rank = _check_fields(op, dtype, src)
         node = object.__new__(cls)
         osa = object.__setattr__
         osa(node, "op", op)
@@ -92,7 +128,12 @@ class UOp:
         osa(node, "arg", arg)
         osa(node, "tag", tag)
         osa(node, "_key", key)
-        _table[key] = weakref.ref(node)
+        osa(node, "_rank", rank)
+        wr = weakref.ref(node)
+        if (old := _table.setdefault(key, wr)) is not wr:  # another thread built it first, or a dead entry
+            if (other := old()) is not None:
+                return other
+            _table[key] = wr
         return node
 
     def __del__(self) -> None:
@@ -100,7 +141,7 @@ class UOp:
             ref = _table.get(self._key)
             if ref is not None and ref() in (None, self):
                 del _table[self._key]
-        except (AttributeError, TypeError, KeyError):  # interpreter shutdown
+        except (AttributeError, TypeError, KeyError):  # interpreter shutdown, half-built node
             pass
 
     def __setattr__(self, key: str, value: Any) -> None:
@@ -108,6 +149,12 @@ class UOp:
 
     def __reduce__(self) -> tuple:
         return (UOp, (self.op, self.dtype, self.src, self.arg, self.tag))
+
+    def __copy__(self) -> UOp:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> UOp:
+        return self
 
     # identity semantics: hash-consing makes structural equality identity
     __hash__ = object.__hash__
@@ -123,37 +170,46 @@ class UOp:
 
     def __repr__(self) -> str:
         from mtlir.render import render
+        if self._rank > 200:
+            return f"<UOp {self.op.name} {self.dtype.name} rank={self._rank}: use mtlir.render/listing to print>"
         text = render(self)
-        return text if len(text) < 2000 else text[:2000] + " ..."
+        return text if len(text) < 4000 else text[:4000] + " ..."
 
     def replace(self, **kwargs: Any) -> UOp:
-        """A node like this one with the given fields changed; this very node when nothing changes."""
-        op, dtype, src, arg, tag = (kwargs.get("op", self.op), kwargs.get("dtype", self.dtype),
-                                    kwargs.get("src", self.src), kwargs.get("arg", self.arg),
-                                    kwargs.get("tag", self.tag))
-        return UOp(op, dtype, src, arg, tag)
+        """A node like this one with the given fields (``op``, ``dtype``, ``src``, ``arg``, ``tag``) changed; this
+        very node when nothing changes. Raises ``TypeError`` for another keyword."""
+        if not _REPLACEABLE.issuperset(kwargs):
+            raise TypeError(f"replace(): unknown field(s) {sorted(set(kwargs) - _REPLACEABLE)}")
+        return UOp(kwargs.get("op", self.op), kwargs.get("dtype", self.dtype), kwargs.get("src", self.src),
+                   kwargs.get("arg", self.arg), kwargs.get("tag", self.tag))
 
     # ---- traversal
 
     def toposort(self) -> list[UOp]:
-        """Every node reachable from this one, each after all of its sources; deterministic (source order).
+        """Every node reachable from this one, each after all of its sources: depth-first post-order, sources
+        left to right, so the order is the same in every run.
 
-        Iterative: a 100,000-node chain works at the default recursion limit."""
+        Iterative: a 100,000-node chain and a 20,000-wide sink work at the default recursion limit."""
         order: list[UOp] = []
-        seen: set[UOp] = set()
-        stack: list[tuple[UOp, bool]] = [(self, False)]
+        placed: dict[UOp, bool] = {}  # False: sources being visited, True: in ``order``
+        stack = [self]
+        push, pop, get, append = stack.append, stack.pop, placed.get, order.append
         while stack:
-            node, ready = stack.pop()
-            if ready:
-                order.append(node)
+            node = pop()
+            state = get(node)
+            if state is None:
+                src = node.src
+                if src:
+                    placed[node] = False
+                    push(node)
+                    for s in reversed(src):
+                        if s not in placed:
+                            push(s)
+                    continue
+            elif state:
                 continue
-            if node in seen:
-                continue
-            seen.add(node)
-            stack.append((node, True))
-            for s in reversed(node.src):
-                if s not in seen:
-                    stack.append((s, False))
+            placed[node] = True
+            append(node)
         return order
 
     def walk(self) -> Iterator[UOp]:
@@ -323,3 +379,5 @@ class UOp:
         from mtlir.evaluate import evaluate
         return evaluate(self, values or {})
 
+
+_REPLACEABLE = frozenset({"op", "dtype", "src", "arg", "tag"})
