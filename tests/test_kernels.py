@@ -1,0 +1,206 @@
+"""KernelRunner: bindings, views at byte offsets (sub-buffer or offset argument), aliasing, sizes, errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mtlir.runtime.errors import KernelCompileError, UnsupportedKernelError
+from mtlir.runtime.sim import kernels
+from mtlir.runtime.sim.kernels import KernelRunner
+
+HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
+SCALE = HEAD + """kernel void scale(device float* out, device const float* in, constant int& n, constant float& s,
+                  uint i [[thread_position_in_grid]]) {
+  if ((int)i < n) { out[i] = in[i] * s; }
+}"""
+GROUP_SUM = HEAD + """kernel void group_sum(device float* out, device const float* in,
+                      uint g [[threadgroup_position_in_grid]], uint l [[thread_position_in_threadgroup]],
+                      uint n [[threads_per_threadgroup]]) {
+  threadgroup float part[4096];
+  part[l] = in[g * n + l];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (uint stride = n / 2; stride > 0; stride /= 2) {
+    if (l < stride) { part[l] += part[l + stride]; }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  if (l == 0) { out[g] = part[0]; }
+}"""
+
+
+@pytest.fixture(scope="module")
+def runner() -> KernelRunner:
+    return KernelRunner()
+
+
+def f32(storage: np.ndarray, offset: int, count: int) -> np.ndarray:
+    return storage[offset:offset + 4 * count].view(np.float32)
+
+
+def put(storage: np.ndarray, offset: int, values: np.ndarray) -> None:
+    storage[offset:offset + values.nbytes] = values.view(np.uint8)
+
+
+def scale_bindings(out: tuple[np.ndarray, int], inp: tuple[np.ndarray, int], n: int, s: float) -> dict:
+    var = np.zeros(512, np.uint8)
+    put(var, 0, np.int32([n]))
+    put(var, 256, np.float32([s]))
+    return {0: out, 1: inp, 2: (var, 0), 3: (var, 256)}
+
+
+def test_device_facts(runner: KernelRunner) -> None:
+    assert runner.base_align == runner.device.mem_base_addr_align // 8
+    assert runner.fp16 == ("cl_khr_fp16" in runner.device.extensions)
+    assert "fp16" in repr(runner)
+
+
+def test_compile_is_cached_and_describes_the_kernel(runner: KernelRunner) -> None:
+    ck = runner.compile(SCALE, "scale")
+    assert runner.compile(SCALE, "scale") is ck
+    assert ck.function == "scale"
+    assert [(a.name, a.kind, a.index, a.dtype) for a in ck.params] == [
+        ("out", "buffer", 0, "float32"), ("in", "buffer", 1, "float32"), ("n", "constant", 2, "int32"),
+        ("s", "constant", 3, "float32")]
+    assert "__kernel void scale(" in ck.opencl_source
+
+
+@pytest.mark.parametrize("offset, how", [(0, "buffer"), (128, "sub-buffer"), (256, "sub-buffer"), (4, "offset"),
+                                         (132, "offset"), (1000, "offset")])
+def test_views_at_byte_offsets(runner: KernelRunner, offset: int, how: str) -> None:
+    assert runner.base_align == 128  # the device the offsets above were chosen for (PoCL here)
+    ck = runner.compile(SCALE, "scale")
+    storage = np.zeros(2048, np.uint8)
+    x = np.arange(1, 17, dtype=np.float32)
+    put(storage, 1536, x)
+    bindings = scale_bindings((storage, offset), (storage, 1536), 12, 3.0)
+    views = ck.plan(bindings)
+    assert [(v.arg.name, v.how, v.offset) for v in views[:2]] == [("out", how, offset), ("in", "sub-buffer", 1536)]
+    ck.run(bindings, (4, 1, 1), (4, 1, 1))
+    np.testing.assert_array_equal(f32(storage, offset, 16), np.concatenate([3 * x[:12], np.zeros(4)]))
+    np.testing.assert_array_equal(f32(storage, 1536, 16), x)  # the input view is untouched
+    assert not storage[:offset].any()  # nothing written before the view
+
+
+def test_views_of_one_buffer_alias(runner: KernelRunner) -> None:
+    inc = HEAD + """kernel void inc(device float* a, device float* b, uint i [[thread_position_in_grid]]) {
+      b[i] = a[i] + 1.0f;
+    }"""
+    ck = runner.compile(inc, "inc")
+    storage = np.zeros(256, np.uint8)
+    put(storage, 0, np.float32([10.0]))
+    put(storage, 128, np.float32([50.0]))
+    ck.run({0: (storage, 0), 1: (storage, 4)}, (1, 1, 1), (1, 1, 1))  # float[1] = float[0] + 1
+    ck.run({0: (storage, 4), 1: (storage, 8)}, (1, 1, 1), (1, 1, 1))  # float[2] = float[1] + 1: the last result
+    assert [v.how for v in ck.plan({0: (storage, 128), 1: (storage, 132)})] == ["sub-buffer", "offset"]
+    ck.run({0: (storage, 128), 1: (storage, 132)}, (1, 1, 1), (1, 1, 1))  # a sub-buffer and an offset view
+    np.testing.assert_array_equal(f32(storage, 0, 4), [10, 11, 12, 0])
+    np.testing.assert_array_equal(f32(storage, 128, 3), [50, 51, 0])
+
+
+def test_host_writes_between_runs_are_seen(runner: KernelRunner) -> None:
+    ck = runner.compile(SCALE, "scale")
+    out, inp = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
+    for value in (1.0, 2.0, 5.0):
+        put(inp, 0, np.full(16, value, np.float32))
+        ck.run(scale_bindings((out, 0), (inp, 0), 16, 2.0), (1, 1, 1), (16, 1, 1))
+        np.testing.assert_array_equal(f32(out, 0, 16), np.full(16, 2 * value))
+
+
+def test_read_only_storage_for_inputs(runner: KernelRunner) -> None:
+    ck = runner.compile(SCALE, "scale")
+    out = np.zeros(64, np.uint8)
+    inp = np.frombuffer(np.arange(16, dtype=np.float32).tobytes(), np.uint8)  # read-only array
+    assert not inp.flags.writeable
+    ck.run(scale_bindings((out, 0), (inp, 0), 16, 0.5), (1, 1, 1), (16, 1, 1))
+    np.testing.assert_array_equal(f32(out, 0, 16), np.arange(16) * 0.5)
+    with pytest.raises(ValueError, match="may write this buffer but the storage array is read-only"):
+        ck.run(scale_bindings((inp, 0), (out, 0), 16, 0.5), (1, 1, 1), (16, 1, 1))
+
+
+def test_zero_size_dispatch_runs_nothing(runner: KernelRunner) -> None:
+    ck = runner.compile(SCALE, "scale")
+    out, inp = np.zeros(64, np.uint8), np.full(64, 7, np.uint8)
+    for grid, tg in (((0, 1, 1), (16, 1, 1)), ((4, 1, 1), (4, 0, 1))):
+        ck.run(scale_bindings((out, 0), (inp, 0), 16, 1.0), grid, tg)
+    assert not out.any()
+
+
+def test_missing_and_bad_bindings_name_the_parameter(runner: KernelRunner) -> None:
+    ck = runner.compile(SCALE, "scale")
+    out, inp = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
+    good = scale_bindings((out, 0), (inp, 0), 16, 1.0)
+    with pytest.raises(ValueError, match=r"kernel 'scale', parameter 's' \(buffer index 3\): no binding"):
+        ck.run({k: v for k, v in good.items() if k != 3}, (1, 1, 1), (1, 1, 1))
+    bad = [({0: (out.view(np.float32), 0)}, "must be a 1-D numpy.uint8 array"),
+           ({0: (out, 2)}, "offset 2 is not a multiple of the element size 4"),
+           ({0: (out, 64)}, "outside the 64-byte buffer"),
+           ({0: (out, -4)}, "outside"),
+           ({0: (out, 4.0)}, "must be an int"),
+           ({2: (good[2][0], 510)}, r"offset 510 \(\+4 bytes read\) is outside the 512-byte buffer"),
+           ({0: (np.zeros((4, 16), np.uint8), 0)}, "1-D"),
+           ({0: (np.zeros(128, np.uint8)[::2], 0)}, "not contiguous")]
+    for change, message in bad:
+        with pytest.raises(ValueError, match=message):
+            ck.run({**good, **change}, (1, 1, 1), (1, 1, 1))
+    with pytest.raises(ValueError, match="overlap without being the same array"):
+        ck.run({**good, 1: (out[4:], 0)}, (1, 1, 1), (1, 1, 1))
+    for size in ((1, 1), (1, -1, 1), "abc"):
+        with pytest.raises(ValueError, match="three ints"):
+            ck.run(good, size, (1, 1, 1))  # type: ignore[arg-type]
+
+
+def test_threadgroups_up_to_the_device_limit_run_with_barriers(runner: KernelRunner) -> None:
+    ck = runner.compile(GROUP_SUM, "group_sum")
+    limit = ck.max_threads_per_threadgroup
+    tg = 1 << (min(limit, 4096).bit_length() - 1)  # the largest power of two the device runs (4096 on PoCL here)
+    assert tg >= 1024  # Metal's own maximum
+    x = np.random.default_rng(1).standard_normal(2 * tg).astype(np.float32)
+    out, inp = np.zeros(8, np.uint8), np.frombuffer(x.tobytes(), np.uint8).copy()
+    ck.run({0: (out, 0), 1: (inp, 0)}, (2, 1, 1), (tg, 1, 1))
+    np.testing.assert_allclose(f32(out, 0, 2), x.reshape(2, tg).sum(1, dtype=np.float64), rtol=1e-4)
+    with pytest.raises(ValueError, match="more than the OpenCL device .* runs in one work-group"):
+        ck.run({0: (out, 0), 1: (inp, 0)}, (1, 1, 1), (limit + 1, 1, 1))
+
+
+def test_compile_errors(runner: KernelRunner) -> None:
+    with pytest.raises(KernelCompileError, match="no kernel function 'nope' in the MSL \\(its kernels: scale\\)"):
+        runner.compile(SCALE, "nope")
+    bad = HEAD + "kernel void k(device float* x) { x[0] = undefined_name; }"
+    with pytest.raises(KernelCompileError, match="(?s)OpenCL could not build.*undefined_name.*translated source"):
+        runner.compile(bad, "k")
+    with pytest.raises(UnsupportedKernelError, match="simd_sum"):
+        runner.compile(HEAD + "kernel void k(device float* x) { x[0] = simd_sum(x[0]); }", "k")
+
+
+def test_a_kernel_past_its_timeout_is_reported_not_waited_for() -> None:
+    spin = HEAD + """kernel void spin(device float* x, constant int& n) {
+      float acc = x[0];
+      for (int k = 0; k < n; k++) { acc = acc * 0.999999f + x[1]; }
+      x[2] = acc;
+    }"""
+    own = KernelRunner()
+    ck = own.compile(spin, "spin")
+    data, var = np.ones(16, np.uint8), np.zeros(4, np.uint8)
+    put(var, 0, np.int32([60_000_000]))
+    with pytest.raises(TimeoutError, match="kernel 'spin'.*did not finish within 0.001 s"):
+        ck.run({0: (data, 0), 1: (var, 0)}, (1, 1, 1), (1, 1, 1), timeout_s=0.001)
+    with pytest.raises(RuntimeError, match="blocked by an earlier kernel that never finished"):
+        ck.run({0: (data, 0), 1: (var, 0)}, (1, 1, 1), (1, 1, 1))
+    own.queue.finish()  # let the spinning kernel end before the test does
+
+
+def test_no_opencl_device_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    cl = kernels.cl
+
+    class NoPlatform:
+        Error = cl.Error
+
+        @staticmethod
+        def get_platforms() -> list:
+            raise cl.LogicError("clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR")
+
+    monkeypatch.setattr(kernels, "cl", NoPlatform)
+    with pytest.raises(RuntimeError, match="pocl-opencl-icd ocl-icd-libopencl1"):
+        KernelRunner()
+    monkeypatch.setattr(kernels, "cl", None)
+    with pytest.raises(RuntimeError, match="pyopencl is not installed"):
+        KernelRunner()
