@@ -328,7 +328,7 @@ def _unique(name: str, used: set[str]) -> str:
 def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[ParamBinding, list[str], str]:
     """A buffer or ``constant T&`` parameter: its binding, its OpenCL parameters and its prologue line."""
     words = [t.text for t in p.tokens]
-    what = f"{' '.join(words)} {p.name.text}"
+    what = f"{render(p.tokens).strip()} {p.name.text}"
     if p.attr not in (None, "buffer"):
         why = ("threadgroup memory parameters need setThreadgroupMemoryLength:atIndex:, which the simulated device "
                "does not model" if p.attr == "threadgroup" else "not a kernel parameter attribute this translator knows")

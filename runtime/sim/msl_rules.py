@@ -61,14 +61,16 @@ def at(ts: list[Token], i: int) -> Token:
 
 def group_end(ts: list[Token], i: int) -> int:
     """Index of the bracket closing the ``(``, ``[`` or ``{`` at ``i``; ``MslSyntaxError`` if it is not closed."""
-    stack = [_OPEN_CLOSE[ts[i].text]]
+    stack = [i]
     for j in range(i + 1, len(ts)):
         text = ts[j].text if ts[j].kind == PUNCT else ""
         if text in _OPEN_CLOSE:
-            stack.append(_OPEN_CLOSE[text])
+            stack.append(j)
         elif text in (")", "]", "}"):
-            if text != stack.pop():
-                raise MslSyntaxError(f"MSL {ts[j].where()}: `{text}` does not close `{ts[i].text}` of {ts[i].where()}")
+            opened = ts[stack.pop()]
+            if text != _OPEN_CLOSE[opened.text]:
+                raise MslSyntaxError(f"MSL {ts[j].where()}: `{text}` does not close the `{opened.text}` of "
+                                     f"{opened.where()}")
             if not stack:
                 return j
     raise MslSyntaxError(f"MSL {ts[i].where()}: `{ts[i].text}` is never closed")
