@@ -14,8 +14,10 @@ float32 result is rounded to float32 (``mtlir.evaluate`` gives ``c_idiv``, ``c_m
 """
 from __future__ import annotations
 
+import keyword
 import linecache
 import math
+import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -365,6 +367,10 @@ _EXPR = {
 }
 
 
+_MISSING = object()
+_RESERVED = re.compile(r"[rPDWFCK]\d+|msg_send|c_call|load|store|idiv|cmod|max|min|range|bool|type|int|replay|make")
+
+
 class CompiledReplay(Executor):
     """The compiled executor: one generated Python function per Program (``source`` holds its text).
 
@@ -381,6 +387,10 @@ class CompiledReplay(Executor):
         self.namespace: dict[str, Any] = {"idiv": c_idiv, "cmod": c_mod, "max": max, "min": min, "range": range}
         self.lines: dict[int, int] = {}  # source line -> pc
         self._names: dict[Any, str] = {}
+        self._keywords = all(n.isidentifier() and not keyword.iskeyword(n) and not _RESERVED.fullmatch(n)
+                             for n in program.variables)
+        self.namespace["_M"] = _MISSING
+        self.namespace["_rebind"] = self._rebind
         self.source = self._generate()
         CompiledReplay._count += 1
         filename = f"<mtlir compiled replay {CompiledReplay._count}>"
@@ -424,8 +434,18 @@ class CompiledReplay(Executor):
 
     def _generate(self) -> str:
         program = self.program
-        variables = [f"r{r}" for r, _, _ in program.variables.values()]
-        out = [f"def replay({', '.join(variables)}):"]
+        names = list(program.variables)
+        if self._keywords:  # bind by keyword and check types and bounds inline; anything unusual -> _bind
+            params = ", ".join(f"{n}=_M" for n in names)
+            out = [f"def replay({params}{', ' if params else ''}**_extra):"]
+            checks = " or ".join(f"type({n}) is not int or not {lo} <= {n} <= {hi}"
+                                 for n, (_, lo, hi) in program.variables.items())
+            call = ", ".join(f"{n}={n}" for n in names)
+            out.append(f"    if _extra{' or ' + checks if checks else ''}:")
+            out.append(f"        return _rebind({call}{', ' if call else ''}**_extra)")
+            out += [f"    r{r} = {n}" for n, (r, _, _) in program.variables.items()]
+        else:
+            out = [f"def replay({', '.join(f'r{r}' for r, _, _ in program.variables.values())}):"]
         depth = 1
         empty_body = False
         for pc, ins in enumerate(program.instrs):
@@ -459,6 +479,10 @@ class CompiledReplay(Executor):
                 except ProgramError as e:
                     raise ProgramError(f"instruction {format_instr(program, pc)}: {e}") from None
                 expr = _EXPR[ins[2]].format(*(self._ref(a) for a in ins[4:]))
+                divisor = self.registers[ins[5]] if len(ins) > 5 and ins[5] in self.static else None
+                if ins[2] in (Ops.IDIV, Ops.MOD) and type(divisor) is int and divisor > 0:  # C semantics inline
+                    a, py = self._ref(ins[4]), "//" if ins[2] is Ops.IDIV else "%"
+                    expr = f"({a} {py} {divisor} if {a} >= 0 else -(-{a} {py} {divisor}))"
                 line = lhs + (expr if ins[2] in GroupOp.Comparison else self._wrap(ins[3], expr))
             elif op == "STRUCT":
                 line = f"{lhs}({', '.join(self._ref(a) for a in ins[2:])},)"
@@ -484,10 +508,17 @@ class CompiledReplay(Executor):
         self.lines = {line + 1: pc for line, pc in self.lines.items()}  # the head line comes first
         return "\n".join(head + body) + "\n"
 
+    def _rebind(self, **values: Any) -> tuple[Any, ...]:
+        """The slow path of a keyword-bound replay: a value that is not a plain int in bounds, or an unknown name.
+        ``_bind`` raises the error naming the variable, or converts (e.g. numpy integers) and the run goes on."""
+        vals = _bind(self.program, {k: v for k, v in values.items() if v is not _MISSING})
+        return self._replay(**dict(zip(self.program.variables, vals)))
+
     def run(self, **values: Any) -> tuple[Any, ...]:
-        args = _bind(self.program, values)
         try:
-            return self._replay(*args)
+            if self._keywords:
+                return self._replay(**values)
+            return self._replay(*_bind(self.program, values))
         except Exception as e:
             tb, pc = e.__traceback__, None
             while tb is not None:

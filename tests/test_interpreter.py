@@ -53,6 +53,12 @@ class TestArithmetic:
         with pytest.raises(ZeroDivisionError):
             alu(cls, Ops.IDIV, dtypes.int32, 1, 0)
 
+    def test_division_of_a_variable_by_a_constant(self, cls: type) -> None:
+        prog = Program([("ALU", 2, Ops.IDIV, dtypes.int32, 0, 1), ("ALU", 3, Ops.MOD, dtypes.int32, 0, 1)], 4, {1: 4},
+                       variables={"x": (0, -100, 100)})
+        ex = cls(prog, RecordingBridge(), results=(2, 3))
+        assert [ex.run(x=x) for x in (-9, -8, -1, 0, 7)] == [(-2, -1), (-2, 0), (0, -1), (0, 0), (1, 3)]
+
     def test_comparisons_where_max_min(self, cls: type) -> None:
         assert alu(cls, Ops.CMPLT, dtypes.bool, -1, 0) is True
         assert alu(cls, Ops.CMPNE, dtypes.bool, 3, 3) is False

@@ -1,0 +1,122 @@
+"""Host time per submit: the plain Interpreter vs the CompiledReplay vs the raw bridge calls, in one run.
+
+The raw baseline is the same bridge calls one submit makes (every msg_send, C call, store and load, captured once)
+replayed from a straight Python list: ``for fn, args in calls: fn(*args)``. All three run against the same linked
+``RecordingBridge`` (a standalone fake device), with recording on (each message decoded and named, as ``mtlir lower
+--json`` does) and off (pass-through to the fake device: the cheapest bridge there is, so the executor's own
+overhead shows most). Printed as ratios to the raw calls measured in the same run (best of several rounds), plus
+the full ``Session.submit`` + ``wait`` (autorelease pool, cbslots read, retain/status/release bookkeeping).
+
+    .venv/bin/python benchmarks/bench_replay.py [--trace examples/traces/mlp_deep.apple7.json] [--submits 2000]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mtlir.cli import default_pipeline
+from mtlir.metal import Prototype
+from mtlir.passes.pipeline import Pipeline
+from mtlir.program import Program
+from mtlir.runtime import CompiledReplay, Interpreter, RecordingBridge, Session, link
+from mtlir.trace import load_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Capture:
+    """A bridge wrapper that notes each call of one run as (the inner bridge's bound method, args)."""
+
+    def __init__(self, inner: RecordingBridge) -> None:
+        self.inner, self.target, self.calls = inner, inner.target, []  # type: ignore[var-annotated]
+
+    def msg_send(self, proto: Prototype, args: tuple[Any, ...]) -> Any:
+        self.calls.append((self.inner.msg_send, (proto, args)))
+        return self.inner.msg_send(proto, args)
+
+    def c_call(self, fn: str, proto: Prototype, args: tuple[Any, ...]) -> Any:
+        self.calls.append((self.inner.c_call, (fn, proto, args)))
+        return self.inner.c_call(fn, proto, args)
+
+    def load(self, addr: int, dtype: Any) -> Any:
+        self.calls.append((self.inner.load, (addr, dtype)))
+        return self.inner.load(addr, dtype)
+
+    def store(self, addr: int, dtype: Any, value: Any) -> None:
+        self.calls.append((self.inner.store, (addr, dtype, value)))
+        self.inner.store(addr, dtype, value)
+
+    def sel_registerName(self, name: str) -> int:
+        return self.inner.sel_registerName(name)
+
+
+def best_per_call(fn: Callable[[], Any], n: int, rounds: int = 5) -> float:
+    """Seconds per call of ``fn``: the best of ``rounds`` rounds of ``n`` calls."""
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best
+
+
+def lower_trace(path: Path, target: str) -> tuple[Program, dict[str, int]]:
+    trace = load_trace(path)
+    program = Pipeline.parse(default_pipeline(target)).run(trace.queue(trace.device()), keep_stages=False).program
+    return program, trace.values
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", type=Path, default=ROOT / "examples/traces/mlp_deep.apple7.json")
+    ap.add_argument("--target", choices=["arm64", "x86_64"], default="arm64")
+    ap.add_argument("--submits", type=int, default=2000)
+    args = ap.parse_args()
+    program, values = lower_trace(args.trace, args.target)
+    values = {k: v for k, v in values.items()}
+    values.setdefault("timeline", 1)
+    if "timeline" not in program.variables:
+        values.pop("timeline")
+
+    bridge = RecordingBridge(target=args.target)
+    linked = link(program, bridge)
+    interp = Interpreter(program, bridge, linked.registers)
+    compiled = CompiledReplay(program, bridge, linked.registers)
+    cap = Capture(bridge)
+    CompiledReplay(program, cap, linked.registers).run(**values)  # type: ignore[arg-type]
+    calls = cap.calls
+
+    def raw() -> None:
+        for fn, a in calls:
+            fn(*a)
+
+    nmsg = sum(1 for fn, _ in calls if fn == bridge.msg_send)
+    print(f"{args.trace.name} ({program.device.family}, {args.target}): {len(program.instrs)} instructions, "
+          f"{len(calls)} bridge calls per submit ({nmsg} messages), {args.submits} submits per round")
+    for recording in (True, False):
+        bridge.recording = recording
+        t_raw = best_per_call(raw, args.submits)
+        bridge.clear()
+        t_int = best_per_call(lambda: interp.run(**values), args.submits)
+        bridge.clear()
+        t_cmp = best_per_call(lambda: compiled.run(**values), args.submits)
+        bridge.clear()
+        print(f"  recording {'on ' if recording else 'off'}: raw calls {t_raw * 1e6:7.2f} us/submit | "
+              f"interpreter {t_int / t_raw:5.2f}x | compiled replay {t_cmp / t_raw:5.2f}x")
+    bridge.recording = False
+    linked.release()
+
+    with Session(program, RecordingBridge(target=args.target)) as s:
+        s.bridge.recording = False  # type: ignore[attr-defined]
+        t_sub = best_per_call(lambda: (s.submit(**{k: v for k, v in values.items() if k != "timeline"}), s.wait()),
+                              max(args.submits // 4, 1), rounds=3)
+    print(f"  Session.submit + wait (compiled, recording off): {t_sub * 1e6:7.2f} us/submit = "
+          f"{t_sub / t_raw:5.2f}x the raw calls of the Program alone")
+
+
+if __name__ == "__main__":
+    main()
