@@ -40,6 +40,7 @@ INSTALL_HINT = ("install an OpenCL runtime for the CPU (Debian/Ubuntu: `sudo apt
 # -w: no warnings (tinygrad's `if ((a==0))` draws one per kernel, which PoCL prints on stderr).
 BUILD_OPTIONS = ["-cl-single-precision-constant", "-w"]
 DEFAULT_TIMEOUT_S = 120.0  # a kernel still running after this long is reported, never waited for forever
+SPIN_S = 2e-4  # poll without sleeping this long first: a sleep costs ~60 us here, most dispatches take less
 
 
 @dataclass(frozen=True)
@@ -214,17 +215,25 @@ class KernelRunner:
                 else:
                     args += [buf, np.uint64(view.offset)]
             ck._kernel.set_args(*args)
-            event = cl.enqueue_nd_range_kernel(self.queue, ck._kernel, global_size, local_size)
-            self.queue.flush()
-            self._wait(event, timeout_s, f"kernel {ck.function!r}, global size {global_size}",
-                       (args, [s for _, s in buffers.values()]))
-            for key in writes:
-                buf, storage = buffers[key]
-                mapped, _ = cl.enqueue_map_buffer(self.queue, buf, cl.map_flags.READ, 0, (storage.nbytes,), np.uint8)
-                if mapped.ctypes.data != storage.ctypes.data:  # the device kept its own copy: bring the results home
+            what = f"kernel {ck.function!r}, global size {global_size}, threadgroup {local_size}"
+            try:
+                last = cl.enqueue_nd_range_kernel(self.queue, ck._kernel, global_size, local_size)
+                # Map what the kernel may write, in the same round trip: once a map completes, OpenCL guarantees
+                # the host memory holds the results (OpenCL 1.2 §5.4.2.1).
+                maps = []
+                for key in sorted(writes):
+                    buf, storage = buffers[key]
+                    mapped, last = cl.enqueue_map_buffer(self.queue, buf, cl.map_flags.READ, 0, (storage.nbytes,),
+                                                         np.uint8, is_blocking=False)
+                    maps.append((mapped, storage))
+                self.queue.flush()
+            except cl.Error as e:
+                raise RuntimeError(f"OpenCL refused to run {what}: {e}") from None
+            self._wait(last, timeout_s, what, (args, [s for _, s in buffers.values()]))
+            for mapped, storage in maps:
+                if _address(mapped) != _address(storage):  # the device kept its own copy: bring the results home
                     storage[...] = mapped
-                mapped.base.release(self.queue)
-            self.queue.finish()
+                mapped.base.release(self.queue)  # the unmap is queued; later commands come after it
 
     def _buffer(self, storage: np.ndarray) -> Any:
         if storage.flags.writeable:
@@ -232,22 +241,26 @@ class KernelRunner:
         return cl.Buffer(self.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=storage)
 
     def _wait(self, event: Any, timeout_s: float, what: str, keep: Any) -> None:
-        """Poll ``event`` until it completes (short sleeps growing to 1 ms); past ``timeout_s`` mark the runner
-        stuck (keeping the memory the kernel uses alive) and raise ``TimeoutError``."""
-        deadline = time.monotonic() + timeout_s
-        delay = 0.0
+        """Poll ``event`` until it completes: spin for the first ``SPIN_S`` (a small kernel is done by then), then
+        sleep between polls, 10 us growing to 1 ms. Past ``timeout_s`` mark the runner stuck (keeping the memory the
+        kernel uses alive: OpenCL cannot stop it) and raise ``TimeoutError``."""
+        start = time.monotonic()
+        spin_until, deadline = start + SPIN_S, start + timeout_s
+        delay = 1e-5
         while True:
             status = event.command_execution_status
             if status == cl.command_execution_status.COMPLETE:
                 return
             if status < 0:
                 raise RuntimeError(f"OpenCL failed to run {what}: execution status {status}")
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 self._stuck = what
                 self._stuck_refs.append(keep)
                 raise TimeoutError(f"{what} did not finish within {timeout_s} s")
-            time.sleep(delay)
-            delay = min(delay * 2 or 1e-5, 1e-3)
+            if now > spin_until:
+                time.sleep(delay)
+                delay = min(delay * 2, 1e-3)
 
 
 def _first_device() -> Any:
@@ -280,7 +293,7 @@ def _check_storage(storage: Any, where: str, writable: bool) -> None:
 def _storage_key(storage: np.ndarray, known: dict[int, tuple[Any, np.ndarray]]) -> int:
     """The key of the OpenCL buffer for ``storage``: arrays over the same memory share one (views alias as in
     Metal); ``ValueError`` for two storages that overlap without being the same memory."""
-    addr = storage.ctypes.data
+    addr = _address(storage)
     for key, (_, other) in known.items():
         if key == addr and other.nbytes == storage.nbytes:
             return key
@@ -288,6 +301,11 @@ def _storage_key(storage: np.ndarray, known: dict[int, tuple[Any, np.ndarray]]) 
             raise ValueError("two bound storages overlap without being the same array: bind one MTLBuffer's "
                              "memory as one storage array")
     return addr
+
+
+def _address(array: np.ndarray) -> int:
+    """The address of an array's first byte (``__array_interface__``: cheaper than ``ndarray.ctypes``)."""
+    return int(array.__array_interface__["data"][0])
 
 
 def _size3(size: Any, what: str) -> tuple[int, int, int]:
