@@ -1,1 +1,10 @@
-"""mtlir."""
+"""The simulated Metal device (docs/simulator.md): ``SimDevice`` is a Bridge that models Metal's objects and the
+rules of METAL.md §3 in strict or faithful mode, and runs the kernels through OpenCL (``kernels``, ``msl``)."""
+from mtlir.runtime.sim.device import SimDevice, host_target
+from mtlir.runtime.sim.gpu import GPUFault
+from mtlir.runtime.sim.pykernels import PyKernel, PyKernelArg, PyKernelRunner
+from mtlir.runtime.sim.rules import RULES
+
+SimBridge = SimDevice  # docs/internals.md names the Bridge of the simulated device SimBridge: it is the device
+
+__all__ = ["SimDevice", "SimBridge", "host_target", "GPUFault", "PyKernel", "PyKernelArg", "PyKernelRunner", "RULES"]

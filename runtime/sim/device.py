@@ -1,0 +1,497 @@
+"""SimDevice: the simulated Metal device, and the Bridge a Program runs on (docs/internals.md, docs/simulator.md).
+
+``SimDevice`` *is* the Bridge: ``sel_registerName``, ``objc_getClass``, ``c_call``, ``msg_send`` and host memory.
+It owns the object table (64-bit handles at or above 2**32; a deallocated object stays known as a zombie so a
+message to it is refused by name), the autorelease pools, the host address space (``memory``), and the GPU
+(``gpu``) that runs committed command buffers. What each selector does lives in ``resources``, ``encoding`` and
+``icb``; the rules of METAL.md §3 in ``rules`` and ``checks``.
+
+One lock guards all of it; blocking calls (``commandBuffer`` at the in-flight limit, ``waitUntilCompleted``,
+``waitUntilSignaledValue:timeoutMS:``) wait on its condition with a timeout, and the GPU releases it while a
+kernel runs, so work really is in flight while the program goes on.
+"""
+from __future__ import annotations
+
+import platform
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from mtlir.dtypes import DType, PtrDType, dtypes
+from mtlir.metal import C_FUNCTIONS, MTL, SELECTORS, TARGETS, DeviceSpec, Prototype, abi_prototype
+from mtlir.runtime.errors import BridgeError
+from mtlir.runtime.sim import encoding, icb, resources  # noqa: F401  (they register the selectors' handlers)
+from mtlir.runtime.sim.abi import Method, check_prototype, decode_size, decode_word, lookup_method
+from mtlir.runtime.sim.checks import check_buffer_write, check_release
+from mtlir.runtime.sim.gpu import GPU, clock
+from mtlir.runtime.sim.memory import HostMemory
+from mtlir.runtime.sim.objects import (Buffer, ClassObject, CommandBuffer, Device, Encoder, NSError, NSString,
+                                       Pipeline, SimObject)
+from mtlir.runtime.sim.resources import CLASSES
+from mtlir.runtime.sim.rules import assertion
+
+__all__ = ["SimDevice", "host_target"]
+
+_HANDLE_BASE = 0x6000_0000_4000   # object handles: like macOS arm64 heap pointers, far above 2**32
+_HANDLE_STEP = 0x40
+_SEL_BASE = 0x1_9000_0000         # SELs: pointers into libobjc's selector table on a Mac, above 2**32 too
+_POOL_BASE = 0x1_7000_0000
+_ZOMBIES = 1 << 16                # deallocated objects remembered for "message sent to deallocated instance"
+_CUT = " (a 64-bit handle cut to 32 bits?)"
+_MTLSIZE_PTR = PtrDType(dtypes.MTLSize)
+
+
+def host_target() -> str:
+    """The ABI of this machine: ``"arm64"`` on Apple silicon / aarch64, else ``"x86_64"``."""
+    return "arm64" if platform.machine().lower() in ("arm64", "aarch64") else "x86_64"
+
+
+class SimDevice:
+    """A simulated Metal device and its Bridge.
+
+    ``target``: the ABI ``msg_send`` decodes (``"arm64"``, ``"x86_64"``; default: this machine's). ``strict``:
+    True (default) raises ``MetalValidationError`` at the offending call like ``MTL_DEBUG_LAYER=1``; False is
+    faithful: what Metal does without the layer (status Error, dropped dispatches, blocking, races).
+    ``family``: ``Apple7``/``Apple8``/``Apple9``/``Mac2`` (pre-Apple9 needs the ICB warm-up, rule 16).
+    ``residency_sets``/``icb``: whether newResidencySetWithDescriptor:error: and
+    newIndirectCommandBufferWithDescriptor:... return objects (macOS 15+; paravirtual Metal has neither).
+    ``autorun``: True runs committed work on a worker thread; False holds the GPU until ``step()`` or
+    ``run_until_idle()``. ``timeout_s``: the longest any CPU-side wait blocks (then ``TimeoutError``).
+    ``gpu_timeout_s``: the GPU watchdog: a command buffer blocked on a fence or event that long ends in Error,
+    Timeout (2). ``kernel_runner``: compiles MSL (default: ``mtlir.runtime.sim.kernels.KernelRunner``).
+    ``constant_align``: the offset alignment required of ``constant`` buffer bindings in bytes (METAL.md §1).
+
+    ``bridge`` is the device itself. Raises ``ValueError`` for an unknown target or family.
+    """
+
+    def __init__(self, target: str | None = None, *, strict: bool = True, family: str = "Apple9",
+                 residency_sets: bool = True, icb: bool = True, autorun: bool = True, timeout_s: float = 10.0,
+                 gpu_timeout_s: float = 2.0, kernel_runner: Any = None,
+                 constant_align: int = MTL.CONSTANT_OFFSET_ALIGN, max_buffer_length: int = 1 << 32) -> None:
+        target = host_target() if target is None else target
+        if target not in TARGETS:
+            raise ValueError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
+        self.target = target
+        self.strict = strict
+        self.spec = DeviceSpec(family, residency_sets, icb)
+        self.autorun = autorun
+        self.timeout_s = float(timeout_s)
+        self.gpu_timeout_s = float(gpu_timeout_s)
+        self.constant_align = constant_align
+        self.max_buffer_length = max_buffer_length
+        self.memory = HostMemory()
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._objects: dict[int, SimObject] = {}
+        self._zombies: OrderedDict[int, str] = OrderedDict()
+        self._next_handle = _HANDLE_BASE
+        self._sel_ids: dict[str, int] = {}
+        self._sel_names: dict[int, str] = {}
+        self._protos: dict[str, Prototype] = {}
+        self._pools: list[tuple[int, list[SimObject]]] = []
+        self._next_pool = _POOL_BASE
+        self._classes: dict[str, ClassObject] = {}
+        self._runner = kernel_runner
+        self._gpu_va = 0x3_0000_0000
+        self.leaked_autoreleased = 0
+        self.gpu = GPU(self)
+        self.device = self._register(Device())
+
+    @property
+    def bridge(self) -> SimDevice:
+        """The Bridge of this device: the device itself."""
+        return self
+
+    @property
+    def family(self) -> str:
+        """The GPU family (``Apple7``, ``Apple8``, ``Apple9``, ``Mac2``)."""
+        return self.spec.family
+
+    @property
+    def kernel_runner(self) -> Any:
+        """The MSL compiler/runner (created at first use: building an OpenCL context takes a moment)."""
+        if self._runner is None:
+            from mtlir.runtime.sim.kernels import KernelRunner
+            self._runner = KernelRunner()
+        return self._runner
+
+    # ------------------------------------------------------------------ objects
+    def _register(self, obj: SimObject) -> Any:
+        obj.handle = self._next_handle
+        self._next_handle += _HANDLE_STEP
+        self._objects[obj.handle] = obj
+        return obj
+
+    def new(self, obj: SimObject) -> Any:
+        """Register a new +1 object (a ``new...`` result)."""
+        return self._register(obj)
+
+    def new_autoreleased(self, obj: SimObject) -> Any:
+        """Register a new +0 object: owned by the innermost autorelease pool (leaked when there is none, as
+        Objective-C does)."""
+        self._register(obj)
+        self.autorelease(obj)
+        return obj
+
+    def autorelease(self, obj: SimObject) -> None:
+        """Hand one reference of ``obj`` to the innermost autorelease pool."""
+        if self._pools:
+            self._pools[-1][1].append(obj)
+        else:
+            self.leaked_autoreleased += 1
+
+    def object(self, handle: int) -> SimObject:
+        """The live object with this handle (for tests and tools). Raises ``BridgeError`` like a message would."""
+        with self._lock:
+            return self._lookup(handle, "object")
+
+    def _lookup(self, handle: Any, where: str) -> SimObject:
+        obj = self._objects.get(handle) if type(handle) is int else None
+        if obj is not None:
+            return obj
+        if not isinstance(handle, int) or isinstance(handle, bool):
+            raise BridgeError(f"{where}: {handle!r} is not an object handle (an integer)")
+        dead = self._zombies.get(handle)
+        if dead is not None:
+            raise BridgeError(f"{where}: message sent to deallocated instance {dead}")
+        raise BridgeError(f"{where}: unknown object {handle:#x}" + (_CUT if 0 < handle < 1 << 32 else ""))
+
+    def retain(self, obj: SimObject) -> SimObject:
+        """+1 on ``obj`` (class objects are immortal)."""
+        if not isinstance(obj, ClassObject):
+            obj.rc += 1
+        return obj
+
+    def release(self, obj: SimObject, call: str) -> None:
+        """-1 on ``obj``; at zero it is deallocated (rule 2 and 14 are checked then)."""
+        if isinstance(obj, ClassObject):
+            return
+        if obj.rc > 1:
+            obj.rc -= 1
+            return
+        self._dealloc(obj, call)
+
+    def _release_internal(self, obj: SimObject) -> None:
+        """Drop a reference the device itself held (the GPU's on a committed command buffer)."""
+        if obj.alive:
+            self.release(obj, "the GPU's release")
+
+    def _dealloc(self, obj: SimObject, call: str) -> None:
+        check_release(self, obj, call)  # rule 14: strict raises before anything changes
+        obj.rc, obj.alive = 0, False
+        del self._objects[obj.handle]
+        self._zombies[obj.handle] = obj.describe()
+        if len(self._zombies) > _ZOMBIES:
+            self._zombies.popitem(last=False)
+        if isinstance(obj, Encoder):
+            if not obj.ended:
+                raise assertion(2, f"{call} of {obj.describe()}", "Command encoder released without endEncoding")
+        elif isinstance(obj, CommandBuffer):
+            if obj.status < MTL.StatusCommitted:
+                obj.queue.live.discard(obj)
+                self._cv.notify_all()
+            if obj.error is not None:
+                self._release_internal(obj.error)
+        elif isinstance(obj, Buffer):
+            if obj.region is not None:
+                self.memory.release(obj.region)
+        elif isinstance(obj, NSString):
+            if obj.cstr is not None:
+                self.memory.release(obj.cstr)
+        elif isinstance(obj, NSError):
+            self._release_internal(obj.description)
+
+    def _make_error(self, code: int, description: str, domain: str = "MTLCommandBufferErrorDomain") -> NSError:
+        """A new NSError (+1, the caller owns it) with its localizedDescription."""
+        text = self._register(NSString(description))
+        return self._register(NSError(domain, code, text))  # type: ignore[no-any-return]
+
+    def wait_for(self, ready: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait (lock held) until ``ready()`` or ``timeout_s`` seconds pass; True when ready."""
+        deadline = clock() + timeout_s
+        while not ready():
+            left = deadline - clock()
+            if left <= 0:
+                return False
+            self._cv.wait(min(left, 0.05))
+        return True
+
+    # ------------------------------------------------------------------ Bridge: runtime functions
+    def sel_registerName(self, name: str) -> int:
+        """The SEL for ``name`` (any name registers, as in libobjc; messaging an unknown one is refused)."""
+        if not isinstance(name, str) or not name:
+            raise BridgeError(f"sel_registerName: the name must be a non-empty str, got {name!r}")
+        with self._lock:
+            sel = self._sel_ids.get(name)
+            if sel is None:
+                sel = _SEL_BASE + 0x10 * len(self._sel_ids)
+                self._sel_ids[name], self._sel_names[sel] = sel, name
+            return sel
+
+    def objc_getClass(self, name: str) -> int:
+        """The class object named ``name`` (NSString, NSObject, the descriptor classes, MTLCompileOptions).
+        Raises ``BridgeError`` for any other name."""
+        with self._lock:
+            cls = self._classes.get(name)
+            if cls is None:
+                make = CLASSES.get(name)
+                if make is None:
+                    raise BridgeError(f"objc_getClass({name!r}): no such class in the simulated runtime (it has "
+                                      f"{', '.join(sorted(CLASSES))})")
+                cls = self._classes[name] = self._register(ClassObject(name, make))
+            return cls.handle
+
+    def c_call(self, fn: str, proto: Prototype, args: tuple[Any, ...]) -> Any:
+        """Call a C function of mtlir.metal.C_FUNCTIONS: MTLCreateSystemDefaultDevice (the device, +1),
+        sel_registerName/objc_getClass (a C string pointer), objc_autoreleasePoolPush/Pop. Raises
+        ``BridgeError`` for another function, a prototype that differs from the table, a wrong argument count."""
+        expected = C_FUNCTIONS.get(fn)
+        if expected is None:
+            raise BridgeError(f"unknown C function {fn!r}: the simulated device offers {', '.join(C_FUNCTIONS)}")
+        if proto != expected:
+            raise BridgeError(f"{fn}: prototype {proto!r} differs from the C function's {expected!r}")
+        if len(args) != len(expected.args):
+            raise BridgeError(f"{fn}: takes {len(expected.args)} arguments, got {len(args)}")
+        if fn == "MTLCreateSystemDefaultDevice":
+            with self._lock:
+                return self.retain(self.device).handle
+        if fn in ("sel_registerName", "objc_getClass"):
+            name = self.read_cstring(decode_word(fn, 1, dtypes.voidptr, args[0]))
+            return self.sel_registerName(name) if fn == "sel_registerName" else self.objc_getClass(name)
+        if fn == "objc_autoreleasePoolPush":
+            with self._lock:
+                token = self._next_pool
+                self._next_pool += 0x10
+                self._pools.append((token, []))
+                return token
+        return self.pool_pop(args[0])
+
+    def pool_pop(self, token: int) -> None:
+        """objc_autoreleasePoolPop: drain the pool ``token`` and every pool pushed after it, releasing their
+        objects newest first; the first error (rule 2, 14) is raised after the drain."""
+        with self._lock:
+            at = next((i for i, (t, _) in enumerate(self._pools) if t == token), None)
+            if at is None:
+                raise BridgeError(f"objc_autoreleasePoolPop({token!r}): not a pool that is pushed"
+                                  + (_CUT if isinstance(token, int) and 0 < token < 1 << 32 else ""))
+            drained = self._pools[at:]
+            del self._pools[at:]
+            first: Exception | None = None
+            for _, objs in reversed(drained):
+                for obj in reversed(objs):
+                    if not obj.alive:
+                        first = first or BridgeError(f"objc_autoreleasePoolPop: over-release of deallocated "
+                                                     f"{obj.describe()}")
+                        continue
+                    try:
+                        self.release(obj, "objc_autoreleasePoolPop")
+                    except Exception as e:
+                        first = first or e
+            if first is not None:
+                raise first
+
+    # ------------------------------------------------------------------ Bridge: objc_msgSend
+    def msg_send(self, proto: Prototype, args: tuple[Any, ...]) -> Any:
+        """objc_msgSend(receiver, SEL, ...) through exactly ``proto`` (docs/internals.md). Returns an int (ids,
+        integers, pointers), a float (double), a bool (BOOL) or None (void).
+
+        Raises ``BridgeError`` for an unknown SEL or selector, a prototype other than
+        ``abi_prototype(selector, target)``, a wrong argument count, a value that does not fit its type, an
+        unknown, truncated or deallocated object, a selector the receiver's class does not answer; and
+        ``MetalValidationError`` for broken rules of METAL.md §3 (strict mode, and asserts in both modes)."""
+        if len(args) < 2:
+            raise BridgeError(f"objc_msgSend needs (self, _cmd, ...), got {len(args)} arguments")
+        sel = args[1]
+        name = self._sel_names.get(sel) if type(sel) is int else None
+        if name is None:
+            raise BridgeError(f"objc_msgSend: {sel!r} is not a registered SEL"
+                              + (" (a 64-bit SEL cut to 32 bits?)" if isinstance(sel, int) and 0 < sel < 1 << 32
+                                 else ""))
+        expected = self._protos.get(name)
+        if expected is None:
+            if name not in SELECTORS:
+                raise BridgeError(f"unknown selector {name!r}: it is not in mtlir.metal.SELECTORS, and the "
+                                  "simulated device answers no other")
+            expected = self._protos[name] = abi_prototype(name, self.target)
+        if proto is not expected and proto != expected:
+            check_prototype(name, proto, expected, self.target)
+        if len(args) != len(expected.args):
+            raise BridgeError(f"{name}: wrong argument count: {len(args) - 2} after self and _cmd, the prototype "
+                              f"has {len(expected.args) - 2}")
+        with self._lock:
+            recv = args[0]
+            if recv == 0 and type(recv) is int:
+                if self.strict:
+                    raise BridgeError(f"{name} sent to nil (Objective-C would return 0: a missing object?)")
+                return None if expected.ret is dtypes.void else 0.0 if expected.ret.kind == "float" else 0
+            obj = self._lookup(recv, f"{name} (receiver)")
+            method = lookup_method(type(obj), name)
+            if method is None:
+                raise BridgeError(f"-[{obj.objc_class} {name}]: unrecognized selector sent to instance {recv:#x}")
+            decoded = self._decode(name, expected, args, method)
+            result = method.fn(self, obj, *decoded)
+            return self._result(expected.ret, result)
+
+    def _decode(self, name: str, proto: Prototype, args: tuple[Any, ...], method: Method) -> list[Any]:
+        out: list[Any] = []
+        specs = iter(method.objects)
+        for i, (dt, value) in enumerate(zip(proto.args[2:], args[2:]), start=1):
+            if dt is dtypes.id:
+                spec = next(specs, (SimObject,))
+                out.append(self._arg_object(name, i, value, spec))
+            elif dt is _MTLSIZE_PTR or dt is dtypes.MTLSize:
+                out.append(decode_size(name, i, dt, value, self.memory))
+            elif dt.kind == "float":
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    raise BridgeError(f"{name}: argument {i} ({dt.name}) must be a number, got {value!r}")
+                out.append(float(value))
+            else:
+                out.append(decode_word(name, i, dt, value))
+        return out
+
+    def _arg_object(self, name: str, i: int, value: Any, spec: tuple[Any, ...]) -> SimObject | None:
+        classes = tuple(c for c in spec if c is not None)
+        wanted = " or ".join(getattr(c, "objc_class", c.__name__) for c in classes) or "object"
+        if value == 0 and type(value) is int:
+            if None in spec:
+                return None
+            raise BridgeError(f"{name}: argument {i} is nil, expected a {wanted}")
+        obj = self._lookup(value, f"{name}: argument {i}")
+        if classes and not isinstance(obj, classes):
+            raise BridgeError(f"{name}: argument {i} must be a {wanted}, got {obj.describe()}")
+        return obj
+
+    @staticmethod
+    def _result(ret: DType, result: Any) -> Any:
+        if ret is dtypes.void:
+            return None
+        if isinstance(result, SimObject):
+            return result.handle
+        if result is None:
+            return 0
+        if ret.kind == "bool":
+            return bool(result)
+        if ret.kind == "float":
+            return float(result)
+        return int(result)
+
+    # ------------------------------------------------------------------ Bridge: host memory
+    def malloc(self, nbytes: int) -> int:
+        """Zeroed host memory of ``nbytes`` bytes, page aligned, at an address >= 2**32."""
+        n = decode_word("malloc", 1, dtypes.uint64, nbytes)
+        with self._lock:
+            return self.memory.alloc(n).base
+
+    def free(self, addr: int) -> None:
+        """Free a ``malloc`` block; ``BridgeError`` for anything else (double free, a buffer's contents)."""
+        with self._lock:
+            self.memory.free(addr)
+
+    def read(self, addr: int, nbytes: int) -> bytes:
+        """``nbytes`` bytes at ``addr`` (``BridgeError``: unmapped, freed, past the end of its block)."""
+        return self.memory.read(addr, nbytes)
+
+    def _check_cpu_write(self, addr: int, nbytes: int, call: str) -> None:
+        reg, off = self.memory.find(addr, nbytes)
+        owner = reg.owner
+        if self.strict and isinstance(owner, Buffer) and owner.readers:
+            with self._lock:
+                check_buffer_write(self, owner, off, nbytes, f"{call} at {addr:#x}")
+
+    def write(self, addr: int, data: bytes) -> None:
+        """Copy ``data`` to ``addr``. Strict mode refuses a write into bytes an in-flight command buffer reads
+        (rule 15); faithful mode lets the race happen."""
+        self._check_cpu_write(addr, len(data), "write")
+        self.memory.write(addr, data)
+
+    def load(self, addr: int, dtype: DType) -> Any:
+        """One ``dtype`` value at ``addr`` (a struct loads as a tuple)."""
+        return self.memory.load(addr, dtype)
+
+    def store(self, addr: int, dtype: DType, value: Any) -> None:
+        """Write one ``dtype`` value at ``addr`` (rule 15 as ``write``; ``BridgeError`` when it does not fit)."""
+        self._check_cpu_write(addr, dtype.itemsize, "store")
+        self.memory.store(addr, dtype, value)
+
+    def make_string(self, s: str) -> int:
+        """An NSString (+0, autoreleased) holding ``s``."""
+        with self._lock:
+            return self.new_autoreleased(NSString(str(s))).handle  # type: ignore[no-any-return]
+
+    def read_cstring(self, addr: int) -> str:
+        """The NUL-terminated UTF-8 string at host address ``addr``."""
+        return self.memory.read_cstring(addr)
+
+    # ------------------------------------------------------------------ test hooks
+    def step(self) -> bool:
+        """Run one GPU operation (start a command buffer, one dispatch or ICB command, a signal, a finish);
+        False when nothing can run. Meant for ``autorun=False``."""
+        with self._lock:
+            return self.gpu.step_locked()
+
+    def run_until_idle(self, timeout_s: float | None = None) -> None:
+        """Run (or, with autorun, wait for) every committed command buffer to the end. Command buffers blocked on
+        a fence or event end by the watchdog. Raises ``TimeoutError`` after ``timeout_s`` (default
+        ``timeout_s`` of the device)."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        deadline = clock() + limit
+        with self._lock:
+            while self.gpu.pending():
+                if clock() > deadline:
+                    raise TimeoutError(f"run_until_idle: command buffers still running after {limit} s")
+                if self.autorun or not self.gpu.step_locked():
+                    self._cv.wait(0.005)
+
+    def inject_fault(self, code: int = MTL.ErrorPageFault, after_commands: int = 0) -> None:
+        """Fault injection: ``after_commands`` more kernel dispatches run normally, then the next one faults and
+        its command buffer ends in status Error with MTLCommandBufferError ``code`` (one shot)."""
+        if code not in MTL.ERROR_NAMES or code == MTL.ErrorNone:
+            raise ValueError(f"inject_fault: {code} is not an MTLCommandBufferError code")
+        if after_commands < 0:
+            raise ValueError(f"inject_fault: after_commands must be >= 0, got {after_commands}")
+        with self._lock:
+            self.gpu.fault_plan = (code, after_commands)
+
+    def set_max_total_threads(self, pipeline: int, n: int) -> None:
+        """Test hook: the pipeline with handle ``pipeline`` reports maxTotalThreadsPerThreadgroup ``n``
+        (real devices report 1024, 896, 832, 256...). Raises ``BridgeError``/``ValueError`` for bad input."""
+        if not 1 <= n <= 1024:
+            raise ValueError(f"maxTotalThreadsPerThreadgroup must be in [1, 1024], got {n}")
+        with self._lock:
+            obj = self._lookup(pipeline, "set_max_total_threads")
+            if not isinstance(obj, Pipeline):
+                raise BridgeError(f"set_max_total_threads: {obj.describe()} is not an MTLComputePipelineState")
+            obj.max_threads = n
+            for o in self._objects.values():
+                if hasattr(o, "analysis"):
+                    o.analysis.clear()  # type: ignore[attr-defined]
+
+    def buffer_bytes(self, buffer: int) -> np.ndarray:
+        """The storage of an MTLBuffer (uint8, the bytes the kernels see), also for private buffers."""
+        with self._lock:
+            obj = self._lookup(buffer, "buffer_bytes")
+            if not isinstance(obj, Buffer):
+                raise BridgeError(f"buffer_bytes: {obj.describe()} is not an MTLBuffer")
+            return obj.storage
+
+    def live_objects(self) -> dict[str, int]:
+        """How many live objects of each class (class objects and the device excluded): for leak tests."""
+        with self._lock:
+            out: dict[str, int] = {}
+            for o in self._objects.values():
+                if not isinstance(o, (ClassObject, Device)):
+                    out[o.objc_class] = out.get(o.objc_class, 0) + 1
+            return out
+
+    def close(self) -> None:
+        """Stop the GPU worker thread (committed work that has not run stays unrun)."""
+        self.gpu.stop()
+
+    def __enter__(self) -> SimDevice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,375 @@
+"""The simulated GPU: runs committed command buffers asynchronously, in order per queue, one operation per step.
+
+Each committed command buffer becomes a generator (``_execute``) that yields after every operation (its start,
+one dispatch, one ICB command, an event signal) or yields a ``Gate`` it must wait for (a fence update at an
+encoder's start, ``encodeWaitForEvent:value:``). ``step_locked`` advances the oldest runnable head of any queue by
+one yield; a worker thread calls it while there is work (``autorun``), or tests call ``SimDevice.step``. A gate
+that stays closed longer than ``gpu_timeout_s`` fails its command buffer with MTLCommandBufferErrorTimeout, like
+the GPU watchdog: nothing waits forever.
+
+What the GPU checks while it runs (both modes; strict mode has refused most of these at the call already):
+rule 8 (range past the ICB, commands past 16,384, unbound buffer indices), 10 (residency), 13 (dispatch dropped),
+14 (released buffers), 16 (warm-up on pre-Apple9). Rule 9: the commands between two barriers run in reverse
+order, which exposes a race a program hides by relying on program order. Rule 6: a failed command buffer skips
+its remaining event signals. A fault ends the command buffer in status Error with the MTLCommandBufferError code
+and an NSError saying what happened; fence updates of a failed command buffer are released so later work does
+not hang (a modelling choice: Metal recovers the channel).
+"""
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mtlir.dtypes import dtypes
+from mtlir.metal import MTL
+from mtlir.runtime.sim.objects import (ICB, Binding, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute, Gate,
+                                       ICBSlot, Pipeline, SharedEvent, SignalStep, WaitStep)
+from mtlir.runtime.sim.rules import rule_text
+
+if TYPE_CHECKING:
+    from mtlir.runtime.sim.device import SimDevice
+
+__all__ = ["GPU", "GPUFault", "clock", "kernel_params", "elem_size", "ERROR_TEXT"]
+
+clock = time.perf_counter  # monotonic, seconds: GPUStartTime/GPUEndTime use it
+
+# localizedDescription texts in the shape Metal prints (kIOGPUCommandBufferCallbackError... names)
+ERROR_TEXT = {1: "Internal Error", 2: "Caused GPU Timeout Error", 3: "Caused GPU Address Fault Error",
+              7: "Not Permitted", 8: "Insufficient Memory", 9: "Invalid Resource"}
+_IDLE_EXIT_S = 1.0  # the worker thread ends after this long without work and restarts at the next commit
+
+
+class GPUFault(Exception):
+    """A fault that ends a command buffer in status Error: ``code`` (MTLCommandBufferError), what happened,
+    and the rule of METAL.md §3 it comes from (0: none, e.g. an injected fault)."""
+
+    def __init__(self, code: int, message: str, rule: int = 0) -> None:
+        super().__init__(message)
+        self.code, self.message, self.rule = code, message, rule
+
+    def description(self) -> str:
+        """The NSError localizedDescription for this fault."""
+        name = MTL.ERROR_NAMES.get(self.code, str(self.code))
+        text = ERROR_TEXT.get(self.code, name)
+        tail = f" ({rule_text(self.rule)})" if self.rule else ""
+        return (f"Execution of the command buffer was aborted due to an error during execution. {text} "
+                f"({self.code:08x}:kIOGPUCommandBufferCallbackError{name}): {self.message}{tail}")
+
+
+def elem_size(dtype: Any) -> int:
+    """Bytes per element of a kernel parameter's dtype (a DType, a numpy dtype, or a name such as ``"float32"``,
+    ``"float"``, ``"dtypes.float"``); 1 when unknown (no alignment is then required)."""
+    size = getattr(dtype, "itemsize", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    name = str(dtype).removeprefix("dtypes.").removeprefix("const ").strip().rstrip("*").strip()
+    name = re.sub(r"^([a-z]+\d*)x\d+$", r"\1", name)  # a vector (float32x4): its scalar's size
+    c_names = {"float": 4, "half": 2, "int": 4, "uint": 4, "short": 2, "ushort": 2, "char": 1, "uchar": 1,
+               "long": 8, "ulong": 8, "double": 8, "bool": 1}
+    if name in c_names:
+        return c_names[name]
+    try:
+        return dtypes.by_name(name).itemsize or 1
+    except KeyError:
+        pass
+    try:
+        return int(np.dtype(name).itemsize)
+    except TypeError:
+        return 1
+
+
+def kernel_params(kernel: Any) -> list[tuple[int, str, int]]:
+    """``(buffer index, kind "buffer"|"constant", alignment in bytes)`` of each parameter a compiled kernel
+    binds: the translator's own alignment when it reports one (``info.bindings``), else the element size."""
+    aligns = {int(b.arg.index): int(b.align) for b in getattr(getattr(kernel, "info", None), "bindings", ())}
+    return [(int(p.index), str(p.kind), aligns.get(int(p.index)) or elem_size(p.dtype))
+            for p in getattr(kernel, "params", ())]
+
+
+def concurrent_order(icb: ICB, first: int, count: int) -> list[int]:
+    """The order the GPU runs commands ``[first, first + count)``: groups split where a command has setBarrier
+    (it waits for everything before it), each group run last command first (rule 9: exposes races)."""
+    order: list[int] = []
+    group: list[int] = []
+    for i in range(first, first + count):
+        if group and icb.slots[i].barrier:
+            order += reversed(group)
+            group = []
+        group.append(i)
+    return order + group[::-1]
+
+
+class GPU:
+    """The scheduler and executor of one SimDevice (docs/simulator.md). Every method expects the device lock
+    held, except where said; kernels run with the lock released."""
+
+    def __init__(self, dev: SimDevice) -> None:
+        self.dev = dev
+        self.queues: list[CommandQueue] = []
+        self.seq = 0
+        self.busy = False
+        self.thread: threading.Thread | None = None
+        self.stopping = False
+        self.fault_plan: tuple[int, int] | None = None
+        self.kernel_lock = threading.Lock()
+        self.kernels_run = 0
+        self.last_exception: BaseException | None = None
+
+    # ---------------------------------------------------------------- scheduling
+    def submit(self, cb: CommandBuffer) -> None:
+        """Queue a committed command buffer behind the earlier ones of its queue."""
+        cb.seq = self.seq
+        self.seq += 1
+        cb.run = self._execute(cb)
+        if cb.queue not in self.queues:
+            self.queues.append(cb.queue)
+        cb.queue.pending.append(cb)
+        self.dev._cv.notify_all()
+        if self.dev.autorun:
+            self._ensure_worker()
+
+    def pending(self) -> bool:
+        """True while a committed command buffer has not finished."""
+        return any(q.pending for q in self.queues)
+
+    def step_locked(self) -> bool:
+        """Advance the oldest runnable command buffer by one operation, or fail one whose gate outlived the
+        watchdog. Returns False when nothing could run."""
+        if self.busy:
+            return False
+        heads = sorted((q.pending[0] for q in self.queues if q.pending), key=lambda c: c.seq)
+        now = clock()
+        for cb in heads:
+            gate = cb.gate
+            if gate is not None:
+                if gate.ready():
+                    cb.gate = None
+                elif now - cb.blocked_since > self.dev.gpu_timeout_s:
+                    self._finish(cb, GPUFault(MTL.ErrorTimeout, f"GPU watchdog: blocked {now - cb.blocked_since:.3g}"
+                                                                f" s waiting for {gate.what}", gate.rule))
+                    return True
+                else:
+                    continue
+            self._advance(cb)
+            return True
+        return False
+
+    def _advance(self, cb: CommandBuffer) -> None:
+        assert cb.run is not None
+        self.busy = True
+        try:
+            gate = next(cb.run)
+        except StopIteration:
+            self._finish(cb, None)
+        except GPUFault as fault:
+            self._finish(cb, fault)
+        else:
+            if gate is not None and not gate.ready():
+                cb.gate, cb.blocked_since = gate, clock()
+        finally:
+            self.busy = False
+
+    def _ensure_worker(self) -> None:
+        if self.thread is None or not self.thread.is_alive():
+            self.stopping = False
+            self.thread = threading.Thread(target=self._worker, name="mtlir-sim-gpu", daemon=True)
+            self.thread.start()
+
+    def _worker(self) -> None:
+        """The worker thread (takes the lock itself): steps while there is work, naps on the condition while the
+        heads wait on gates, ends after ``_IDLE_EXIT_S`` without work."""
+        cv = self.dev._cv
+        idle_since = clock()
+        while True:
+            with cv:
+                if self.stopping or threading.current_thread() is not self.thread:
+                    return
+                if self.step_locked():
+                    idle_since = clock()
+                    did = True
+                else:
+                    did = False
+                    if not self.pending() and clock() - idle_since > _IDLE_EXIT_S:
+                        self.thread = None
+                        return
+                    cv.wait(0.005 if self.pending() else 0.1)
+            if did:
+                time.sleep(0)  # let the CPU side take the lock between GPU operations
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the worker thread (called without the lock held)."""
+        with self.dev._cv:
+            self.stopping = True
+            thread = self.thread
+            self.dev._cv.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+
+    # ---------------------------------------------------------------- execution
+    def _execute(self, cb: CommandBuffer) -> Iterator[Gate | None]:
+        cb.status = MTL.StatusScheduled
+        cb.start_time = clock()
+        yield None
+        for step in cb.steps:
+            if isinstance(step, WaitStep):
+                ev, value = step.event, step.value
+                if ev.value < value:
+                    yield Gate(lambda ev=ev, value=value: ev.value >= value,
+                               f"{ev.describe()} to reach {value} (encodeWaitForEvent:value:)", 12)
+            elif isinstance(step, SignalStep):
+                self.signal(step.event, step.value)
+                step.fired = True
+                yield None
+            else:
+                yield from self._run_encoder(cb, step)
+
+    def _run_encoder(self, cb: CommandBuffer, enc: Encoder) -> Iterator[Gate | None]:
+        for fence, updater in enc.fence_waits:  # waits act at the encoder's start (rule 11)
+            if not updater.done:
+                yield Gate(lambda u=updater: u.done,
+                           f"the updateFence: of {fence.describe()} by {updater.describe()}"
+                           + (" (the same encoder: update-then-wait deadlocks)" if updater is enc else ""), 11)
+        for command in enc.commands:
+            if isinstance(command, Dispatch):
+                self._direct(cb, command)
+                yield None
+            else:
+                yield from self._execute_icb(cb, enc, command)
+        enc.done = True  # updates act at the encoder's end
+        self.dev._cv.notify_all()
+
+    def signal(self, ev: SharedEvent, value: int) -> None:
+        """The GPU signals ``ev``: the value only increases, a smaller one is ignored (rule 12)."""
+        if value > ev.value:
+            ev.value = value
+            self.dev._cv.notify_all()
+
+    def _direct(self, cb: CommandBuffer, d: Dispatch) -> None:
+        if 0 in d.grid or 0 in d.threadgroup:
+            return  # a zero-size dispatch does nothing (the warm-up of METAL.md §1 step 5)
+        p = d.pipeline
+        if p is None:
+            raise GPUFault(MTL.ErrorPageFault, "dispatchThreadgroups:threadsPerThreadgroup: with no pipeline set")
+        if not p.alive:
+            raise GPUFault(MTL.ErrorInvalidResource, f"{p.describe()} was released before the GPU ran it", 14)
+        if math.prod(d.threadgroup) > p.max_threads:
+            return  # rule 13: silently dropped
+        bindings: dict[int, tuple[np.ndarray, int]] = {}
+        for index, kind, size in p.params:
+            b = d.bindings.get(index)
+            if b is None:
+                raise GPUFault(MTL.ErrorPageFault, f"{p.label}: buffer index {index} is not bound (the kernel "
+                                                   "reads address 0)")
+            if isinstance(b, bytes):
+                bindings[index] = (np.frombuffer(bytearray(b), dtype=np.uint8), 0)
+            else:
+                bindings[index] = self._storage(b, kind, size, f"{p.label} buffer index {index}")
+        self._run(p, bindings, d.grid, d.threadgroup, f"dispatch of {p.label}")
+
+    def _storage(self, binding: Binding, kind: str, size: int, what: str) -> tuple[np.ndarray, int]:
+        buf, offset = binding
+        if not buf.alive:
+            raise GPUFault(MTL.ErrorInvalidResource, f"{what}: {buf.describe()} was released while the command "
+                                                     "buffer was in flight", 14)
+        if kind != "constant" and offset % size:
+            offset -= offset % size  # a misaligned device pointer: the low address bits are dropped (rule 8)
+        return buf.storage, offset
+
+    def _execute_icb(self, cb: CommandBuffer, enc: Encoder, ex: Execute) -> Iterator[Gate | None]:
+        icb = ex.icb
+        if not icb.alive:
+            raise GPUFault(MTL.ErrorInvalidResource, f"{icb.describe()} was released before the GPU ran it", 14)
+        if ex.first + ex.count > icb.max_count:
+            raise GPUFault(MTL.ErrorPageFault, f"executeCommandsInBuffer:withRange: ({ex.first}, {ex.count}) reads "
+                                               f"past the {icb.max_count} commands of {icb.describe()}", 8)
+        count = min(ex.count, MTL.MAX_ICB_RANGE)  # commands past 16,384 are not run (rule 8)
+        for i in concurrent_order(icb, ex.first, count):
+            self._icb_command(cb, enc, ex, i, icb.slots[i])
+            yield None
+
+    def _icb_command(self, cb: CommandBuffer, enc: Encoder, ex: Execute, i: int, slot: ICBSlot) -> None:
+        if slot.grid is None:
+            return  # never given a dispatch: an empty command
+        what = f"ICB command {i} of {ex.icb.describe()}"
+        p = slot.pipeline
+        if p is None:
+            raise GPUFault(MTL.ErrorPageFault, f"{what} has no pipeline")
+        if not p.alive:
+            raise GPUFault(MTL.ErrorInvalidResource, f"{what}: {p.describe()} was released", 14)
+        if self.dev.spec.needs_warmup and p not in ex.bound_pipelines:
+            raise GPUFault(MTL.ErrorInvalidResource, f"{what} uses {p.describe()}, which this encoder did not bind "
+                                                     f"with setComputePipelineState: first ({self.dev.spec.family})",
+                           16)
+        if 0 in slot.grid or 0 in slot.threadgroup:
+            return
+        if math.prod(slot.threadgroup) > p.max_threads:
+            return  # rule 13: silently dropped
+        bindings: dict[int, tuple[np.ndarray, int]] = {}
+        for index, kind, size in p.params:
+            b = slot.bindings.get(index)
+            if b is None:
+                raise GPUFault(MTL.ErrorPageFault, f"{what} ({p.label}): buffer index {index} is not bound (the "
+                                                   "kernel reads address 0)", 8)
+            buf = b[0]
+            if buf.alive and buf not in enc.used and buf not in cb.resident:
+                raise GPUFault(MTL.ErrorInvalidResource, f"{what} ({p.label}) reaches {buf.describe()}, which is "
+                                                         "not resident", 10)
+            bindings[index] = self._storage(b, kind, size, f"{what} ({p.label}) buffer index {index}")
+        self._run(p, bindings, slot.grid, slot.threadgroup, what)
+
+    def _run(self, p: Pipeline, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
+             threadgroup: tuple[int, int, int], what: str) -> None:
+        plan = self.fault_plan
+        if plan is not None:
+            code, left = plan
+            if left == 0:
+                self.fault_plan = None
+                raise GPUFault(code, f"injected fault at {what}")
+            self.fault_plan = (code, left - 1)
+        self.kernels_run += 1
+        lock = self.dev._lock
+        lock.release()
+        try:
+            with self.kernel_lock:
+                p.kernel.run(bindings, grid, threadgroup)
+        except Exception as e:  # a kernel that crashes the runner fails its command buffer, never the worker
+            self.last_exception = e
+            raise GPUFault(1, f"{what}: kernel {p.label} raised {type(e).__name__}: {e}") from e
+        finally:
+            lock.acquire()
+
+    def run_kernel_now(self, p: Pipeline, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
+                       threadgroup: tuple[int, int, int]) -> None:
+        """Run one kernel at once on the caller's thread (strict mode's dry runs; the lock stays held)."""
+        with self.kernel_lock:
+            p.kernel.run(bindings, grid, threadgroup)
+
+    def _finish(self, cb: CommandBuffer, fault: GPUFault | None) -> None:
+        if fault is None and cb.late_fault is not None:
+            fault = GPUFault(cb.late_fault[0], cb.late_fault[1], 14)
+        if fault is None:
+            cb.status = MTL.StatusCompleted
+            cb.end_time = clock()
+        else:
+            cb.status = MTL.StatusError
+            cb.error = self.dev._make_error(fault.code, fault.description())
+            for step in cb.steps:
+                if isinstance(step, Encoder):
+                    step.done = True
+                elif isinstance(step, SignalStep) and not step.fired:
+                    step.event.skipped.append((step.value, cb))  # rule 6: Metal skips it
+        cb.gate, cb.run = None, None
+        cb.queue.pending.remove(cb)
+        cb.queue.live.discard(cb)
+        for buf in cb.reads:
+            buf.readers.pop(cb, None)
+        for icb, _, _ in cb.icb_reads:
+            icb.readers.pop(cb, None)
+        self.dev._cv.notify_all()
+        self.dev._release_internal(cb)
