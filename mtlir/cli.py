@@ -107,9 +107,9 @@ def lower_trace(trace: Any, device: Any, target: str, *, pipeline: str | None = 
                 log: TextIO | None = None, keep_stages: bool = True) -> Any:
     """Lower a loaded trace (``mtlir.trace.Trace``) for ``device`` (a ``DeviceSpec``) and ``target``: the
     ``Lowered`` of ``pipeline`` (default: ``default_pipeline(target)``). Raises what the passes raise."""
-    from mtlir.passes.pipeline import Pipeline
-    p = Pipeline.parse(pipeline or default_pipeline(target))
-    return p.run(trace.queue(device), print_after_all=print_after_all, out=log, keep_stages=keep_stages)
+    from mtlir.passes import lower
+    return lower(trace.queue(device), target=target, pipeline=pipeline, print_after_all=print_after_all, out=log,
+                 keep_stages=keep_stages)
 
 
 def _lower(args: argparse.Namespace, log: TextIO) -> tuple[Any, Any, str]:
@@ -274,7 +274,7 @@ def _exit_code(e: BaseException) -> int | None:
                       ("mtlir.passes.pipeline", "PipelineError"), ("mtlir.passes.verify", "VerifyError")):
         try:
             bad_input.append(getattr(__import__(mod, fromlist=[name]), name))
-        except (ImportError, AttributeError):
+        except Exception:  # a module that does not import cannot have raised e
             pass
     if isinstance(e, tuple(bad_input)):
         return EXIT_BAD_INPUT

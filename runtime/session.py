@@ -2,12 +2,13 @@
 
 A submit runs the Program with this run's values (the timeline value, symbolic sizes, variables) inside an
 autorelease pool (``objc_autoreleasePoolPush``/``Pop``), then reads the command buffers it committed from the
-``cbslots`` table, retains them (``commandBuffer`` returns +0) and keeps them in an in-flight record: O(1) work
-and memory per submit, whatever the history. ``wait`` polls the timeline (``signaledValue`` on the shared event)
+``cbslots`` table (the Program retains each one it stores there: ``commandBuffer`` returns +0) and keeps them in an
+in-flight record: O(1) work and memory per submit, whatever the history. ``wait`` polls the timeline (``signaledValue`` on the shared event)
 and the ``status`` of those command buffers: status Error raises ``GPUExecutionError`` with Metal's error code,
 its name and the NSError's description (Metal skips a failed command buffer's event signals, METAL.md §3 rule 6,
 so waiting for the value alone would hang); past the timeout ``TimeoutError`` says what was awaited. A completed
-submit's ``GPUStartTime``/``GPUEndTime`` (seconds) are read, then its command buffers are released.
+submit's ``GPUStartTime``/``GPUEndTime`` (seconds) are read, the timestamp slots of a profiled submit filled
+(``Stamp`` entries of the ``cbslots`` payload), then its command buffers are released.
 
 By default a submit first waits for the previous one: a submit patches the variables buffer and the ICB's
 commands from the CPU, which races with a command buffer still reading them (METAL.md §3 rule 15).
@@ -36,14 +37,16 @@ DEFAULT_TIMELINE_VAR = "timeline"
 @dataclass(eq=False)
 class Submission:
     """One submit: the timeline ``value`` it signals (None when the Program signals none), the retained command
-    buffers it committed (``cbs``), host seconds the submit took, and after completion each command buffer's
-    (GPUStartTime, GPUEndTime) in seconds."""
+    buffers it committed (``cbs``, by cbslots slot; 0 for a slot this run left empty), host seconds the submit
+    took, and after completion each command buffer's (GPUStartTime, GPUEndTime) in seconds and the
+    ``timestamps`` (slot -> seconds) of ``Queue.timestamp``."""
 
     index: int
     value: int | None
     cbs: tuple[int, ...]
     host_s: float
     gpu_times: list[tuple[float, float]] = field(default_factory=list)
+    timestamps: dict[int, float] = field(default_factory=dict)
 
 
 class Session:
@@ -68,15 +71,26 @@ class Session:
         self.executor_kind = executor
         self.executor: Executor = make_executor(executor, program, bridge, self.linked.registers)
         t = bridge.target
-        self._p = {s: abi_prototype(s, t) for s in ("retain", "release", "status", "error", "code",
+        self._p = {s: abi_prototype(s, t) for s in ("release", "status", "error", "code",
                                                     "localizedDescription", "UTF8String", "signaledValue",
                                                     "GPUStartTime", "GPUEndTime")}
         self._s = {s: bridge.sel_registerName(s) for s in self._p}
         self._push, self._pop = c_prototype("objc_autoreleasePoolPush"), c_prototype("objc_autoreleasePoolPop")
         events = self.linked.of_kind("event")
         self.event: int | None = self.linked.handles[events[0]] if events else None
+        self.timeline_reader = "none" if self.event is None else "message"
+        self._read_timeline: Executor | None = None
+        if self.event is not None:
+            self._read_timeline = self._timeline_program(executor)
         slots = self.linked.of_kind("cbslots")
-        self._slots = [(self.linked.handles[n], int(self.linked.objects[n].payload[0])) for n in slots]
+        if len(slots) > 1:
+            raise ValueError(f"a Program with {len(slots)} cbslots tables: one is supported")
+        self._slots = None
+        self.stamps: tuple[Any, ...] = ()
+        if slots:
+            payload = self.linked.objects[slots[0]].payload
+            self._slots = (self.linked.handles[slots[0]], int(payload[0]))
+            self.stamps = tuple(payload[1]) if len(payload) > 1 else ()
         self.inflight: collections.deque[Submission] = collections.deque()
         self.completed: collections.deque[Submission] = collections.deque(maxlen=keep_completed)
         self.last_value = 0
@@ -89,8 +103,24 @@ class Session:
     def _send(self, recv: int, selector: str, *args: Any) -> Any:
         return self.bridge.msg_send(self._p[selector], (recv, self._s[selector], *args))
 
+    def _timeline_program(self, executor: str) -> Executor | None:
+        """The lowered timeline read (``mtlir.passes.timeline_read_program``) over this link's objects, or None
+        (then ``timeline_value`` sends ``signaledValue`` itself) when the passes cannot give one."""
+        try:
+            from mtlir.passes import timeline_read_program
+            prog = timeline_read_program(self.program.device, self.bridge.target)
+            regs = self.linked.registers_for(prog)
+            ex = make_executor(executor, prog, self.bridge, regs, results=(prog.results["timeline"],))
+        except Exception:  # the same read as one direct message: the fallback changes no behaviour
+            return None
+        self.timeline_reader = "program"
+        return ex
+
     def timeline_value(self) -> int:
-        """The timeline's current value (``signaledValue`` of the shared event); 0 when there is no event."""
+        """The timeline's current value (``signaledValue`` of the shared event, read by the lowered timeline-read
+        Program); 0 when there is no event."""
+        if self._read_timeline is not None:
+            return int(self._read_timeline.run()[0])
         return int(self._send(self.event, "signaledValue")) if self.event else 0
 
     # ---- submit
@@ -110,20 +140,17 @@ class Session:
         value = int(values[self.timeline_var]) if self.timeline_var is not None else None
         b = self.bridge
         t0 = time.perf_counter()
-        for addr, n in self._slots:
-            b.write(addr, bytes(8 * n))
+        slots = self._slots
+        if slots is not None:
+            b.write(slots[0], bytes(8 * slots[1]))
         pool = b.c_call("objc_autoreleasePoolPush", self._push, ())
         try:
             self.executor.run(**values)
-            cbs: list[int] = []
-            for addr, n in self._slots:
-                cbs += [cb for cb in struct.unpack(f"<{n}Q", b.read(addr, 8 * n)) if cb]
-            for cb in cbs:
-                self._send(cb, "retain")
         finally:
+            cbs = struct.unpack(f"<{slots[1]}Q", b.read(slots[0], 8 * slots[1])) if slots is not None else ()
             b.c_call("objc_autoreleasePoolPop", self._pop, (pool,))
         dt = time.perf_counter() - t0
-        rec = Submission(self.submits, value, tuple(cbs), dt)
+        rec = Submission(self.submits, value, cbs, dt)
         self.inflight.append(rec)
         self.submits += 1
         self.host_s_total += dt
@@ -133,7 +160,7 @@ class Session:
 
     def record_submit(self, **values: Any) -> list[Message]:
         """The messages one submit sends, in order, as ``RecordingBridge`` records them (the Program's messages
-        only: no retain of command buffers, no waits). The submit really runs and is in flight afterwards."""
+        only: no waits). The submit really runs and is in flight afterwards."""
         rec_bridge = RecordingBridge(self.bridge, names=self.linked.names)
         recorder = make_executor(self.executor_kind, self.program, rec_bridge, self.linked.registers)
         saved, self.executor = self.executor, recorder
@@ -165,8 +192,9 @@ class Session:
             current = self.timeline_value() if self.event is not None else None
             while pending:
                 rec = pending[0]
-                statuses = [int(self._send(cb, "status")) for cb in rec.cbs]
-                for cb, st in zip(rec.cbs, statuses):
+                live = [cb for cb in rec.cbs if cb]
+                statuses = [int(self._send(cb, "status")) for cb in live]
+                for cb, st in zip(live, statuses):
                     if st == MTL.StatusError:
                         self._fail(rec, cb)
                 reached = rec.value is None or current is None or current >= rec.value
@@ -182,12 +210,20 @@ class Session:
             delay = min(delay * 2 or 1e-5, 1e-3)
 
     def _finish(self, rec: Submission) -> None:
-        rec.gpu_times = [(float(self._send(cb, "GPUStartTime")), float(self._send(cb, "GPUEndTime")))
-                         for cb in rec.cbs]
-        for cb in rec.cbs:
-            self._send(cb, "release")
+        rec.gpu_times = [(float(self._send(cb, "GPUStartTime")), float(self._send(cb, "GPUEndTime"))) if cb
+                         else (0.0, 0.0) for cb in rec.cbs]
+        for st in self.stamps:  # Stamp(slot, cb, which): slot <- GPUStartTime/GPUEndTime of cbslots[cb]
+            if st.cb < len(rec.cbs) and rec.cbs[st.cb]:
+                rec.timestamps[st.slot] = rec.gpu_times[st.cb][0 if st.which == "GPUStartTime" else 1]
+        self._release(rec)
         self._drop(rec)
         self.completed.append(rec)
+
+    def _release(self, rec: Submission) -> None:
+        """Release the command buffers the Program retained when it stored them into cbslots."""
+        for cb in rec.cbs:
+            if cb:
+                self._send(cb, "release")
 
     def _drop(self, rec: Submission) -> None:
         if self.inflight and self.inflight[0] is rec:  # the oldest: O(1)
@@ -204,8 +240,7 @@ class Session:
             desc = self.bridge.read_cstring(self._send(text, "UTF8String")) if text else "(no description)"
         name = MTL.ERROR_NAMES.get(code, "Unknown")
         which = rec.cbs.index(cb)
-        for c in rec.cbs:
-            self._send(c, "release")
+        self._release(rec)
         self._drop(rec)
         val = f" (timeline value {rec.value})" if rec.value is not None else ""
         raise GPUExecutionError(f"submit {rec.index}{val}: command buffer {which} failed with status Error, "
@@ -249,11 +284,10 @@ class Session:
         finally:
             while self.inflight:
                 rec = self.inflight.popleft()
-                for cb in rec.cbs:
-                    try:
-                        self._send(cb, "release")
-                    except Exception:  # the device may already be gone; keep releasing
-                        pass
+                try:
+                    self._release(rec)
+                except Exception:  # the device may already be gone; keep releasing
+                    pass
             self.linked.release()
 
     def __enter__(self) -> Session:

@@ -124,7 +124,7 @@ def submit_program(target: str = "arm64", *, kernels: int = 2, residency_set: bo
     """A submit of ``kernels`` ICB commands over two buffers, shaped like METAL.md §1: commandBuffer,
     computeCommandEncoder, waitForFence:, useResources (without a residency set), the warm-up (before Apple9),
     the symbolic sizes on icb[0] (grid = ceil(n / 4)), executeCommandsInBuffer:withRange:, updateFence:,
-    endEncoding, encodeSignalEvent:value:, commit, and the command buffer stored into ``cbslots``. Variables:
+    endEncoding, encodeSignalEvent:value:, commit; the command buffer is retained and stored into ``cbslots``. Variables:
     ``n`` (elements, 1..64, written to the variables buffer) and ``timeline``."""
     dev = DeviceSpec(family, residency_set=residency_set)
     p = PB(target, dev)
@@ -140,6 +140,8 @@ def submit_program(target: str = "arm64", *, kernels: int = 2, residency_set: bo
     vb = p.obj(Obj("contents", "contents:varbuf", ("varbuf",)))
     p.store(dtypes.int32, vb, n)
     cb = p.msg(queue, "commandBuffer")
+    slots = p.obj(Obj("cbslots", "cbslots", (1, ())))
+    p.store(dtypes.uint64, slots, p.msg(cb, "retain"))  # the runtime releases what cbslots holds
     enc = p.msg(cb, "computeCommandEncoder")
     p.msg(enc, "waitForFence:", fence)
     if not residency_set:
@@ -169,6 +171,4 @@ def submit_program(target: str = "arm64", *, kernels: int = 2, residency_set: bo
     p.msg(enc, "endEncoding")
     p.msg(cb, "encodeSignalEvent:value:", event, tl)
     p.msg(cb, "commit")
-    slots = p.obj(Obj("cbslots", "cbslots", (1,)))
-    p.store(dtypes.uint64, slots, cb)
     return p.build()

@@ -232,7 +232,7 @@ def test_submit_wait_replay(executor: str) -> None:
     assert s.closed and not s.inflight
 
 
-def test_command_buffers_are_retained_and_released() -> None:
+def test_command_buffers_in_cbslots_are_released_when_done() -> None:
     b = RecordingBridge()
     s = Session(submit_program(), b)
     b.clear()
@@ -280,3 +280,34 @@ def test_wait_for_a_value_leaves_later_submits_in_flight() -> None:
     assert [r.value for r in s.inflight] == [3]
     s.close()
     assert not s.inflight
+
+
+def test_timestamp_slots_get_the_gpu_times_of_their_command_buffers() -> None:
+    from typing import NamedTuple
+
+    from progbuild import PB
+
+    from mtlir.metal import Obj
+
+    class Stamp(NamedTuple):  # the shape of mtlir.program.Stamp
+        slot: int
+        cb: int
+        which: str
+
+    p = PB("arm64")
+    queue = p.obj(Obj("queue", "queue"))
+    slots = p.obj(Obj("cbslots", "cbslots", (3, (Stamp(0, 0, "GPUStartTime"), Stamp(1, 1, "GPUEndTime")))))
+    p.obj(Obj("event", "event"))
+    loop = p.range(p.const(2))  # one command buffer per command, as a profiled submit does
+    cb = p.msg(queue, "commandBuffer")
+    p.store(dtypes.uint64, p.index(8, slots, loop[0]), p.msg(cb, "retain"))
+    p.msg(cb, "commit")
+    p.end(loop)
+    b = RecordingBridge()
+    with Session(p.build(), b) as s:
+        rec = s.submit()
+        assert rec.value is None and rec.cbs[2] == 0 and all(rec.cbs[:2])
+        (done,) = s.wait(timeout_s=5)
+        assert done.timestamps == {0: done.gpu_times[0][0], 1: done.gpu_times[1][1]}
+        released = [m for m in b.messages if m["selector"] == "release" and m["receiver"] == "cmdbuf"]
+        assert len(released) == 2

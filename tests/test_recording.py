@@ -52,12 +52,12 @@ def test_a_submit_records_the_same_on_both_targets() -> None:
             records.append(s.record_submit(n=9))
     assert records[0] == records[1]
     assert [m["selector"] for m in records[0]] == [
-        "commandBuffer", "computeCommandEncoder", "waitForFence:", "setComputePipelineState:",
+        "commandBuffer", "retain", "computeCommandEncoder", "waitForFence:", "setComputePipelineState:",
         "dispatchThreadgroups:threadsPerThreadgroup:", "concurrentDispatchThreadgroups:threadsPerThreadgroup:",
         "executeCommandsInBuffer:withRange:", "updateFence:", "endEncoding", "encodeSignalEvent:value:", "commit"]
-    assert records[0][5] == {"receiver": "icb[0]", "selector": "concurrentDispatchThreadgroups:threadsPerThreadgroup:",
+    assert records[0][6] == {"receiver": "icb[0]", "selector": "concurrentDispatchThreadgroups:threadsPerThreadgroup:",
                              "args": [[3, 1, 1], [4, 1, 1]]}
-    assert records[0][9]["args"] == ["event", 1]
+    assert records[0][10]["args"] == ["event", 1]
 
 
 def test_results_are_named_and_bools_recorded_as_bools() -> None:
