@@ -42,7 +42,7 @@ def refused(msl: str, fp16: bool = False) -> UnsupportedKernelError:
 # --- lexing ---
 
 def test_tokens_keep_the_source_text() -> None:
-    src = HEAD + "kernel void k(device float* a /* out */, uint i [[thread_position_in_grid]]) {\n  a[i] = 1.5e-3f;\n}\n"
+    src = HEAD + "kernel void k(device float* a /* out */, uint i [[thread_position_in_grid]]) {\n  a[i] = 1.5e-3f;\n}"
     toks = tokenize(src)
     assert render(toks) == src
     assert [t.text for t in toks[:3]] == ["#include <metal_stdlib>", "using", "namespace"]
@@ -60,7 +60,7 @@ def test_lexer_errors_name_the_place() -> None:
 # --- the construct tests: translated, run, checked against numpy ---
 
 def test_header_removed_and_kernel_becomes_opencl_kernel(runner: KernelRunner) -> None:
-    msl = "kernel void copy(device float* out, device float* in, uint i [[thread_position_in_grid]]) { out[i] = in[i]; }"
+    msl = "kernel void copy(device float* out, device float* in, uint i [[thread_position_in_grid]]) {out[i] = in[i];}"
     src = translate(HEAD + msl).source
     assert "metal_stdlib" not in src and "using" not in src
     assert "__kernel void copy(__global uchar* out_base, ulong out_off, __global uchar* in_base, ulong in_off)" in src
@@ -128,7 +128,7 @@ def test_grid_sizes_and_flat_positions(runner: KernelRunner) -> None:
 
 
 THREADGROUP_SUM = """kernel void group_sum(device float* out, device const float* in,
-                              uint3 gid [[threadgroup_position_in_grid]], uint3 lid [[thread_position_in_threadgroup]]) {
+                      uint3 gid [[threadgroup_position_in_grid]], uint3 lid [[thread_position_in_threadgroup]]) {
   threadgroup __attribute__((aligned(16))) float part[16];
   part[lid.x] = in[gid.x * 16 + lid.x];
   threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -144,7 +144,8 @@ def test_threadgroup_memory_and_barrier_translation() -> None:
     t = translate(HEAD + THREADGROUP_SUM)
     assert t.source == (
         "// OpenCL C translated from MSL by mtlir.runtime.sim.msl\n"
-        "__kernel void group_sum(__global uchar* out_base, ulong out_off, __global const uchar* in_base, ulong in_off) {\n"
+        "__kernel void group_sum(__global uchar* out_base, ulong out_off, "
+        "__global const uchar* in_base, ulong in_off) {\n"
         "  __global float* out = (__global float*)(out_base + out_off);\n"
         "  __global const float* in = (__global const float*)(in_base + in_off);\n"
         "  uint3 gid = (uint3)((uint)get_group_id(0), (uint)get_group_id(1), (uint)get_group_id(2));\n"
@@ -317,10 +318,12 @@ def test_helper_functions_defined_before_the_kernel(runner: KernelRunner) -> Non
     msl = """inline float sq(float x) { return x * x; }
     static float dot3(device const float* p, int i) { return sq(p[i]) + sq(p[i + 1]) + sq(p[i + 2]); }
     #define SCALE 0.5f
-    #define TWICE(x) ((x) * 2.0f)
-    kernel void norms(device float* out, device const float* p, uint i [[thread_position_in_grid]]) {
-      out[i] = TWICE(sqrt(dot3(p, 3 * i))) * SCALE;
+    #define TWICE(x) ((x) * float(2))
+    #define ROOT sqrt
+    kernel void norms(device float* out, device const float* p, const uint i [[thread_position_in_grid]]) {
+      out[i] = TWICE(ROOT(dot3(p, 3 * i))) * SCALE;
     }"""
+    assert "#define TWICE(x) ((x) * ((float)(2)))" in translate(HEAD + msl).source
     p = np.arange(12, dtype=np.float32)
     out, _ = launch(runner, msl, "norms", [np.zeros(4, np.float32), p], (1, 1, 1), (4, 1, 1))
     np.testing.assert_allclose(out, np.linalg.norm(p.reshape(4, 3), axis=1), rtol=1e-6)
@@ -438,6 +441,11 @@ def test_apple9_traces_use_simdgroup_matrices_somewhere() -> None:
     ("#include <stdio.h>\nkernel void k(device float* x) { x[0] = 0; }", "#include <stdio.h>"),
     ("kernel void k(device float* x) { using namespace std; x[0] = 0; }", "namespace"),
     ("[[visible]] kernel void k(device float* x) { x[0] = 0; }", "[[visible]]"),
+    ("kernel void k(device float* x, int i [[thread_position_in_grid]]) { x[i] = 0; }",
+     "int [[thread_position_in_grid]]"),
+    ("kernel void k(device float* x, uint2 i [[thread_index_in_threadgroup]]) { x[i.x] = 0; }",
+     "uint2 [[thread_index_in_threadgroup]]"),
+    ("kernel void k(device half* x) { x[0] = 0; }", "half"),
 ])
 def test_unsupported_constructs_are_refused_by_name(msl: str, construct: str) -> None:
     err = refused(msl)

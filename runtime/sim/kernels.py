@@ -121,10 +121,11 @@ class CompiledKernel:
             return
         threads = threadgroup[0] * threadgroup[1] * threadgroup[2]
         dev = self._runner.device
-        if threads > self.max_threads_per_threadgroup or any(t > m for t, m in zip(threadgroup, dev.max_work_item_sizes)):
+        per_axis = tuple(dev.max_work_item_sizes)[:3]
+        if threads > self.max_threads_per_threadgroup or any(t > m for t, m in zip(threadgroup, per_axis)):
             raise ValueError(f"kernel {self.function!r}: a threadgroup of {threadgroup} = {threads} threads is more "
                              f"than the OpenCL device {dev.name!r} runs in one work-group (at most "
-                             f"{self.max_threads_per_threadgroup} threads, {tuple(dev.max_work_item_sizes)[:3]} per "
+                             f"{self.max_threads_per_threadgroup} threads, {per_axis} per "
                              "axis); the simulated device cannot run it")
         global_size = tuple(g * t for g, t in zip(grid, threadgroup))
         self._runner._launch(self, views, bindings, global_size, threadgroup, timeout_s)

@@ -26,11 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mtlir.runtime.errors import KernelCompileError
-from mtlir.runtime.sim.msl_lex import ID, NUM, PUNCT, MslSyntaxError, Token, render, tokenize
+from mtlir.runtime.sim.msl_lex import ID, NUM, PUNCT, RAW, MslSyntaxError, Token, render, tokenize
 from mtlir.runtime.sim.msl_names import (POSITIONS, POSITIONS_LINEAR, SCALARS, TEMPLATES, VECTORS, dtype_name,
                                           refused_construct, scalar_size)
 from mtlir.runtime.sim.msl_prelude import Prelude
-from mtlir.runtime.sim.msl_rules import Ctx, at, group_end, refuse, rewrite, tok
+from mtlir.runtime.sim.msl_rules import Ctx, at, group_end, need_half, refuse, rewrite, tok
 
 __all__ = ["KernelArg", "ParamBinding", "KernelInfo", "Translation", "translate", "MslSyntaxError"]
 
@@ -196,7 +196,7 @@ def _translate_struct(ts: list[Token], start: int, end: int, ctx: Ctx) -> list[T
     out = rewrite(ts, ctx, start, end)
     names = [ts[k + 1].text for k in range(start, end - 1) if ts[k].text == "struct" and ts[k + 1].kind == ID]
     if names and ts[start].text == "struct":
-        out.append(tok(f"typedef struct {names[0]} {names[0]};", "raw", " "))
+        out.append(tok(f"typedef struct {names[0]} {names[0]};", RAW, " "))
     return out
 
 
@@ -255,7 +255,7 @@ def _translate_kernel(ts: list[Token], start: int, end: int, ctx: Ctx) -> tuple[
     body = rewrite(ts, ctx, close + 2, end - 1)
     head = f"__kernel void {name}({', '.join(cl_params)}) {{"
     lines = "".join(f"\n  {line}" for line in prologue)
-    toks = [tok(head + lines, "raw", ts[start].space), *body, ts[end - 1]]
+    toks = [tok(head + lines, RAW, ts[start].space), *body, ts[end - 1]]
     info = KernelInfo(name, tuple(bindings), ctx.uses_barrier, tuple(ctx.threadgroup_vars), max_threads)
     return info, toks
 
@@ -305,10 +305,10 @@ def _parse_param(p: list[Token], kernel: str) -> _Param:
 
 def _position_local(p: _Param, ctx: Ctx) -> str:
     """The prologue line for a thread-position parameter: ``uint3 gid = (uint3)((uint)get_group_id(0), ...);``."""
-    type_name = " ".join(t.text for t in p.tokens)
+    type_name = " ".join(t.text for t in p.tokens if t.text != "const")
     elem, n = VECTORS.get(type_name, (type_name, 1))
     attr = p.attr or ""
-    if elem not in ("uint", "ushort", "int", "short") or (attr in POSITIONS_LINEAR and n != 1):
+    if elem not in ("uint", "ushort") or (attr in POSITIONS_LINEAR and n != 1):
         refuse(p.name, f"{type_name} [[{attr}]]", f"{attr} must be uint or ushort"
                f"{'' if attr in POSITIONS_LINEAR else ' (or a 2- or 3-vector of them)'}")
     if attr in POSITIONS_LINEAR:
@@ -330,8 +330,9 @@ def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[P
     words = [t.text for t in p.tokens]
     what = f"{render(p.tokens).strip()} {p.name.text}"
     if p.attr not in (None, "buffer"):
-        why = ("threadgroup memory parameters need setThreadgroupMemoryLength:atIndex:, which the simulated device "
-               "does not model" if p.attr == "threadgroup" else "not a kernel parameter attribute this translator knows")
+        why = ("threadgroup memory parameters need setThreadgroupMemoryLength:atIndex:, which the simulated "
+               "device does not model" if p.attr == "threadgroup"
+               else "not a kernel parameter attribute this translator knows")
         refuse(p.name, f"[[{p.attr}]]", why)
     index = position
     if p.attr == "buffer":
@@ -356,7 +357,7 @@ def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[P
     if space not in ("device", "constant") or (space == "device" and not pointer):
         refuse(p.name, what, f"`{space}` {'pointer' if pointer else 'reference'} parameters are not supported")
     if elem == "half" or VECTORS.get(elem, ("",))[0] == "half":
-        rewrite([types[0]], ctx)  # refuses half without cl_khr_fp16, enables the extension otherwise
+        need_half(ctx, types[0])
     cl_elem = SCALARS.get(elem, elem)
     if elem in VECTORS:
         cl_elem = ctx.prelude.need_unaligned(elem)

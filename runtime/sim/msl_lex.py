@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from mtlir.runtime.errors import KernelCompileError
 
-__all__ = ["Token", "tokenize", "render", "MslSyntaxError", "ID", "NUM", "PUNCT", "PP", "STR", "EOF"]
+__all__ = ["Token", "tokenize", "render", "MslSyntaxError", "ID", "NUM", "PUNCT", "PP", "STR", "EOF", "RAW"]
 
 ID, NUM, PUNCT, PP, STR, EOF = "id", "num", "punct", "pp", "str", "eof"
+RAW = "raw"  # generated OpenCL C text the translator inserts whole (a kernel's new signature and prologue)
 
 # Longest first: the lexer takes the first punctuator that matches at a position.
 _PUNCTUATORS = ("<<=", ">>=", "...", "->", "++", "--", "<<", ">>", "<=", ">=", "==", "!=", "&&", "||", "+=", "-=",
@@ -38,7 +39,8 @@ class MslSyntaxError(KernelCompileError):
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    """One C token: ``kind`` (``id``, ``num``, ``punct``, ``pp``, ``str``, ``eof``), its ``text``, the 1-based
+    """One C token: ``kind`` (``id``, ``num``, ``punct``, ``pp``, ``str``, ``eof``; ``raw`` for generated
+    text), its ``text``, the 1-based
     ``line`` and ``col`` where it starts in the MSL (0 for tokens the translator makes), and ``space``: the
     whitespace and comments before it, reproduced by ``render``."""
 

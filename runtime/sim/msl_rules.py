@@ -23,7 +23,7 @@ from mtlir.runtime.sim.msl_names import (HELPER_BUILTINS, KEYWORDS, RENAMED_BUIL
                                           VECTORS)
 from mtlir.runtime.sim.msl_prelude import Prelude
 
-__all__ = ["Ctx", "Match", "Rule", "RULES", "rewrite", "refuse", "group_end", "type_end", "QUALIFIERS"]
+__all__ = ["Ctx", "Match", "Rule", "RULES", "rewrite", "refuse", "group_end", "type_end", "need_half", "QUALIFIERS"]
 
 Match = tuple[int, list[Token]]
 
@@ -143,7 +143,7 @@ def rewrite(ts: list[Token], ctx: Ctx, start: int = 0, end: int | None = None) -
     return out
 
 
-def _half(ctx: Ctx, t: Token) -> None:
+def need_half(ctx: Ctx, t: Token) -> None:
     """``half`` needs cl_khr_fp16 (OpenCL C §9.4): enable it, or refuse when the device lacks it."""
     if not ctx.prelude.fp16:
         refuse(t, "half", "half needs the OpenCL extension cl_khr_fp16, which this OpenCL device does not have")
@@ -243,7 +243,7 @@ def vector_type(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     if t.text not in VECTORS:
         return None
     if VECTORS[t.text][0] == "half":
-        _half(ctx, t)
+        need_half(ctx, t)
     j = i + 1
     while at(ts, j).text in ("const", "volatile"):
         j += 1
@@ -266,7 +266,7 @@ def scalar_type(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     if t.text not in SCALARS:
         return None
     if t.text == "half":
-        _half(ctx, t)
+        need_half(ctx, t)
     name = tok(SCALARS[t.text], ID)
     nxt = at(ts, i + 1).text
     if nxt == "&":
@@ -292,7 +292,7 @@ def as_type(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     """``as_type<T>(x)`` -> ``as_T(x)``: reinterpret the bits (OpenCL C §6.2.4.2; same size required by both)."""
     name, j = _template_type(ts, i, "as_type")
     if name.startswith("half"):
-        _half(ctx, ts[i + 2])
+        need_half(ctx, ts[i + 2])
     return j - i, [tok(f"as_{SCALARS.get(name, name)}", ID)]
 
 
@@ -303,11 +303,11 @@ def static_cast(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
         refuse(ts[i], "static_cast", "expected static_cast<T>(x)")
     if name in VECTORS:
         if VECTORS[name][0] == "half":
-            _half(ctx, ts[i + 2])
+            need_half(ctx, ts[i + 2])
         return j - i, [tok(ctx.prelude.need_maker(name), ID)]
     end = group_end(ts, j)
     if name == "half":
-        _half(ctx, ts[i + 2])
+        need_half(ctx, ts[i + 2])
     inner = rewrite(ts, ctx, j + 1, end)
     return end + 1 - i, [tok("("), tok("("), tok(SCALARS[name], ID), tok(")"), tok("("), *inner, tok(")"), tok(")")]
 
@@ -369,7 +369,7 @@ def call(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
 def half_literal(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     """A ``half`` literal (``1.0h``) needs cl_khr_fp16."""
     if ts[i].text[-1:] in ("h", "H") and not ts[i].text.lower().startswith("0x"):
-        _half(ctx, ts[i])
+        need_half(ctx, ts[i])
     return None
 
 
@@ -385,9 +385,9 @@ def directive(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     if word == "define":
         body = tokenize(text[1:])
         head = 2
+        ctx.callables.add(at(body, 1).text)  # a macro may stand for a function: `#define F sqrt` ... F(x)
         if at(body, 2).text == "(" and at(body, 2).space == "":
             head = group_end(body, 2) + 1
-            ctx.callables.add(body[1].text)
         new = body[:head] + rewrite(body, ctx, head)
         return 1, [tok("#" + render(new).rstrip(), PP)]
     if word in ("if", "ifdef", "ifndef", "elif", "else", "endif", "undef", "pragma", "error", "warning", "line"):
