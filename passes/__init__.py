@@ -1,1 +1,61 @@
-"""mtlir."""
+"""mtlir.passes: the lowering of queue graphs to Programs, one module per pass.
+
+``lower(graph, target="arm64")`` runs the default pipeline ``encode,lower-timeline,symbolic,abi{target=…},linearize``
+and returns a ``Lowered`` (``.program``, ``.stages``, ``.timings``, ``.diagnostics``). ``PASSES`` maps each pass
+name to its class; ``Pipeline.parse(text)`` reads a pipeline string. docs/lowering.md describes every pass.
+
+>>> from mtlir.trace import load_trace
+>>> trace = load_trace("examples/traces/mlp.apple7.json")
+>>> print(lower(trace.queue(), target="arm64").program.listing())
+"""
+from __future__ import annotations
+
+from typing import TextIO
+
+from mtlir.metal import TARGETS
+from mtlir.passes.abi import Abi, AbiError
+from mtlir.passes.encode import Encode, EncodeError
+from mtlir.passes.linearize import Linearize, LinearizeError
+from mtlir.passes.pipeline import PASSES, Lowered, Pass, PassContext, PassTiming, Pipeline, PipelineError, register
+from mtlir.passes.symbolic import Symbolic, simplify
+from mtlir.passes.timeline import LowerTimeline, timeline_read_program
+from mtlir.passes.verify import VerifyError
+from mtlir.uop import UOp
+
+__all__ = ["lower", "default_pipeline", "DEFAULT_PIPELINE", "Lowered", "Pipeline", "Pass", "PassContext", "PASSES",
+           "PassTiming", "register", "PipelineError", "VerifyError", "EncodeError", "AbiError", "LinearizeError",
+           "Encode", "LowerTimeline", "Symbolic", "Abi", "Linearize", "simplify", "timeline_read_program"]
+
+DEFAULT_PIPELINE = "encode,lower-timeline,symbolic,abi{target=arm64},linearize"
+
+
+def default_pipeline(target: str = "arm64") -> Pipeline:
+    """The default pipeline for ``target`` (``arm64`` or ``x86_64``). Raises ``PipelineError`` for another."""
+    if target not in TARGETS:
+        raise PipelineError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
+    return Pipeline((Encode(), LowerTimeline(), Symbolic(), Abi(target), Linearize()))
+
+
+def lower(graph: UOp, target: str | None = None, pipeline: str | Pipeline | None = None, *,
+          print_after_all: bool = False, keep_stages: bool = True, out: TextIO | None = None) -> Lowered:
+    """Lower a queue graph (a SUBMIT, e.g. ``Trace.queue(device)`` or ``Queue.submit()``) to a Program.
+
+    ``target``: ``arm64`` or ``x86_64`` (default: the pipeline's abi target, else arm64). ``pipeline``: a pipeline
+    string or ``Pipeline`` (default: ``default_pipeline(target)``). ``print_after_all`` prints every stage to
+    ``out`` (default stderr); ``keep_stages`` keeps them in ``Lowered.stages`` (for pictures).
+
+    Raises ``PipelineError`` for a bad pipeline or a ``target`` that disagrees with the pipeline's
+    ``abi{target=…}``; ``EncodeError`` naming the command for a queue that cannot be lowered; ``AbiError`` naming
+    selector and argument; ``VerifyError`` naming the pass and the node of a malformed stage."""
+    if pipeline is None:
+        pipe = default_pipeline(target or "arm64")
+    else:
+        pipe = Pipeline.parse(pipeline) if isinstance(pipeline, str) else pipeline
+        abi_target = pipe.option("abi", "target")
+        if target is not None and abi_target is not None and abi_target != target:
+            raise PipelineError(f"the pipeline lowers for abi{{target={abi_target}}} but the target is {target}")
+        if target is not None and target not in TARGETS:
+            raise PipelineError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
+    if not isinstance(graph, UOp):
+        raise PipelineError(f"lower takes a queue graph (a UOp), got {type(graph).__name__}")
+    return pipe.run(graph, print_after_all=print_after_all, keep_stages=keep_stages, out=out)

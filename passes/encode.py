@@ -1,0 +1,536 @@
+"""``encode``: a SUBMIT becomes the message chain of METAL.md §1, with its commands as data in one ICB placeholder.
+
+What is known at link time is kept apart from what each submit patches:
+
+- link time (data in placeholders): the ICB (``Obj("icb", "icb", (IcbSpec,))``: per command its pipeline,
+  ``setKernelBuffer:offset:atIndex:`` per buffer parameter and per variable — a 256-byte slot of the one variables
+  buffer ``varbuf``, bound at the variable's parameter index —, the constant sizes, a barrier), the constant
+  variable values (the ``varbuf`` payload), the resource table, constant MTLSizes.
+- per submit (nodes before the first ``commandBuffer``): STOREs of the run's variable values into the variables
+  buffer's ``contents``; ``concurrentDispatchThreadgroups:threadsPerThreadgroup:`` on each ICB command whose sizes
+  depend on variables; ``setKernelBuffer:offset:atIndex:`` on each command binding a buffer variable.
+
+Then per command buffer: ``commandBuffer``, ``retain`` + STORE of it into ``cbslots`` (the runtime checks every
+command buffer a submit commits), ``computeCommandEncoder``, ``waitForFence:``, ``useResources:count:usage:``
+(only without a residency set), the warm-up pair per distinct pipeline (pre-Apple9), one
+``executeCommandsInBuffer:withRange:`` per ``max_range`` commands, ``updateFence:``, ``endEncoding``,
+``encodeSignalEvent:value:`` (when a SIGNAL closes it), ``commit``. Messages are ordered by AFTER on their
+receiver (``enc.after(previous)``). docs/lowering.md walks through the choices below.
+
+- Command buffers: a SIGNAL closes the current command buffer (so a signal in the middle of a queue is honoured:
+  the work before it is done when the event reaches the value). With TIMESTAMPs the submit is profiled: one
+  command buffer per command; a run of commands without a signal becomes a loop (RANGE ... END), each iteration
+  executing the range of one command and warming up every pipeline of the run.
+- ICB offsets above 0xFFFFFFFF do not fit an ICB (METAL.md §3 rule 8): the submit is lowered on the direct path,
+  and a diagnostic the pipeline keeps says why. An offset that is not a multiple of the element size is invalid on
+  any path (METAL.md §1): ``EncodeError`` naming the command.
+- A device without ICB support gets the direct path: per command ``setComputePipelineState:``,
+  ``setBuffer:offset:atIndex:`` per buffer, ``setBytes:length:atIndex:`` per variable (a pointer into the variables
+  buffer's host memory, patched per submit), ``dispatchThreadgroups:threadsPerThreadgroup:``.
+
+Cost: one visit per queue op and per distinct size, buffer and kernel node (memoized); after encode the graph of
+an ICB submit has no per-command nodes except for symbolic commands.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from mtlir.dtypes import DType, dtypes
+from mtlir.metal import MTL, SELECTORS, DeviceSpec, Kernel, Obj
+from mtlir.ops import Ops
+from mtlir.passes.pipeline import Pass, PassContext, register
+from mtlir.passes.symbolic import simplify
+from mtlir.program import CommandList, IcbCommand, IcbSpec, Stamp
+from mtlir.queue import SIZE_OPS, QueueError, check_size, param_dtype, placeholder_name, var_dtype
+from mtlir.rewrite import graph_rewrite
+from mtlir.upat import PatternMatcher, UPat
+from mtlir.uop import UOp
+
+__all__ = ["Encode", "EncodeError", "encode_submit", "VAR_SLOT"]
+
+VAR_SLOT = MTL.CONSTANT_OFFSET_ALIGN  # bytes per variable slot in the variables buffer (256: any family)
+MAX_ICB_OFFSET = 0xFFFFFFFF
+
+
+class EncodeError(ValueError):
+    """A queue graph encode cannot lower; the message names the command (its index in the queue) or queue op."""
+
+
+def msg(selector: str, recv: UOp, *args: UOp) -> UOp:
+    """A typed Objective-C message: ``MSG(recv, *args)`` of ``selector``, typed by ``SELECTORS``."""
+    return UOp(Ops.MSG, SELECTORS[selector].ret, (recv, *args), selector)
+
+
+def u64(v: int) -> UOp:
+    return UOp.const(dtypes.uint64, v)
+
+
+def _obj(kind: str, name: str, payload: tuple = (), dtype: DType = dtypes.id) -> UOp:
+    return UOp(Ops.OBJECT, dtype, (), Obj(kind, name, payload))
+
+
+class _Kernel(NamedTuple):
+    kernel: Kernel
+    pipeline: UOp                               # OBJECT pipeline:KEY
+    buffers: tuple[tuple[int, int], ...]        # (parameter index, element size in bytes)
+    vars: tuple[tuple[int, DType], ...]         # (parameter index, dtype)
+    var_names: tuple[tuple[str, int], ...]      # (variable name, parameter index)
+
+
+class _Size(NamedTuple):
+    node: UOp                                   # the simplified STRUCT<MTLSize>
+    link: tuple[int, int, int]                  # constant entries, 0 where set per submit
+    symbolic: bool
+
+
+class _Bind(NamedTuple):
+    base: UOp                                   # BUFFER or buffer variable
+    offset: int
+    name: str | None                            # placeholder name; None for a buffer variable
+
+
+class _Cmd(NamedTuple):
+    kernel: _Kernel
+    grid: _Size
+    threadgroup: _Size
+    buffers: tuple[_Bind, ...]
+    vars: tuple[int, ...]                       # variables buffer slot per variable parameter
+
+
+class _Plan(NamedTuple):
+    first: int                                  # first command
+    count: int                                  # commands (0: a command buffer that only signals)
+    signal: UOp | None                          # the value encodeSignalEvent:value: sends
+    loop: bool                                  # a RANGE over `count` one-command buffers
+
+
+@dataclass
+class _Encoder:
+    """Reads one SUBMIT and builds its lowered graph (module docstring)."""
+
+    device: DeviceSpec
+    max_range: int
+    ctx: PassContext
+    cmds: list[_Cmd] = field(default_factory=list)
+    kernels: dict[UOp, _Kernel] = field(default_factory=dict)
+    keys: dict[str, Kernel] = field(default_factory=dict)
+    sizes: dict[UOp, _Size] = field(default_factory=dict)
+    binds: dict[UOp, _Bind] = field(default_factory=dict)
+    buffers: dict[str, UOp] = field(default_factory=dict)      # placeholder name -> OBJECT, first-use order
+    inputs: dict[UOp, int] = field(default_factory=dict)       # buffer variable -> position
+    slots: dict[tuple[UOp, DType], int] = field(default_factory=dict)     # (value node, dtype) -> slot
+    slot_values: list[tuple[UOp, DType]] = field(default_factory=list)    # slot -> (simplified value, dtype)
+    events: list[tuple[str, object]] = field(default_factory=list)
+    timeline: UOp | None = None
+    too_far: str = ""
+
+    # ---- reading the queue graph
+
+    def read(self, submit: UOp) -> None:
+        """Parse and check every queue op. Raises ``EncodeError`` naming the command."""
+        for op in submit.src:
+            if op.op is Ops.EXEC:
+                self.cmds.append(self.read_exec(op, len(self.cmds)))
+                self.events.append(("cmd", len(self.cmds) - 1))
+            elif op.op in (Ops.WAIT, Ops.SIGNAL):
+                what = "wait" if op.op is Ops.WAIT else "signal"
+                where = f"{what} after command {len(self.cmds)}"
+                if len(op.src) != 2 or not op.src[1].dtype.is_int:
+                    raise EncodeError(f"{where}: sources are (event, integer value)")
+                ev = op.src[0]
+                if ev.op is not Ops.OBJECT or not isinstance(ev.arg, Obj) or ev.arg.kind != "event" \
+                        or ev.arg.name != "event":
+                    raise EncodeError(f"{where}: only the queue's own timeline (the 'event' placeholder) can be "
+                                      f"used; cross-queue events come with multiple queues")
+                self.timeline = ev
+                if op.op is Ops.SIGNAL:
+                    self.events.append(("signal", simplify(op.src[1].cast(dtypes.uint64))))
+            elif op.op is Ops.TIMESTAMP:
+                if type(op.arg) is not int or op.arg < 0:
+                    raise EncodeError(f"timestamp after command {len(self.cmds)}: the slot must be an int >= 0, "
+                                      f"got {op.arg!r}")
+                self.events.append(("stamp", op.arg))
+            else:
+                raise EncodeError(f"queue op {len(self.events)}: {op.op.name} is not a queue op (EXEC, WAIT, SIGNAL, "
+                                  "TIMESTAMP)")
+        if not any(kind in ("cmd", "signal") for kind, _ in self.events):
+            raise EncodeError("the submit has no command and no signal: nothing to encode")
+
+    def read_exec(self, op: UOp, i: int) -> _Cmd:
+        src = op.src
+        if len(src) < 3 or src[0].op is not Ops.KERNEL:
+            raise EncodeError(f"command {i}: an EXEC's sources are (KERNEL, grid, threadgroup, *buffers, *vars)")
+        k = self.kernels.get(src[0]) or self.read_kernel(src[0], i)
+        where = f"command {i} ({k.kernel.key})"
+        nb, nv = len(k.buffers), len(k.vars)
+        if len(src) != 3 + nb + nv:
+            raise EncodeError(f"{where}: the kernel takes {nb} buffers and {nv} variables, the EXEC has "
+                              f"{len(src) - 3} buffer and variable sources")
+        grid = self.sizes.get(src[1]) or self.read_size(src[1], f"{where}: grid")
+        tg = self.sizes.get(src[2]) or self.read_size(src[2], f"{where}: threadgroup")
+        binds = []
+        for (index, itemsize), b in zip(k.buffers, src[3:3 + nb]):
+            bind = self.binds.get(b) or self.read_buffer(b, f"{where}: buffer parameter {index}")
+            if bind.offset % itemsize:
+                raise EncodeError(f"{where}: buffer parameter {index} is bound at byte offset {bind.offset}, not a "
+                                  f"multiple of its element size {itemsize} (METAL.md §1)")
+            if bind.offset > MAX_ICB_OFFSET and not self.too_far:
+                self.too_far = (f"command {i} ({k.kernel.key}) binds {bind.name or 'a buffer variable'} at byte "
+                                f"offset {bind.offset}, above 0xFFFFFFFF, which an ICB command cannot hold "
+                                "(METAL.md §3 rule 8)")
+            binds.append(bind)
+        slots = []
+        for (index, dt), v in zip(k.vars, src[3 + nb:]):
+            slot = self.slots.get((v, dt))
+            if slot is None:
+                slot = self.read_var(v, dt, f"{where}: variable parameter {index}")
+            slots.append(slot)
+        return _Cmd(k, grid, tg, tuple(binds), tuple(slots))
+
+    def read_kernel(self, node: UOp, i: int) -> _Kernel:
+        kernel = node.arg
+        if not isinstance(kernel, Kernel):
+            raise EncodeError(f"command {i}: a KERNEL's arg is an mtlir.metal.Kernel, got {type(kernel).__name__}")
+        prev = self.keys.setdefault(kernel.key, kernel)
+        if prev != kernel:
+            raise EncodeError(f"command {i}: two different kernels share the program key {kernel.key!r}")
+        try:
+            bufs = tuple((p.index, param_dtype(p.dtype).itemsize or 1) for p in kernel.buffer_params)
+            vars_ = tuple((p.index, var_dtype(kernel, p, f"command {i}")) for p in kernel.var_params)
+        except QueueError as e:
+            raise EncodeError(str(e)) from None
+        if any(p.index >= MTL.MAX_BUFFER_BIND for p in kernel.params):
+            raise EncodeError(f"command {i} ({kernel.key}): buffer indices go up to {MTL.MAX_BUFFER_BIND - 1}")
+        pipe = _obj("pipeline", f"pipeline:{kernel.key}", (kernel,))
+        names = tuple((p.var or "", p.index) for p in kernel.var_params)
+        k = self.kernels[node] = _Kernel(kernel, pipe, bufs, vars_, names)
+        return k
+
+    def read_size(self, node: UOp, where: str) -> _Size:
+        if node.op is not Ops.STRUCT or node.dtype is not dtypes.MTLSize or len(node.src) != 3:
+            raise EncodeError(f"{where}: expected a STRUCT<MTLSize> of three sizes, got {node.op.name}")
+        try:
+            for axis, f in zip("xyz", node.src):
+                check_size(f, f"{where}.{axis}")
+        except QueueError as e:
+            raise EncodeError(str(e)) from None
+        simple = UOp.struct(dtypes.MTLSize, *(f.cast(dtypes.uint64) for f in node.src))
+        if any(f.op is not Ops.CONST for f in simple.src):
+            simple = simplify(simple)
+        for axis, f in zip("xyz", simple.src):
+            if f.op is Ops.CONST and f.arg < 1:
+                raise EncodeError(f"{where}.{axis}: size {f.arg} is below 1")
+        link = tuple(int(f.arg) if f.op is Ops.CONST else 0 for f in simple.src)
+        size = self.sizes[node] = _Size(simple, link, any(f.op is not Ops.CONST for f in simple.src))  # type: ignore
+        return size
+
+    def read_buffer(self, node: UOp, where: str) -> _Bind:
+        base, offset = node, 0
+        if node.op is Ops.BUFFER_VIEW:
+            if len(node.src) != 1 or not isinstance(node.arg, tuple) or len(node.arg) != 2:
+                raise EncodeError(f"{where}: a BUFFER_VIEW has one source (its buffer) and arg (offset, nbytes)")
+            base, (offset, nbytes) = node.src[0], node.arg
+            if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 1:
+                raise EncodeError(f"{where}: view offset {offset!r} / size {nbytes!r}: expected ints, offset >= 0, "
+                                  "size >= 1")
+            if base.op is Ops.BUFFER and offset + nbytes > base.arg[1]:
+                raise EncodeError(f"{where}: view [{offset}, {offset + nbytes}) runs past the end of buffer "
+                                  f"{base.arg[0]!r} ({base.arg[1]} bytes)")
+        if base.op is Ops.BUFFER:
+            name, nbytes = base.arg if isinstance(base.arg, tuple) and len(base.arg) == 2 else (None, None)
+            if not isinstance(name, str) or type(nbytes) is not int or nbytes < 1:
+                raise EncodeError(f"{where}: a BUFFER's arg is (name, nbytes >= 1), got {base.arg!r}")
+            pname = placeholder_name(base)
+            obj = self.buffers.get(pname)
+            if obj is None:
+                obj = self.buffers[pname] = _obj("buffer", pname, (nbytes,))
+            elif obj.arg.payload[0] != nbytes:
+                raise EncodeError(f"{where}: two buffers are named {name!r}, of {obj.arg.payload[0]} and {nbytes} "
+                                  "bytes")
+            bind = _Bind(base, offset, pname)
+        elif base.op is Ops.DEFINE_VAR and base.dtype is dtypes.id:
+            self.inputs.setdefault(base, len(self.inputs))
+            bind = _Bind(base, offset, None)
+        else:
+            raise EncodeError(f"{where}: {base.op.name}<{base.dtype.name}> is not a buffer (BUFFER, BUFFER_VIEW or a "
+                              "buffer variable)")
+        self.binds[node] = bind
+        return bind
+
+    def read_var(self, v: UOp, dt: DType, where: str) -> int:
+        if not v.dtype.is_int:
+            raise EncodeError(f"{where}: a variable value is an integer, got a {v.dtype.name}")
+        for u in v.toposort():
+            if u.op not in SIZE_OPS:
+                raise EncodeError(f"{where}: a variable value must be an integer constant or an expression of "
+                                  f"run-time variables, found {u.op.name}")
+        value = simplify(v.cast(dt))
+        slot = self.slots.get((value, dt))
+        if slot is None:
+            slot = self.slots[(value, dt)] = len(self.slot_values)
+            self.slot_values.append((value, dt))
+        self.slots[(v, dt)] = slot
+        return slot
+
+    # ---- planning the command buffers
+
+    def plans(self, profiled: bool, loops: bool) -> list[_Plan]:
+        """The command buffers of the submit (module docstring); ``loops``: fold one-command buffers into loops."""
+        plans: list[list] = []
+        for kind, val in self.events:
+            if kind == "cmd":
+                if plans and plans[-1][2] is None and not profiled and plans[-1][1]:
+                    plans[-1][1] += 1
+                else:
+                    plans.append([val, 1, None])
+            elif kind == "signal":
+                if plans and plans[-1][2] is None and plans[-1][1]:
+                    plans[-1][2] = val
+                else:
+                    first = plans[-1][0] + plans[-1][1] if plans else 0
+                    plans.append([first, 0, val])
+        out: list[_Plan] = []
+        for first, count, sig in plans:
+            prev = out[-1] if out else None
+            if loops and count == 1 and sig is None and prev is not None and prev.signal is None \
+                    and prev.count >= 1 and (prev.loop or prev.count == 1) and prev.first + prev.count == first:
+                out[-1] = _Plan(prev.first, prev.count + 1, None, True)
+            else:
+                out.append(_Plan(first, count, sig, False))
+        return out
+
+    def stamps(self, plans: list[_Plan]) -> tuple[Stamp, ...]:
+        """Which command buffer's GPU time each timestamp slot gets (``Queue.timestamp``)."""
+        cb_of: dict[int, int] = {}
+        slot = 0
+        for p in plans:
+            for c in range(p.first, p.first + p.count):
+                cb_of[c] = slot + (c - p.first if p.loop else 0)
+            slot += p.count if p.loop else 1
+        next_cmd: list[int | None] = [None] * len(self.events)
+        nxt: int | None = None
+        for j in range(len(self.events) - 1, -1, -1):
+            next_cmd[j] = nxt
+            if self.events[j][0] == "cmd":
+                nxt = int(self.events[j][1])  # type: ignore[call-overload]
+        out = []
+        last_cmd = None
+        for j, (kind, val) in enumerate(self.events):
+            if kind == "cmd":
+                last_cmd = val
+            if kind != "stamp":
+                continue
+            nxt = next_cmd[j]
+            prev_is_cmd = j > 0 and self.events[j - 1][0] == "cmd"
+            if prev_is_cmd or (nxt is None and last_cmd is not None):
+                out.append(Stamp(int(val), cb_of[int(last_cmd)], "GPUEndTime"))  # type: ignore[arg-type]
+            elif nxt is not None:
+                out.append(Stamp(int(val), cb_of[int(nxt)], "GPUStartTime"))  # type: ignore[arg-type]
+            else:
+                raise EncodeError(f"timestamp slot {val}: the submit has no command to time")
+        return tuple(out)
+
+
+@dataclass
+class _Builder:
+    """Builds the message chain of one submit from an ``_Encoder``."""
+
+    e: _Encoder
+    icb_path: bool
+    queue: UOp = field(default_factory=lambda: _obj("queue", "queue"))
+    fence: UOp = field(default_factory=lambda: _obj("fence", "fence"))
+    icb: UOp | None = None
+    contents: UOp | None = None
+    resources: UOp | None = None
+    inputs_table: UOp | None = None
+    cbslots: UOp | None = None
+    varbuf: UOp | None = None
+
+    def slot_ptr(self, slot: int) -> UOp:
+        assert self.contents is not None
+        return self.contents.index(UOp.const(dtypes.int64, slot * VAR_SLOT))
+
+    # ---- link-time placeholders
+
+    def placeholders(self) -> list[UOp]:
+        """Create the placeholders and return the per-submit patches (module docstring)."""
+        e = self.e
+        patches: list[UOp] = []
+        values = e.slot_values
+        if values:
+            inits = tuple((slot * VAR_SLOT, dt.name, int(v.arg)) for slot, (v, dt) in enumerate(values)
+                          if v.op is Ops.CONST)
+            self.varbuf = _obj("varbuf", "varbuf", (VAR_SLOT * len(values), inits))
+            self.contents = _obj("contents", "contents:varbuf", ("varbuf",), dtypes.uint8.ptr())
+            for slot, (v, dt) in enumerate(values):
+                if v.op is not Ops.CONST:
+                    patches.append(self.slot_ptr(slot).bitcast(dt.ptr()).store(v))
+        if self.icb_path:
+            self.icb = _obj("icb", "icb", (self.icb_spec(),))
+            for i, c in enumerate(e.cmds):
+                if not (c.grid.symbolic or c.threadgroup.symbolic or any(b.name is None for b in c.buffers)):
+                    continue
+                cmd = _obj("icbcmd", f"icb[{i}]", (i,))
+                for (index, _), b in zip(c.kernel.buffers, c.buffers):
+                    if b.name is None:
+                        patches.append(msg("setKernelBuffer:offset:atIndex:", cmd, b.base, u64(b.offset), u64(index)))
+                if c.grid.symbolic or c.threadgroup.symbolic:
+                    patches.append(msg("concurrentDispatchThreadgroups:threadsPerThreadgroup:", cmd, c.grid.node,
+                                       c.threadgroup.node))
+            if not e.device.residency_set:
+                names = (*e.buffers, *(("varbuf",) if values else ()))
+                self.resources = _obj("resources", "resources", names, dtypes.id.ptr())
+                if e.inputs:
+                    self.inputs_table = _obj("scratch", "scratch:inputs", (8 * len(e.inputs),), dtypes.id.ptr())
+                    for var, pos in e.inputs.items():
+                        patches.append(self.inputs_table.index(UOp.const(dtypes.int64, pos)).store(var))
+        return patches
+
+    def icb_spec(self) -> IcbSpec:
+        e = self.e
+        out = []
+        for c in e.cmds:
+            k = c.kernel
+            binds = tuple([(b.name, b.offset, index) for (index, _), b in zip(k.buffers, c.buffers)
+                           if b.name is not None])
+            if k.vars:
+                binds += tuple([("varbuf", slot * VAR_SLOT, index) for (index, _), slot in zip(k.vars, c.vars)])
+            rebound = tuple([index for (index, _), b in zip(k.buffers, c.buffers) if b.name is None]) \
+                if e.inputs else ()
+            out.append(IcbCommand(k.pipeline.arg.name, binds, c.grid.link, c.threadgroup.link, True,
+                                  c.grid.symbolic or c.threadgroup.symbolic, k.var_names, rebound))
+        pipelines = tuple(dict.fromkeys(k.pipeline.arg for k in e.kernels.values()))
+        buffers = tuple(o.arg for o in e.buffers.values())
+        if self.varbuf is not None:
+            buffers += (self.varbuf.arg,)
+        top = max((p.index for k in e.kernels.values() for p in k.kernel.params), default=-1)
+        return IcbSpec(CommandList(out), pipelines, buffers, top + 1)
+
+    # ---- the message chain
+
+    def warmup(self, enc: list[UOp], first: int, count: int) -> None:
+        """setComputePipelineState: + a zero-size dispatch per distinct pipeline of the commands, first use first."""
+        zero = UOp.struct(dtypes.MTLSize, 0, 0, 0)
+        seen: dict[UOp, None] = {}
+        for c in self.e.cmds[first:first + count]:
+            seen.setdefault(c.kernel.pipeline)
+        for pipe in seen:
+            self.send(enc, "setComputePipelineState:", pipe)
+            self.send(enc, "dispatchThreadgroups:threadsPerThreadgroup:", zero, zero)
+
+    def send(self, chain: list[UOp], selector: str, *args: UOp) -> UOp:
+        """Send ``selector`` to ``chain[0]`` after the message ``chain[1]`` (if any); the chain moves on."""
+        recv = chain[0] if len(chain) == 1 else chain[0].after(chain[1])
+        m = msg(selector, recv, *args)
+        chain[1:] = [m]
+        return m
+
+    def direct_commands(self, enc: list[UOp], first: int, count: int) -> None:
+        for c in self.e.cmds[first:first + count]:
+            self.send(enc, "setComputePipelineState:", c.kernel.pipeline)
+            for (index, _), b in zip(c.kernel.buffers, c.buffers):
+                handle = self.e.buffers[b.name] if b.name is not None else b.base
+                self.send(enc, "setBuffer:offset:atIndex:", handle, u64(b.offset), u64(index))
+            for (index, dt), slot in zip(c.kernel.vars, c.vars):
+                self.send(enc, "setBytes:length:atIndex:", self.slot_ptr(slot), u64(dt.itemsize), u64(index))
+            self.send(enc, "dispatchThreadgroups:threadsPerThreadgroup:", c.grid.node, c.threadgroup.node)
+
+    def command_buffer(self, deps: list[UOp], plan: _Plan, slot: UOp, first: UOp | None) -> UOp:
+        """One command buffer of ``plan``; ``first``: the first command as a node (the loop counter in a loop).
+        Returns its ``commit``."""
+        assert self.cbslots is not None
+        cb = msg("commandBuffer", self.queue.after(*deps))
+        keep = self.cbslots.index(slot).store(msg("retain", cb))
+        chain = [cb, keep]
+        if plan.count:
+            enc = [msg("computeCommandEncoder", cb.after(keep))]
+            self.send(enc, "waitForFence:", self.fence)
+            if self.resources is not None:
+                self.send(enc, "useResources:count:usage:", self.resources, u64(len(self.resources.arg.payload)),
+                          u64(MTL.ResourceUsageRead | MTL.ResourceUsageWrite))
+            if self.inputs_table is not None:
+                self.send(enc, "useResources:count:usage:", self.inputs_table, u64(len(self.e.inputs)),
+                          u64(MTL.ResourceUsageRead | MTL.ResourceUsageWrite))
+            if self.icb_path:
+                if self.e.device.needs_warmup:
+                    self.warmup(enc, plan.first, plan.count)
+                assert self.icb is not None
+                if first is not None:
+                    self.send(enc, "executeCommandsInBuffer:withRange:", self.icb,
+                              UOp.struct(dtypes.NSRange, first, u64(1)))
+                else:
+                    end = plan.first + plan.count
+                    for j in range(plan.first, end, self.e.max_range):
+                        self.send(enc, "executeCommandsInBuffer:withRange:", self.icb,
+                                  UOp.struct(dtypes.NSRange, j, min(self.e.max_range, end - j)))
+            else:
+                self.direct_commands(enc, plan.first, plan.count)
+            self.send(enc, "updateFence:", self.fence)
+            chain[1] = self.send(enc, "endEncoding")
+        if plan.signal is not None:
+            assert self.e.timeline is not None
+            self.send(chain, "encodeSignalEvent:value:", self.e.timeline, plan.signal)
+        return self.send(chain, "commit")
+
+    def build(self) -> UOp:
+        e = self.e
+        profiled = any(kind == "stamp" for kind, _ in e.events)
+        plans = e.plans(profiled, loops=profiled and self.icb_path)
+        stamps = e.stamps(plans) if profiled else ()
+        ncbs = sum(p.count if p.loop else 1 for p in plans)
+        self.cbslots = _obj("cbslots", "cbslots", (ncbs, stamps), dtypes.id.ptr())
+        deps = self.placeholders()
+        slot = 0
+        for p in plans:
+            if p.loop:
+                rng = UOp.range(u64(p.count).after(*deps), self.e.ctx.fresh("range"), dtypes.uint64)
+                cmd = rng + p.first if p.first else rng
+                body = self.command_buffer([rng], p, (rng + slot if slot else rng).cast(dtypes.int64), cmd)
+                deps = [rng.end(body)]
+                slot += p.count
+            else:
+                deps = [self.command_buffer(deps, p, UOp.const(dtypes.int64, slot), None)]
+                slot += 1
+        return UOp.sink(*deps, arg=e.device)
+
+
+def encode_submit(ctx: _EncodeCtx, submit: UOp) -> UOp:
+    """Lower one SUBMIT (module docstring). Raises ``EncodeError`` naming the command at fault."""
+    device = submit.arg
+    if not isinstance(device, DeviceSpec):
+        raise EncodeError(f"a SUBMIT's arg is the DeviceSpec, got {type(device).__name__}")
+    e = _Encoder(device, ctx.max_range, ctx.pass_ctx)
+    e.read(submit)
+    icb_path = device.icb and bool(e.cmds)
+    if icb_path and e.too_far:
+        ctx.pass_ctx.diagnostics.append(f"encode: {e.too_far}: the submit is lowered on the direct path")
+        icb_path = False
+    return _Builder(e, icb_path).build()
+
+
+@dataclass(frozen=True)
+class _EncodeCtx:
+    max_range: int
+    pass_ctx: PassContext
+
+
+# a SUBMIT becomes the argument layout, the ICB placeholder and the message chain of METAL.md §1
+ENCODE = PatternMatcher([(UPat(Ops.SUBMIT, name="submit"), encode_submit)])
+
+
+@register
+@dataclass(frozen=True)
+class Encode(Pass):
+    """SUBMIT -> the message chain (module docstring). ``max_range``: commands per
+    ``executeCommandsInBuffer:withRange:`` (Apple's maximum, 16,384; smaller values exercise the chunking)."""
+
+    name = "encode"
+    max_range: int = MTL.MAX_ICB_RANGE
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_range <= MTL.MAX_ICB_RANGE:
+            raise ValueError(f"max-range {self.max_range} must be in [1, {MTL.MAX_ICB_RANGE}]")
+
+    def apply(self, graph: UOp, ctx: PassContext) -> UOp:
+        return graph_rewrite(graph, ENCODE, ctx=_EncodeCtx(self.max_range, ctx), name="encode")

@@ -1,0 +1,308 @@
+"""Verifiers: is the graph well formed for the stage a pass leaves it in?
+
+Checks are written as matchers (``UPat`` -> a function returning the problem as text, or None when the node is
+fine), looked up by op like a PatternMatcher, plus one postcondition per pass (``STAGE_CHECKS``): after
+``encode`` no queue op is left, after ``lower-timeline`` no host read of the timeline, after ``abi`` no MSG and no
+struct a target cannot pass, after ``linearize`` a Program every register of which is defined before it is read.
+A failure raises ``VerifyError`` naming the pass and the node, with the node's neighbourhood reprinted and marked.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mtlir.dtypes import PtrDType, dtypes
+from mtlir.metal import SELECTORS, DeviceSpec, Obj, Prototype
+from mtlir.ops import GroupOp, Ops
+from mtlir.program import Program
+from mtlir.upat import PatternMatcher, UPat
+from mtlir.uop import UOp
+
+__all__ = ["VerifyError", "verify_graph", "verify_program", "node_line", "graph_text", "stage_text", "SPEC",
+           "STAGE_CHECKS", "QUEUE_OPS"]
+
+QUEUE_OPS = frozenset({Ops.SUBMIT, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP, Ops.KERNEL, Ops.BUFFER,
+                       Ops.BUFFER_VIEW})
+
+
+class VerifyError(ValueError):
+    """A graph (or Program) that is not well formed after pass ``pass_name``; ``node`` is the bad node (None for a
+    Program problem) and ``problem`` says what is wrong."""
+
+    def __init__(self, pass_name: str, node: UOp | None, problem: str, context: str = "") -> None:
+        where = f"\n  at {node_line(node)}" if node is not None else ""
+        super().__init__(f"after pass {pass_name!r}: {problem}{where}{context}")
+        self.pass_name = pass_name
+        self.node = node
+        self.problem = problem
+
+
+# ---- printing without the core printer (it may not be there yet): one line per node
+
+
+def _arg_text(u: UOp) -> str:
+    a = u.arg
+    if a is None:
+        return ""
+    if isinstance(a, Obj):
+        return f" {a.name}"
+    if isinstance(a, tuple) and a and isinstance(a[0], str) and u.op is Ops.CALL:
+        return f" {a[0]}:{a[1]}"
+    text = str(a)
+    return f" {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def node_line(u: UOp, ids: dict[UOp, int] | None = None) -> str:
+    """One node as text: ``OP<dtype> arg (sources)``; sources as ``%n`` when ``ids`` numbers them."""
+    srcs = ", ".join(f"%{ids[s]}" if ids is not None and s in ids else s.op.name for s in u.src)
+    tag = f" tag={u.tag!r}" if u.tag is not None else ""
+    return f"{u.op.name}<{u.dtype.name}>{_arg_text(u)}{tag} ({srcs})"
+
+
+def graph_text(root: UOp, mark: UOp | None = None, limit: int = 400) -> str:
+    """The graph one node per line (``%n = ...``) in toposort order; ``mark`` is flagged; at most ``limit``
+    lines (the last ones, where a bad node near the root is)."""
+    order = root.toposort()
+    ids = {u: i for i, u in enumerate(order)}
+    lines = [f"%{ids[u]} = {node_line(u, ids)}{'   <-- here' if u is mark else ''}" for u in order]
+    if len(lines) > limit:
+        lines = [f"... ({len(lines) - limit} lines above)"] + lines[-limit:]
+    return "\n".join(lines)
+
+
+def stage_text(stage: UOp | Program) -> str:
+    """A stage as text: the Program's listing, or the graph (``mtlir.render`` when present, else ``graph_text``)."""
+    if isinstance(stage, Program):
+        return stage.listing()
+    try:
+        from mtlir.render import render  # type: ignore[attr-defined]
+        return str(render(stage))
+    except ImportError:
+        return graph_text(stage)
+
+
+def _context(root: UOp, node: UOp) -> str:
+    """The node with its sources two levels up, marked, for an error message."""
+    nodes: list[UOp] = []
+    frontier = [node]
+    for _ in range(3):
+        nxt = []
+        for u in frontier:
+            if u not in nodes:
+                nodes.append(u)
+                nxt.extend(u.src)
+        frontier = nxt
+    order = [u for u in root.toposort() if u in set(nodes)] if len(nodes) < 64 else nodes[::-1]
+    ids = {u: i for i, u in enumerate(order)}
+    return "\n" + "\n".join(f"    %{ids[u]} = {node_line(u, ids)}{'   <-- here' if u is node else ''}"
+                            for u in order[-24:])
+
+
+# ---- the well-formedness rules (any stage)
+
+_ALU_ARITY = {**{op: 1 for op in GroupOp.Unary}, **{op: 2 for op in GroupOp.Binary},
+              **{op: 3 for op in GroupOp.Ternary}}
+
+
+def _check_msg(m: UOp) -> str | None:
+    if not isinstance(m.arg, str) or not m.arg:
+        return "a MSG's arg is its selector (a non-empty str)"
+    if not m.src:
+        return f"MSG {m.arg!r} has no receiver"
+    if m.src[0].dtype is not dtypes.id:
+        return f"the receiver of {m.arg!r} is a {m.src[0].dtype.name}, not an object (id)"
+    return None
+
+
+def _check_call(c: UOp) -> str | None:
+    a = c.arg
+    if not (isinstance(a, tuple) and len(a) == 3 and isinstance(a[0], str) and isinstance(a[2], Prototype)):
+        return "a CALL's arg is (function, selector or None, Prototype)"
+    proto: Prototype = a[2]
+    if len(c.src) != len(proto.args):
+        return f"CALL of {a[1] or a[0]!r} has {len(c.src)} arguments, its prototype {proto} takes {len(proto.args)}"
+    if c.dtype is not proto.ret:
+        return f"CALL of {a[1] or a[0]!r} has dtype {c.dtype.name}, its prototype returns {proto.ret.name}"
+    for i, (s, want) in enumerate(zip(c.src, proto.args)):
+        if s.dtype is not want and not (isinstance(want, PtrDType) and isinstance(s.dtype, PtrDType)
+                                        and want.base is dtypes.void):
+            return f"argument {i} of {a[1] or a[0]!r} is a {s.dtype.name}, its prototype wants {want.name}"
+    if a[0] == "objc_msgSend" and (len(c.src) < 2 or c.src[1].dtype is not dtypes.SEL):
+        return f"objc_msgSend of {a[1]!r}: argument 1 must be the SEL"
+    return None
+
+
+def _check_alu(x: UOp) -> str | None:
+    n = _ALU_ARITY[x.op]
+    if len(x.src) != n:
+        return f"{x.op.name} takes {n} sources, has {len(x.src)}"
+    if x.op in GroupOp.Comparison:
+        return None if x.dtype is dtypes.bool else f"a comparison is bool, not {x.dtype.name}"
+    if x.op is Ops.WHERE:
+        return None if x.src[1].dtype is x.dtype is x.src[2].dtype else "WHERE branches and result differ in dtype"
+    return None
+
+
+def _check_struct(s: UOp) -> str | None:
+    fields = getattr(s.dtype, "fields", None)
+    if fields is None:
+        return f"a STRUCT of dtype {s.dtype.name}, which is not a struct"
+    if len(s.src) != len(fields):
+        return f"{s.dtype.name} has {len(fields)} fields, the STRUCT has {len(s.src)}"
+    return None if all(f.dtype.is_int for f in s.src) else f"{s.dtype.name} fields are integers"
+
+
+def _check_object(o: UOp) -> str | None:
+    return None if isinstance(o.arg, Obj) else f"an OBJECT's arg is an Obj placeholder, not {type(o.arg).__name__}"
+
+
+def _check_var(v: UOp) -> str | None:
+    a = v.arg
+    ok = isinstance(a, tuple) and len(a) == 3 and isinstance(a[0], str) and isinstance(a[1], int) and a[1] <= a[2]
+    return None if ok else "a DEFINE_VAR's arg is (name, min, max) with min <= max"
+
+
+def _check_pointer(p: UOp) -> str | None:
+    if p.src and isinstance(p.src[0].dtype, PtrDType):
+        return None
+    return f"{p.op.name} needs a pointer as its first source"
+
+
+def _check_range(r: UOp) -> str | None:
+    return None if len(r.src) == 1 and r.src[0].dtype.is_int else "a RANGE has one integer source (its bound)"
+
+
+def _check_end(e: UOp) -> str | None:
+    return None if e.src and e.src[0].op is Ops.RANGE else "an END's first source is the RANGE it closes"
+
+
+def _check_after(a: UOp) -> str | None:
+    return None if a.src and a.dtype is a.src[0].dtype else "an AFTER has its first source's dtype"
+
+
+# each rule: pattern -> the problem as text, or None when the node is fine
+SPEC = PatternMatcher([
+    (UPat(Ops.MSG, name="m"), _check_msg),
+    (UPat(Ops.CALL, name="c"), _check_call),
+    (UPat(GroupOp.ALU, name="x"), _check_alu),
+    (UPat(Ops.STRUCT, name="s"), _check_struct),
+    (UPat(Ops.OBJECT, name="o"), _check_object),
+    (UPat(Ops.DEFINE_VAR, name="v"), _check_var),
+    (UPat((Ops.INDEX, Ops.STORE), name="p"), _check_pointer),
+    (UPat(Ops.RANGE, name="r"), _check_range),
+    (UPat(Ops.END, name="e"), _check_end),
+    (UPat(Ops.AFTER, name="a"), _check_after),
+])
+
+
+def _run_spec(u: UOp) -> str | None:
+    for rule in SPEC.rules_for(u.op):
+        for captures in rule.pat.match(u, {}):
+            problem = rule.fn(**captures)
+            if problem is not None:
+                return problem
+    return None
+
+
+# ---- postconditions of each pass
+
+
+def _after_encode(u: UOp, root: UOp) -> str | None:
+    if u.op in QUEUE_OPS:
+        return f"{u.op.name} is a queue op, which encode lowers"
+    if u is root and (u.op is not Ops.SINK or not isinstance(u.arg, DeviceSpec)):
+        return "the root after encode is a SINK whose arg is the DeviceSpec"
+    return None
+
+
+def _after_timeline(u: UOp, root: UOp) -> str | None:
+    if u.op is Ops.LOAD and u.src and u.src[0].op is Ops.OBJECT and getattr(u.src[0].arg, "kind", "") == "event":
+        return "a host read of the timeline (LOAD of the event) is left: lower-timeline makes it signaledValue"
+    return _after_encode(u, root)
+
+
+def _after_abi(u: UOp, root: UOp) -> str | None:
+    if u.op is Ops.MSG:
+        return f"MSG {u.arg!r} is left after abi, which makes every MSG a CALL"
+    if u.op is Ops.CALL:
+        for i, s in enumerate(u.src):
+            if s.dtype is dtypes.NSRange:
+                return f"argument {i} of {u.arg[1]!r} is an NSRange: it travels as two words"
+    return _after_timeline(u, root)
+
+
+STAGE_CHECKS: dict[str, Callable[[UOp, UOp], str | None]] = {
+    "encode": _after_encode, "lower-timeline": _after_timeline, "abi": _after_abi,
+}
+
+
+def verify_graph(root: UOp, pass_name: str) -> None:
+    """Check every node of ``root`` against ``SPEC`` and the postcondition of ``pass_name`` (if it has one).
+
+    Raises ``VerifyError`` naming the pass and the first bad node (in toposort order)."""
+    stage = STAGE_CHECKS.get(pass_name)
+    for u in root.toposort():
+        problem = _run_spec(u) if u.op in _SPEC_OPS else None
+        if problem is None and stage is not None:
+            problem = stage(u, root)
+        if problem is not None:
+            raise VerifyError(pass_name, u, problem, _context(root, u))
+
+
+_SPEC_OPS = frozenset(op for op in Ops if SPEC.rules_for(op))
+
+# ---- the Program (after linearize)
+
+_READS: dict[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
+    "ALU": lambda i: i[4:], "CAST": lambda i: (i[3],), "BITCAST": lambda i: (i[3],), "INDEX": lambda i: i[3:5],
+    "LOAD": lambda i: (i[3],), "STORE": lambda i: i[3:5], "STRUCT": lambda i: i[2:], "GEP": lambda i: (i[3],),
+    "CALL": lambda i: i[4:], "RANGE": lambda i: (i[2],), "END": lambda i: (i[2],),
+}
+
+
+def verify_program(program: Program, pass_name: str = "linearize") -> None:
+    """Check a Program against mtlir.program's instruction set: known opcodes, registers in range and defined
+    before they are read, RANGE/END matched and pointing at each other, CALL arguments as the prototype says, a
+    selector register for every objc_msgSend. Raises ``VerifyError``."""
+    defined = set(program.consts) | set(program.objects) | set(program.selectors)
+    defined |= {r for r, _, _ in program.variables.values()}
+    n = program.nregs
+    stack: list[int] = []
+
+    def fail(pc: int, problem: str) -> VerifyError:
+        return VerifyError(pass_name, None, f"instruction {pc} ({program.format(pc)}): {problem}")
+
+    for pc, ins in enumerate(program.instrs):
+        op = ins[0]
+        if op not in _READS:
+            raise VerifyError(pass_name, None, f"instruction {pc}: unknown opcode {op!r}")
+        for r in _READS[op](ins):
+            if not isinstance(r, int) or not 0 <= r < n:
+                raise fail(pc, f"operand {r!r} is not a register")
+            if r not in defined:
+                raise fail(pc, f"reads r{r} before anything defines it")
+        if ins[1] >= 0:
+            if ins[1] >= n:
+                raise fail(pc, f"writes r{ins[1]}, beyond nregs = {n}")
+            defined.add(ins[1])
+        if op == "CALL":
+            proto: Prototype = ins[3]
+            if len(ins) - 4 != len(proto.args):
+                raise fail(pc, f"{len(ins) - 4} arguments for the prototype {proto}")
+            if ins[2] == "objc_msgSend" and ins[5] not in program.selectors:
+                raise fail(pc, "objc_msgSend without a selector register as argument 1")
+            if ins[2] == "objc_msgSend" and program.selectors[ins[5]] not in SELECTORS:
+                raise fail(pc, f"selector {program.selectors[ins[5]]!r} is not in the selector table")
+        elif op == "RANGE":
+            stack.append(pc)
+        elif op == "END":
+            if not stack or ins[3] != stack[-1]:
+                raise fail(pc, "END does not close the innermost open RANGE")
+            start = stack.pop()
+            if program.instrs[start][3] != pc or program.instrs[start][1] != ins[2]:
+                raise fail(start, f"RANGE names END {program.instrs[start][3]} and counter r{program.instrs[start][1]}")
+    if stack:
+        raise fail(stack[-1], "RANGE without END")
+    for name, r in program.results.items():
+        if r not in defined:
+            raise VerifyError(pass_name, None, f"result {name!r} is r{r}, which nothing defines")
