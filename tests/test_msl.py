@@ -10,7 +10,7 @@ import pytest
 
 from mtlir.runtime.errors import KernelCompileError, UnsupportedKernelError
 from mtlir.runtime.sim.kernels import KernelRunner
-from mtlir.runtime.sim.msl import MslSyntaxError, translate
+from mtlir.runtime.sim.msl import MslSyntaxError, kernel_functions, translate
 from mtlir.runtime.sim.msl_lex import render, tokenize
 
 TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
@@ -379,9 +379,12 @@ def test_half_needs_cl_khr_fp16(runner: KernelRunner) -> None:
 
 def test_every_kernel_in_a_library_is_translated() -> None:
     msl = """kernel void a(device float* x [[buffer(0)]]) { x[0] = 1.0f; }
-    kernel void b(device float* y [[buffer(3)]], constant int& n [[buffer(1)]]) { y[0] = n; }"""
+    /* kernel void commented_out(device float* x) {} */
+    float helper(float x) { return x; }
+    kernel void b(device float* y [[buffer(3)]], constant int& n [[buffer(1)]]) { y[0] = helper(n); }"""
     t = translate(HEAD + msl)
     assert sorted(t.kernels) == ["a", "b"]
+    assert kernel_functions(HEAD + msl) == ("a", "b")
     assert [(a.name, a.index) for a in t.kernels["b"].args] == [("y", 3), ("n", 1)]
 
 

@@ -32,7 +32,7 @@ from mtlir.runtime.sim.msl_names import (POSITIONS, POSITIONS_LINEAR, SCALARS, T
 from mtlir.runtime.sim.msl_prelude import Prelude
 from mtlir.runtime.sim.msl_rules import Ctx, at, group_end, need_half, refuse, rewrite, tok
 
-__all__ = ["KernelArg", "ParamBinding", "KernelInfo", "Translation", "translate", "MslSyntaxError"]
+__all__ = ["KernelArg", "ParamBinding", "KernelInfo", "Translation", "translate", "kernel_functions", "MslSyntaxError"]
 
 MAX_BUFFER_INDEX = 30  # [[buffer(n)]]: n in 0..30 (MSL spec §5.2.1; Metal binds at most 31 buffers)
 
@@ -119,6 +119,20 @@ def translate(msl: str, fp16: bool = False) -> Translation:
     body = render(out).lstrip("\n")
     head = "// OpenCL C translated from MSL by mtlir.runtime.sim.msl\n" + prelude.render()
     return Translation(head + body, kernels)
+
+
+def kernel_functions(msl: str) -> tuple[str, ...]:
+    """The names of the ``kernel`` functions an MSL library defines, in source order, read from its tokens
+    (comments and strings cannot fool it). Translates nothing and refuses nothing; raises ``MslSyntaxError`` for
+    source that is not MSL at the token level (unbalanced brackets, a stray character)."""
+    ts = tokenize(msl)
+    names = []
+    for kind, start, end in _items(ts):
+        if kind == "kernel":
+            k = next(j for j in range(start, end) if ts[j].text == "kernel")
+            if at(ts, k + 1).text == "void" and at(ts, k + 2).kind == ID:
+                names.append(ts[k + 2].text)
+    return tuple(names)
 
 
 def _refuse_unsupported(ts: list[Token]) -> None:
