@@ -391,6 +391,13 @@ class CompiledReplay(Executor):
                              for n in program.variables)
         self.namespace["_M"] = _MISSING
         self.namespace["_rebind"] = self._rebind
+        self.known: dict[int, Any] = {}  # registers folded at generation time: pure ops of static operands
+        self.ints: set[int] = {r for r, _, _ in program.variables.values()}  # registers that hold a Python int
+        self.ints |= {r for r in self.static if type(self.registers[r]) is int}
+        self.writes: dict[int, int] = {}
+        for ins in program.instrs:
+            if ins[1] >= 0:
+                self.writes[ins[1]] = self.writes.get(ins[1], 0) + 1
         self.source = self._generate()
         CompiledReplay._count += 1
         filename = f"<mtlir compiled replay {CompiledReplay._count}>"
@@ -409,9 +416,15 @@ class CompiledReplay(Executor):
             self.namespace[name] = value
         return name
 
+    def _fixed_value(self, r: int) -> Any:
+        return self.registers[r] if r in self.static else self.known.get(r)
+
+    def _fixed(self, r: int) -> bool:
+        return r in self.static or r in self.known
+
     def _ref(self, r: int) -> str:
-        if r in self.static:
-            v = self.registers[r]
+        if r in self.static or r in self.known:
+            v = self.registers[r] if r in self.static else self.known[r]
             if type(v) is int:
                 return _INT_FMT.format(v) if v >= 0 else str(v)
             if type(v) is bool or v is None or (type(v) is float and math.isfinite(v)):
@@ -428,9 +441,50 @@ class CompiledReplay(Executor):
             return f"bool({expr})"
         if dtype.is_float:
             return expr if dtype.itemsize == 8 else f"{self._const('F', _rounder(dtype), key=dtype)}({expr})"
-        if dtype.kind == "int":
-            return f"{self._const('W', lambda x, d=dtype: wrap(d, x), key=dtype)}({expr})"
+        if dtype.kind == "int":  # two's complement, inline: ((x + 2**(b-1)) & (2**b - 1)) - 2**(b-1)
+            half = 1 << (dtype.bits - 1)
+            return f"((({expr}) + 0x{half:x}) & 0x{(1 << dtype.bits) - 1:x}) - 0x{half:x}"
         return f"({expr}) & 0x{(1 << dtype.bits) - 1:x}"
+
+    _PURE = ("ALU", "CAST", "BITCAST", "INDEX", "STRUCT", "GEP")
+
+    def _fold(self, ins: tuple[Any, ...]) -> bool:
+        """Evaluate a pure instruction of fixed operands now (its result never changes); False if it cannot."""
+        op, dst = ins[0], ins[1]
+        if op not in self._PURE or self.writes.get(dst, 0) != 1 or dst in self.results:
+            return False
+        regs = (_REG_OPERANDS[op](ins))
+        if not all(self._fixed(r) for r in regs):
+            return False
+        val = [self.registers[r] if r in self.static else self.known[r] for r in regs]
+        try:
+            if op == "ALU":
+                v = alu_fn(ins[2], ins[3])(*val)
+            elif op in ("CAST", "BITCAST"):
+                v = (cast_fn if op == "CAST" else bitcast_fn)(ins[2])(val[0])
+            elif op == "INDEX":
+                v = val[0] + val[1] * ins[2]
+            elif op == "STRUCT":
+                v = tuple(val)
+            else:
+                v = val[0][ins[2]]
+        except Exception:  # let it fail at run time, where the interpreter fails too
+            return False
+        self.known[dst] = v
+        if type(v) is int:
+            self.ints.add(dst)
+        return True
+
+    def _produces_int(self, ins: tuple[Any, ...]) -> bool:
+        """Whether the instruction's result is always a Python int (a wrapped integer of a word dtype)."""
+        op = ins[0]
+        if op == "ALU":
+            return ins[2] not in GroupOp.Comparison and ins[3].is_word and ins[3].kind != "bool"
+        if op in ("CAST", "BITCAST", "LOAD"):
+            return ins[2].is_word and ins[2].kind != "bool"
+        if op == "INDEX":
+            return ins[3] in self.ints and ins[4] in self.ints
+        return False
 
     def _generate(self) -> str:
         program = self.program
@@ -452,6 +506,10 @@ class CompiledReplay(Executor):
             op, dst = ins[0], ins[1]
             pad = "    " * depth
             lhs = f"r{dst} = " if dst >= 0 else ""
+            if self._fold(ins):
+                continue
+            if dst >= 0 and self.writes.get(dst, 0) == 1 and self._produces_int(ins):
+                self.ints.add(dst)
             if op == "END":
                 if empty_body:
                     out.append(pad + "pass")
@@ -479,7 +537,7 @@ class CompiledReplay(Executor):
                 except ProgramError as e:
                     raise ProgramError(f"instruction {format_instr(program, pc)}: {e}") from None
                 expr = _EXPR[ins[2]].format(*(self._ref(a) for a in ins[4:]))
-                divisor = self.registers[ins[5]] if len(ins) > 5 and ins[5] in self.static else None
+                divisor = self._fixed_value(ins[5]) if len(ins) > 5 else None
                 if ins[2] in (Ops.IDIV, Ops.MOD) and type(divisor) is int and divisor > 0:  # C semantics inline
                     a, py = self._ref(ins[4]), "//" if ins[2] is Ops.IDIV else "%"
                     expr = f"({a} {py} {divisor} if {a} >= 0 else -(-{a} {py} {divisor}))"
@@ -488,6 +546,8 @@ class CompiledReplay(Executor):
                 line = f"{lhs}({', '.join(self._ref(a) for a in ins[2:])},)"
             elif op == "GEP":
                 line = f"{lhs}{self._ref(ins[3])}[{ins[2]}]"
+            elif op == "CAST" and ins[3] in self.ints and ins[2].is_word and ins[2].kind != "bool":
+                line = lhs + self._wrap(ins[2], self._ref(ins[3]))  # int -> int: just the wrap
             elif op in ("CAST", "BITCAST"):
                 fn = (cast_fn if op == "CAST" else bitcast_fn)(ins[2])
                 line = f"{lhs}{self._const('C', fn, key=(op, ins[2]))}({self._ref(ins[3])})"

@@ -263,23 +263,38 @@ def _np_ref(op: Ops, dt: DType, a: int, b: int) -> Any:
     return bool(r) if op is Ops.CMPLT else int(r)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(_OPS), st.sampled_from(list(_NP)), st.integers(-2**40, 2**40),
-                          st.integers(-2**40, 2**40)), min_size=1, max_size=12))
-def test_differential_against_numpy(ops: list[tuple[Ops, DType, int, int]]) -> None:
-    instrs, consts, expect, results = [], {}, [], []
+                          st.integers(-2**40, 2**40), st.sampled_from(["vv", "vc", "cc"])), min_size=1, max_size=12))
+def test_differential_against_numpy(ops: list[tuple[Ops, DType, int, int, str]]) -> None:
+    """Operands as variables (computed at run time), a variable and a constant (constant divisors inline), or two
+    constants (folded when the replay is generated): every path agrees with the Interpreter and numpy."""
+    instrs, consts, variables, values, expect, results = [], {}, {}, {}, [], []
     n = 0
-    for op, dt, a, b in ops:
-        lo, hi = -(2**(dt.bits - 1)) if dt.kind == "int" else 0, 2**dt.bits
+    for i, (op, dt, a, b, kinds) in enumerate(ops):
         a, b = int(np.array([a]).astype(_NP[dt])[0]), int(np.array([b]).astype(_NP[dt])[0])
         if op in (Ops.IDIV, Ops.MOD) and b == 0:
             b = 1
-        del lo, hi
-        consts[n], consts[n + 1] = a, b
+        for reg, val, kind, name in ((n, a, kinds[0], f"a{i}"), (n + 1, b, kinds[1], f"b{i}")):
+            if kind == "c":
+                consts[reg] = val
+            else:
+                variables[name] = (reg, -2**63, 2**64)
+                values[name] = val
         instrs.append(("ALU", n + 2, op, dtypes.bool if op is Ops.CMPLT else dt, n, n + 1))
         expect.append(_np_ref(op, dt, a, b))
         results.append(n + 2)
         n += 3
-    prog = Program(instrs, n, consts)
-    got = [cls(prog, RecordingBridge(), results=results).run() for cls in EXECUTORS]
+    prog = Program(instrs, n, consts, variables=variables)
+    got = [cls(prog, RecordingBridge(), results=results).run(**values) for cls in EXECUTORS]
     assert got[0] == got[1] == tuple(expect)
+
+
+@pytest.mark.parametrize("cls", EXECUTORS)
+def test_casts_of_variables_at_run_time(cls: type) -> None:
+    instrs = [("CAST", 1, dtypes.uint8, 0), ("CAST", 2, dtypes.int8, 0), ("CAST", 3, dtypes.float32, 0),
+              ("BITCAST", 4, dtypes.uint64, 0), ("CAST", 5, dtypes.int32, 3)]
+    prog = Program(instrs, 6, variables={"x": (0, -2**40, 2**40)})
+    ex = cls(prog, RecordingBridge(), results=(1, 2, 3, 4, 5))
+    assert ex.run(x=-1) == (255, -1, -1.0, 2**64 - 1, -1)
+    assert ex.run(x=2**24 + 1) == (1, 1, 16777216.0, 2**24 + 1, 16777216)
