@@ -90,7 +90,19 @@ def _check_fields(op: Any, dtype: Any, src: tuple) -> int:
     return rank
 
 
-class UOp:
+class _Slots:
+    """The storage of a UOp. A new node is filled as a ``_Filling`` (plain slot stores, no guard) and then becomes
+    a ``UOp`` (``__class__`` assignment between classes of one layout): four times cheaper than
+    ``object.__setattr__`` per field, and node creation is the hot path of every pass."""
+
+    __slots__ = ("op", "dtype", "src", "arg", "tag", "_key", "_rank", "__weakref__")
+
+
+class _Filling(_Slots):
+    __slots__ = ()
+
+
+class UOp(_Slots):
     """A node: ``op`` (Ops), ``dtype`` (DType), ``src`` (tuple of UOps), ``arg`` (hashable), ``tag`` (hashable).
 
     Construct with ``UOp(op, dtype, src, arg, tag)`` or the builders (``UOp.const``, ``UOp.variable``,
@@ -100,7 +112,7 @@ class UOp:
     sources have a smaller rank.
     """
 
-    __slots__ = ("op", "dtype", "src", "arg", "tag", "_key", "_rank", "__weakref__")
+    __slots__ = ()
     op: Ops
     dtype: DType
     src: tuple[UOp, ...]
@@ -120,15 +132,10 @@ class UOp:
         if ref is not None and (node := ref()) is not None:
             return node
         rank = _check_fields(op, dtype, src)
-        node = object.__new__(cls)
-        osa = object.__setattr__
-        osa(node, "op", op)
-        osa(node, "dtype", dtype)
-        osa(node, "src", src)
-        osa(node, "arg", arg)
-        osa(node, "tag", tag)
-        osa(node, "_key", key)
-        osa(node, "_rank", rank)
+        new = object.__new__(_Filling)
+        new.op, new.dtype, new.src, new.arg, new.tag, new._key, new._rank = op, dtype, src, arg, tag, key, rank
+        new.__class__ = UOp
+        node: UOp = new  # type: ignore[assignment]
         wr = weakref.ref(node)
         if (old := _table.setdefault(key, wr)) is not wr:  # another thread built it first, or a dead entry
             if (other := old()) is not None:

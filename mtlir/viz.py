@@ -1,0 +1,142 @@
+"""Pictures of graphs: ``to_dot`` (a ``graphviz.Digraph``), ``write_picture`` (SVG/PNG through Graphviz's ``dot``)
+and ``to_networkx`` (a ``networkx.MultiDiGraph`` for analysis).
+
+Node ids are ``n<I>`` with ``I`` the node's toposort position: stable across runs, and never a DOT keyword nor a
+name with a colon (which DOT would read as a port). Labels are HTML-like labels with every character escaped, so
+args holding quotes, backslashes, ``< > { | }``, DOT keywords, newlines or the colons of Objective-C selectors
+print as they are.
+"""
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+import graphviz
+import networkx as nx
+
+from mtlir.ops import GroupOp, Ops
+from mtlir.render import short_arg
+from mtlir.uop import UOp
+
+__all__ = ["to_dot", "to_networkx", "write_picture", "GraphvizNotFoundError", "OP_COLORS"]
+
+
+class GraphvizNotFoundError(RuntimeError):
+    """Graphviz's ``dot`` program is not installed, so a picture cannot be rendered."""
+
+
+# fill colors per op group: structure grey, data blue, arithmetic yellow, loops green, calls orange, queue red
+_GROUP_COLORS: tuple[tuple[frozenset[Ops], str], ...] = (
+    (frozenset({Ops.SINK, Ops.AFTER, Ops.NOOP}), "#e0e0e0"),
+    (frozenset({Ops.CONST, Ops.DEFINE_VAR}), "#ffffff"),
+    (frozenset({Ops.BUFFER, Ops.BUFFER_VIEW, Ops.OBJECT, Ops.INDEX, Ops.LOAD, Ops.STORE, Ops.BITCAST, Ops.CAST,
+                Ops.STRUCT, Ops.GEP}), "#cfe2ff"),
+    (GroupOp.ALU, "#fff3bf"),
+    (frozenset({Ops.RANGE, Ops.END}), "#d3f9d8"),
+    (frozenset({Ops.MSG, Ops.CALL}), "#ffd8a8"),
+    (frozenset({Ops.KERNEL, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP, Ops.SUBMIT}), "#ffc9c9"),
+)
+OP_COLORS: dict[Ops, str] = {op: color for ops, color in _GROUP_COLORS for op in ops}
+_OTHER_COLOR = "#f3d9fa"  # ops added later that no group above names
+_SAFE_ID = re.compile(r"[^A-Za-z0-9_]")
+
+
+def _html(text: str) -> str:
+    """``text`` escaped for an HTML-like DOT label: entities for ``& < > "``, control characters as escapes."""
+    text = "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
+    return html.escape(text, quote=True)
+
+
+def _label(u: UOp, width: int) -> str:
+    rows = [f"<B>{_html(u.op.name)}</B>", _html(u.dtype.name)]
+    if u.arg is not None:
+        rows.append(_html(short_arg(u.arg, width)))
+    if u.tag is not None:
+        rows.append("tag=" + _html(short_arg(u.tag, width)))
+    return "<" + "<BR/>".join(rows) + ">"
+
+
+def to_dot(graph: UOp, name: str = "mtlir", highlight: Iterable[UOp] = (), width: int = 40,
+           max_nodes: int = 5000) -> graphviz.Digraph:
+    """A ``graphviz.Digraph`` of ``graph`` (building it needs no ``dot`` program).
+
+    One box per node labelled op, dtype, arg and tag (args cut to ``width`` characters), filled by op group;
+    an edge from each source to its user, labelled with the argument position when the user has several
+    sources. Nodes in ``highlight`` get a thick red border. ``name`` is the picture's title (any text). Above
+    ``max_nodes`` nodes only the ``max_nodes`` nearest the root (by toposort position) are drawn, and one box
+    stands for the rest. Raises ``TypeError`` when ``graph`` is not a UOp."""
+    if not isinstance(graph, UOp):
+        raise TypeError(f"to_dot: {type(graph).__name__} is not a UOp")
+    order = graph.toposort()
+    ids = {u: f"n{i}" for i, u in enumerate(order)}
+    marked = set(highlight)
+    hidden = len(order) - max_nodes if len(order) > max_nodes else 0
+    graph_id = "g_" + _SAFE_ID.sub("_", name)
+    dot = graphviz.Digraph(name=graph_id, graph_attr={"label": f"<{_html(name)}>", "labelloc": "t",
+                                                      "fontname": "Helvetica"},
+                           node_attr={"shape": "box", "style": "rounded,filled", "fontname": "Helvetica",
+                                      "fontsize": "10"},
+                           edge_attr={"fontsize": "8", "arrowsize": "0.6"})
+    if hidden:
+        dot.node("more", f"<… {hidden} more nodes>", shape="note", fillcolor="#ffffff")
+    for u in order[hidden:]:
+        attrs = {"fillcolor": OP_COLORS.get(u.op, _OTHER_COLOR)}
+        if u in marked:
+            attrs.update(color="#d00000", penwidth="3")
+        dot.node(ids[u], _label(u, width), **attrs)
+        hidden_srcs = False
+        for i, s in enumerate(u.src):
+            if hidden and int(ids[s][1:]) < hidden:
+                hidden_srcs = True
+                continue
+            dot.edge(ids[s], ids[u], label=str(i) if len(u.src) > 1 else None)
+        if hidden_srcs:
+            dot.edge("more", ids[u], style="dashed")
+    return dot
+
+
+def write_picture(dot: graphviz.Digraph, path: str | Path, format: str | None = None,
+                  timeout: float = 60.0) -> Path:
+    """Render ``dot`` to ``path`` with Graphviz's ``dot`` program and return the path.
+
+    ``format`` is ``"svg"`` or ``"png"`` (default: from the path's suffix, else svg). ``timeout`` in seconds.
+    Raises ``GraphvizNotFoundError`` saying what to install when ``dot`` is missing, ``ValueError`` for another
+    format, ``RuntimeError`` with Graphviz's message when it fails or takes longer than ``timeout``."""
+    path = Path(path)
+    fmt = (format or path.suffix.lstrip(".") or "svg").lower()
+    if fmt not in ("svg", "png"):
+        raise ValueError(f"write_picture: format {fmt!r} is not svg or png")
+    exe = shutil.which("dot")
+    if exe is None:
+        raise GraphvizNotFoundError("write_picture: Graphviz's 'dot' program is not installed (or not on PATH). "
+                                    "Install it: Debian/Ubuntu: sudo apt-get install graphviz; "
+                                    "macOS: brew install graphviz; then run again.")
+    try:
+        proc = subprocess.run([exe, f"-T{fmt}", "-o", str(path)], input=dot.source.encode("utf-8"),
+                              capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"write_picture: dot took longer than {timeout} s for {path}") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"write_picture: dot failed ({proc.returncode}) for {path}: "
+                           f"{proc.stderr.decode('utf-8', 'replace').strip()}")
+    return path
+
+
+def to_networkx(graph: UOp) -> nx.MultiDiGraph:
+    """A ``networkx.MultiDiGraph`` of ``graph``: nodes keyed by toposort position (int) with attributes ``op``,
+    ``dtype``, ``arg``, ``tag`` and ``uop``; one edge from each source to its user per argument position, keyed
+    and attributed ``index`` (a node that uses the same source twice has two edges)."""
+    if not isinstance(graph, UOp):
+        raise TypeError(f"to_networkx: {type(graph).__name__} is not a UOp")
+    g = nx.MultiDiGraph()
+    ids: dict[UOp, int] = {}
+    for i, u in enumerate(graph.toposort()):
+        ids[u] = i
+        g.add_node(i, op=u.op, dtype=u.dtype, arg=u.arg, tag=u.tag, uop=u)
+        for k, s in enumerate(u.src):
+            g.add_edge(ids[s], i, key=k, index=k)
+    return g
