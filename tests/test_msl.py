@@ -70,7 +70,7 @@ def test_header_removed_and_kernel_becomes_opencl_kernel(runner: KernelRunner) -
 
 
 def test_device_pointers_bind_in_order_or_by_buffer_attribute(runner: KernelRunner) -> None:
-    msl = """kernel void sub(device const float* b [[buffer(2)]], device float* out [[buffer(0)]],
+    msl = """kernel void sub(device const float* b [[buffer(2)]], device float* __restrict__ out [[buffer(0)]],
                             device const float* a [[buffer(1)]], uint i [[thread_position_in_grid]]) {
       out[i] = a[i] - b[i];
     }"""

@@ -34,6 +34,8 @@ from mtlir.runtime.sim.msl_rules import Ctx, at, group_end, need_half, refuse, r
 
 __all__ = ["KernelArg", "ParamBinding", "KernelInfo", "Translation", "translate", "kernel_functions", "MslSyntaxError"]
 
+_PARAM_QUALIFIERS = frozenset({"device", "constant", "threadgroup", "thread", "const", "volatile", "restrict",
+                               "__restrict", "__restrict__", "struct"})
 MAX_BUFFER_INDEX = 30  # [[buffer(n)]]: n in 0..30 (MSL spec §5.2.1; Metal binds at most 31 buffers)
 
 
@@ -358,8 +360,7 @@ def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[P
         raise KernelCompileError(f"MSL {p.name.where()}: buffer index {index} of {p.name.text!r} is outside "
                                  f"0..{MAX_BUFFER_INDEX}")
     spaces = [w for w in words if w in ("device", "constant", "threadgroup", "thread")]
-    types = [t for t in p.tokens if t.kind == ID and t.text not in ("device", "constant", "threadgroup", "thread",
-                                                                    "const", "volatile", "restrict", "struct")]
+    types = [t for t in p.tokens if t.kind == ID and t.text not in _PARAM_QUALIFIERS]
     if len(spaces) != 1 or len(types) != 1 or words.count("*") + words.count("&") != 1:
         refuse(p.name, what, "a kernel parameter must be `device T*`, `constant T*`, `constant T&` or a thread "
                "position with its attribute (pointers to pointers and by-value parameters are not supported)")
