@@ -45,16 +45,17 @@ _ARG_TYPES: dict[str, type] = {}
 
 
 def register_arg_type(cls: type[T]) -> type[T]:
-    """Allow the frozen dataclass or Enum ``cls`` as an arg in the text form (usable as a class decorator).
-
-    A dataclass prints as ``Name(field=value, ...)`` over its init fields; an Enum as ``Name.MEMBER``.
+    """Allow ``cls`` as an arg in the text form (usable as a class decorator): a frozen dataclass prints as
+    ``Name(field=value, ...)`` over its init fields, a NamedTuple as ``Name(field=value, ...)``, another tuple
+    subclass as ``Name((item, ...))`` (its constructor takes one iterable), an Enum as ``Name.MEMBER``.
     Registering the same class again is a no-op. Raises ``TypeError`` for another kind of class and
     ``ValueError`` when a different class of the same name is already registered."""
     if not isinstance(cls, type):
         raise TypeError(f"register_arg_type: {cls!r} is not a class")
     is_frozen_dc = dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
-    if not (is_frozen_dc or issubclass(cls, enum.Enum)):
-        raise TypeError(f"register_arg_type: {cls.__qualname__} is neither a frozen dataclass nor an Enum")
+    if not (is_frozen_dc or issubclass(cls, (enum.Enum, tuple))):
+        raise TypeError(f"register_arg_type: {cls.__qualname__} is not a frozen dataclass, an Enum, a NamedTuple "
+                        "or a tuple subclass")
     name = cls.__name__
     have = _ARG_TYPES.get(name) or _BASE.get(name)
     if have is not None and have is not cls:
@@ -113,6 +114,10 @@ def arg_text(v: Any) -> str:
     if _ARG_TYPES.get(t.__name__) is t:
         if isinstance(v, enum.Enum):
             return f"{t.__name__}.{v.name}"
+        if isinstance(v, tuple):
+            if hasattr(t, "_fields"):
+                return f"{t.__name__}({', '.join(f'{f}={arg_text(x)}' for f, x in zip(t._fields, v))})"
+            return f"{t.__name__}({arg_text(tuple(v))})"
         fields = ", ".join(f"{f.name}={arg_text(getattr(v, f.name))}" for f in dataclasses.fields(v) if f.init)
         return f"{t.__name__}({fields})"
     raise TypeError(f"the text form has no way to print a {t.__qualname__} ({v!r:.60}): register its class with "
@@ -295,6 +300,10 @@ def _short(v: Any, width: int) -> str:
         return text if len(text) <= field_width else text[:field_width - 2] + "…" + text[-1]
     if type(v) is tuple:
         return "(" + ", ".join(_short(x, width) for x in v) + ("," if len(v) == 1 else "") + ")"
+    if isinstance(v, tuple) and hasattr(type(v), "_fields"):
+        return f"{type(v).__name__}({', '.join(f'{f}={_short(x, width)}' for f, x in zip(type(v)._fields, v))})"
+    if isinstance(v, tuple):  # a tuple subclass holding a payload: its own (short) repr
+        return repr(v)
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
         shown = [f"{f.name}={_short(getattr(v, f.name), width)}" for f in dataclasses.fields(v) if f.repr]
         return f"{type(v).__name__}({', '.join(shown)})"

@@ -28,15 +28,17 @@ def argkey(arg: Any) -> Any:
     """A hashable key for ``arg`` that tells apart values Python's ``==`` merges.
 
     Floats are keyed by their bits (``-0.0`` is not ``0.0``; every NaN is one key), every value by its type
-    (``1``, ``True`` and ``1.0`` differ), recursively inside tuples, frozensets and frozen dataclasses.
+    (``1``, ``True`` and ``1.0`` differ), recursively inside tuples, NamedTuples, frozensets and frozen
+    dataclasses. Any other hashable value (e.g. a tuple subclass holding a big payload, which opts out of the
+    per-element keying for speed) is keyed by its type and Python's ``==``.
     Raises ``TypeError`` for an arg that is not hashable (a list, a dict, a mutable dataclass)."""
     t = type(arg)
     if t in _ATOMS:
         return (t, arg)
     if t is float:
         return (float, "nan") if arg != arg else (float, struct.pack("<d", arg))
-    if t is tuple:
-        return (tuple, tuple([argkey(a) for a in arg]))
+    if t is tuple or (isinstance(arg, tuple) and hasattr(t, "_fields")):  # tuples and NamedTuples
+        return (t, tuple([argkey(a) for a in arg]))
     if isinstance(arg, (Enum, DType)):
         return (t, arg)
     if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
