@@ -293,6 +293,19 @@ def test_as_type_reinterprets_bits(runner: KernelRunner) -> None:
     np.testing.assert_array_equal(f, -x)
 
 
+def test_opencl_keywords_used_as_msl_names_are_renamed(runner: KernelRunner) -> None:
+    msl = """kernel void k(device float* global, constant int& local, uint private [[thread_position_in_grid]]) {
+      float read_only = global[private];
+      global[private] = read_only + local;
+    }"""
+    t = translate(HEAD + msl)
+    assert "__global float* __mtl_global = (__global float*)(__mtl_global_base + __mtl_global_off);" in t.source
+    assert [a.name for a in t.kernels["k"].args] == ["global", "local"]  # Metal's names
+    x = np.arange(4, dtype=np.float32)
+    (out,) = launch(runner, msl, "k", [x], (1, 1, 1), (4, 1, 1), consts={1: np.int32([10])})
+    np.testing.assert_array_equal(out, x + 10)
+
+
 def test_casts_ternary_loops_branches_and_bool(runner: KernelRunner) -> None:
     msl = """kernel void ctl(device float* out, device const int* n, uint i [[thread_position_in_grid]]) {
       float acc = 0.0f;

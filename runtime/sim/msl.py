@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mtlir.runtime.errors import KernelCompileError
-from mtlir.runtime.sim.msl_lex import ID, NUM, PUNCT, RAW, MslSyntaxError, Token, render, tokenize
-from mtlir.runtime.sim.msl_names import (POSITIONS, POSITIONS_LINEAR, SCALARS, TEMPLATES, VECTORS, dtype_name,
-                                          refused_construct, scalar_size)
+from mtlir.runtime.sim.msl_lex import ID, NUM, PP, PUNCT, RAW, MslSyntaxError, Token, render, tokenize
+from mtlir.runtime.sim.msl_names import (POSITIONS, POSITIONS_LINEAR, SCALARS, TEMPLATES, VECTORS, cl_name,
+                                          dtype_name, refused_construct, scalar_size)
 from mtlir.runtime.sim.msl_prelude import Prelude
 from mtlir.runtime.sim.msl_rules import Ctx, at, group_end, need_half, refuse, rewrite, tok
 
@@ -157,7 +157,7 @@ def _items(ts: list[Token]) -> list[tuple[str, int, int]]:
     items: list[tuple[str, int, int]] = []
     i, n = 0, len(ts) - 1  # the last token is eof
     while i < n:
-        if ts[i].kind == "pp":
+        if ts[i].kind == PP:
             items.append(("pp", i, i + 1))
             i += 1
             continue
@@ -328,10 +328,10 @@ def _position_local(p: _Param, ctx: Ctx) -> str:
         refuse(p.name, f"{type_name} [[{attr}]]", f"{attr} must be uint or ushort"
                f"{'' if attr in POSITIONS_LINEAR else ' (or a 2- or 3-vector of them)'}")
     if attr in POSITIONS_LINEAR:
-        return f"{type_name} {p.name.text} = ({elem})({POSITIONS_LINEAR[attr]});"
+        return f"{type_name} {cl_name(p.name.text)} = ({elem})({POSITIONS_LINEAR[attr]});"
     parts = [f"({elem}){POSITIONS[attr].format(d=d)}" for d in range(n)]
     value = parts[0] if n == 1 else f"({type_name})({', '.join(parts)})"
-    return f"{type_name} {p.name.text} = {value};"
+    return f"{type_name} {cl_name(p.name.text)} = {value};"
 
 
 def _unique(name: str, used: set[str]) -> str:
@@ -378,13 +378,14 @@ def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[P
         cl_elem = ctx.prelude.need_unaligned(elem)
     writable = space == "device" and pointer and "const" not in words
     const = "" if writable else "const "
-    base, off = _unique(f"{p.name.text}_base", used), _unique(f"{p.name.text}_off", used)
+    name = cl_name(p.name.text)
+    base, off = _unique(f"{name}_base", used), _unique(f"{name}_off", used)
     decl = [f"__global {const}uchar* {base}", f"ulong {off}"]
     ptr = f"__global {const}{cl_elem}*"
     if pointer:
-        line = f"{ptr} {p.name.text} = ({ptr})({base} + {off});"
+        line = f"{ptr} {name} = ({ptr})({base} + {off});"
     else:
-        line = f"const {SCALARS.get(elem, elem)} {p.name.text} = *(({ptr})({base} + {off}));"
+        line = f"const {SCALARS.get(elem, elem)} {name} = *(({ptr})({base} + {off}));"
     arg = KernelArg(p.name.text, "buffer" if pointer else "constant", index, dtype_name(elem))
     nbytes = 0 if pointer or (elem not in SCALARS and elem not in VECTORS) else _value_size(elem)
     return ParamBinding(arg, base, off, writable, scalar_size(elem), nbytes), decl, line

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = ["SCALARS", "VECTORS", "VECTOR_ELEMENTS", "dtype_name", "scalar_size", "POSITIONS", "SAME_BUILTINS",
            "RENAMED_BUILTINS", "HELPER_BUILTINS", "KEYWORDS", "TEMPLATES", "POSITIONS_LINEAR", "refused_construct",
-           "is_type_name"]
+           "is_type_name", "OPENCL_ONLY_KEYWORDS", "cl_name"]
 
 # MSL scalar type -> OpenCL C scalar type (MSL spec §2.1; OpenCL C §6.1.1). half needs cl_khr_fp16.
 SCALARS: dict[str, str] = {
@@ -84,6 +84,18 @@ RENAMED_BUILTINS: dict[str, str] = {"mulhi": "mul_hi", "absdiff": "abs_diff"}
 # returns an unsigned type), fract(x) (OpenCL's takes a second pointer argument), saturate (none in OpenCL).
 # The prelude defines a ``__mtl_<name>`` overload set for each.
 HELPER_BUILTINS = frozenset({"abs", "fract", "saturate"})
+
+# OpenCL C keywords (OpenCL C §6.1, §6.5, §6.6, §6.7) that are ordinary identifiers in MSL: renamed
+# ``__mtl_<name>`` where MSL uses them as names (a variable called ``local`` is common).
+OPENCL_ONLY_KEYWORDS = frozenset({"global", "local", "private", "read_only", "write_only", "read_write", "uniform",
+                                  "pipe", "image1d_t", "image2d_t", "image3d_t", "sampler_t", "event_t",
+                                  "cl_mem_fence_flags"})
+
+
+def cl_name(name: str) -> str:
+    """The OpenCL C spelling of an MSL identifier: itself, or ``__mtl_<name>`` for an OpenCL-only keyword."""
+    return f"__mtl_{name}" if name in OPENCL_ONLY_KEYWORDS else name
+
 
 KEYWORDS = frozenset("""
 if else for while do switch case default break continue return goto sizeof typedef struct union enum

@@ -19,8 +19,8 @@ from typing import NoReturn
 
 from mtlir.runtime.errors import UnsupportedKernelError
 from mtlir.runtime.sim.msl_lex import EOF, ID, NUM, PP, PUNCT, MslSyntaxError, Token, render, tokenize
-from mtlir.runtime.sim.msl_names import (HELPER_BUILTINS, KEYWORDS, RENAMED_BUILTINS, SAME_BUILTINS, SCALARS,
-                                          VECTORS)
+from mtlir.runtime.sim.msl_names import (HELPER_BUILTINS, KEYWORDS, OPENCL_ONLY_KEYWORDS, RENAMED_BUILTINS,
+                                          SAME_BUILTINS, SCALARS, VECTORS, cl_name)
 from mtlir.runtime.sim.msl_prelude import Prelude
 
 __all__ = ["Ctx", "Match", "Rule", "RULES", "rewrite", "refuse", "group_end", "type_end", "need_half", "QUALIFIERS"]
@@ -366,6 +366,11 @@ def call(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     refuse(t, name, "not an MSL builtin this translator knows, nor a function defined in the source")
 
 
+def opencl_keyword(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+    """An MSL name that is an OpenCL C keyword (``local``, ``global``, ``private``, ...) -> ``__mtl_local``."""
+    return 1, [tok(cl_name(ts[i].text), ID)]
+
+
 def half_literal(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     """A ``half`` literal (``1.0h``) needs cl_khr_fp16."""
     if ts[i].text[-1:] in ("h", "H") and not ts[i].text.lower().startswith("0x"):
@@ -422,6 +427,7 @@ _on("using")(using_namespace)
 _on("[")(attribute_brackets)
 _on("__attribute__")(gnu_attribute)
 _on("METAL_FUNC")(metal_func)
+_on(*OPENCL_ONLY_KEYWORDS)(opencl_keyword)
 _on("<" + ID + ">")(call)
 _on("<" + NUM + ">")(half_literal)
 _on("<" + PP + ">")(directive)
