@@ -53,14 +53,18 @@ class Capture:
         return self.inner.sel_registerName(name)
 
 
-def best_per_call(fn: Callable[[], Any], n: int, rounds: int = 5) -> float:
-    """Seconds per call of ``fn``: the best of ``rounds`` rounds of ``n`` calls."""
-    best = float("inf")
+def best_per_call(fns: dict[str, Callable[[], Any]], n: int, rounds: int = 7,
+                  between: Callable[[], Any] = lambda: None) -> dict[str, float]:
+    """Seconds per call of each function: the best of ``rounds`` rounds of ``n`` calls, the functions taking turns
+    within each round (so a slower moment of a shared machine hits them alike). ``between`` runs before each."""
+    best = {k: float("inf") for k in fns}
     for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n)
+        for k, fn in fns.items():
+            between()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best[k] = min(best[k], (time.perf_counter() - t0) / n)
     return best
 
 
@@ -97,25 +101,30 @@ def main() -> None:
     nmsg = sum(1 for fn, _ in calls if fn == bridge.msg_send)
     print(f"{args.trace.name} ({program.device.family}, {args.target}): {len(program.instrs)} instructions, "
           f"{len(calls)} bridge calls per submit ({nmsg} messages), {args.submits} submits per round")
+    session = Session(program, RecordingBridge(target=args.target))
+    session.bridge.recording = False  # type: ignore[attr-defined]
+    rest = {k: v for k, v in values.items() if k != "timeline"}
+
+    def submit_wait() -> None:
+        session.submit(**rest)
+        session.wait()
+
     for recording in (True, False):
         bridge.recording = recording
-        t_raw = best_per_call(raw, args.submits)
-        bridge.clear()
-        t_int = best_per_call(lambda: interp.run(**values), args.submits)
-        bridge.clear()
-        t_cmp = best_per_call(lambda: compiled.run(**values), args.submits)
-        bridge.clear()
-        print(f"  recording {'on ' if recording else 'off'}: raw calls {t_raw * 1e6:7.2f} us/submit | "
-              f"interpreter {t_int / t_raw:5.2f}x | compiled replay {t_cmp / t_raw:5.2f}x")
+        fns = {"raw": raw, "interpreter": lambda: interp.run(**values), "compiled": lambda: compiled.run(**values)}
+        if not recording:
+            fns["session"] = submit_wait
+        t = best_per_call(fns, args.submits, between=bridge.clear)
+        line = (f"  recording {'on ' if recording else 'off'}: raw calls {t['raw'] * 1e6:7.2f} us/submit | "
+                f"interpreter {t['interpreter'] / t['raw']:5.2f}x | compiled replay {t['compiled'] / t['raw']:5.2f}x")
+        if "session" in t:
+            line += (f"\n  Session.submit + wait (compiled, recording off): {t['session'] * 1e6:7.2f} us/submit = "
+                     f"{t['session'] / t['raw']:5.2f}x the raw calls of the Program alone (pool, cbslots, status, "
+                     "GPU times, release)")
+        print(line)
+    session.close()
     bridge.recording = False
     linked.release()
-
-    with Session(program, RecordingBridge(target=args.target)) as s:
-        s.bridge.recording = False  # type: ignore[attr-defined]
-        t_sub = best_per_call(lambda: (s.submit(**{k: v for k, v in values.items() if k != "timeline"}), s.wait()),
-                              max(args.submits // 4, 1), rounds=3)
-    print(f"  Session.submit + wait (compiled, recording off): {t_sub * 1e6:7.2f} us/submit = "
-          f"{t_sub / t_raw:5.2f}x the raw calls of the Program alone")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ float32 (rtol 1e-4, atol 1e-5). ``--json``: one object ``{"match", "max_abs_err"
 Exit codes: 0 match (or a successful ``lower``), 1 mismatch, 2 bad input (trace, flags, pipeline, ABI, link),
 3 GPU execution error (a command buffer in status Error, a Metal validation error, a wait past its timeout),
 4 a kernel the simulated device cannot run yet, 5 an internal error. Errors are one line on stderr;
-``--debug`` adds the traceback.
+``--debug`` adds the traceback. With ``--json`` an error still writes one object to stdout:
+``{"error": message, "error_type": name, "exit_code": code}``.
 """
 from __future__ import annotations
 
@@ -301,7 +302,11 @@ def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextI
         kind = "internal error" if code is None else "error"
         text = " ".join(str(e).split()) or type(e).__name__
         print(f"mtlir: {kind}: {type(e).__name__}: {text}" if code is None else f"mtlir: {kind}: {text}", file=log)
-        return EXIT_INTERNAL if code is None else code
+        code = EXIT_INTERNAL if code is None else code
+        if "--json" in argv:  # the one JSON object stdout promises, saying what went wrong
+            json.dump({"error": text, "error_type": type(e).__name__, "exit_code": code}, out)
+            out.write("\n")
+        return code
 
 
 if __name__ == "__main__":

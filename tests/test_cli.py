@@ -1,0 +1,229 @@
+"""The command line: `mtlir lower` / `mtlir run`, every exit code, --json purity (one object on stdout), defaults
+and flag checks, pictures; the installed console script once through a subprocess."""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mtlir import cli
+from mtlir.metal import MTL
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "examples" / "traces"
+MLP7 = str(TRACES / "mlp.apple7.json")
+KV7 = str(TRACES / "symbolic_kv.apple7.json")
+
+
+def mtlir(*argv: str) -> tuple[int, str, str]:
+    out, log = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), out=out, log=log)
+    return code, out.getvalue(), log.getvalue()
+
+
+def one_json(stdout: str) -> dict[str, Any]:
+    """stdout holds exactly one JSON object and nothing else."""
+    doc, end = json.JSONDecoder().raw_decode(stdout)
+    assert stdout[end:].strip() == "", f"more than one JSON object on stdout: {stdout[end:end + 80]!r}"
+    assert isinstance(doc, dict)
+    return doc
+
+
+# ---- lower
+
+
+@pytest.mark.parametrize("target", ["arm64", "x86_64"])
+def test_lower_json_messages_of_one_submit(target: str) -> None:
+    code, out, log = mtlir("lower", KV7, "--json", "--target", target)
+    assert code == 0, log
+    doc = one_json(out)
+    msgs = doc["messages"]
+    assert doc["count"] == len(msgs) and doc["target"] == target and doc["arch"] == "Apple7"
+    sels = [m["selector"] for m in msgs]
+    # the per-submit patches (symbolic sizes on ICB commands) may come before commandBuffer (METAL.md §1 step 6)
+    assert sels[sels.index("commandBuffer") - 1] == "concurrentDispatchThreadgroups:threadsPerThreadgroup:"
+    assert sels[-1] == "commit"
+    assert "newBufferWithLength:options:" not in sels  # no link-time messages
+    assert not {"signaledValue", "waitUntilSignaledValue:timeoutMS:", "waitUntilCompleted"} & set(sels)  # no waits
+    assert all(set(m) == {"receiver", "selector", "args"} for m in msgs)
+    # the two symbolic dispatches are set with the recorded start_pos = 11, structs as lists
+    sym = [m for m in msgs if m["selector"] == "concurrentDispatchThreadgroups:threadsPerThreadgroup:"]
+    assert sorted(m["args"][0] for m in sym) == [[11, 1, 1], [11, 1, 1]]
+    assert all(m["receiver"].startswith("icb[") for m in sym)
+    run = [m for m in msgs if m["selector"] == "executeCommandsInBuffer:withRange:"]
+    assert run == [{"receiver": "encoder", "selector": "executeCommandsInBuffer:withRange:", "args": ["icb", [0, 5]]}]
+
+
+def test_lower_json_is_the_same_on_both_targets() -> None:
+    docs = [one_json(mtlir("lower", MLP7, "--json", "--target", t)[1]) for t in ("arm64", "x86_64")]
+    assert docs[0]["messages"] == docs[1]["messages"]
+
+
+def test_lower_defaults_and_device_flags() -> None:
+    def sels(*flags: str) -> list[str]:
+        code, out, log = mtlir("lower", MLP7, "--json", *flags)
+        assert code == 0, log
+        return [m["selector"] for m in one_json(out)["messages"]]
+    apple7 = sels()
+    apple9 = sels("--arch", "apple9")
+    assert "dispatchThreadgroups:threadsPerThreadgroup:" in apple7  # the warm-up before Apple9
+    assert "dispatchThreadgroups:threadsPerThreadgroup:" not in apple9
+    assert "useResources:count:usage:" not in apple7
+    assert "useResources:count:usage:" in sels("--no-residency-set")
+    direct = sels("--no-icb")
+    assert "executeCommandsInBuffer:withRange:" not in direct and "setBuffer:offset:atIndex:" in direct
+    code, out, _ = mtlir("lower", MLP7, "--json")
+    from mtlir.runtime.metal import host_target
+    assert one_json(out)["target"] == host_target()
+
+
+def test_lower_prints_the_listing_and_stages() -> None:
+    code, out, log = mtlir("lower", MLP7, "--print-after-all", "--target", "x86_64")
+    assert code == 0
+    assert "commandBuffer" in out and "executeCommandsInBuffer:withRange:" in out
+    assert "IR after encode" in log and "IR after linearize" in log
+
+
+def test_pipeline_target_must_agree_with_target() -> None:
+    code, out, log = mtlir("lower", MLP7, "--target", "x86_64", "--pipeline",
+                           "encode,lower-timeline,symbolic,abi{target=arm64},linearize")
+    assert code == 2 and out == ""
+    assert log.count("\n") == 1 and "abi{target=arm64} but --target is x86_64" in log
+    code, out, _ = mtlir("lower", MLP7, "--json", "--pipeline", "encode,lower-timeline,symbolic,abi{target=x86_64},linearize")
+    assert code == 0 and one_json(out)["target"] == "x86_64"
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+def test_viz_writes_one_svg_per_stage(tmp_path: Path) -> None:
+    code, out, log = mtlir("lower", MLP7, "--json", "--viz", str(tmp_path / "pics"))
+    assert code == 0, log
+    one_json(out)
+    names = sorted(p.name for p in (tmp_path / "pics").glob("*.svg"))
+    assert names[0] == "00-input.svg" and names[-1].endswith("-linearize.svg") and len(names) == 6
+    assert all((tmp_path / "pics" / n).read_text().lstrip().startswith(("<?xml", "<svg")) for n in names)
+
+
+# ---- bad input: exit code 2, one line, no traceback
+
+
+def _bad_trace(tmp_path: Path, edit: Any) -> str:
+    doc = json.loads(Path(MLP7).read_text())
+    edit(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["lower", "nope.json"], "nope.json"),
+    (["lower", MLP7, "--arch", "apple5"], "invalid choice: 'apple5'"),
+    (["lower", MLP7, "--target", "riscv"], "invalid choice: 'riscv'"),
+    (["lower", MLP7, "--pipeline", "encode,frobnicate"], "unknown pass 'frobnicate'"),
+    (["run", MLP7, "--repeat", "0"], "at least one submit"),
+    (["frob"], "invalid choice: 'frob'"),
+    ([], "required"),
+])
+def test_bad_input_exits_2_with_one_line(argv: list[str], match: str) -> None:
+    code, out, log = mtlir(*argv)
+    assert code == 2 and out == ""
+    assert log.count("\n") == 1 and match in log and "Traceback" not in log
+
+
+def test_malformed_trace_names_the_field(tmp_path: Path) -> None:
+    path = _bad_trace(tmp_path, lambda d: d["dispatches"][2].__setitem__("grid", [0, 1, 1]))
+    code, out, log = mtlir("lower", path)
+    assert code == 2 and "dispatches[2]" in log and log.count("\n") == 1
+
+
+def test_json_errors_are_one_object_too() -> None:
+    code, out, log = mtlir("lower", "nope.json", "--json")
+    assert code == 2 and one_json(out)["exit_code"] == 2 and log.count("\n") == 1
+    code, out, log = mtlir("lower", MLP7, "--json", "--arch", "apple1")
+    assert code == 2 and one_json(out)["error_type"] == "UsageError"
+
+
+def test_debug_shows_the_traceback() -> None:
+    code, _, log = mtlir("lower", "nope.json", "--debug")
+    assert code == 2 and "Traceback" in log
+
+
+def test_metal_device_off_a_mac_is_bad_input() -> None:
+    from mtlir.runtime.metal import metal_available
+    if metal_available():
+        pytest.skip("this machine has Metal")
+    code, out, log = mtlir("run", MLP7, "--device", "metal")
+    assert code == 2 and "use --device sim" in log
+
+
+# ---- run: 0 match, 1 mismatch, 3 GPU error, 4 unsupported kernel
+
+
+def test_run_json_matches() -> None:
+    code, out, log = mtlir("run", KV7, "--device", "sim", "--json", "--repeat", "3", "--target", "x86_64")
+    assert code == 0, log
+    doc = one_json(out)
+    assert doc["match"] is True and doc["max_abs_err"] < 1e-5
+    assert doc["kernels"] == 5 and doc["submits"] == 3
+    lowered = one_json(mtlir("lower", KV7, "--json", "--target", "x86_64")[1])
+    assert doc["messages_per_submit"] == lowered["count"]
+    assert "[queue commandBuffer]" in log and "result: match" in log  # the listing and summary go to stderr
+
+
+def test_run_prints_listing_and_summary() -> None:
+    code, out, log = mtlir("run", MLP7, "--device", "sim", "--executor", "interpreter")
+    assert code == 0, log
+    assert "[queue commandBuffer]" in out and "[cmdbuf commit]" in out
+    assert "kernels: 5" in out and "result: match" in out and "host time per submit" in out
+
+
+def test_run_mismatch_exits_1(tmp_path: Path) -> None:
+    import base64
+
+    import numpy as np
+
+    def tamper(d: dict[str, Any]) -> None:
+        exp = np.frombuffer(base64.b64decode(d["output"]["expected_b64"]), np.float32).copy()
+        exp[0] += 1.0
+        d["output"]["expected_b64"] = base64.b64encode(exp.tobytes()).decode()
+    code, out, log = mtlir("run", _bad_trace(tmp_path, tamper), "--device", "sim", "--json")
+    assert code == 1
+    doc = one_json(out)
+    assert doc["match"] is False and 0.5 < doc["max_abs_err"] < 1.5
+
+
+def test_run_gpu_error_exits_3(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = cli._make_bridge
+
+    def faulty(*a: Any) -> Any:
+        bridge, name = made(*a)
+        bridge.inject_fault(MTL.ErrorPageFault)
+        return bridge, name
+    monkeypatch.setattr(cli, "_make_bridge", faulty)
+    code, out, log = mtlir("run", MLP7, "--device", "sim", "--json")
+    assert code == 3 and log.count("\n") == 1 and "MTLCommandBufferError 3 (PageFault)" in log
+    assert one_json(out) == {"error": log.strip().removeprefix("mtlir: error: "), "error_type": "GPUExecutionError",
+                             "exit_code": 3}
+
+
+def test_run_unsupported_kernel_exits_4() -> None:
+    code, out, log = mtlir("run", str(TRACES / "mlp.apple9.json"), "--device", "sim", "--json")
+    assert code == 4 and one_json(out)["error_type"] == "UnsupportedKernelError"
+    assert "simdgroup" in log and "Traceback" not in log
+
+
+def test_console_script() -> None:
+    exe = Path(sys.executable).with_name("mtlir")
+    if not exe.exists():
+        pytest.skip("the mtlir console script is not installed next to this Python")
+    proc = subprocess.run([str(exe), "lower", MLP7, "--json", "--target", "arm64"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert one_json(proc.stdout)["messages"][0] == {"receiver": "queue", "selector": "commandBuffer", "args": []}
+    proc = subprocess.run([str(exe), "lower", "missing.json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
