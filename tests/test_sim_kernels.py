@@ -126,3 +126,24 @@ def test_strict_device_catches_a_patch_while_in_flight(runner: KernelRunner) -> 
         s.close()
     finally:
         dev.close()
+
+
+def test_session_reports_a_gpu_fault_from_the_device(runner: KernelRunner) -> None:
+    progbuild = pytest.importorskip("progbuild")
+    session = pytest.importorskip("mtlir.runtime.session")
+    errors = pytest.importorskip("mtlir.runtime.errors")
+    program = progbuild.submit_program("arm64", kernels=2)
+    dev = SimDevice("arm64", family="Apple7", kernel_runner=runner)
+    try:
+        s = session.Session(program, dev, timeout_s=5.0)
+        s.submit(n=8)
+        s.wait(timeout_s=5.0)
+        dev.inject_fault(MTL.ErrorPageFault, after_commands=1)
+        s.submit(n=8)
+        with pytest.raises(errors.GPUExecutionError) as e:
+            s.wait(timeout_s=5.0)
+        assert e.value.code == MTL.ErrorPageFault and e.value.name == "PageFault"
+        assert "submit 1 (timeline value 2)" in str(e.value) and "injected fault at ICB command 1" in str(e.value)
+        s.close()
+    finally:
+        dev.close()

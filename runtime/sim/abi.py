@@ -29,25 +29,30 @@ _U64_MAX = (1 << 64) - 1
 
 @dataclass(frozen=True)
 class Method:
-    """A selector a class answers: ``fn(device, receiver, *decoded_args)`` and, for each ``id`` argument in
-    order, the classes it accepts (a tuple; ``NIL`` in it accepts nil)."""
+    """A selector a class answers: ``fn(device, receiver, *decoded_args)``, for each ``id`` argument in order the
+    classes it accepts (a tuple; ``NIL`` in it accepts nil), and ``lockless``: a getter of one field that runs
+    without the device lock (so a CPU polling ``status`` or ``signaledValue`` never stalls the GPU thread)."""
 
     fn: Callable[..., Any]
     objects: tuple[tuple[Any, ...], ...]
+    lockless: bool = False
 
 
 _METHODS: dict[type, dict[str, Method]] = {}
 _RESOLVED: dict[tuple[type, str], Method | None] = {}
 
 
-def objc_method(cls: type, selector: str, *objects: type | tuple[Any, ...]) -> Callable[[Callable[..., Any]],
-                                                                                        Callable[..., Any]]:
+def objc_method(cls: type, selector: str, *objects: type | tuple[Any, ...],
+                lockless: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as ``cls``'s answer to ``selector``; ``objects`` gives, per ``id``
-    argument, the accepted class or a tuple of classes (``NIL`` allows nil)."""
+    argument, the accepted class or a tuple of classes (``NIL`` allows nil); ``lockless`` for one-field getters
+    without arguments."""
     specs = tuple(o if isinstance(o, tuple) else (o,) for o in objects)
+    if any(spec[0] is None for spec in specs):
+        raise ValueError(f"{selector}: name a class first in each argument spec, NIL after it")
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        _METHODS.setdefault(cls, {})[selector] = Method(fn, specs)
+        _METHODS.setdefault(cls, {})[selector] = Method(fn, specs, lockless)
         _RESOLVED.clear()
         return fn
     return register

@@ -80,8 +80,8 @@ def analyze_range(dev: SimDevice, icb: ICB, first: int, count: int) -> RangeInfo
     group: list[int] = []
     groups: list[list[int]] = []
     for i in range(first, min(first + count, icb.max_count)):
-        slot = icb.slots[i]
-        if slot.grid is None:
+        slot = icb.slots.get(i)
+        if slot is None or slot.grid is None:
             continue
         if slot.pipeline is not None:
             info.pipelines.add(slot.pipeline)
@@ -111,7 +111,7 @@ def analyze_range(dev: SimDevice, icb: ICB, first: int, count: int) -> RangeInfo
     return info
 
 
-def check_execute(dev: SimDevice, enc: Encoder, icb: ICB, first: int, count: int, call: str) -> None:
+def check_execute(dev: SimDevice, enc: Encoder, icb: ICB, first: int, count: int, call: object) -> None:
     """Strict checks of ``executeCommandsInBuffer:withRange:``: rule 8 (range), the commands' problems, rule 16."""
     if first + count > icb.max_count:
         raise violation(8, call, f"range ({first}, {count}) is outside [0, {icb.max_count}) of {icb.describe()}")
@@ -153,7 +153,7 @@ def collect_reads(dev: SimDevice, cb: CommandBuffer) -> None:
         icb.readers.setdefault(cb, []).append((first, count))
 
 
-def check_commit(dev: SimDevice, cb: CommandBuffer, call: str) -> None:
+def check_commit(dev: SimDevice, cb: CommandBuffer, call: object) -> None:
     """Strict checks at ``commit``: rule 10 (every buffer an ICB command binds is resident) and rule 9 (a dry run
     of each group of concurrent commands that share a buffer, in both orders)."""
     for step in cb.steps:
@@ -173,7 +173,7 @@ def check_commit(dev: SimDevice, cb: CommandBuffer, call: str) -> None:
                 _dry_run(dev, command.icb, group, call)
 
 
-def _dry_run(dev: SimDevice, icb: ICB, group: list[int], call: str) -> None:
+def _dry_run(dev: SimDevice, icb: ICB, group: list[int], call: object) -> None:
     slots = [(i, icb.slots[i]) for i in group]
     runnable = [(i, s) for i, s in slots if s.pipeline is not None and s.grid is not None and 0 not in s.grid
                 and 0 not in s.threadgroup and math.prod(s.threadgroup) <= s.pipeline.max_threads
@@ -200,7 +200,7 @@ def _dry_run(dev: SimDevice, icb: ICB, group: list[int], call: str) -> None:
                                      "ends different when they run in the other order (a data race)")
 
 
-def check_buffer_write(dev: SimDevice, buf: Buffer, offset: int, nbytes: int, call: str) -> None:
+def check_buffer_write(dev: SimDevice, buf: Buffer, offset: int, nbytes: int, call: object) -> None:
     """Rule 15 (strict): a CPU write of ``[offset, offset + nbytes)`` of ``buf`` while an in-flight command
     buffer binds it from a lower offset."""
     for cb, lo in buf.readers.items():
@@ -210,7 +210,7 @@ def check_buffer_write(dev: SimDevice, buf: Buffer, offset: int, nbytes: int, ca
                                       "wait for it to complete before patching")
 
 
-def check_icb_write(dev: SimDevice, cmd: ICBCommand, call: str) -> None:
+def check_icb_write(dev: SimDevice, cmd: ICBCommand, call: object) -> None:
     """Rule 15 (strict): the CPU changes an ICB command an in-flight command buffer executes."""
     if cmd.index is None:
         return
@@ -220,7 +220,7 @@ def check_icb_write(dev: SimDevice, cmd: ICBCommand, call: str) -> None:
                                       f"{cb.describe()} ({MTL.STATUS_NAMES[cb.status]}) executes it")
 
 
-def check_release(dev: SimDevice, obj: SimObject, call: str) -> None:
+def check_release(dev: SimDevice, obj: SimObject, call: object) -> None:
     """Rule 14: a buffer or ICB deallocated while an in-flight command buffer uses it. Strict raises; faithful
     marks those command buffers to end in InvalidResource (9) when they complete."""
     if isinstance(obj, Buffer):

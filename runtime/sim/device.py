@@ -44,6 +44,26 @@ _CUT = " (a 64-bit handle cut to 32 bits?)"
 _MTLSIZE_PTR = PtrDType(dtypes.MTLSize)
 
 
+_WORD, _ID, _SIZE, _FLOAT = range(4)
+
+
+class _Plan:
+    """How to check and decode the arguments of one selector on one target, computed once: the prototype, the
+    argument count (self and _cmd included) and per argument its kind, dtype and integer bounds."""
+
+    __slots__ = ("proto", "nargs", "kinds", "dtypes", "lo", "hi")
+
+    def __init__(self, proto: Prototype) -> None:
+        self.proto, self.nargs = proto, len(proto.args)
+        args = proto.args[2:]
+        self.dtypes = args
+        self.kinds = tuple(_ID if dt is dtypes.id else _SIZE if dt is _MTLSIZE_PTR or dt is dtypes.MTLSize
+                           else _FLOAT if dt.kind == "float" else _WORD for dt in args)
+        self.lo = tuple(dtypes.min(dt) if k == _WORD else 0 for dt, k in zip(args, self.kinds))
+        self.hi = tuple((dtypes.max(dt) if dt.kind != "ptr" else (1 << 64) - 1) if k == _WORD else 0
+                        for dt, k in zip(args, self.kinds))
+
+
 def host_target() -> str:
     """The ABI of this machine: ``"arm64"`` on Apple silicon / aarch64, else ``"x86_64"``."""
     return "arm64" if platform.machine().lower() in ("arm64", "aarch64") else "x86_64"
@@ -90,7 +110,7 @@ class SimDevice:
         self._next_handle = _HANDLE_BASE
         self._sel_ids: dict[str, int] = {}
         self._sel_names: dict[int, str] = {}
-        self._protos: dict[str, Prototype] = {}
+        self._plans: dict[str, _Plan] = {}
         self._pools: list[tuple[int, list[SimObject]]] = []
         self._next_pool = _POOL_BASE
         self._classes: dict[str, ClassObject] = {}
@@ -310,46 +330,64 @@ class SimDevice:
             raise BridgeError(f"objc_msgSend: {sel!r} is not a registered SEL"
                               + (" (a 64-bit SEL cut to 32 bits?)" if isinstance(sel, int) and 0 < sel < 1 << 32
                                  else ""))
-        expected = self._protos.get(name)
-        if expected is None:
+        plan = self._plans.get(name)
+        if plan is None:
             if name not in SELECTORS:
                 raise BridgeError(f"unknown selector {name!r}: it is not in mtlir.metal.SELECTORS, and the "
                                   "simulated device answers no other")
-            expected = self._protos[name] = abi_prototype(name, self.target)
+            plan = self._plans[name] = _Plan(abi_prototype(name, self.target))
+        expected = plan.proto
         if proto is not expected and proto != expected:
             check_prototype(name, proto, expected, self.target)
-        if len(args) != len(expected.args):
+        if len(args) != plan.nargs:
             raise BridgeError(f"{name}: wrong argument count: {len(args) - 2} after self and _cmd, the prototype "
-                              f"has {len(expected.args) - 2}")
+                              f"has {plan.nargs - 2}")
+        recv = args[0]
+        obj = self._objects.get(recv) if type(recv) is int else None
+        if obj is not None:
+            method = lookup_method(type(obj), name)
+            if method is not None and method.lockless:
+                return self._result(expected.ret, method.fn(self, obj))
         with self._lock:
-            recv = args[0]
             if recv == 0 and type(recv) is int:
                 if self.strict:
                     raise BridgeError(f"{name} sent to nil (Objective-C would return 0: a missing object?)")
                 return None if expected.ret is dtypes.void else 0.0 if expected.ret.kind == "float" else 0
-            obj = self._lookup(recv, f"{name} (receiver)")
+            obj = self._objects.get(recv) if type(recv) is int else None
+            if obj is None:
+                obj = self._lookup(recv, f"{name} (receiver)")
             method = lookup_method(type(obj), name)
             if method is None:
                 raise BridgeError(f"-[{obj.objc_class} {name}]: unrecognized selector sent to instance {recv:#x}")
-            decoded = self._decode(name, expected, args, method)
-            result = method.fn(self, obj, *decoded)
+            result = method.fn(self, obj, *self._decode(name, plan, args, method) if plan.kinds else ())
             return self._result(expected.ret, result)
 
-    def _decode(self, name: str, proto: Prototype, args: tuple[Any, ...], method: Method) -> list[Any]:
+    def _decode(self, name: str, plan: _Plan, args: tuple[Any, ...], method: Method) -> list[Any]:
+        """The arguments after self and _cmd, checked and decoded by ``plan`` (the fast path for the common case:
+        an int that fits, a live object of an accepted class; anything else gets the full check and its error)."""
         out: list[Any] = []
         specs = iter(method.objects)
-        for i, (dt, value) in enumerate(zip(proto.args[2:], args[2:]), start=1):
-            if dt is dtypes.id:
+        objects = self._objects
+        for i, (kind, dt, lo, hi, value) in enumerate(zip(plan.kinds, plan.dtypes, plan.lo, plan.hi, args[2:]),
+                                                     start=1):
+            if kind == _WORD:
+                if type(value) is int and lo <= value <= hi:
+                    out.append(value)
+                else:
+                    out.append(decode_word(name, i, dt, value))
+            elif kind == _ID:
                 spec = next(specs, (SimObject,))
-                out.append(self._arg_object(name, i, value, spec))
-            elif dt is _MTLSIZE_PTR or dt is dtypes.MTLSize:
+                obj = objects.get(value) if type(value) is int else None
+                if obj is not None and isinstance(obj, spec[0]):
+                    out.append(obj)
+                else:
+                    out.append(self._arg_object(name, i, value, spec))
+            elif kind == _SIZE:
                 out.append(decode_size(name, i, dt, value, self.memory))
-            elif dt.kind == "float":
+            else:
                 if not isinstance(value, (int, float)) or isinstance(value, bool):
                     raise BridgeError(f"{name}: argument {i} ({dt.name}) must be a number, got {value!r}")
                 out.append(float(value))
-            else:
-                out.append(decode_word(name, i, dt, value))
         return out
 
     def _arg_object(self, name: str, i: int, value: Any, spec: tuple[Any, ...]) -> SimObject | None:

@@ -18,7 +18,7 @@ from mtlir.runtime.sim.abi import NIL, objc_method
 from mtlir.runtime.sim.checks import check_commit, check_execute, collect_reads
 from mtlir.runtime.sim.objects import (ICB, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute, Fence,
                                        Pipeline, SharedEvent, SignalStep, SimObject, WaitStep)
-from mtlir.runtime.sim.rules import assertion, violation
+from mtlir.runtime.sim.rules import Call, assertion, violation
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
@@ -34,7 +34,7 @@ def _command_buffer(dev: SimDevice, q: CommandQueue) -> CommandBuffer:
     """A new command buffer (+0). At maxCommandBufferCount uncompleted command buffers it blocks until one
     completes (rule 7): strict mode raises at once when none can (all uncommitted, or the GPU held); a block
     that outlives the device's ``timeout_s`` raises ``TimeoutError``."""
-    call = f"commandBuffer on {q.describe()}"
+    call = Call("commandBuffer", q)
     if len(q.live) >= q.max_count:
         committed = any(cb.status >= MTL.StatusCommitted for cb in q.live)
         if dev.strict and (not committed or not dev.autorun):
@@ -50,14 +50,14 @@ def _command_buffer(dev: SimDevice, q: CommandQueue) -> CommandBuffer:
 
 
 # ---------------------------------------------------------------------------- MTLCommandBuffer
-def _not_committed(cb: CommandBuffer, selector: str, call: str) -> None:
+def _not_committed(cb: CommandBuffer, selector: str, call: Call) -> None:
     if cb.status >= MTL.StatusCommitted:
         raise assertion(4, call, f"{selector} after commit (the command buffer is {MTL.STATUS_NAMES[cb.status]})")
 
 
 @objc_method(CommandBuffer, "computeCommandEncoder")
 def _compute_encoder(dev: SimDevice, cb: CommandBuffer) -> Encoder:
-    call = f"computeCommandEncoder on {cb.describe()}"
+    call = Call("computeCommandEncoder", cb)
     _not_committed(cb, "computeCommandEncoder", call)
     if cb.open_encoder is not None:
         raise assertion(1, call, "A command encoder is already encoding to this command buffer")
@@ -69,7 +69,7 @@ def _compute_encoder(dev: SimDevice, cb: CommandBuffer) -> Encoder:
 
 @objc_method(CommandBuffer, "encodeSignalEvent:value:", SharedEvent)
 def _encode_signal(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: int) -> None:
-    call = f"encodeSignalEvent:value:{value} on {cb.describe()}"
+    call = Call("encodeSignalEvent:value:", cb, ev, value)
     _not_committed(cb, "encodeSignalEvent:value:", call)
     if cb.open_encoder is not None:
         raise assertion(3, call, "encodeSignalEvent:value: with uncommitted encoder")
@@ -84,7 +84,7 @@ def _encode_signal(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: in
 
 @objc_method(CommandBuffer, "encodeWaitForEvent:value:", SharedEvent)
 def _encode_wait(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: int) -> None:
-    call = f"encodeWaitForEvent:value:{value} on {cb.describe()}"
+    call = Call("encodeWaitForEvent:value:", cb, ev, value)
     _not_committed(cb, "encodeWaitForEvent:value:", call)
     if cb.open_encoder is not None:
         raise assertion(3, call, "encodeWaitForEvent:value: with uncommitted encoder")
@@ -93,7 +93,7 @@ def _encode_wait(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: int)
 
 @objc_method(CommandBuffer, "commit")
 def _commit(dev: SimDevice, cb: CommandBuffer) -> None:
-    call = f"commit on {cb.describe()}"
+    call = Call("commit", cb)
     if cb.status >= MTL.StatusCommitted:
         raise assertion(4, call, "commit an already committed command buffer")
     if cb.open_encoder is not None:
@@ -111,7 +111,7 @@ def _commit(dev: SimDevice, cb: CommandBuffer) -> None:
 def _wait_completed(dev: SimDevice, cb: CommandBuffer) -> None:
     """Blocks until Completed or Error; an uncommitted command buffer asserts (it would never complete); a wait
     longer than the device's ``timeout_s`` raises ``TimeoutError``."""
-    call = f"waitUntilCompleted on {cb.describe()}"
+    call = Call("waitUntilCompleted", cb)
     if cb.status < MTL.StatusCommitted:
         raise assertion(5, call, "waitUntilCompleted on uncommitted command buffer")
     if not dev.wait_for(lambda: cb.finished, dev.timeout_s):
@@ -119,28 +119,28 @@ def _wait_completed(dev: SimDevice, cb: CommandBuffer) -> None:
         raise TimeoutError(f"{call}: still {MTL.STATUS_NAMES[cb.status]} after {dev.timeout_s} s{held}")
 
 
-@objc_method(CommandBuffer, "status")
+@objc_method(CommandBuffer, "status", lockless=True)
 def _status(dev: SimDevice, cb: CommandBuffer) -> int:
     return cb.status
 
 
-@objc_method(CommandBuffer, "error")
+@objc_method(CommandBuffer, "error", lockless=True)
 def _error(dev: SimDevice, cb: CommandBuffer) -> SimObject | None:
     return cb.error if cb.status == MTL.StatusError else None
 
 
-@objc_method(CommandBuffer, "GPUStartTime")
+@objc_method(CommandBuffer, "GPUStartTime", lockless=True)
 def _gpu_start(dev: SimDevice, cb: CommandBuffer) -> float:
     return cb.start_time if cb.status == MTL.StatusCompleted else 0.0
 
 
-@objc_method(CommandBuffer, "GPUEndTime")
+@objc_method(CommandBuffer, "GPUEndTime", lockless=True)
 def _gpu_end(dev: SimDevice, cb: CommandBuffer) -> float:
     return cb.end_time if cb.status == MTL.StatusCompleted else 0.0
 
 
 # ---------------------------------------------------------------------------- MTLComputeCommandEncoder
-def _open(dev: SimDevice, enc: Encoder, call: str) -> bool:
+def _open(dev: SimDevice, enc: Encoder, call: Call) -> bool:
     """True when ``enc`` still encodes. After endEncoding strict mode raises; faithful mode drops the call."""
     if not enc.ended:
         return True
@@ -151,7 +151,7 @@ def _open(dev: SimDevice, enc: Encoder, call: str) -> bool:
 
 @objc_method(Encoder, "waitForFence:", Fence)
 def _wait_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
-    call = f"waitForFence: on {enc.describe()}"
+    call = Call("waitForFence:", enc, fence)
     if not _open(dev, enc, call):
         return
     if dev.strict and fence in enc.fence_updates:
@@ -163,7 +163,7 @@ def _wait_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
 
 @objc_method(Encoder, "updateFence:", Fence)
 def _update_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
-    if _open(dev, enc, f"updateFence: on {enc.describe()}"):
+    if _open(dev, enc, Call("updateFence:", enc, fence)):
         enc.fence_updates.append(fence)
         fence.last_update = enc
 
@@ -172,7 +172,7 @@ def _update_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
 def _use_resources(dev: SimDevice, enc: Encoder, array: int, count: int, usage: int) -> None:
     """Reads ``count`` handles (8 bytes each) from the C array at ``array``: each must be a live MTLBuffer or ICB.
     A pipeline is not an MTLResource: strict raises (rule 10), faithful ignores it."""
-    call = f"useResources:count:{count} usage:{usage} on {enc.describe()}"
+    call = Call("useResources:count:usage:", enc, hex(array), count, usage)
     if not _open(dev, enc, call):
         return
     if count and not array:
@@ -195,14 +195,14 @@ def _use_resources(dev: SimDevice, enc: Encoder, array: int, count: int, usage: 
 
 @objc_method(Encoder, "setComputePipelineState:", Pipeline)
 def _set_pipeline(dev: SimDevice, enc: Encoder, p: Pipeline) -> None:
-    if _open(dev, enc, f"setComputePipelineState: on {enc.describe()}"):
+    if _open(dev, enc, Call("setComputePipelineState:", enc, p)):
         enc.pipeline = p
         enc.bound_pipelines.add(p)
 
 
 @objc_method(Encoder, "setBuffer:offset:atIndex:", (Buffer, NIL))
 def _set_buffer(dev: SimDevice, enc: Encoder, buf: Buffer | None, offset: int, index: int) -> None:
-    call = f"setBuffer:offset:{offset} atIndex:{index} on {enc.describe()}"
+    call = Call("setBuffer:offset:atIndex:", enc, buf, offset, index)
     if not _open(dev, enc, call):
         return
     if index >= MTL.MAX_BUFFER_BIND:
@@ -218,7 +218,7 @@ def _set_buffer(dev: SimDevice, enc: Encoder, buf: Buffer | None, offset: int, i
 
 @objc_method(Encoder, "setBytes:length:atIndex:")
 def _set_bytes(dev: SimDevice, enc: Encoder, ptr: int, length: int, index: int) -> None:
-    call = f"setBytes:length:{length} atIndex:{index} on {enc.describe()}"
+    call = Call("setBytes:length:atIndex:", enc, hex(ptr), length, index)
     if not _open(dev, enc, call):
         return
     if dev.strict and (length > _MAX_SET_BYTES or index >= MTL.MAX_BUFFER_BIND):
@@ -230,7 +230,7 @@ def _set_bytes(dev: SimDevice, enc: Encoder, ptr: int, length: int, index: int) 
 
 @objc_method(Encoder, "dispatchThreadgroups:threadsPerThreadgroup:")
 def _dispatch(dev: SimDevice, enc: Encoder, grid: tuple[int, int, int], tg: tuple[int, int, int]) -> None:
-    call = f"dispatchThreadgroups:{grid} threadsPerThreadgroup:{tg} on {enc.describe()}"
+    call = Call("dispatchThreadgroups:threadsPerThreadgroup:", enc, grid, tg)
     if not _open(dev, enc, call):
         return
     p = enc.pipeline
@@ -248,7 +248,7 @@ def _dispatch(dev: SimDevice, enc: Encoder, grid: tuple[int, int, int], tg: tupl
 
 @objc_method(Encoder, "executeCommandsInBuffer:withRange:", ICB)
 def _execute(dev: SimDevice, enc: Encoder, icb: ICB, first: int, count: int) -> None:
-    call = f"executeCommandsInBuffer:withRange:({first}, {count}) on {enc.describe()}"
+    call = Call("executeCommandsInBuffer:withRange:", enc, icb, (first, count))
     if not _open(dev, enc, call):
         return
     if dev.strict:
@@ -258,7 +258,7 @@ def _execute(dev: SimDevice, enc: Encoder, icb: ICB, first: int, count: int) -> 
 
 @objc_method(Encoder, "endEncoding")
 def _end_encoding(dev: SimDevice, enc: Encoder) -> None:
-    if _open(dev, enc, f"endEncoding on {enc.describe()}"):
+    if _open(dev, enc, Call("endEncoding", enc)):
         enc.ended = True
         if enc.cb.open_encoder is enc:
             enc.cb.open_encoder = None

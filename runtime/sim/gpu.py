@@ -42,6 +42,7 @@ clock = time.perf_counter  # monotonic, seconds: GPUStartTime/GPUEndTime use it
 # localizedDescription texts in the shape Metal prints (kIOGPUCommandBufferCallbackError... names)
 ERROR_TEXT = {1: "Internal Error", 2: "Caused GPU Timeout Error", 3: "Caused GPU Address Fault Error",
               7: "Not Permitted", 8: "Insufficient Memory", 9: "Invalid Resource"}
+_BATCH_S = 0.002  # the longest the worker holds the lock for a run of GPU operations
 _IDLE_EXIT_S = 1.0  # the worker thread ends after this long without work and restarts at the next commit
 
 
@@ -97,8 +98,12 @@ def concurrent_order(icb: ICB, first: int, count: int) -> list[int]:
     (it waits for everything before it), each group run last command first (rule 9: exposes races)."""
     order: list[int] = []
     group: list[int] = []
+    slots = icb.slots
     for i in range(first, first + count):
-        if group and icb.slots[i].barrier:
+        slot = slots.get(i)
+        if slot is None:
+            continue  # never written: an empty command
+        if group and slot.barrier:
             order += reversed(group)
             group = []
         group.append(i)
@@ -182,25 +187,28 @@ class GPU:
             self.thread.start()
 
     def _worker(self) -> None:
-        """The worker thread (takes the lock itself): steps while there is work, naps on the condition while the
-        heads wait on gates, ends after ``_IDLE_EXIT_S`` without work."""
+        """The worker thread (takes the lock itself): runs GPU operations in batches of at most ``_BATCH_S``
+        seconds per hold of the lock (the lock is also released while a kernel runs), naps on the condition while
+        the heads wait on gates, ends after ``_IDLE_EXIT_S`` without work."""
         cv = self.dev._cv
         idle_since = clock()
         while True:
             with cv:
                 if self.stopping or threading.current_thread() is not self.thread:
                     return
-                if self.step_locked():
-                    idle_since = clock()
+                start = clock()
+                did = False
+                while self.step_locked():
                     did = True
+                    if clock() - start > _BATCH_S:
+                        break
+                if did:
+                    idle_since = clock()
+                elif not self.pending() and clock() - idle_since > _IDLE_EXIT_S:
+                    self.thread = None
+                    return
                 else:
-                    did = False
-                    if not self.pending() and clock() - idle_since > _IDLE_EXIT_S:
-                        self.thread = None
-                        return
                     cv.wait(0.005 if self.pending() else 0.1)
-            if did:
-                time.sleep(0)  # let the CPU side take the lock between GPU operations
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the worker thread (called without the lock held)."""
@@ -290,7 +298,9 @@ class GPU:
                                                f"past the {icb.max_count} commands of {icb.describe()}", 8)
         count = min(ex.count, MTL.MAX_ICB_RANGE)  # commands past 16,384 are not run (rule 8)
         for i in concurrent_order(icb, ex.first, count):
-            self._icb_command(cb, enc, ex, i, icb.slots[i])
+            slot = icb.slots.get(i)
+            if slot is not None:  # the CPU may have changed the ICB since (rule 15): read it as it is now
+                self._icb_command(cb, enc, ex, i, slot)
             yield None
 
     def _icb_command(self, cb: CommandBuffer, enc: Encoder, ex: Execute, i: int, slot: ICBSlot) -> None:
@@ -354,11 +364,11 @@ class GPU:
         if fault is None and cb.late_fault is not None:
             fault = GPUFault(cb.late_fault[0], cb.late_fault[1], 14)
         if fault is None:
-            cb.status = MTL.StatusCompleted
             cb.end_time = clock()
+            cb.status = MTL.StatusCompleted  # after the time: status is read without the lock
         else:
-            cb.status = MTL.StatusError
             cb.error = self.dev._make_error(fault.code, fault.description())
+            cb.status = MTL.StatusError
             for step in cb.steps:
                 if isinstance(step, Encoder):
                     step.done = True

@@ -17,7 +17,7 @@ from mtlir.runtime.errors import BridgeError
 from mtlir.runtime.sim.abi import NIL, objc_method
 from mtlir.runtime.sim.checks import check_icb_write
 from mtlir.runtime.sim.objects import ICB, Buffer, Device, ICBCommand, ICBDescriptor, ICBSlot, Pipeline
-from mtlir.runtime.sim.rules import violation
+from mtlir.runtime.sim.rules import Call, violation
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
@@ -50,7 +50,7 @@ def _set_max_bind(dev: SimDevice, d: ICBDescriptor, n: int) -> None:
 def _new_icb(dev: SimDevice, d: Device, desc: ICBDescriptor, max_count: int, options: int) -> ICB | None:
     """The ICB (+1), or nil: on a device without ICB support, for zero commands, or (faithful mode) for a
     descriptor the simulator does not model; strict mode names what is wrong with the descriptor."""
-    call = f"newIndirectCommandBufferWithDescriptor:maxCommandCount:{max_count} options:{options}"
+    call = Call("newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", d, desc, max_count, options)
     if not dev.spec.icb or max_count == 0:
         return None
     problem = None
@@ -77,14 +77,14 @@ def _command_at(dev: SimDevice, icb: ICB, index: int) -> ICBCommand:
     whose writes land outside the ICB and are lost."""
     if index >= icb.max_count:
         if dev.strict:
-            raise violation(8, f"indirectComputeCommandAtIndex:{index} on {icb.describe()}",
+            raise violation(8, Call("indirectComputeCommandAtIndex:", icb, index),
                             f"index {index} is not below maxCommandCount {icb.max_count}")
         return dev.new_autoreleased(ICBCommand(icb, None))  # type: ignore[no-any-return]
     return dev.new_autoreleased(ICBCommand(icb, index))  # type: ignore[no-any-return]
 
 
 # ---------------------------------------------------------------------------- the compute command
-def _slot(dev: SimDevice, cmd: ICBCommand, call: str) -> ICBSlot | None:
+def _slot(dev: SimDevice, cmd: ICBCommand, call: Call) -> ICBSlot | None:
     """The slot a setter writes (None: out of range, lost), after the rule-15 check of strict mode."""
     if not cmd.icb.alive:
         raise BridgeError(f"{call}: the ICB of this command was deallocated ({cmd.icb.describe()})")
@@ -96,11 +96,7 @@ def _slot(dev: SimDevice, cmd: ICBCommand, call: str) -> ICBSlot | None:
     return cmd.icb.slots[cmd.index]
 
 
-def _describe(cmd: ICBCommand) -> str:
-    return f"ICB command {cmd.index} of {cmd.icb.describe()}"
-
-
-def _check_threads(dev: SimDevice, slot: ICBSlot, call: str) -> None:
+def _check_threads(dev: SimDevice, slot: ICBSlot, call: Call) -> None:
     p, tg = slot.pipeline, slot.threadgroup
     if dev.strict and p is not None and slot.grid is not None and 0 not in slot.grid and 0 not in tg \
             and math.prod(tg) > p.max_threads:
@@ -110,7 +106,7 @@ def _check_threads(dev: SimDevice, slot: ICBSlot, call: str) -> None:
 
 @objc_method(ICBCommand, "setComputePipelineState:", Pipeline)
 def _cmd_pipeline(dev: SimDevice, cmd: ICBCommand, p: Pipeline) -> None:
-    call = f"setComputePipelineState: on {_describe(cmd)}"
+    call = Call("setComputePipelineState:", cmd, p)
     if dev.strict and not p.support_icb:
         raise violation(0, call, f"{p.describe()} was made without supportIndirectCommandBuffers = YES: pipelines "
                                  "an ICB uses need it (METAL.md §1)")
@@ -122,7 +118,7 @@ def _cmd_pipeline(dev: SimDevice, cmd: ICBCommand, p: Pipeline) -> None:
 
 @objc_method(ICBCommand, "setKernelBuffer:offset:atIndex:", (Buffer, NIL))
 def _cmd_buffer(dev: SimDevice, cmd: ICBCommand, buf: Buffer | None, offset: int, index: int) -> None:
-    call = f"setKernelBuffer:offset:{offset} atIndex:{index} on {_describe(cmd)}"
+    call = Call("setKernelBuffer:offset:atIndex:", cmd, buf, offset, index)
     if index >= cmd.icb.max_bind:
         if dev.strict:
             raise violation(8, call, f"index {index} is not below maxKernelBufferBindCount {cmd.icb.max_bind}")
@@ -144,7 +140,7 @@ def _cmd_buffer(dev: SimDevice, cmd: ICBCommand, buf: Buffer | None, offset: int
 
 @objc_method(ICBCommand, "concurrentDispatchThreadgroups:threadsPerThreadgroup:")
 def _cmd_dispatch(dev: SimDevice, cmd: ICBCommand, grid: tuple[int, int, int], tg: tuple[int, int, int]) -> None:
-    call = f"concurrentDispatchThreadgroups:{grid} threadsPerThreadgroup:{tg} on {_describe(cmd)}"
+    call = Call("concurrentDispatchThreadgroups:threadsPerThreadgroup:", cmd, grid, tg)
     slot = _slot(dev, cmd, call)
     if slot is not None:
         slot.grid, slot.threadgroup = grid, tg
@@ -153,6 +149,6 @@ def _cmd_dispatch(dev: SimDevice, cmd: ICBCommand, grid: tuple[int, int, int], t
 
 @objc_method(ICBCommand, "setBarrier")
 def _cmd_barrier(dev: SimDevice, cmd: ICBCommand) -> None:
-    slot = _slot(dev, cmd, f"setBarrier on {_describe(cmd)}")
+    slot = _slot(dev, cmd, Call("setBarrier", cmd))
     if slot is not None:
         slot.barrier = True

@@ -60,8 +60,8 @@ class HostMemory:
         base = self._next
         self._next = base + (max(nbytes, 1) + PAGE - 1) // PAGE * PAGE + PAGE
         reg = Region(base, data, owner, what)
+        self._regions.append(reg)  # before the base: a lock-free find never indexes past the regions
         self._bases.append(base)
-        self._regions.append(reg)
         return reg
 
     def release(self, reg: Region) -> None:

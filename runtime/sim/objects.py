@@ -17,7 +17,7 @@ from mtlir.runtime.sim.memory import Region
 
 __all__ = ["SimObject", "ClassObject", "NSString", "NSError", "Device", "CommandQueue", "CommandBuffer",
            "Encoder", "Fence", "SharedEvent", "Buffer", "Library", "Function", "CompileOptions",
-           "PipelineDescriptor", "Pipeline", "ICBDescriptor", "ICB", "ICBSlot", "ICBCommand",
+           "PipelineDescriptor", "Pipeline", "ICBDescriptor", "ICB", "ICBSlot", "ICBSlots", "ICBCommand",
            "ResidencySetDescriptor", "ResidencySet", "Dispatch", "Execute", "SignalStep", "WaitStep", "Gate",
            "Binding"]
 
@@ -325,6 +325,14 @@ class ICBSlot:
         self.barrier = False
 
 
+class ICBSlots(dict[int, ICBSlot]):
+    """The commands of an ICB by index, made on first use (an ICB of 2**24 commands costs nothing until used)."""
+
+    def __missing__(self, index: int) -> ICBSlot:
+        slot = self[index] = ICBSlot()
+        return slot
+
+
 class ICB(SimObject):
     """An MTLIndirectCommandBuffer: ``max_count`` commands (``slots``), ``max_bind`` (maxKernelBufferBindCount),
     ``version`` (bumped by every CPU write to a command: the checks cache per version), ``readers`` (in-flight
@@ -335,7 +343,7 @@ class ICB(SimObject):
     def __init__(self, max_count: int, max_bind: int, command_types: int) -> None:
         super().__init__()
         self.max_count, self.max_bind, self.command_types = max_count, max_bind, command_types
-        self.slots = [ICBSlot() for _ in range(max_count)]
+        self.slots = ICBSlots()
         self.version = 0
         self.readers: dict[CommandBuffer, list[tuple[int, int]]] = {}
         self.analysis: dict[tuple[int, int], tuple[int, Any]] = {}
@@ -350,6 +358,10 @@ class ICBCommand(SimObject):
     def __init__(self, icb: ICB, index: int | None) -> None:
         super().__init__()
         self.icb, self.index = icb, index
+
+    def describe(self) -> str:
+        where = "out of range" if self.index is None else str(self.index)
+        return f"{self.objc_class} {self.handle:#x} (command {where} of {self.icb.describe()})"
 
 
 class ResidencySetDescriptor(SimObject):

@@ -9,7 +9,6 @@ propagates unchanged (the CLI maps it to exit code 4).
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -20,17 +19,18 @@ from mtlir.metal import MTL
 from mtlir.runtime.errors import BridgeError, KernelCompileError
 from mtlir.runtime.sim.abi import NIL, objc_method
 from mtlir.runtime.sim.gpu import kernel_params
+from mtlir.runtime.sim.msl import kernel_functions
 from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, CommandQueue, CompileOptions, Device,
                                        Encoder,
                                        Fence, Function, ICBDescriptor, Library, NSError, NSString, Pipeline,
                                        PipelineDescriptor, ResidencySet, ResidencySetDescriptor, SharedEvent,
                                        SimObject)
-from mtlir.runtime.sim.rules import violation
+from mtlir.runtime.sim.rules import Call, violation
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
 
-__all__ = ["CLASSES", "kernel_functions"]
+__all__ = ["CLASSES"]
 
 # the classes objc_getClass knows, and how new/alloc make an instance
 CLASSES: dict[str, Callable[[], SimObject] | None] = {
@@ -38,13 +38,7 @@ CLASSES: dict[str, Callable[[], SimObject] | None] = {
     "MTLComputePipelineDescriptor": PipelineDescriptor, "MTLIndirectCommandBufferDescriptor": ICBDescriptor,
     "MTLResidencySetDescriptor": ResidencySetDescriptor, "MTLCompileOptions": CompileOptions,
 }
-_KERNEL_RE = re.compile(r"\b(?:kernel|\[\[\s*kernel\s*\]\])\s+void\s+([A-Za-z_]\w*)\s*\(")
 _MAX_RESIDENCY_SETS = 32  # per queue (METAL.md §2 addResidencySet:)
-
-
-def kernel_functions(msl: str) -> list[str]:
-    """The names of the ``kernel void NAME(`` functions of an MSL source, in order."""
-    return list(dict.fromkeys(_KERNEL_RE.findall(msl)))
 
 
 def _write_error(dev: SimDevice, errptr: int, err: NSError | None, where: str) -> None:
@@ -106,12 +100,12 @@ def _utf8(dev: SimDevice, s: NSString) -> int:
     return s.cstr.base
 
 
-@objc_method(NSError, "code")
+@objc_method(NSError, "code", lockless=True)
 def _code(dev: SimDevice, e: NSError) -> int:
     return e.code
 
 
-@objc_method(NSError, "localizedDescription")
+@objc_method(NSError, "localizedDescription", lockless=True)
 def _description(dev: SimDevice, e: NSError) -> NSString:
     return e.description
 
@@ -157,13 +151,13 @@ def _new_buffer(dev: SimDevice, d: Device, length: int, options: int) -> Buffer 
 @objc_method(Device, "newLibraryWithSource:options:error:", NSString, (CompileOptions, NIL))
 def _new_library(dev: SimDevice, d: Device, src: NSString, options: Any, errptr: int) -> Library | None:
     runner, kernels = dev.kernel_runner, {}
-    for name in kernel_functions(src.value):
-        try:
+    try:
+        for name in kernel_functions(src.value):
             kernels[name] = runner.compile(src.value, name)
-        except KernelCompileError as e:
-            err = dev._make_error(3, f"Compilation failed: {e}", domain="MTLLibraryErrorDomain")
-            _write_error(dev, errptr, err, "newLibraryWithSource:options:error:")
-            return None
+    except KernelCompileError as e:  # MslSyntaxError too: Metal reports both through the NSError
+        err = dev._make_error(3, f"Compilation failed: {e}", domain="MTLLibraryErrorDomain")
+        _write_error(dev, errptr, err, "newLibraryWithSource:options:error:")
+        return None
     _write_error(dev, errptr, None, "newLibraryWithSource:options:error:")
     return dev.new(Library(src.value, kernels))  # type: ignore[no-any-return]
 
@@ -198,29 +192,29 @@ def _new_pipeline(dev: SimDevice, d: Device, desc: PipelineDescriptor, options: 
     return dev.new(pipeline)  # type: ignore[no-any-return]
 
 
-@objc_method(Pipeline, "maxTotalThreadsPerThreadgroup")
+@objc_method(Pipeline, "maxTotalThreadsPerThreadgroup", lockless=True)
 def _max_threads(dev: SimDevice, p: Pipeline) -> int:
     return p.max_threads
 
 
 # ---------------------------------------------------------------------------- MTLBuffer
-@objc_method(Buffer, "contents")
+@objc_method(Buffer, "contents", lockless=True)
 def _contents(dev: SimDevice, b: Buffer) -> int:
     return 0 if b.region is None else b.region.base
 
 
-@objc_method(Buffer, "gpuAddress")
+@objc_method(Buffer, "gpuAddress", lockless=True)
 def _gpu_address(dev: SimDevice, b: Buffer) -> int:
     return b.gpu_address
 
 
-@objc_method(Buffer, "length")
+@objc_method(Buffer, "length", lockless=True)
 def _length(dev: SimDevice, b: Buffer) -> int:
     return b.length
 
 
 # ---------------------------------------------------------------------------- MTLSharedEvent
-@objc_method(SharedEvent, "signaledValue")
+@objc_method(SharedEvent, "signaledValue", lockless=True)
 def _signaled_value(dev: SimDevice, ev: SharedEvent) -> int:
     return ev.value
 
@@ -246,7 +240,7 @@ def _wait_signaled(dev: SimDevice, ev: SharedEvent, value: int, timeout_ms: int)
     """Blocks until the value reaches ``value`` (YES) or ``timeout_ms`` pass (NO). The wait is capped at the
     device's ``timeout_s``: a longer one that runs out raises ``TimeoutError``. Strict mode raises at once when
     only a skipped signal of a failed command buffer could have reached the value (rule 6)."""
-    call = f"waitUntilSignaledValue:{value} timeoutMS:{timeout_ms} on {ev.describe()}"
+    call = Call("waitUntilSignaledValue:timeoutMS:", ev, value, timeout_ms)
     timeout = timeout_ms / 1000.0
     capped = timeout > dev.timeout_s
     stuck: list[CommandBuffer] = []
@@ -307,7 +301,7 @@ def _add_residency_set(dev: SimDevice, q: CommandQueue, rs: ResidencySet) -> Non
         return
     if len(q.residency_sets) >= _MAX_RESIDENCY_SETS:
         if dev.strict:
-            raise violation(10, f"addResidencySet: on {q.describe()}",
+            raise violation(10, Call("addResidencySet:", q, rs),
                             f"a queue holds at most {_MAX_RESIDENCY_SETS} residency sets")
         return
     q.residency_sets.append(rs)

@@ -8,9 +8,11 @@ reader can look it up in METAL.md §3. GPU faults are not raised: they end a com
 """
 from __future__ import annotations
 
+from typing import Any
+
 from mtlir.runtime.errors import MetalValidationError
 
-__all__ = ["RULES", "violation", "assertion", "rule_text"]
+__all__ = ["RULES", "Call", "violation", "assertion", "rule_text"]
 
 RULES: dict[int, str] = {
     1: "one open encoder per command buffer",
@@ -32,6 +34,29 @@ RULES: dict[int, str] = {
 }
 
 
+class Call:
+    """A message as errors name it (``setKernelBuffer:buf offset:256 atIndex:0 on MTLIndirectComputeCommand ...``),
+    formatted only when an error is raised: handlers build one per call, so it must cost next to nothing."""
+
+    __slots__ = ("selector", "receiver", "args")
+
+    def __init__(self, selector: str, receiver: Any, *args: Any) -> None:
+        self.selector, self.receiver, self.args = selector, receiver, args
+
+    def __str__(self) -> str:
+        parts = self.selector.split(":")[:-1]
+        if not parts:
+            text = self.selector
+        else:
+            text = " ".join(f"{p}:{_short(a)}" for p, a in zip(parts, self.args))
+        return f"{text} on {self.receiver.describe()}"
+
+
+def _short(value: Any) -> str:
+    handle = getattr(value, "handle", None)
+    return f"{value.objc_class} {handle:#x}" if isinstance(handle, int) else str(value)
+
+
 def rule_text(rule: int) -> str:
     """``"METAL.md §3 rule N: <summary>"``; rule 0 is Metal API validation outside the numbered rules."""
     if rule == 0:
@@ -39,11 +64,11 @@ def rule_text(rule: int) -> str:
     return f"METAL.md §3 rule {rule}: {RULES[rule]}"
 
 
-def violation(rule: int, call: str, message: str) -> MetalValidationError:
+def violation(rule: int, call: object, message: str) -> MetalValidationError:
     """The error strict mode raises at ``call`` (a selector and its receiver) for breaking ``rule``."""
     return MetalValidationError(f"{call}: {message} ({rule_text(rule)})")
 
 
-def assertion(rule: int, call: str, message: str) -> MetalValidationError:
+def assertion(rule: int, call: object, message: str) -> MetalValidationError:
     """The error both modes raise where Metal's driver asserts: ``failed assertion `message'``."""
     return MetalValidationError(f"{call}: failed assertion `{message}' ({rule_text(rule)})")
