@@ -58,7 +58,7 @@ def _mtlsize_arm64(v: UOp, ctx: _AbiCtx) -> UOp:
     if got is None:
         n = ctx.pass_ctx.fresh("scratch")
         buf = UOp(Ops.OBJECT, dtypes.uint64.ptr(), (), Obj("scratch", f"scratch:{n}", (24,)))
-        stores = tuple(buf.index(UOp.const(dtypes.int64, i)).store(w) for i, w in enumerate(words))
+        stores = tuple((buf.index(UOp.const(dtypes.int64, i)) if i else buf).store(w) for i, w in enumerate(words))
         got = ctx.scratch[v] = UOp(Ops.BITCAST, PtrDType(dtypes.MTLSize), (buf,)).after(*stores)
     return got
 

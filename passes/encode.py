@@ -96,6 +96,9 @@ class _Cmd(NamedTuple):
     threadgroup: _Size
     buffers: tuple[_Bind, ...]
     vars: tuple[int, ...]                       # variables buffer slot per variable parameter
+    icb_binds: tuple[tuple[str, int, int], ...]  # IcbCommand.bindings: the named buffers, then the variable slots
+    rebound: tuple[int, ...]                    # buffer indices bound to buffer variables
+    symbolic: bool                              # sizes set per submit
 
 
 class _Plan(NamedTuple):
@@ -103,6 +106,9 @@ class _Plan(NamedTuple):
     count: int                                  # commands (0: a command buffer that only signals)
     signal: UOp | None                          # the value encodeSignalEvent:value: sends
     loop: bool                                  # a RANGE over `count` one-command buffers
+
+
+_new = tuple.__new__  # builds a NamedTuple at C speed (its generated __new__ is Python code): per-command records
 
 
 @dataclass
@@ -117,11 +123,15 @@ class _Encoder:
     keys: dict[str, Kernel] = field(default_factory=dict)
     sizes: dict[UOp, _Size] = field(default_factory=dict)
     binds: dict[UOp, _Bind] = field(default_factory=dict)
+    base_names: dict[UOp, str | None] = field(default_factory=dict)   # BUFFER / buffer variable -> placeholder
+    icb_binds: dict[tuple[UOp, int], tuple[_Bind, tuple[str, int, int]]] = field(default_factory=dict)
     buffers: dict[str, UOp] = field(default_factory=dict)      # placeholder name -> OBJECT, first-use order
     inputs: dict[UOp, int] = field(default_factory=dict)       # buffer variable -> position
     slots: dict[tuple[UOp, DType], int] = field(default_factory=dict)     # (value node, dtype) -> slot
     slot_values: list[tuple[UOp, DType]] = field(default_factory=list)    # slot -> (simplified value, dtype)
-    events: list[tuple[str, object]] = field(default_factory=list)
+    # signals and timestamps: (commands before it, "signal", value) / (commands before it, "stamp", (slot, after
+    # an EXEC)); the commands themselves are implicit, in order
+    events: list[tuple[int, str, object]] = field(default_factory=list)
     timeline: UOp | None = None
     too_far: str = ""
 
@@ -129,13 +139,16 @@ class _Encoder:
 
     def read(self, submit: UOp) -> None:
         """Parse and check every queue op. Raises ``EncodeError`` naming the command."""
+        cmds = self.cmds
+        after_exec = False
         for op in submit.src:
             if op.op is Ops.EXEC:
-                self.cmds.append(self.read_exec(op, len(self.cmds)))
-                self.events.append(("cmd", len(self.cmds) - 1))
-            elif op.op in (Ops.WAIT, Ops.SIGNAL):
+                cmds.append(self.read_exec(op, len(cmds)))
+                after_exec = True
+                continue
+            if op.op in (Ops.WAIT, Ops.SIGNAL):
                 what = "wait" if op.op is Ops.WAIT else "signal"
-                where = f"{what} after command {len(self.cmds)}"
+                where = f"{what} after command {len(cmds)}"
                 if len(op.src) != 2 or not op.src[1].dtype.is_int:
                     raise EncodeError(f"{where}: sources are (event, integer value)")
                 ev = op.src[0]
@@ -145,16 +158,17 @@ class _Encoder:
                                       f"used; cross-queue events come with multiple queues")
                 self.timeline = ev
                 if op.op is Ops.SIGNAL:
-                    self.events.append(("signal", simplify(op.src[1].cast(dtypes.uint64))))
+                    self.events.append((len(cmds), "signal", simplify(op.src[1].cast(dtypes.uint64))))
             elif op.op is Ops.TIMESTAMP:
                 if type(op.arg) is not int or op.arg < 0:
-                    raise EncodeError(f"timestamp after command {len(self.cmds)}: the slot must be an int >= 0, "
+                    raise EncodeError(f"timestamp after command {len(cmds)}: the slot must be an int >= 0, "
                                       f"got {op.arg!r}")
-                self.events.append(("stamp", op.arg))
+                self.events.append((len(cmds), "stamp", (op.arg, after_exec)))
             else:
-                raise EncodeError(f"queue op {len(self.events)}: {op.op.name} is not a queue op (EXEC, WAIT, SIGNAL, "
-                                  "TIMESTAMP)")
-        if not any(kind in ("cmd", "signal") for kind, _ in self.events):
+                raise EncodeError(f"queue op after command {len(cmds)}: {op.op.name} is not a queue op (EXEC, WAIT, "
+                                  "SIGNAL, TIMESTAMP)")
+            after_exec = False
+        if not cmds and not any(kind == "signal" for _, kind, _ in self.events):
             raise EncodeError("the submit has no command and no signal: nothing to encode")
 
     def read_exec(self, op: UOp, i: int) -> _Cmd:
@@ -162,31 +176,50 @@ class _Encoder:
         if len(src) < 3 or src[0].op is not Ops.KERNEL:
             raise EncodeError(f"command {i}: an EXEC's sources are (KERNEL, grid, threadgroup, *buffers, *vars)")
         k = self.kernels.get(src[0]) or self.read_kernel(src[0], i)
-        where = f"command {i} ({k.kernel.key})"
         nb, nv = len(k.buffers), len(k.vars)
         if len(src) != 3 + nb + nv:
-            raise EncodeError(f"{where}: the kernel takes {nb} buffers and {nv} variables, the EXEC has "
-                              f"{len(src) - 3} buffer and variable sources")
-        grid = self.sizes.get(src[1]) or self.read_size(src[1], f"{where}: grid")
-        tg = self.sizes.get(src[2]) or self.read_size(src[2], f"{where}: threadgroup")
-        binds = []
+            raise EncodeError(f"command {i} ({k.kernel.key}): the kernel takes {nb} buffers and {nv} variables, the "
+                              f"EXEC has {len(src) - 3} buffer and variable sources")
+        grid = self.sizes.get(src[1]) or self.read_size(src[1], f"command {i} ({k.kernel.key}): grid")
+        tg = self.sizes.get(src[2]) or self.read_size(src[2], f"command {i} ({k.kernel.key}): threadgroup")
+        binds, icb, rebound = [], [], []
+        memo = self.icb_binds
         for (index, itemsize), b in zip(k.buffers, src[3:3 + nb]):
-            bind = self.binds.get(b) or self.read_buffer(b, f"{where}: buffer parameter {index}")
-            if bind.offset % itemsize:
-                raise EncodeError(f"{where}: buffer parameter {index} is bound at byte offset {bind.offset}, not a "
-                                  f"multiple of its element size {itemsize} (METAL.md §1)")
-            if bind.offset > MAX_ICB_OFFSET and not self.too_far:
-                self.too_far = (f"command {i} ({k.kernel.key}) binds {bind.name or 'a buffer variable'} at byte "
-                                f"offset {bind.offset}, above 0xFFFFFFFF, which an ICB command cannot hold "
-                                "(METAL.md §3 rule 8)")
+            got = memo.get((b, index))
+            if got is None:
+                got = self.check_bind(b, index, itemsize, i, k)
+            bind, triple = got
             binds.append(bind)
+            if bind.name is None:
+                rebound.append(index)
+            else:
+                icb.append(triple)
         slots = []
         for (index, dt), v in zip(k.vars, src[3 + nb:]):
             slot = self.slots.get((v, dt))
             if slot is None:
-                slot = self.read_var(v, dt, f"{where}: variable parameter {index}")
+                slot = self.read_var(v, dt, f"command {i} ({k.kernel.key}): variable parameter {index}")
             slots.append(slot)
-        return _Cmd(k, grid, tg, tuple(binds), tuple(slots))
+            icb.append(("varbuf", slot * VAR_SLOT, index))
+        return _new(_Cmd, (k, grid, tg, tuple(binds), tuple(slots), tuple(icb), tuple(rebound),
+                           grid.symbolic or tg.symbolic))
+
+    def check_bind(self, b: UOp, index: int, itemsize: int, i: int, k: _Kernel) -> tuple[_Bind, tuple[str, int, int]]:
+        """Read buffer argument ``b`` of parameter ``index`` and check its offset, once per (node, index) (an
+        offset too far for an ICB is checked at every use); the binding and its ICB binding triple."""
+        bind = self.binds.get(b) or self.read_buffer(b, f"command {i} ({k.kernel.key}): buffer parameter {index}")
+        if bind.offset % itemsize:
+            raise EncodeError(f"command {i} ({k.kernel.key}): buffer parameter {index} is bound at byte offset "
+                              f"{bind.offset}, not a multiple of its element size {itemsize} (METAL.md §1)")
+        got = (bind, (bind.name or "", bind.offset, index))
+        if bind.offset > MAX_ICB_OFFSET:
+            if not self.too_far:
+                self.too_far = (f"command {i} ({k.kernel.key}): buffer parameter {index} binds "
+                                f"{bind.name or 'a buffer variable'} at byte offset {bind.offset}, above 0xFFFFFFFF, "
+                                "which an ICB command cannot hold (METAL.md §3 rule 8)")
+        else:
+            self.icb_binds[(b, index)] = got
+        return got
 
     def read_kernel(self, node: UOp, i: int) -> _Kernel:
         kernel = node.arg
@@ -226,6 +259,7 @@ class _Encoder:
         return size
 
     def read_buffer(self, node: UOp, where: str) -> _Bind:
+        """A buffer argument (BUFFER, BUFFER_VIEW or buffer variable) as (base, byte offset, placeholder name)."""
         base, offset = node, 0
         if node.op is Ops.BUFFER_VIEW:
             if len(node.src) != 1 or not isinstance(node.arg, tuple) or len(node.arg) != 2:
@@ -237,26 +271,33 @@ class _Encoder:
             if base.op is Ops.BUFFER and offset + nbytes > base.arg[1]:
                 raise EncodeError(f"{where}: view [{offset}, {offset + nbytes}) runs past the end of buffer "
                                   f"{base.arg[0]!r} ({base.arg[1]} bytes)")
+        pname = self.base_names.get(base, "?")
+        if pname == "?":
+            pname = self.read_base(base, where)
+        bind = self.binds[node] = _new(_Bind, (base, offset, pname))
+        return bind
+
+    def read_base(self, base: UOp, where: str) -> str | None:
+        """The placeholder name of a BUFFER (its OBJECT made once), None for a buffer variable."""
         if base.op is Ops.BUFFER:
             name, nbytes = base.arg if isinstance(base.arg, tuple) and len(base.arg) == 2 else (None, None)
             if not isinstance(name, str) or type(nbytes) is not int or nbytes < 1:
                 raise EncodeError(f"{where}: a BUFFER's arg is (name, nbytes >= 1), got {base.arg!r}")
-            pname = placeholder_name(base)
-            obj = self.buffers.get(pname)
+            pname: str | None = placeholder_name(base)
+            obj = self.buffers.get(pname)  # type: ignore[arg-type]
             if obj is None:
-                obj = self.buffers[pname] = _obj("buffer", pname, (nbytes,))
+                self.buffers[pname] = _obj("buffer", pname, (nbytes,))  # type: ignore[index]
             elif obj.arg.payload[0] != nbytes:
                 raise EncodeError(f"{where}: two buffers are named {name!r}, of {obj.arg.payload[0]} and {nbytes} "
                                   "bytes")
-            bind = _Bind(base, offset, pname)
         elif base.op is Ops.DEFINE_VAR and base.dtype is dtypes.id:
             self.inputs.setdefault(base, len(self.inputs))
-            bind = _Bind(base, offset, None)
+            pname = None
         else:
             raise EncodeError(f"{where}: {base.op.name}<{base.dtype.name}> is not a buffer (BUFFER, BUFFER_VIEW or a "
                               "buffer variable)")
-        self.binds[node] = bind
-        return bind
+        self.base_names[base] = pname
+        return pname
 
     def read_var(self, v: UOp, dt: DType, where: str) -> int:
         if not v.dtype.is_int:
@@ -276,59 +317,63 @@ class _Encoder:
     # ---- planning the command buffers
 
     def plans(self, profiled: bool, loops: bool) -> list[_Plan]:
-        """The command buffers of the submit (module docstring); ``loops``: fold one-command buffers into loops."""
-        plans: list[list] = []
-        for kind, val in self.events:
-            if kind == "cmd":
-                if plans and plans[-1][2] is None and not profiled and plans[-1][1]:
-                    plans[-1][1] += 1
+        """The command buffers of the submit (module docstring); ``loops``: fold runs of one-command buffers
+        without a signal into loops."""
+        n = len(self.cmds)
+        signals = [(pos, val) for pos, kind, val in self.events if kind == "signal"]
+        plans: list[_Plan] = []
+        if not profiled:
+            start = 0
+            for pos, val in signals:
+                plans.append(_Plan(start, pos - start, val, False))  # type: ignore[arg-type]
+                start = pos
+            if start < n:
+                plans.append(_Plan(start, n - start, None, False))
+            return plans
+        j = 0
+        for pos in range(n + 1):
+            while j < len(signals) and signals[j][0] == pos:
+                last = plans[-1] if plans else None
+                if last is not None and last.count and last.signal is None and last.first + last.count == pos:
+                    plans[-1] = last._replace(signal=signals[j][1])
                 else:
-                    plans.append([val, 1, None])
-            elif kind == "signal":
-                if plans and plans[-1][2] is None and plans[-1][1]:
-                    plans[-1][2] = val
-                else:
-                    first = plans[-1][0] + plans[-1][1] if plans else 0
-                    plans.append([first, 0, val])
+                    plans.append(_Plan(pos, 0, signals[j][1], False))  # type: ignore[arg-type]
+                j += 1
+            if pos < n:
+                plans.append(_Plan(pos, 1, None, False))
+        if not loops:
+            return plans
         out: list[_Plan] = []
-        for first, count, sig in plans:
+        for p in plans:
             prev = out[-1] if out else None
-            if loops and count == 1 and sig is None and prev is not None and prev.signal is None \
-                    and prev.count >= 1 and (prev.loop or prev.count == 1) and prev.first + prev.count == first:
+            if p.count == 1 and p.signal is None and prev is not None and prev.signal is None and prev.count >= 1 \
+                    and prev.first + prev.count == p.first:
                 out[-1] = _Plan(prev.first, prev.count + 1, None, True)
             else:
-                out.append(_Plan(first, count, sig, False))
+                out.append(p)
         return out
 
     def stamps(self, plans: list[_Plan]) -> tuple[Stamp, ...]:
-        """Which command buffer's GPU time each timestamp slot gets (``Queue.timestamp``)."""
-        cb_of: dict[int, int] = {}
+        """Which command buffer's GPU time each timestamp slot gets (``Queue.timestamp``): right after an EXEC its
+        end, else the start of the next command, else the end of the last one."""
+        n = len(self.cmds)
+        cb_of = [0] * n
         slot = 0
         for p in plans:
             for c in range(p.first, p.first + p.count):
                 cb_of[c] = slot + (c - p.first if p.loop else 0)
             slot += p.count if p.loop else 1
-        next_cmd: list[int | None] = [None] * len(self.events)
-        nxt: int | None = None
-        for j in range(len(self.events) - 1, -1, -1):
-            next_cmd[j] = nxt
-            if self.events[j][0] == "cmd":
-                nxt = int(self.events[j][1])  # type: ignore[call-overload]
         out = []
-        last_cmd = None
-        for j, (kind, val) in enumerate(self.events):
-            if kind == "cmd":
-                last_cmd = val
+        for pos, kind, val in self.events:
             if kind != "stamp":
                 continue
-            nxt = next_cmd[j]
-            prev_is_cmd = j > 0 and self.events[j - 1][0] == "cmd"
-            if prev_is_cmd or (nxt is None and last_cmd is not None):
-                out.append(Stamp(int(val), cb_of[int(last_cmd)], "GPUEndTime"))  # type: ignore[arg-type]
-            elif nxt is not None:
-                out.append(Stamp(int(val), cb_of[int(nxt)], "GPUStartTime"))  # type: ignore[arg-type]
+            stamp_slot, after_exec = val  # type: ignore[misc]
+            if after_exec or (pos == n and n > 0):
+                out.append(Stamp(stamp_slot, cb_of[pos - 1], "GPUEndTime"))
+            elif pos < n:
+                out.append(Stamp(stamp_slot, cb_of[pos], "GPUStartTime"))
             else:
-                raise EncodeError(f"timestamp slot {val}: the submit has no command to time")
+                raise EncodeError(f"timestamp slot {stamp_slot}: the submit has no command to time")
         return tuple(out)
 
 
@@ -362,20 +407,20 @@ class _Builder:
             inits = tuple((slot * VAR_SLOT, dt.name, int(v.arg)) for slot, (v, dt) in enumerate(values)
                           if v.op is Ops.CONST)
             self.varbuf = _obj("varbuf", "varbuf", (VAR_SLOT * len(values), inits))
-            self.contents = _obj("contents", "contents:varbuf", ("varbuf",), dtypes.uint8.ptr())
+            self.contents = _obj("contents", "contents:varbuf", (self.varbuf.arg,), dtypes.uint8.ptr())
             for slot, (v, dt) in enumerate(values):
                 if v.op is not Ops.CONST:
                     patches.append(self.slot_ptr(slot).bitcast(dt.ptr()).store(v))
         if self.icb_path:
             self.icb = _obj("icb", "icb", (self.icb_spec(),))
             for i, c in enumerate(e.cmds):
-                if not (c.grid.symbolic or c.threadgroup.symbolic or any(b.name is None for b in c.buffers)):
+                if not (c.symbolic or c.rebound):
                     continue
                 cmd = _obj("icbcmd", f"icb[{i}]", (i,))
                 for (index, _), b in zip(c.kernel.buffers, c.buffers):
                     if b.name is None:
                         patches.append(msg("setKernelBuffer:offset:atIndex:", cmd, b.base, u64(b.offset), u64(index)))
-                if c.grid.symbolic or c.threadgroup.symbolic:
+                if c.symbolic:
                     patches.append(msg("concurrentDispatchThreadgroups:threadsPerThreadgroup:", cmd, c.grid.node,
                                        c.threadgroup.node))
             if not e.device.residency_set:
@@ -389,17 +434,8 @@ class _Builder:
 
     def icb_spec(self) -> IcbSpec:
         e = self.e
-        out = []
-        for c in e.cmds:
-            k = c.kernel
-            binds = tuple([(b.name, b.offset, index) for (index, _), b in zip(k.buffers, c.buffers)
-                           if b.name is not None])
-            if k.vars:
-                binds += tuple([("varbuf", slot * VAR_SLOT, index) for (index, _), slot in zip(k.vars, c.vars)])
-            rebound = tuple([index for (index, _), b in zip(k.buffers, c.buffers) if b.name is None]) \
-                if e.inputs else ()
-            out.append(IcbCommand(k.pipeline.arg.name, binds, c.grid.link, c.threadgroup.link, True,
-                                  c.grid.symbolic or c.threadgroup.symbolic, k.var_names, rebound))
+        out = [_new(IcbCommand, (c.kernel.pipeline.arg.name, c.icb_binds, c.grid.link, c.threadgroup.link, True,
+                                 c.symbolic, c.kernel.var_names, c.rebound)) for c in e.cmds]
         pipelines = tuple(dict.fromkeys(k.pipeline.arg for k in e.kernels.values()))
         buffers = tuple(o.arg for o in e.buffers.values())
         if self.varbuf is not None:
@@ -412,10 +448,12 @@ class _Builder:
     def warmup(self, enc: list[UOp], first: int, count: int) -> None:
         """setComputePipelineState: + a zero-size dispatch per distinct pipeline of the commands, first use first."""
         zero = UOp.struct(dtypes.MTLSize, 0, 0, 0)
-        seen: dict[UOp, None] = {}
-        for c in self.e.cmds[first:first + count]:
-            seen.setdefault(c.kernel.pipeline)
-        for pipe in seen:
+        cmds = self.e.cmds
+        if first == 0 and count == len(cmds):  # the whole submit: the kernels in the order encode met them
+            pipes = list(dict.fromkeys(k.pipeline for k in self.e.kernels.values()))
+        else:
+            pipes = list(dict.fromkeys(cmds[c].kernel.pipeline for c in range(first, first + count)))
+        for pipe in pipes:
             self.send(enc, "setComputePipelineState:", pipe)
             self.send(enc, "dispatchThreadgroups:threadsPerThreadgroup:", zero, zero)
 
@@ -475,7 +513,7 @@ class _Builder:
 
     def build(self) -> UOp:
         e = self.e
-        profiled = any(kind == "stamp" for kind, _ in e.events)
+        profiled = any(kind == "stamp" for _, kind, _ in e.events)
         plans = e.plans(profiled, loops=profiled and self.icb_path)
         stamps = e.stamps(plans) if profiled else ()
         ncbs = sum(p.count if p.loop else 1 for p in plans)

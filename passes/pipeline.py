@@ -8,11 +8,14 @@ always. After every pass its verifier (``passes.verify``) checks the graph for t
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import re
 import sys
 import time
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any, ClassVar, TextIO
 
 from mtlir.program import Program
@@ -179,6 +182,11 @@ class Pipeline:
         ``print_after_all`` prints each stage to ``out`` (default stderr). ``keep_stages`` keeps every stage
         (``("input", graph)`` first). Raises what the passes and verifiers raise (``VerifyError`` names the pass
         and the node)."""
+        with _gc_paused():
+            return self._run(graph, print_after_all, keep_stages, out, verify)
+
+    def _run(self, graph: UOp, print_after_all: bool, keep_stages: bool, out: TextIO | None,
+             verify: bool) -> Lowered:
         from mtlir.passes.verify import stage_text
         ctx = PassContext()
         stages: list[tuple[str, UOp | Program]] = [("input", graph)] if keep_stages else []
@@ -202,6 +210,20 @@ class Pipeline:
                 print(f"// -----// IR after {p} //----- //", file=stream)
                 print(stage_text(cur), file=stream)
         return Lowered(cur, stages, timings, ctx.diagnostics, self)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector (reference counting still frees everything): a lowering allocates
+    a few small objects per command, and every collection rescans the whole heap, which made the cost per command
+    grow with the queue (12 µs at 100,000 commands against 7 µs at 1,000)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 @dataclass(frozen=True)

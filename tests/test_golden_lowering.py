@@ -1,0 +1,249 @@
+"""Golden tests of the exact message sequence one submit sends (METAL.md §1), at the Program level and through the
+runtime's RecordingBridge, for every combination: Apple7 vs Apple9, residency set or not, ICB or direct path,
+symbolic sizes or not, timestamps or not, arm64 vs x86_64; from Python (``small_queue``) and from the traces."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from lowering_cases import TRACES, message_lines, small_queue
+
+from mtlir.dtypes import PtrDType, dtypes
+from mtlir.metal import DeviceSpec
+from mtlir.passes import lower
+from mtlir.trace import load_trace
+
+# ---- the blocks of METAL.md §1, literally (small_queue: saxpy(x, y[256:]), scale(y, z), saxpy(z, x))
+
+PATCH_SYMBOLIC = ["icb[0] concurrentDispatchThreadgroups:threadsPerThreadgroup: * [32,1,1]"]
+OPEN = ["queue commandBuffer", "cmdbuf retain", "cmdbuf computeCommandEncoder", "encoder waitForFence: fence"]
+USE_RESOURCES = ["encoder useResources:count:usage: resources 4 3"]  # x, y, z and the variables buffer
+WARMUP_SAXPY = ["encoder setComputePipelineState: pipeline:saxpy",
+                "encoder dispatchThreadgroups:threadsPerThreadgroup: [0,0,0] [0,0,0]"]
+WARMUP_SCALE = ["encoder setComputePipelineState: pipeline:scale",
+                "encoder dispatchThreadgroups:threadsPerThreadgroup: [0,0,0] [0,0,0]"]
+CLOSE = ["encoder updateFence: fence", "encoder endEncoding"]
+SIGNAL = ["cmdbuf encodeSignalEvent:value: event timeline"]
+COMMIT = ["cmdbuf commit"]
+
+
+def direct(i: int, symbolic: bool) -> list[str]:
+    """The direct path's messages of command ``i`` of small_queue."""
+    return [
+        ["encoder setComputePipelineState: pipeline:saxpy", "encoder setBuffer:offset:atIndex: buffer:x 0 0",
+         "encoder setBuffer:offset:atIndex: buffer:y 256 1", "encoder setBytes:length:atIndex: contents:varbuf 4 2",
+         f"encoder dispatchThreadgroups:threadsPerThreadgroup: {'*' if symbolic else '[4,1,1]'} [32,1,1]"],
+        ["encoder setComputePipelineState: pipeline:scale", "encoder setBuffer:offset:atIndex: buffer:y 0 0",
+         "encoder setBuffer:offset:atIndex: buffer:z 0 1",
+         "encoder dispatchThreadgroups:threadsPerThreadgroup: [2,2,1] [16,2,1]"],
+        ["encoder setComputePipelineState: pipeline:saxpy", "encoder setBuffer:offset:atIndex: buffer:z 0 0",
+         "encoder setBuffer:offset:atIndex: buffer:x 0 1", "encoder setBytes:length:atIndex: contents:varbuf 4 2",
+         "encoder dispatchThreadgroups:threadsPerThreadgroup: [8,1,1] [32,1,1]"],
+    ][i]
+
+
+def expected(family: str, residency: bool, icb: bool, symbolic: bool, timestamps: bool) -> list[str]:
+    """The golden sequence of small_queue for one combination, assembled from the literal blocks above."""
+    warm = family == "Apple7"
+    res = [] if residency or not icb else USE_RESOURCES
+    if icb:
+        patches = PATCH_SYMBOLIC if symbolic else []
+        if not timestamps:
+            return (patches + OPEN + res + (WARMUP_SAXPY + WARMUP_SCALE if warm else [])
+                    + ["encoder executeCommandsInBuffer:withRange: icb 0 3"] + CLOSE + SIGNAL + COMMIT)
+        # profiled: one command buffer per command; the first two as a loop, the last one signals
+        loop = (["for 2"] + OPEN + res + (WARMUP_SAXPY + WARMUP_SCALE if warm else [])
+                + ["encoder executeCommandsInBuffer:withRange: icb * 1"] + CLOSE + COMMIT + ["end"])
+        last = (OPEN + res + (WARMUP_SAXPY if warm else []) + ["encoder executeCommandsInBuffer:withRange: icb 2 1"]
+                + CLOSE + SIGNAL + COMMIT)
+        return patches + loop + last
+    if not timestamps:
+        return OPEN + direct(0, symbolic) + direct(1, symbolic) + direct(2, symbolic) + CLOSE + SIGNAL + COMMIT
+    return (OPEN + direct(0, symbolic) + CLOSE + COMMIT + OPEN + direct(1, symbolic) + CLOSE + COMMIT
+            + OPEN + direct(2, symbolic) + CLOSE + SIGNAL + COMMIT)
+
+
+COMBOS = list(itertools.product(("Apple7", "Apple9"), (True, False), (True, False), (False, True), (False, True),
+                                ("arm64", "x86_64")))
+
+
+def _id(c: tuple) -> str:
+    fam, res, icb, sym, ts, target = c
+    return "-".join([fam, "rs" if res else "nors", "icb" if icb else "direct", "sym" if sym else "const",
+                     "ts" if ts else "nots", target])
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=_id)
+def test_every_combination(combo: tuple) -> None:
+    family, residency, icb, symbolic, timestamps, target = combo
+    device = DeviceSpec(family, residency_set=residency, icb=icb)
+    program = lower(small_queue(device, symbolic=symbolic, timestamps=timestamps), target=target).program
+    assert message_lines(program) == expected(family, residency, icb, symbolic, timestamps)
+    assert program.target == target and program.device == device
+
+
+def test_literal_apple7_icb_without_residency_set() -> None:
+    """One combination written out whole, as METAL.md §1 lists the steps."""
+    program = lower(small_queue(DeviceSpec("Apple7", residency_set=False), symbolic=True), target="arm64").program
+    assert message_lines(program) == [
+        "icb[0] concurrentDispatchThreadgroups:threadsPerThreadgroup: * [32,1,1]",  # 6: any time before the ICB runs
+        "queue commandBuffer",                                                     # 1
+        "cmdbuf retain",                                                           # kept for the runtime's checks
+        "cmdbuf computeCommandEncoder",                                            # 2
+        "encoder waitForFence: fence",                                             # 3
+        "encoder useResources:count:usage: resources 4 3",                         # 4
+        "encoder setComputePipelineState: pipeline:saxpy",                         # 5: each pipeline once
+        "encoder dispatchThreadgroups:threadsPerThreadgroup: [0,0,0] [0,0,0]",
+        "encoder setComputePipelineState: pipeline:scale",
+        "encoder dispatchThreadgroups:threadsPerThreadgroup: [0,0,0] [0,0,0]",
+        "encoder executeCommandsInBuffer:withRange: icb 0 3",                      # 7
+        "encoder updateFence: fence",                                              # 8
+        "encoder endEncoding",                                                     # 9
+        "cmdbuf encodeSignalEvent:value: event timeline",                          # 10
+        "cmdbuf commit",                                                           # 11
+    ]
+
+
+def test_literal_apple9_with_residency_set_is_ten_messages() -> None:
+    program = lower(small_queue(DeviceSpec("Apple9")), target="x86_64").program
+    assert message_lines(program) == [
+        "queue commandBuffer", "cmdbuf retain", "cmdbuf computeCommandEncoder", "encoder waitForFence: fence",
+        "encoder executeCommandsInBuffer:withRange: icb 0 3", "encoder updateFence: fence", "encoder endEncoding",
+        "cmdbuf encodeSignalEvent:value: event timeline", "cmdbuf commit"]
+
+
+@pytest.mark.parametrize("target", ["arm64", "x86_64"])
+def test_struct_arguments_travel_per_target(target: str) -> None:
+    """NSRange: two words on both targets; MTLSize: a pointer on arm64, by value on x86_64 (METAL.md §2)."""
+    program = lower(small_queue(DeviceSpec("Apple7"), symbolic=True), target=target).program
+    protos = {c.selector: c.proto for c in program.calls()}
+    size = PtrDType(dtypes.MTLSize) if target == "arm64" else dtypes.MTLSize
+    assert protos["dispatchThreadgroups:threadsPerThreadgroup:"].args == (dtypes.id, dtypes.SEL, size, size)
+    assert protos["concurrentDispatchThreadgroups:threadsPerThreadgroup:"].args == (dtypes.id, dtypes.SEL, size, size)
+    assert protos["executeCommandsInBuffer:withRange:"].args == (dtypes.id, dtypes.SEL, dtypes.id, dtypes.uint64,
+                                                                  dtypes.uint64)
+    assert protos["encodeSignalEvent:value:"].args == (dtypes.id, dtypes.SEL, dtypes.id, dtypes.uint64)
+    kinds = {o.kind for o in program.objects.values()}
+    assert ("struct" in kinds and "scratch" in kinds) == (target == "arm64")
+
+
+def test_a_far_offset_goes_on_the_direct_path_with_a_diagnostic() -> None:
+    lowered = lower(small_queue(DeviceSpec("Apple9"), far_offset=True), target="arm64")
+    lines = message_lines(lowered.program)
+    assert "encoder setBuffer:offset:atIndex: buffer:y 4294967552 1" in lines
+    assert not any("executeCommandsInBuffer" in m for m in lines)
+    assert len(lowered.diagnostics) == 1
+    assert "command 0 (saxpy)" in lowered.diagnostics[0] and "0xFFFFFFFF" in lowered.diagnostics[0]
+
+
+# ---- traces
+
+
+def _warmups(lines: list[str]) -> list[str]:
+    return [m.split()[-1] for m in lines if "setComputePipelineState:" in m]
+
+
+@pytest.mark.parametrize("path", sorted(TRACES.glob("*.json")), ids=lambda p: p.name.removesuffix(".json"))
+def test_every_trace_warms_each_pipeline_once_in_first_use_order(path) -> None:
+    trace = load_trace(path)
+    first_use = list(dict.fromkeys(f"pipeline:{d.kernel}" for d in trace.dispatches))
+    for family in ("Apple7", "Apple9"):
+        lines = message_lines(lower(trace.queue(DeviceSpec(family)), target="arm64").program)
+        assert _warmups(lines) == (first_use if family == "Apple7" else [])
+        assert lines.count(f"encoder executeCommandsInBuffer:withRange: icb 0 {len(trace.dispatches)}") == 1
+
+
+def test_mlp_deep_uses_one_pipeline_four_times_and_warms_it_once() -> None:
+    trace = load_trace(TRACES / "mlp_deep.apple7.json")
+    assert len(trace.dispatches) == 4 and len({d.kernel for d in trace.dispatches}) == 1
+    program = lower(trace.queue(DeviceSpec("Apple7", residency_set=False)), target="arm64").program
+    assert message_lines(program) == [
+        "queue commandBuffer", "cmdbuf retain", "cmdbuf computeCommandEncoder", "encoder waitForFence: fence",
+        "encoder useResources:count:usage: resources 7 3",  # buffers 6, 1, 2, 3, 4, 9, 5: no variables buffer
+        "encoder setComputePipelineState: pipeline:r_16_64_16_4",
+        "encoder dispatchThreadgroups:threadsPerThreadgroup: [0,0,0] [0,0,0]",
+        "encoder executeCommandsInBuffer:withRange: icb 0 4", "encoder updateFence: fence", "encoder endEncoding",
+        "cmdbuf encodeSignalEvent:value: event timeline", "cmdbuf commit"]
+    res = next(o for o in program.objects.values() if o.kind == "resources")
+    assert res.payload == ("buffer:6", "buffer:1", "buffer:2", "buffer:3", "buffer:4", "buffer:9", "buffer:5")
+
+
+def test_symbolic_kv_sets_the_two_symbolic_grids_per_submit() -> None:
+    trace = load_trace(TRACES / "symbolic_kv.apple7.json")
+    program = lower(trace.queue(), target="x86_64").program
+    lines = message_lines(program)
+    assert lines[:3] == ["icb[0] concurrentDispatchThreadgroups:threadsPerThreadgroup: * [16,1,1]",
+                         "icb[3] concurrentDispatchThreadgroups:threadsPerThreadgroup: * [1,1,1]",
+                         "queue commandBuffer"]
+    assert _warmups(lines) == ["pipeline:r_start_pos_16", "pipeline:r_start_pos", "pipeline:r_start_pos_v2",
+                               "pipeline:E_start_pos", "pipeline:r_4_4_start_pos"]
+    assert set(program.variables) == {"start_pos", "timeline"}
+    # the variable's value is patched into the one variables buffer before anything runs
+    assert any(i[0] == "STORE" and i[4] == program.variables["start_pos"][0] for i in program.instrs[:program.patch_end()])
+
+
+def test_cnn_apple9_with_residency_set_sends_the_same_few_messages() -> None:
+    trace = load_trace(TRACES / "cnn.apple9.json")
+    lines = message_lines(lower(trace.queue(), target="arm64").program)
+    assert lines == ["queue commandBuffer", "cmdbuf retain", "cmdbuf computeCommandEncoder",
+                     "encoder waitForFence: fence", f"encoder executeCommandsInBuffer:withRange: icb 0 "
+                     f"{len(trace.dispatches)}", "encoder updateFence: fence", "encoder endEncoding",
+                     "cmdbuf encodeSignalEvent:value: event timeline", "cmdbuf commit"]
+
+
+# ---- through the runtime's RecordingBridge: loops unrolled, values evaluated, objects by name
+
+runtime = pytest.importorskip("mtlir.runtime")
+
+
+def _record(program, **values):  # type: ignore[no-untyped-def]
+    bridge = runtime.RecordingBridge(target=program.target)
+    with runtime.Session(program, bridge) as s:
+        return s.record_submit(**values)
+
+
+def test_recorded_symbolic_kv_is_the_same_on_both_targets() -> None:
+    trace = load_trace(TRACES / "symbolic_kv.apple7.json")
+    records = [_record(lower(trace.queue(), target=t).program, start_pos=7, timeline=3) for t in ("arm64", "x86_64")]
+    assert records[0] == records[1]
+    assert json.loads(json.dumps(records[0])) == records[0]  # plain JSON, as `mtlir lower --json` prints it
+    assert [(m["receiver"], m["selector"], m["args"]) for m in records[0]] == [
+        ("icb[0]", "concurrentDispatchThreadgroups:threadsPerThreadgroup:", [[7, 1, 1], [16, 1, 1]]),
+        ("icb[3]", "concurrentDispatchThreadgroups:threadsPerThreadgroup:", [[7, 1, 1], [1, 1, 1]]),
+        ("queue", "commandBuffer", []),
+        *[(m["receiver"], "retain", []) for m in records[0][3:4]],
+        *[(m["receiver"], "computeCommandEncoder", []) for m in records[0][4:5]],
+        (records[0][5]["receiver"], "waitForFence:", ["fence"]),
+        *[(records[0][5]["receiver"], sel, args) for k in ("r_start_pos_16", "r_start_pos", "r_start_pos_v2",
+                                                            "E_start_pos", "r_4_4_start_pos")
+          for sel, args in (("setComputePipelineState:", [f"pipeline:{k}"]),
+                            ("dispatchThreadgroups:threadsPerThreadgroup:", [[0, 0, 0], [0, 0, 0]]))],
+        (records[0][5]["receiver"], "executeCommandsInBuffer:withRange:", ["icb", [0, 5]]),
+        (records[0][5]["receiver"], "updateFence:", ["fence"]),
+        (records[0][5]["receiver"], "endEncoding", []),
+        (records[0][3]["receiver"], "encodeSignalEvent:value:", ["event", 3]),
+        (records[0][3]["receiver"], "commit", []),
+    ]
+
+
+@pytest.mark.parametrize("target", ["arm64", "x86_64"])
+def test_recorded_profiled_submit_unrolls_one_command_buffer_per_command(target: str) -> None:
+    program = lower(small_queue(DeviceSpec("Apple9"), timestamps=True), target=target).program
+    msgs = _record(program, n=100, timeline=1)
+    sels = [m["selector"] for m in msgs]
+    assert sels.count("commandBuffer") == sels.count("commit") == 3
+    ranges = [m["args"][1] for m in msgs if m["selector"] == "executeCommandsInBuffer:withRange:"]
+    assert ranges == [[0, 1], [1, 1], [2, 1]]
+    assert [m["args"] for m in msgs if m["selector"] == "encodeSignalEvent:value:"] == [["event", 1]]
+    assert sels.index("encodeSignalEvent:value:") > max(i for i, s in enumerate(sels) if s == "commandBuffer")
+
+
+@pytest.mark.parametrize("target", ["arm64", "x86_64"])
+def test_recorded_direct_path_binds_every_argument(target: str) -> None:
+    program = lower(small_queue(DeviceSpec("Apple7", icb=False), symbolic=True), target=target).program
+    msgs = [(m["selector"], m["args"]) for m in _record(program, n=100, timeline=9)]
+    assert ("dispatchThreadgroups:threadsPerThreadgroup:", [[4, 1, 1], [32, 1, 1]]) in msgs  # (100 + 31) // 32
+    assert ("setBuffer:offset:atIndex:", ["buffer:y", 256, 1]) in msgs
+    assert [s for s, _ in msgs].count("setBytes:length:atIndex:") == 2
+    assert not any(s in ("useResources:count:usage:", "executeCommandsInBuffer:withRange:") for s, _ in msgs)
