@@ -121,7 +121,7 @@ def arg_text(v: Any) -> str:
         fields = ", ".join(f"{f.name}={arg_text(getattr(v, f.name))}" for f in dataclasses.fields(v) if f.init)
         return f"{t.__name__}({fields})"
     raise TypeError(f"the text form has no way to print a {t.__qualname__} ({v!r:.60}): register its class with "
-                    "mtlir.render.register_arg_type (frozen dataclasses and Enums)")
+                    "mtlir.render.register_arg_type (frozen dataclasses, NamedTuples, tuple subclasses, Enums)")
 
 
 def _node_text(u: UOp, names: dict[UOp, str]) -> str:
@@ -287,25 +287,27 @@ def parse(text: str) -> UOp:
 # ---- listing
 
 def short_arg(v: Any, width: int = 48) -> str:
-    """A short one-line text of an arg for listings and pictures: long strings and fields are cut with ``…``,
-    dataclasses show their fields by name (long ones cut), at most ``width`` characters overall."""
-    text = _short(v, width)
+    """A short one-line text of an arg for listings and pictures, at most ``width`` characters: a string is cut
+    with ``…`` (its closing quote kept), fields inside tuples and dataclasses get half the width each, and a
+    dataclass shows its fields by name (those its ``repr`` shows)."""
+    text = _short(v, width, width)
     return text if len(text) <= width else text[:max(width - 1, 1)] + "…"
 
 
-def _short(v: Any, width: int) -> str:
-    field_width = max(width // 2, 12)
+def _short(v: Any, width: int, limit: int) -> str:
+    inner = max(width // 2, 12)
     if type(v) in (str, bytes):
         text = repr(v)
-        return text if len(text) <= field_width else text[:field_width - 2] + "…" + text[-1]
+        return text if len(text) <= limit else text[:limit - 2] + "…" + text[-1]
     if type(v) is tuple:
-        return "(" + ", ".join(_short(x, width) for x in v) + ("," if len(v) == 1 else "") + ")"
+        return "(" + ", ".join(_short(x, width, inner) for x in v) + ("," if len(v) == 1 else "") + ")"
     if isinstance(v, tuple) and hasattr(type(v), "_fields"):
-        return f"{type(v).__name__}({', '.join(f'{f}={_short(x, width)}' for f, x in zip(type(v)._fields, v))})"
+        fields = zip(type(v)._fields, v)
+        return f"{type(v).__name__}({', '.join(f'{f}={_short(x, width, inner)}' for f, x in fields)})"
     if isinstance(v, tuple):  # a tuple subclass holding a payload: its own (short) repr
         return repr(v)
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        shown = [f"{f.name}={_short(getattr(v, f.name), width)}" for f in dataclasses.fields(v) if f.repr]
+        shown = [f"{f.name}={_short(getattr(v, f.name), width, inner)}" for f in dataclasses.fields(v) if f.repr]
         return f"{type(v).__name__}({', '.join(shown)})"
     try:
         return arg_text(v)
@@ -313,7 +315,7 @@ def _short(v: Any, width: int) -> str:
         return repr(v)
 
 
-def listing(graph: UOp, width: int = 60, names: Callable[[UOp], str | None] | None = None) -> str:
+def listing(graph: UOp, width: int = 80, names: Callable[[UOp], str | None] | None = None) -> str:
     """A compact listing, one node per line in toposort order: ``%12 = ADD int32 %3, %7`` then the arg (cut to
     ``width`` characters) and the tag. ``names`` may give a node a readable name shown as a comment."""
     ids: dict[UOp, int] = {}

@@ -51,10 +51,27 @@ def _html(text: str) -> str:
     return html.escape(text, quote=True)
 
 
+_SELECTOR = re.compile(r"[A-Za-z_]\w*:(?:[A-Za-z_]\w*:)*")
+
+
+def _arg_rows(arg: object, width: int) -> list[str]:
+    """The arg as label rows: an Objective-C selector longer than ``width`` is broken after its colons (never
+    cut, it is what a reader looks for); anything else is one row of ``short_arg``."""
+    if isinstance(arg, str) and len(arg) + 2 > width and _SELECTOR.fullmatch(arg):
+        rows = [""]
+        for piece in re.findall(r"[^:]*:", f"'{arg}"):
+            if rows[-1] and len(rows[-1]) + len(piece) > width:
+                rows.append("")
+            rows[-1] += piece
+        rows[-1] += "'"
+        return rows
+    return [short_arg(arg, width)]
+
+
 def _label(u: UOp, width: int) -> str:
     rows = [f"<B>{_html(u.op.name)}</B>", _html(u.dtype.name)]
     if u.arg is not None:
-        rows.append(_html(short_arg(u.arg, width)))
+        rows.extend(_html(r) for r in _arg_rows(u.arg, width))
     if u.tag is not None:
         rows.append("tag=" + _html(short_arg(u.tag, width)))
     return "<" + "<BR/>".join(rows) + ">"

@@ -1,0 +1,141 @@
+"""Pictures: DOT text Graphviz accepts for every special character, stable ids, networkx export in structure."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import networkx as nx
+import pytest
+from hypothesis import given, settings
+from conftest import graphs, text_strategy
+
+from mtlir import GraphvizNotFoundError, Ops, UOp, dtypes, to_dot, to_networkx, write_picture
+from mtlir.metal import Kernel, KernelParam, Obj
+from mtlir.viz import OP_COLORS
+
+HAS_DOT = shutil.which("dot") is not None
+needs_dot = pytest.mark.skipif(not HAS_DOT, reason="Graphviz's dot is not installed (apt-get install graphviz)")
+
+NASTY = ["node", "EDGE", "Graph", "strict", "subgraph", "DiGraph", "NODE", '"', "'", "\\", "a\\", "\\\\", "\\n", "\\l",
+         "<", ">", "<b>bold</b>", "{", "|", "}", "{a|b}", "&amp;", "&", "]", "[", ";", "=", "->", "--", "#", "//",
+         "/* c */", "a\nb", "\t", "\x00", "\x1b[0m", "☃", "setKernelBuffer:offset:atIndex:", "a:b:c", ":", "n0:n",
+         "newComputePipelineStateWithDescriptor:options:reflection:error:", "x" * 300]
+
+
+def nasty_graph() -> UOp:
+    x = UOp.variable("x", 0, 10)
+    nodes = [UOp(Ops.MSG, dtypes.void, (x,), s, tag=s) for s in NASTY]
+    kernel = Kernel('k"<>', "k", 'kernel void k() { "}" }\n', (KernelParam("node", 0),))
+    nodes.append(UOp(Ops.OBJECT, dtypes.id, (), Obj("pipeline", "pipeline:k", (kernel,))))
+    return UOp.sink(*nodes, x + x)
+
+
+def run_dot(source: str, fmt: str = "svg") -> bytes:
+    proc = subprocess.run(["dot", f"-T{fmt}"], input=source.encode(), capture_output=True, timeout=60, check=False)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr.decode()
+    return proc.stdout
+
+
+def test_dot_source_structure() -> None:
+    g = nasty_graph()
+    dot = to_dot(g, name="node")
+    src = dot.source
+    order = g.toposort()
+    ids = re.findall(r"^\s*(n\d+) \[", src, re.M)
+    assert ids == [f"n{i}" for i in range(len(order))]  # stable ids by toposort position, no colons, no keywords
+    assert src.count(" -> ") == sum(len(u.src) for u in order)
+    assert to_dot(g, name="node").source == src  # deterministic
+    # every arg is inside an HTML-like label, escaped
+    assert "&lt;b&gt;bold&lt;/b&gt;" in src and "&quot;" in src and "<b>bold" not in src
+
+
+@needs_dot
+@pytest.mark.parametrize("name", ["node", "graph", "strict", 'a "quoted" \\ name', "<html>", "{|}", "a:b", ""])
+def test_graphviz_accepts_every_special_character(name: str) -> None:
+    g = nasty_graph()
+    svg = run_dot(to_dot(g, name=name).source).decode()
+    assert svg.count('class="node"') == len(g.toposort())
+    assert svg.count('class="edge"') == sum(len(u.src) for u in g.toposort())
+    # the selector shows whole (broken after its colons), the markup shows as text
+    assert "newComputePipelineStateWithDescriptor:" in svg and "options:reflection:error:" in svg
+    assert "&lt;b&gt;bold&lt;/b&gt;" in svg
+
+
+@needs_dot
+@settings(max_examples=25, deadline=None)
+@given(graphs(max_nodes=6), text_strategy)
+def test_graphviz_accepts_random_graphs(g: UOp, name: str) -> None:
+    svg = run_dot(to_dot(g, name=name).source).decode()
+    assert svg.count('class="node"') == len(g.toposort())
+
+
+def test_colors_highlight_and_long_graphs() -> None:
+    x = UOp.variable("x", 0, 10)
+    c = x
+    for _ in range(50):
+        c = c + 1
+    src = to_dot(c, highlight=[c.src[0]]).source
+    assert src.count("penwidth=3") == 1 and f'fillcolor="{OP_COLORS[Ops.ADD]}"' in src
+    short = to_dot(c, max_nodes=10).source
+    assert len(re.findall(r"^\s*n\d+ \[", short, re.M)) == 10 and f"{len(c.toposort()) - 10} more nodes" in short
+    assert OP_COLORS[Ops.MSG] != OP_COLORS[Ops.ADD] != OP_COLORS[Ops.EXEC] != OP_COLORS[Ops.SINK]
+    assert all(op in OP_COLORS for op in (Ops.KERNEL, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP, Ops.SUBMIT,
+                                          Ops.MSG, Ops.CALL, Ops.RANGE, Ops.END, Ops.LOAD, Ops.CONST))
+
+
+@needs_dot
+@pytest.mark.parametrize("fmt, magic", [("svg", b"<?xml"), ("png", b"\x89PNG")])
+def test_write_picture(tmp_path: Path, fmt: str, magic: bytes) -> None:
+    out = write_picture(to_dot(nasty_graph()), tmp_path / f"g.{fmt}")
+    assert out.read_bytes().startswith(magic)
+    out2 = write_picture(to_dot(nasty_graph()), tmp_path / "noext", format=fmt)
+    assert out2.read_bytes().startswith(magic)
+
+
+def test_write_picture_without_dot_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(GraphvizNotFoundError, match="apt-get install graphviz.*brew install graphviz"):
+        write_picture(to_dot(UOp.variable("x", 0, 1)), tmp_path / "g.svg")
+
+
+def test_write_picture_refuses_other_formats(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'pdf' is not svg or png"):
+        write_picture(to_dot(UOp.variable("x", 0, 1)), tmp_path / "g.pdf")
+
+
+def test_bad_graph_arguments() -> None:
+    with pytest.raises(TypeError, match="not a UOp"):
+        to_dot("x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not a UOp"):
+        to_networkx(None)  # type: ignore[arg-type]
+
+
+# ---- networkx
+
+def test_networkx_keeps_duplicate_sources_and_argument_indices() -> None:
+    x = UOp.variable("x", 0, 10)
+    g = UOp.sink(x + x, x)
+    nxg = to_networkx(g)
+    assert isinstance(nxg, nx.MultiDiGraph)
+    assert nxg.number_of_nodes() == 3 and nxg.number_of_edges() == 4
+    assert sorted(d["index"] for _, _, d in nxg.in_edges(1, data=True)) == [0, 1]  # x + x: two edges from x
+    assert nxg.nodes[1]["op"] is Ops.ADD and nxg.nodes[0]["arg"] == ("x", 0, 10) and nxg.nodes[2]["uop"] is g
+    assert list(nx.topological_sort(nxg))[-1] == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(graphs())
+def test_networkx_export_equals_the_graph_in_structure(g: UOp) -> None:
+    order = g.toposort()
+    nxg = to_networkx(g)
+    assert nxg.number_of_nodes() == len(order)
+    assert nxg.number_of_edges() == sum(len(u.src) for u in order)
+    ids = {u: i for i, u in enumerate(order)}
+    for i, u in enumerate(order):
+        data = nxg.nodes[i]
+        assert (data["op"], data["dtype"], data["uop"]) == (u.op, u.dtype, u)
+        edges = sorted((d["index"], s) for s, _, d in nxg.in_edges(i, data=True))
+        assert edges == [(k, ids[s]) for k, s in enumerate(u.src)]
+    assert nx.is_directed_acyclic_graph(nxg)
