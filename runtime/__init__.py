@@ -10,10 +10,10 @@ from mtlir.runtime.errors import (BridgeError, GPUExecutionError, KernelCompileE
                                   UnsupportedKernelError)
 from mtlir.runtime.interpreter import (EXECUTORS, CompiledReplay, Executor, Interpreter, ProgramError, make_executor,
                                        prepare_registers)
-from mtlir.runtime.link import IcbCommand, Linked, link
+from mtlir.runtime.link import Linked, link
 from mtlir.runtime.session import Session, Submission
 
 __all__ = ["Bridge", "HostMemory", "Message", "RecordingBridge", "BridgeError", "GPUExecutionError",
            "KernelCompileError", "LinkError", "MetalValidationError", "UnsupportedKernelError", "EXECUTORS",
            "CompiledReplay", "Executor", "Interpreter", "ProgramError", "make_executor", "prepare_registers",
-           "IcbCommand", "Linked", "link", "Session", "Submission"]
+           "Linked", "link", "Session", "Submission"]

@@ -34,28 +34,15 @@ from typing import Any
 
 from mtlir.dtypes import dtypes
 from mtlir.metal import MTL, Kernel, Obj, abi_prototype, c_prototype
-from mtlir.program import Program
+from mtlir.program import IcbCommand, IcbSpec, Program
 from mtlir.runtime.bridge import Bridge
 from mtlir.runtime.errors import LinkError
 from mtlir.runtime.interpreter import prepare_registers
 
-__all__ = ["link", "Linked", "IcbCommand", "icb_commands", "collect_objects"]
+__all__ = ["link", "Linked", "icb_commands", "collect_objects"]
 
 _OBJECT_KINDS = ("device", "queue", "event", "fence", "buffer", "varbuf", "pipeline", "icb", "icbcmd", "resources",
                  "cbslots", "struct", "scratch", "contents")
-
-
-@dataclass(frozen=True)
-class IcbCommand:
-    """One ICB command as link builds it: ``pipeline`` (the pipeline's placeholder name), ``bindings`` as
-    ``(buffer name, byte offset, buffer index)``, ``grid`` in threadgroups and ``threadgroup`` in threads (the
-    link-time sizes; symbolic sizes are set again by each submit), ``barrier``."""
-
-    pipeline: str
-    bindings: tuple[tuple[str, int, int], ...]
-    grid: tuple[int, int, int]
-    threadgroup: tuple[int, int, int]
-    barrier: bool = True
 
 
 def _name(x: Any) -> str:
@@ -72,34 +59,25 @@ def _size3(x: Any, what: str) -> tuple[int, int, int]:
     return vals  # type: ignore[return-value]
 
 
-def icb_commands(spec: Any) -> tuple[list[IcbCommand], int]:
-    """The commands of an ICB placeholder's payload and its ``maxKernelBufferBindCount``.
+def icb_commands(spec: IcbSpec) -> tuple[list[IcbCommand], int]:
+    """The commands of an ICB placeholder's payload (``mtlir.program.IcbSpec``), checked, and its
+    ``maxKernelBufferBindCount`` (``max_bind_count``, else the largest bound index + 1).
 
-    ``spec`` has ``commands`` (each with ``pipeline``, ``bindings`` or ``buffers`` as (buffer, offset, index),
-    ``grid``, ``threadgroup``, ``barrier``) and optionally ``max_bind_count``; a buffer or pipeline is an ``Obj``
-    or its name. Raises ``LinkError`` for a payload of another shape."""
+    Raises ``LinkError`` naming the command for a payload of another shape or sizes that are not 3 integers."""
     cmds_in = getattr(spec, "commands", None)
     if cmds_in is None:
         raise LinkError(f"ICB payload {spec!r} has no 'commands'")
     cmds: list[IcbCommand] = []
     for i, c in enumerate(cmds_in):
-        if isinstance(c, IcbCommand):
-            cmds.append(c)
-            continue
-        binds = getattr(c, "bindings", None)
-        if binds is None:
-            binds = getattr(c, "buffers", ())
         try:
-            bindings = tuple((_name(b[0]), int(b[1]), int(b[2])) for b in binds)
-            pipeline = _name(c.pipeline)
-            grid = _size3(getattr(c, "grid_link", None) or c.grid, f"icb[{i}] grid")
-            tg = _size3(getattr(c, "threadgroup_link", None) or c.threadgroup, f"icb[{i}] threadgroup")
-        except (AttributeError, IndexError, TypeError) as e:
+            bindings = tuple((_name(b[0]), int(b[1]), int(b[2])) for b in c.bindings)
+            cmds.append(c._replace(pipeline=_name(c.pipeline), bindings=bindings,
+                                   grid=_size3(c.grid, f"icb[{i}] grid"),
+                                   threadgroup=_size3(c.threadgroup, f"icb[{i}] threadgroup")))
+        except (AttributeError, IndexError, TypeError, ValueError) as e:
             raise LinkError(f"icb[{i}]: cannot read the command {c!r}: {e}") from None
-        cmds.append(IcbCommand(pipeline, bindings, grid, tg, bool(getattr(c, "barrier", True))))
     binds_needed = max((b[2] + 1 for c in cmds for b in c.bindings), default=1)
-    count = int(getattr(spec, "max_bind_count", 0) or getattr(spec, "max_kernel_buffer_bind_count", 0) or binds_needed)
-    return cmds, count
+    return cmds, int(getattr(spec, "max_bind_count", 0) or binds_needed)
 
 
 def _walk(value: Any) -> Iterator[Obj]:
@@ -135,7 +113,7 @@ def collect_objects(program: Program) -> dict[str, Obj]:
 class Linked:
     """The device objects of one linked Program.
 
-    ``objects``: every placeholder by name (``collect_objects``); ``registers``: the prepared register file (``mtlir.runtime.interpreter.prepare_registers``); ``handles``:
+    ``objects``: every placeholder by name (``collect_objects``); ``device``: the MTLDevice; ``registers``: the prepared register file (``mtlir.runtime.interpreter.prepare_registers``); ``handles``:
     name -> handle or host address (``"queue"``, ``"buffer:7"``, ``"pipeline:E_5_8_2"``, ``"icb[3]"``,
     ``"cbslots"``, ...); ``names``: the reverse map (for ``RecordingBridge``); ``buffers``: name -> (handle,
     contents address, length in bytes); ``icb``: the ICB's commands as built. ``release()`` gives everything
@@ -144,6 +122,7 @@ class Linked:
     program: Program
     bridge: Bridge
     objects: dict[str, Obj] = field(default_factory=dict)
+    device: int = 0
     registers: list[Any] = field(default_factory=list)
     handles: dict[str, int] = field(default_factory=dict)
     names: dict[int, str] = field(default_factory=dict)
@@ -184,6 +163,38 @@ class Linked:
         """Copy ``data`` into buffer ``name`` at byte ``offset``; errors as ``read_buffer``."""
         contents, _ = self._buffer(name, offset, len(data))
         self.bridge.write(contents + offset, bytes(data))
+
+    def _send(self, recv: int, selector: str, *args: Any) -> Any:
+        b = self.bridge
+        return b.msg_send(abi_prototype(selector, b.target), (recv, b.sel_registerName(selector), *args))
+
+    def new_buffer(self, name: str, nbytes: int, data: bytes = b"", *,
+                   options: int = MTL.ResourceStorageModeShared) -> int:
+        """A new MTLBuffer of ``nbytes`` bytes named ``name`` (e.g. an input to give a buffer variable of the
+        Program), filled with ``data`` from byte 0; added to the residency set when there is one (``addAllocation:``
+        + ``commit``); released with the rest. Returns its handle. Raises ``LinkError`` for a name in use, a size
+        below 1, data that does not fit, or nil from Metal."""
+        if name in self.handles:
+            raise LinkError(f"new_buffer: the name {name!r} is taken")
+        if nbytes < 1 or len(data) > nbytes:
+            raise LinkError(f"new_buffer {name!r}: {len(data)} bytes of data in a buffer of {nbytes} bytes")
+        buf = int(self._send(self.device, "newBufferWithLength:options:", nbytes, options) or 0)
+        if not buf:
+            raise LinkError(f"new_buffer {name!r} ({nbytes} bytes): Metal returned nil")
+        self.handles[name], self.names[buf] = buf, name
+        self.cleanup.append(("release", buf, name))
+        namer = getattr(self.bridge, "name_object", None)
+        if namer is not None:
+            namer(buf, name)
+        contents = int(self._send(buf, "contents") or 0)
+        self.buffers[name] = (buf, contents, nbytes)
+        if data:
+            self.bridge.write(contents, bytes(data))
+        rset = self.handles.get("residency_set")
+        if rset:
+            self._send(rset, "addAllocation:", buf)
+            self._send(rset, "commit")
+        return buf
 
     def release(self) -> None:
         """Release the objects and free the host memory link made, newest first; errors are collected and
@@ -321,6 +332,7 @@ class _Linker:
         device = self.keep(dev_name, self.checked(b.c_call("MTLCreateSystemDefaultDevice",
                                                            c_prototype("MTLCreateSystemDefaultDevice"), ()),
                                                   "MTLCreateSystemDefaultDevice (no Metal device)"))
+        self.out.device = device
         for o in by_kind.get("queue", []):
             self.keep(o.name, self.checked(self.send(device, "newCommandQueueWithMaxCommandBufferCount:",
                                                      self.max_cbs), f"command queue {o.name!r}"))
@@ -373,6 +385,9 @@ class _Linker:
                                                        self.buffer_options), f"{o.name} ({nbytes} bytes)"))
         contents = self.checked(self.send(buf, "contents"), f"contents of {o.name}")
         self.out.buffers[o.name] = (buf, contents, nbytes)
+        if o.kind == "varbuf" and len(o.payload) > 1:  # constant variable values: (byte offset, dtype name, value)
+            for offset, dtname, value in o.payload[1]:
+                self.b.store(contents + int(offset), dtypes.by_name(dtname), value)
         data = self.initial.get(o.name)
         if data is not None:
             offset, data = (0, data) if isinstance(data, (bytes, bytearray, memoryview)) else data

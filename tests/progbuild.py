@@ -2,14 +2,13 @@
 like METAL.md §1 over an ICB, independent of the passes (so the runtime is tested on its own)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from mtlir.dtypes import DType, dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj, abi_prototype, c_prototype
 from mtlir.ops import Ops
 from mtlir.program import Program
-from mtlir.runtime.link import IcbCommand
+from mtlir.program import CommandList, IcbCommand, IcbSpec
 
 
 class PB:
@@ -100,15 +99,6 @@ class PB:
                        dict(self.variables), self.target, self.device)
 
 
-@dataclass(frozen=True)
-class FakeIcbSpec:
-    """Stand-in for the ICB payload: the commands, and the placeholders they use (so link finds them)."""
-
-    commands: tuple[IcbCommand, ...]
-    buffers: tuple[Obj, ...]
-    pipelines: tuple[Obj, ...]
-
-
 COPY_MSL = """#include <metal_stdlib>
 using namespace metal;
 kernel void add1(device float* out, device float* inp, constant int& n, uint3 gid [[threadgroup_position_in_grid]],
@@ -133,7 +123,7 @@ def submit_program(target: str = "arm64", *, kernels: int = 2, residency_set: bo
     bufs = (Obj("buffer", "buffer:0", (nbytes,)), Obj("buffer", "buffer:1", (nbytes,)), Obj("varbuf", "varbuf", (256,)))
     cmds = tuple(IcbCommand(pipe.name, ((bufs[i % 2].name, 0, 0), (bufs[(i + 1) % 2].name, 0, 1), ("varbuf", 0, 2)),
                             (nbytes // 16, 1, 1), (4, 1, 1)) for i in range(kernels))
-    icb = Obj("icb", "icb", (FakeIcbSpec(cmds, bufs, (pipe,)),))
+    icb = Obj("icb", "icb", (IcbSpec(CommandList(cmds), (pipe,), bufs, 3),))
     n = p.var("n", 1, 64)
     tl = p.var("timeline", 0, 2**62)
     queue, fence, event = (p.obj(Obj(k, k)) for k in ("queue", "fence", "event"))

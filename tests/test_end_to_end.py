@@ -126,3 +126,51 @@ def test_faithful_mode_runs_the_same() -> None:
         s.submit(**trace.values)
         s.wait(timeout_s=60)
         _check(_output(s, trace), trace.output.expected_array())
+
+
+SAXPY = """#include <metal_stdlib>
+using namespace metal;
+kernel void saxpy(device float* y, device float* x, constant int& n, constant int& a,
+                  uint3 gid [[threadgroup_position_in_grid]], uint3 lid [[thread_position_in_threadgroup]]) {
+  int i = gid.x * 32 + lid.x;
+  if (i < n) y[i] = a * x[i] + y[i];
+}
+"""
+
+
+def _saxpy_queue(device: DeviceSpec, *, stamps: bool) -> object:
+    from mtlir.metal import Kernel, KernelParam
+    from mtlir.queue import Queue, buffer, buffer_variable, timeline_value
+    from mtlir.uop import UOp
+    k = Kernel("saxpy", "saxpy", SAXPY, (KernelParam(None, 0), KernelParam(None, 1), KernelParam("n", 2, "int32"),
+                                         KernelParam("a", 3, "int32")))
+    n = UOp.variable("n", 1, 256)
+    y, x = buffer("y", 1024), buffer_variable("x")
+    q = Queue(device)
+    if stamps:
+        q.timestamp(0)
+    q.exec(k, [y, x], [n, 3], grid=((n + 31) // 32,), threadgroup=(32,))  # a = 3: a constant in the varbuf
+    q.exec(k, [y, x], [n, 2], grid=((n + 31) // 32,), threadgroup=(32,))
+    if stamps:
+        q.timestamp(1)
+    return q.signal(q.timeline, timeline_value()).submit()
+
+
+@pytest.mark.parametrize("icb, residency_set, stamps", [(True, True, False), (True, False, True), (False, True, True)])
+def test_hand_built_queue_with_an_input_buffer_variable(icb: bool, residency_set: bool, stamps: bool) -> None:
+    from mtlir.passes import lower
+    device = DeviceSpec("Apple7", residency_set=residency_set, icb=icb)
+    program = lower(_saxpy_queue(device, stamps=stamps), target="x86_64", keep_stages=False).program
+    y0 = np.linspace(-1, 1, 256, dtype=np.float32)
+    with _sim("x86_64", device) as dev, Session(program, dev, initial={"buffer:y": y0.tobytes()}) as s:
+        inputs = [np.full(256, v, dtype=np.float32) for v in (1.0, -2.0)]
+        handles = [s.linked.new_buffer(f"input{i}", 1024, a.tobytes()) for i, a in enumerate(inputs)]
+        expect = y0.astype(np.float64)
+        for n, (h, a) in zip((100, 256), zip(handles, inputs)):  # the input rebound per submit
+            s.submit(n=n, x=h)
+            (done,) = s.wait(timeout_s=60)
+            expect[:n] += 5.0 * a[:n]
+            np.testing.assert_allclose(np.frombuffer(s.read("buffer:y"), np.float32), expect, rtol=1e-6)
+            if stamps:
+                assert set(done.timestamps) == {0, 1} and 0 < done.timestamps[0] <= done.timestamps[1]
+    assert dev.live_objects() == {}

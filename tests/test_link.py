@@ -311,3 +311,36 @@ def test_timestamp_slots_get_the_gpu_times_of_their_command_buffers() -> None:
         assert done.timestamps == {0: done.gpu_times[0][0], 1: done.gpu_times[1][1]}
         released = [m for m in b.messages if m["selector"] == "release" and m["receiver"] == "cmdbuf"]
         assert len(released) == 2
+
+
+def test_varbuf_constants_and_new_buffers() -> None:
+    from progbuild import PB
+
+    from mtlir.metal import Obj
+    p = PB("arm64")
+    p.obj(Obj("varbuf", "varbuf", (512, ((0, "int32", 7), (256, "int64", -3)))))
+    p.obj(Obj("queue", "queue"))
+    b = RecordingBridge()
+    linked = link(p.build(), b)
+    assert linked.read_buffer("varbuf", 0, 4) == struct.pack("<i", 7)
+    assert linked.read_buffer("varbuf", 256, 8) == struct.pack("<q", -3)
+    b.clear()
+    h = linked.new_buffer("input:x", 64, b"\x01\x02")
+    assert linked.read_buffer("input:x", 0, 3) == b"\x01\x02\x00" and linked.names[h] == "input:x"
+    assert [(m["receiver"], m["selector"], m["args"]) for m in b.messages][-2:] == [
+        ("residency_set", "addAllocation:", ["input:x"]), ("residency_set", "commit", [])]
+    with pytest.raises(LinkError, match="is taken"):
+        linked.new_buffer("input:x", 64)
+    with pytest.raises(LinkError, match="3 bytes of data in a buffer of 2 bytes"):
+        linked.new_buffer("input:y", 2, b"abc")
+    b.clear()
+    linked.release()
+    assert b.messages[0] == {"receiver": "input:x", "selector": "release", "args": []}
+
+
+def test_icb_payload_of_another_shape() -> None:
+    from mtlir.runtime.link import icb_commands
+    with pytest.raises(LinkError, match="has no 'commands'"):
+        icb_commands(object())  # type: ignore[arg-type]
+    with pytest.raises(LinkError, match=r"icb\[0\]: cannot read"):
+        icb_commands(type("Spec", (), {"commands": [("p",)]})())  # type: ignore[arg-type]
