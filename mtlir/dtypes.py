@@ -41,7 +41,9 @@ class DType:
         return (DType, (self.name, self.itemsize, self.fmt, self.kind))
 
     def __repr__(self) -> str:
-        return f"dtypes.{self.name}"
+        if getattr(dtypes, self.name, None) is self:
+            return f"dtypes.{self.name}"
+        return f"DType({self.name!r}, {self.itemsize}, {self.fmt!r}, {self.kind!r})"
 
     def ptr(self) -> PtrDType:
         """The pointer type to this type (8 bytes, unsigned)."""
@@ -110,6 +112,11 @@ class StructDType(DType):
 
     def __reduce__(self) -> tuple:
         return (StructDType, (self.name, self.fields))
+
+    def __repr__(self) -> str:
+        if getattr(dtypes, self.name, None) is self:
+            return f"dtypes.{self.name}"
+        return f"StructDType({self.name!r}, {self.fields!r})"
 
 
 class dtypes:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import operator
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -9,7 +10,7 @@ from mtlir.dtypes import DType
 from mtlir.ops import Ops
 from mtlir.uop import UOp
 
-__all__ = ["evaluate", "c_idiv", "c_mod", "wrap", "ALU_FUNCS"]
+__all__ = ["evaluate", "c_idiv", "c_mod", "wrap", "bitcast", "ALU_FUNCS"]
 
 
 def c_idiv(a: int, b: int) -> int:
@@ -33,6 +34,16 @@ def wrap(dtype: DType, value: Any) -> Any:
     return value
 
 
+def bitcast(src: DType, dst: DType, value: Any) -> Any:
+    """``value`` of dtype ``src`` reinterpreted as ``dst`` (the same bytes, little-endian); word types of one
+    size (integers, pointers, ids) keep their bits. Raises ``ValueError`` when the sizes differ."""
+    if src.itemsize != dst.itemsize or not src.fmt or not dst.fmt:
+        raise ValueError(f"cannot bitcast {src.name} ({src.itemsize} bytes) to {dst.name} ({dst.itemsize} bytes)")
+    if src.is_word and dst.is_word:
+        return wrap(dst, value)
+    return struct.unpack("<" + dst.fmt, struct.pack("<" + src.fmt, wrap(src, value) if src.is_word else value))[0]
+
+
 ALU_FUNCS: dict[Ops, Callable[..., Any]] = {
     Ops.NEG: operator.neg, Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul,
     Ops.IDIV: c_idiv, Ops.MOD: c_mod, Ops.MAX: max, Ops.MIN: min, Ops.SHL: operator.lshift,
@@ -43,10 +54,11 @@ ALU_FUNCS: dict[Ops, Callable[..., Any]] = {
 
 
 def evaluate(root: UOp, values: dict[str, int]) -> Any:
-    """The value of ``root``, an expression of CONST, DEFINE_VAR, CAST and ALU nodes.
+    """The value of ``root``, an expression of CONST, DEFINE_VAR, CAST, BITCAST, AFTER and ALU nodes.
 
-    ``values`` binds DEFINE_VARs by name. Raises ``KeyError`` naming an unbound variable, ``ValueError`` for a
-    variable value outside its bounds or a node that is not arithmetic."""
+    ``values`` binds DEFINE_VARs by name. Integers wrap to their dtype (two's complement); IDIV and MOD truncate
+    toward zero (C). Raises ``KeyError`` naming an unbound variable, ``ValueError`` for a variable value outside
+    its bounds or a node that is not arithmetic, ``ZeroDivisionError`` for a division by zero."""
     memo: dict[UOp, Any] = {}
     for u in root.toposort():
         if u.op is Ops.CONST:
@@ -64,6 +76,8 @@ def evaluate(root: UOp, values: dict[str, int]) -> Any:
         elif u.op is Ops.CAST:
             v = memo[u.src[0]]
             memo[u] = float(v) if u.dtype.is_float else wrap(u.dtype, int(v))
+        elif u.op is Ops.BITCAST:
+            memo[u] = bitcast(u.src[0].dtype, u.dtype, memo[u.src[0]])
         elif u.op in (Ops.AFTER,):
             memo[u] = memo[u.src[0]]
         else:

@@ -292,3 +292,19 @@ def test_kernel_args_hash_consed() -> None:
     k = Kernel("E_1", "E_1", "kernel void E_1() {}\n", (KernelParam(None, 0),))
     a = UOp(Ops.KERNEL, dtypes.void, (), k)
     assert UOp(Ops.KERNEL, dtypes.void, (), Kernel("E_1", "E_1", "kernel void E_1() {}\n", (KernelParam(None, 0),))) is a
+
+
+def test_evaluate_bitcast_keeps_the_bits() -> None:
+    assert UOp.const(dtypes.float32, 1.0).bitcast(dtypes.uint32).evaluate() == 0x3F800000
+    assert UOp.const(dtypes.uint32, 0x3F800000).bitcast(dtypes.float32).evaluate() == 1.0
+    assert UOp.const(i32, -1).bitcast(dtypes.uint32).evaluate() == 0xFFFFFFFF
+    assert UOp.const(dtypes.uint64, 2**63).bitcast(dtypes.int64).evaluate() == -(2**63)
+    with pytest.raises(ValueError, match="cannot bitcast int32 .4 bytes. to int64"):
+        UOp.const(i32, 1).bitcast(dtypes.int64).evaluate()
+
+
+def test_dtype_reprs_build_the_dtype_again() -> None:
+    from mtlir.dtypes import DType, StructDType
+    for dt in (*dtypes.all, dtypes.voidptr, dtypes.MTLSize.ptr(), DType("odd", 3, "3s", "uint"),
+               StructDType("P", ("a", "b"))):
+        assert eval(repr(dt), {"dtypes": dtypes, "DType": DType, "StructDType": StructDType}) is dt
