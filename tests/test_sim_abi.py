@@ -221,3 +221,12 @@ def test_c_calls() -> None:
         dev.c_call("objc_getClass", c_prototype("objc_getClass"), (name,))
     with pytest.raises(ValueError, match=r"unknown target 'ppc'"):
         SimDevice("ppc")
+
+
+def test_every_selector_of_the_table_is_answered_by_some_class() -> None:
+    from mtlir.metal import SELECTORS
+    from mtlir.runtime.sim import objects
+    from mtlir.runtime.sim.abi import lookup_method
+    classes = [c for c in vars(objects).values() if isinstance(c, type) and issubclass(c, objects.SimObject)]
+    missing = [sel for sel in SELECTORS if not any(lookup_method(c, sel) for c in classes)]
+    assert missing == []

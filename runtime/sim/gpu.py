@@ -174,6 +174,9 @@ class GPU:
             self._finish(cb, None)
         except GPUFault as fault:
             self._finish(cb, fault)
+        except Exception as e:  # a bug of the simulator: fail this command buffer loudly, keep the GPU alive
+            self.last_exception = e
+            self._finish(cb, GPUFault(1, f"the simulated GPU failed: {type(e).__name__}: {e}"))
         else:
             if gate is not None and not gate.ready():
                 cb.gate, cb.blocked_since = gate, clock()
