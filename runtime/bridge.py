@@ -7,6 +7,7 @@ without an inner bridge it is a small fake device of its own (``mtlir lower --js
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import struct
 import time
@@ -167,6 +168,8 @@ class RecordingBridge:
         self.names: dict[int, str] = dict(names or {})
         self.messages: list[Message] = []
         self.recording = True
+        self._starts: list[int] = []
+        self._regions: list[tuple[int, int, str]] = []
         self._sels: dict[int, str] = {}
         self._sel_ids: dict[str, int] = {}
         if inner is None:
@@ -184,12 +187,29 @@ class RecordingBridge:
         if namer is not None:
             namer(handle, name)
 
+    def name_region(self, addr: int, nbytes: int, name: str) -> None:
+        """Name the host memory ``[addr, addr + nbytes)``: a pointer into it is recorded as ``"name+offset"``
+        (link names a buffer's ``contents`` and its host tables this way)."""
+        self.names[addr] = name
+        i = bisect.bisect(self._starts, addr)
+        self._starts.insert(i, addr)
+        self._regions.insert(i, (addr, addr + nbytes, name))
+        namer = getattr(self.inner, "name_region", None)
+        if namer is not None:
+            namer(addr, nbytes, name)
+
     def name_of(self, handle: Any) -> Any:
-        """The name of an object handle or host address; ``None`` for nil; ``"0x…"`` when it has no name."""
+        """The name of an object handle or host address (``"name+offset"`` inside a named region); ``None`` for
+        nil; ``"0x…"`` when it has no name."""
         if not handle:
             return None
         name = self.names.get(handle)
-        return name if name is not None else f"0x{int(handle):x}"
+        if name is not None:
+            return name
+        i = bisect.bisect(self._starts, handle) - 1
+        if i >= 0 and self._regions[i][0] <= handle < self._regions[i][1]:
+            return f"{self._regions[i][2]}+{handle - self._regions[i][0]}"
+        return f"0x{int(handle):x}"
 
     def clear(self) -> list[Message]:
         """The messages recorded so far; the record starts again empty."""

@@ -246,6 +246,12 @@ class _Linker:
             namer(value, name)
         return value
 
+    def region(self, addr: int, nbytes: int, name: str) -> None:
+        """Name host memory for a RecordingBridge (pointers into it are recorded as ``name+offset``)."""
+        namer = getattr(self.b, "name_region", None)
+        if namer is not None:
+            namer(addr, nbytes, name)
+
     def label(self, value: int, name: str) -> int:
         """Name a temporary object (descriptor, string) for a RecordingBridge; not released by ``Linked``."""
         namer = getattr(self.b, "name_object", None)
@@ -357,6 +363,7 @@ class _Linker:
                 raise LinkError(f"{o.name}: no buffer named {src!r}")
             h[o.name] = self.out.buffers[src][1]
             self.out.names.setdefault(h[o.name], o.name)
+            self.region(h[o.name], self.out.buffers[src][2], o.name)
         for o in by_kind.get("icbcmd", []):
             idx = int(o.payload[-1]) if o.payload else -1
             key = f"{icbs[0].name}[{idx}]" if icbs else ""
@@ -368,14 +375,16 @@ class _Linker:
             if missing:
                 raise LinkError(f"{o.name}: names objects link did not make: {', '.join(missing)}")
             table = self.keep(o.name, b.malloc(8 * max(len(o.payload), 1)), "free")
+            self.region(table, 8 * len(o.payload), o.name)
             b.write(table, struct.pack(f"<{len(o.payload)}Q", *(h[_name(n)] for n in o.payload)))
         for o in by_kind.get("cbslots", []):
-            self.keep(o.name, b.malloc(8 * max(int(o.payload[0]), 1)), "free")
+            self.region(self.keep(o.name, b.malloc(8 * max(int(o.payload[0]), 1)), "free"), 8 * int(o.payload[0]),
+                        o.name)
         for o in by_kind.get("struct", []):
             addr = self.keep(o.name, b.malloc(8 * len(o.payload)), "free")
             b.write(addr, struct.pack(f"<{len(o.payload)}Q", *(int(v) for v in o.payload)))
         for o in by_kind.get("scratch", []):
-            self.keep(o.name, b.malloc(max(int(o.payload[0]), 1)), "free")
+            self.region(self.keep(o.name, b.malloc(max(int(o.payload[0]), 1)), "free"), int(o.payload[0]), o.name)
 
     def make_buffer(self, device: int, o: Obj) -> None:
         nbytes = int(o.payload[0]) if o.payload else 0

@@ -134,3 +134,14 @@ def test_unknown_sel_is_refused() -> None:
     b = RecordingBridge()
     with pytest.raises(BridgeError, match="unknown SEL"):
         b.msg_send(abi_prototype("commit", "arm64"), (2**40, 12345))
+
+
+def test_pointers_into_named_regions() -> None:
+    b = RecordingBridge()
+    base = b.malloc(512)
+    b.name_region(base, 512, "contents:varbuf")
+    enc = _recv(b, "encoder")
+    _send(b, enc, "setBytes:length:atIndex:", base + 256, 4, 3)
+    _send(b, enc, "setBytes:length:atIndex:", base, 4, 2)
+    _send(b, enc, "setBytes:length:atIndex:", base + 512, 4, 1)  # one past the end: not in the region
+    assert [m["args"][0] for m in b.clear()] == ["contents:varbuf+256", "contents:varbuf", f"0x{base + 512:x}"]
