@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -295,6 +296,10 @@ def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextI
     except KeyboardInterrupt:
         print("mtlir: interrupted", file=log)
         return 130
+    except BrokenPipeError:  # stdout closed early (`mtlir lower ... | head`): stop quietly, as a SIGPIPE would
+        if out is sys.stdout:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as e:  # every error becomes one line and an exit code
         code = _exit_code(e)
         if debug:
