@@ -109,7 +109,7 @@ def decode_word(selector: str, i: int, dtype: DType, value: Any) -> int:
     lo, hi = dtypes.min(dtype), dtypes.max(dtype) if dtype.kind != "ptr" else _U64_MAX
     if not lo <= value <= hi:
         raise BridgeError(f"{selector}: argument {i} = {value} does not fit {dtype.name} [{lo}, {hi}]")
-    return value
+    return int(value)
 
 
 def decode_size(selector: str, i: int, dtype: DType, value: Any, mem: HostMemory) -> tuple[int, int, int]:

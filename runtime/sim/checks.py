@@ -44,7 +44,7 @@ class RangeInfo:
 def slot_problems(dev: SimDevice, icb: ICB, i: int) -> list[tuple[int, str]]:
     """What is wrong with ICB command ``i`` as it stands (no pipeline, a pipeline without ICB support, an unbound
     or misaligned buffer index, too many threads per threadgroup)."""
-    slot, out = icb.slots[i], []
+    slot, out = icb.slots[i], list[tuple[int, str]]()
     what = f"ICB command {i}"
     if slot.grid is None:
         return out
@@ -143,7 +143,7 @@ def collect_reads(dev: SimDevice, cb: CommandBuffer) -> None:
                 cb.icb_reads.append((command.icb, command.first, command.count))
                 info = analyze_range(dev, command.icb, command.first, command.count)
                 pairs = [(buf, lo) for buf, (lo, _) in info.buffers.items()]
-            for buf, off in pairs:  # type: ignore[misc]
+            for buf, off in pairs:
                 if off < reads.get(buf, off + 1):
                     reads[buf] = off
     cb.reads = reads

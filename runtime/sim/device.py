@@ -28,7 +28,7 @@ from mtlir.runtime.sim.abi import Method, check_prototype, decode_size, decode_w
 from mtlir.runtime.sim.checks import check_buffer_write, check_release
 from mtlir.runtime.sim.gpu import GPU, clock
 from mtlir.runtime.sim.memory import HostMemory
-from mtlir.runtime.sim.objects import (Buffer, ClassObject, CommandBuffer, Device, Encoder, NSError, NSString,
+from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, Device, Encoder, NSError, NSString,
                                        Pipeline, SimObject)
 from mtlir.runtime.sim.resources import CLASSES
 from mtlir.runtime.sim.rules import assertion
@@ -504,8 +504,8 @@ class SimDevice:
                 raise BridgeError(f"set_max_total_threads: {obj.describe()} is not an MTLComputePipelineState")
             obj.max_threads = n
             for o in self._objects.values():
-                if hasattr(o, "analysis"):
-                    o.analysis.clear()  # type: ignore[attr-defined]
+                if isinstance(o, ICB):
+                    o.analysis.clear()  # its cached checks used the old limit
 
     def buffer_bytes(self, buffer: int) -> np.ndarray:
         """The storage of an MTLBuffer (uint8, the bytes the kernels see), also for private buffers."""
@@ -531,5 +531,5 @@ class SimDevice:
     def __enter__(self) -> SimDevice:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()

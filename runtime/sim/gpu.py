@@ -21,7 +21,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -108,6 +108,14 @@ def concurrent_order(icb: ICB, first: int, count: int) -> list[int]:
             group = []
         group.append(i)
     return order + group[::-1]
+
+
+def _reached(ev: SharedEvent, value: int) -> Callable[[], bool]:
+    return lambda: ev.value >= value
+
+
+def _ended(enc: Encoder) -> Callable[[], bool]:
+    return lambda: enc.done
 
 
 class GPU:
@@ -231,8 +239,8 @@ class GPU:
             if isinstance(step, WaitStep):
                 ev, value = step.event, step.value
                 if ev.value < value:
-                    yield Gate(lambda ev=ev, value=value: ev.value >= value,
-                               f"{ev.describe()} to reach {value} (encodeWaitForEvent:value:)", 12)
+                    yield Gate(_reached(ev, value), f"{ev.describe()} to reach {value} (encodeWaitForEvent:value:)",
+                               12)
             elif isinstance(step, SignalStep):
                 self.signal(step.event, step.value)
                 step.fired = True
@@ -243,7 +251,7 @@ class GPU:
     def _run_encoder(self, cb: CommandBuffer, enc: Encoder) -> Iterator[Gate | None]:
         for fence, updater in enc.fence_waits:  # waits act at the encoder's start (rule 11)
             if not updater.done:
-                yield Gate(lambda u=updater: u.done,
+                yield Gate(_ended(updater),
                            f"the updateFence: of {fence.describe()} by {updater.describe()}"
                            + (" (the same encoder: update-then-wait deadlocks)" if updater is enc else ""), 11)
         for command in enc.commands:

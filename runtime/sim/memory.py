@@ -133,7 +133,7 @@ class HostMemory:
     def load(self, addr: int, dtype: DType) -> Any:
         """One value of ``dtype`` at ``addr`` (a struct dtype loads as a tuple of ints)."""
         reg, off = self.find(addr, dtype.itemsize)
-        vals = struct.unpack_from("<" + dtype.fmt, reg.data, off)
+        vals = struct.unpack_from("<" + dtype.fmt, reg.data.data, off)
         return vals if len(vals) != 1 else vals[0]
 
     def store(self, addr: int, dtype: DType, value: Any) -> Region:
@@ -144,7 +144,7 @@ class HostMemory:
         try:
             if dtype.kind != "float" and any(isinstance(v, float) for v in vals):
                 raise struct.error("a float for an integer type")
-            struct.pack_into("<" + dtype.fmt, reg.data, off, *vals)
+            struct.pack_into("<" + dtype.fmt, reg.data.data, off, *vals)
         except struct.error as e:
             raise BridgeError(f"store of {value!r} as {dtype.name} at {addr:#x}: does not fit ({e})") from None
         return reg

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +20,8 @@ from mtlir.runtime.errors import KernelCompileError
 __all__ = ["PyKernelArg", "PyKernel", "PyKernelRunner"]
 
 
-class PyKernelArg(NamedTuple):
+@dataclass(frozen=True)
+class PyKernelArg:
     """One kernel parameter: ``name``, ``kind`` (``"buffer"`` for ``device T*``, ``"constant"`` for
     ``constant T&``), Metal buffer ``index``, element ``dtype`` (a numpy dtype name such as ``"float32"``)."""
 

@@ -67,9 +67,9 @@ def _release(dev: SimDevice, obj: SimObject) -> None:
 for _cls in (SimObject, NSString, PipelineDescriptor, ICBDescriptor, ResidencySetDescriptor, CompileOptions):
     objc_method(_cls, "init")(lambda dev, obj: obj)
 
-for _cls in (CommandQueue, CommandBuffer, Encoder, Buffer, Fence, SharedEvent, ICB, Library, Function,
-             PipelineDescriptor, ResidencySetDescriptor):
-    objc_method(_cls, "setLabel:", (NSString, NIL))(
+for _labelled in (CommandQueue, CommandBuffer, Encoder, Buffer, Fence, SharedEvent, ICB, Library, Function,
+                  PipelineDescriptor, ResidencySetDescriptor):
+    objc_method(_labelled, "setLabel:", (NSString, NIL))(
         lambda dev, obj, s: setattr(obj, "label", "" if s is None else s.value))
 
 
@@ -113,7 +113,7 @@ def _description(dev: SimDevice, e: NSError) -> NSString:
 # ---------------------------------------------------------------------------- MTLDevice factories
 @objc_method(Device, "newCommandQueueWithMaxCommandBufferCount:")
 def _new_queue(dev: SimDevice, d: Device, n: int) -> CommandQueue | None:
-    return dev.new(CommandQueue(n)) if n > 0 else None  # type: ignore[no-any-return]
+    return dev.new(CommandQueue(n)) if n > 0 else None
 
 
 @objc_method(Device, "newSharedEvent")
@@ -165,7 +165,7 @@ def _new_library(dev: SimDevice, d: Device, src: NSString, options: Any, errptr:
 @objc_method(Library, "newFunctionWithName:", NSString)
 def _new_function(dev: SimDevice, lib: Library, name: NSString) -> Function | None:
     kernel = lib.kernels.get(name.value)
-    return None if kernel is None else dev.new(Function(name.value, kernel))  # type: ignore[no-any-return]
+    return None if kernel is None else dev.new(Function(name.value, kernel))
 
 
 @objc_method(PipelineDescriptor, "setComputeFunction:", (Function, NIL))
