@@ -203,7 +203,9 @@ def test_return_types(x86: Scene, arm: Scene) -> None:
 
 
 def test_c_calls() -> None:
+    from mtlir.runtime.bridge import Bridge
     dev = SimDevice("x86_64", autorun=False)
+    assert isinstance(dev, Bridge) and dev.bridge is dev
     p = c_prototype("MTLCreateSystemDefaultDevice")
     assert dev.c_call("MTLCreateSystemDefaultDevice", p, ()) == dev.device.handle
     with pytest.raises(BridgeError, match=r"unknown C function 'dlopen'"):
