@@ -7,7 +7,7 @@ hashing is by identity (cheap, which matters because every UOp hashes its dtype)
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = ["DType", "PtrDType", "StructDType", "dtypes"]
 
@@ -18,7 +18,7 @@ class DType:
     ``"struct"``."""
 
     __slots__ = ("name", "itemsize", "fmt", "kind")
-    _interned: ClassVar[dict[tuple, DType]] = {}
+    _interned: ClassVar[dict[tuple[Any, ...], DType]] = {}
     name: str
     itemsize: int
     fmt: str
@@ -37,7 +37,7 @@ class DType:
     def __setattr__(self, key: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return (DType, (self.name, self.itemsize, self.fmt, self.kind))
 
     def __repr__(self) -> str:
@@ -76,7 +76,7 @@ class PtrDType(DType):
     __slots__ = ("base",)
     base: DType
 
-    def __new__(cls, base: DType) -> PtrDType:  # type: ignore[misc]
+    def __new__(cls, base: DType) -> PtrDType:
         key = (cls, base)
         if (got := DType._interned.get(key)) is not None:
             return got  # type: ignore[return-value]
@@ -86,7 +86,7 @@ class PtrDType(DType):
         DType._interned[key] = self
         return self
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return (PtrDType, (self.base,))
 
     def __repr__(self) -> str:
@@ -99,7 +99,7 @@ class StructDType(DType):
     __slots__ = ("fields",)
     fields: tuple[str, ...]
 
-    def __new__(cls, name: str, fields: tuple[str, ...]) -> StructDType:  # type: ignore[misc]
+    def __new__(cls, name: str, fields: tuple[str, ...]) -> StructDType:
         key = (cls, name, fields)
         if (got := DType._interned.get(key)) is not None:
             return got  # type: ignore[return-value]
@@ -110,7 +110,7 @@ class StructDType(DType):
         DType._interned[key] = self
         return self
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return (StructDType, (self.name, self.fields))
 
     def __repr__(self) -> str:

@@ -302,7 +302,7 @@ def _short(v: Any, width: int, limit: int) -> str:
     if type(v) is tuple:
         return "(" + ", ".join(_short(x, width, inner) for x in v) + ("," if len(v) == 1 else "") + ")"
     if isinstance(v, tuple) and hasattr(type(v), "_fields"):
-        fields = zip(type(v)._fields, v)
+        fields = zip(getattr(type(v), "_fields"), v)
         return f"{type(v).__name__}({', '.join(f'{f}={_short(x, width, inner)}' for f, x in fields)})"
     if isinstance(v, tuple):  # a tuple subclass holding a payload: its own (short) repr
         return repr(v)

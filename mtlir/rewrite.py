@@ -166,7 +166,7 @@ class _Rewriter:
         lookup = self.lookup
         if before is None:
             src = x.src
-            new_src = tuple([lookup(s) for s in src])  # type: ignore[misc]
+            new_src: tuple[UOp, ...] = tuple([lookup(s) for s in src])  # type: ignore[misc]  # all done
             before = x if new_src == src else UOp(x.op, x.dtype, new_src, x.arg, x.tag)  # == is identity here
         if before is not x:
             r = lookup(before)
@@ -291,10 +291,11 @@ def graph_rewrite(graph: UOp, matcher: PatternMatcher, ctx: Any = None, name: st
             continue
         # a rule rewrote ``before`` (``n`` with its sources rewritten) into ``ret``: done if ``ret`` is done
         ret, rule = fired
-        out = rw.lookup(ret)
-        if out is None or out is _BUSY:
+        done = rw.lookup(ret)
+        if done is None or done is _BUSY:
             out = rw.run(n, before, fired)
         else:
+            out = done
             if trace is not None:
                 trace.steps.append(RewriteStep(rule, before, ret))
             if before is not n:

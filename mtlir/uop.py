@@ -42,7 +42,7 @@ def argkey(arg: Any) -> Any:
     if isinstance(arg, (Enum, DType)):
         return (t, arg)
     if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
-        if not t.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        if not t.__dataclass_params__.frozen:
             raise TypeError(f"a {t.__name__} is a mutable dataclass: only frozen dataclasses can be args")
         return (t, tuple([argkey(getattr(arg, f.name)) for f in dataclasses.fields(arg)]))
     if t is frozenset:
@@ -55,7 +55,7 @@ def argkey(arg: Any) -> Any:
 
 
 # the intern table: node key -> weak reference; a node removes its own entry when it is freed (UOp.__del__)
-_table: dict[tuple, weakref.ReferenceType[UOp]] = {}
+_table: dict[tuple[Any, ...], weakref.ReferenceType[UOp]] = {}
 
 
 def live_nodes() -> int:
@@ -77,7 +77,7 @@ def _const_cast(dtype: DType, value: Any) -> Any:
     return value
 
 
-def _check_fields(op: Any, dtype: Any, src: tuple) -> int:
+def _check_fields(op: Any, dtype: Any, src: tuple[Any, ...]) -> int:
     """Validate a new node's fields; return its rank (1 + the largest rank of its sources, 0 for a leaf)."""
     if type(op) is not Ops:
         raise TypeError(f"UOp: op {op!r} is not an Ops member")
@@ -98,6 +98,13 @@ class _Slots:
     ``object.__setattr__`` per field, and node creation is the hot path of every pass."""
 
     __slots__ = ("op", "dtype", "src", "arg", "tag", "_key", "_rank", "__weakref__")
+    op: Ops
+    dtype: DType
+    src: tuple[UOp, ...]
+    arg: Any
+    tag: Any
+    _key: tuple[Any, ...]
+    _rank: int
 
 
 class _Filling(_Slots):
@@ -115,12 +122,6 @@ class UOp(_Slots):
     """
 
     __slots__ = ()
-    op: Ops
-    dtype: DType
-    src: tuple[UOp, ...]
-    arg: Any
-    tag: Any
-    _rank: int
 
     def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None,
                 tag: Any = None) -> UOp:
@@ -131,12 +132,12 @@ class UOp(_Slots):
             ref = _table.get(key)
         except TypeError as e:
             raise TypeError(f"UOp({op!r}, {dtype!r}): {e}") from None
-        if ref is not None and (node := ref()) is not None:
-            return node
+        if ref is not None and (found := ref()) is not None:
+            return found
         rank = _check_fields(op, dtype, src)
         new = object.__new__(_Filling)
         new.op, new.dtype, new.src, new.arg, new.tag, new._key, new._rank = op, dtype, src, arg, tag, key, rank
-        new.__class__ = UOp
+        new.__class__ = UOp  # type: ignore[assignment]
         node: UOp = new  # type: ignore[assignment]
         wr = weakref.ref(node)
         if (old := _table.setdefault(key, wr)) is not wr:  # another thread built it first, or a dead entry
@@ -156,13 +157,13 @@ class UOp(_Slots):
     def __setattr__(self, key: str, value: Any) -> None:
         raise AttributeError("UOp is immutable: use replace()")
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return (UOp, (self.op, self.dtype, self.src, self.arg, self.tag))
 
     def __copy__(self) -> UOp:
         return self
 
-    def __deepcopy__(self, memo: dict) -> UOp:
+    def __deepcopy__(self, memo: dict[int, Any]) -> UOp:
         return self
 
     # identity semantics: hash-consing makes structural equality identity
@@ -286,10 +287,10 @@ class UOp(_Slots):
     def __xor__(self, x: UOp | int) -> UOp: return self.alu(Ops.XOR, x)
     def __rxor__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.XOR, self)
     def __neg__(self) -> UOp: return self.alu(Ops.NEG)
-    def __lt__(self, x: UOp | int) -> UOp: return self.alu(Ops.CMPLT, x)  # type: ignore[override]
-    def __le__(self, x: UOp | int) -> UOp: return self.alu(Ops.CMPLE, x)  # type: ignore[override]
-    def __gt__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.CMPLT, self)  # type: ignore[override]
-    def __ge__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.CMPLE, self)  # type: ignore[override]
+    def __lt__(self, x: UOp | int) -> UOp: return self.alu(Ops.CMPLT, x)
+    def __le__(self, x: UOp | int) -> UOp: return self.alu(Ops.CMPLE, x)
+    def __gt__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.CMPLT, self)
+    def __ge__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.CMPLE, self)
 
     def eq(self, x: UOp | int) -> UOp:
         """``self == x`` as a CMPEQ node (``==`` itself is identity)."""

@@ -201,9 +201,10 @@ def _compile(pat: UPat) -> MatchFn:
         src = u.src
         if mode == "each":
             if name is not None:
-                st = _bind(st, name, u)
-                if st is None:
+                bound = _bind(st, name, u)
+                if bound is None:
                     return _NONE
+                st = bound
             stores = [st]
             for s in src:
                 stores = [m for x in stores for m in sub(s, x)]
@@ -230,9 +231,10 @@ def _compile(pat: UPat) -> MatchFn:
                         return _NONE
             orders = (range(npat),)
         if name is not None:
-            st = _bind(st, name, u)
-            if st is None:
+            bound = _bind(st, name, u)
+            if bound is None:
                 return _NONE
+            st = bound
         if sub is None:
             return [st]
         out: list[Store] = []
