@@ -1,0 +1,165 @@
+"""Pipelines: the string parses into passes and prints back; the registry; lower()'s options (print_after_all,
+stages, timings, the target check); verifiers after each pass name the pass and the node."""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import pytest
+from lowering_cases import small_queue
+
+from mtlir.dtypes import dtypes
+from mtlir.metal import DeviceSpec
+from mtlir.ops import Ops
+from mtlir.passes import (DEFAULT_PIPELINE, PASSES, Abi, Encode, Linearize, Pass, PassContext, Pipeline,
+                          PipelineError, VerifyError, default_pipeline, lower, register)
+from mtlir.program import Program
+from mtlir.uop import UOp
+
+
+@pytest.mark.parametrize("text", [
+    DEFAULT_PIPELINE,
+    "encode,lower-timeline,symbolic,abi{target=x86_64},linearize",
+    "encode{max-range=4},symbolic,abi{target=arm64},linearize",
+    "encode",
+    "symbolic,symbolic",
+])
+def test_pipeline_strings_print_back_identically(text: str) -> None:
+    assert str(Pipeline.parse(text)) == text
+
+
+def test_parse_builds_the_passes_with_their_options() -> None:
+    p = Pipeline.parse("encode{max-range=4},abi{target=x86_64}")
+    assert p.passes == (Encode(max_range=4), Abi("x86_64"))
+    assert p.option("abi", "target") == "x86_64" and p.option("linearize", "target") is None
+    assert str(Pipeline.parse("encode{max-range=16384}")) == "encode"  # a default prints as nothing
+    assert str(Pipeline.parse(" encode , abi{ target=arm64 } ")) == "encode,abi{target=arm64}"
+    assert default_pipeline("x86_64") == Pipeline.parse(DEFAULT_PIPELINE.replace("arm64", "x86_64"))
+
+
+def test_registry_names_every_pass() -> None:
+    assert set(PASSES) >= {"encode", "lower-timeline", "symbolic", "abi", "linearize"}
+    for name, cls in PASSES.items():
+        assert cls.name == name and cls.__doc__
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty pipeline"),
+    ("encode,frobnicate", "unknown pass 'frobnicate'"),
+    ("abi", "abi"),  # target is required
+    ("abi{target=ppc}", "unknown target 'ppc'"),
+    ("abi{arch=arm64}", "pass 'abi' has no option 'arch'"),
+    ("encode{max-range=many}", "expected an integer, got 'many'"),
+    ("encode{max-range=0}", "max-range 0 must be in [1, 16384]"),
+    ("encode{max-range}", "must be written key=value"),
+    ("encode,,symbolic", "cannot read a pass"),
+    ("encode;symbolic", "expected ','"),
+    ("encode,", "ends with ','"),
+])
+def test_bad_pipelines_are_refused_clearly(text: str, message: str) -> None:
+    with pytest.raises(PipelineError) as e:
+        Pipeline.parse(text)
+    assert message in str(e.value)
+
+
+def test_lower_keeps_stages_times_passes_and_prints_after_all() -> None:
+    out = io.StringIO()
+    g = small_queue(DeviceSpec("Apple7"), symbolic=True)
+    lowered = lower(g, target="x86_64", print_after_all=True, out=out)
+    assert [name for name, _ in lowered.stages] == ["input", "encode", "lower-timeline", "symbolic", "abi",
+                                                    "linearize"]
+    assert lowered.stages[0][1] is g and isinstance(lowered.stages[-1][1], Program)
+    assert lowered.stages[-1][1] is lowered.program
+    assert [t.name for t in lowered.timings] == [name for name, _ in lowered.stages[1:]]
+    assert all(t.seconds >= 0 and t.verify_seconds >= 0 for t in lowered.timings)
+    assert lowered.seconds == pytest.approx(sum(t.seconds + t.verify_seconds for t in lowered.timings))
+    text = out.getvalue()
+    for header in ("encode", "lower-timeline", "symbolic", "abi{target=x86_64}", "linearize"):
+        assert f"// -----// IR after {header} //----- //" in text
+    assert "[encoder executeCommandsInBuffer:withRange: icb, 0, 3]" in text
+    assert str(lowered.pipeline) == "encode,lower-timeline,symbolic,abi{target=x86_64},linearize"
+    assert lower(g, target="x86_64", keep_stages=False).stages == []
+
+
+def test_print_after_all_goes_to_stderr_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    lower(small_queue(DeviceSpec("Apple9")), print_after_all=True)
+    captured = capsys.readouterr()
+    assert captured.out == "" and "IR after encode" in captured.err
+
+
+def test_lower_checks_the_target_against_the_pipeline() -> None:
+    g = small_queue(DeviceSpec("Apple9"))
+    assert lower(g, pipeline=DEFAULT_PIPELINE.replace("arm64", "x86_64")).program.target == "x86_64"
+    assert lower(g, target="x86_64", pipeline=DEFAULT_PIPELINE.replace("arm64", "x86_64")).program.target == "x86_64"
+    with pytest.raises(PipelineError, match="abi{target=arm64} but the target is x86_64"):
+        lower(g, target="x86_64", pipeline=DEFAULT_PIPELINE)
+    with pytest.raises(PipelineError, match="unknown target"):
+        lower(g, target="sparc")
+    with pytest.raises(PipelineError, match="takes a queue graph"):
+        lower("not a graph")  # type: ignore[arg-type]
+
+
+def test_a_partial_pipeline_has_no_program() -> None:
+    lowered = lower(small_queue(DeviceSpec("Apple9")), pipeline="encode,symbolic")
+    assert isinstance(lowered.result, UOp) and lowered.result.op is Ops.SINK
+    with pytest.raises(PipelineError, match="did not produce a Program"):
+        lowered.program
+    with pytest.raises(PipelineError, match="comes after linearize"):
+        lower(small_queue(DeviceSpec("Apple9")), pipeline=DEFAULT_PIPELINE + ",symbolic")
+
+
+@register
+@dataclass(frozen=True)
+class _BreakOneMessage(Pass):
+    """A test pass that gives the first encodeSignalEvent:value: message a non-object receiver."""
+
+    name = "test-break-receiver"
+
+    def apply(self, graph: UOp, ctx: PassContext) -> UOp:
+        bad = next(u for u in graph.toposort() if u.op is Ops.MSG and u.arg == "encodeSignalEvent:value:")
+        broken = bad.replace(src=(UOp.const(dtypes.uint64, 7), *bad.src[1:]))
+        return graph.substitute({bad: broken}) if hasattr(graph, "substitute") else _substitute(graph, bad, broken)
+
+
+def _substitute(root: UOp, old: UOp, new: UOp) -> UOp:
+    memo: dict[UOp, UOp] = {old: new}
+    for u in root.toposort():
+        if u not in memo:
+            memo[u] = u.replace(src=tuple(memo[s] for s in u.src))
+    return memo[root]
+
+
+def test_verifier_names_the_pass_and_the_node() -> None:
+    with pytest.raises(VerifyError) as e:
+        lower(small_queue(DeviceSpec("Apple9")), pipeline="encode,test-break-receiver")
+    assert e.value.pass_name == "test-break-receiver"
+    assert e.value.node is not None and e.value.node.arg == "encodeSignalEvent:value:"
+    text = str(e.value)
+    assert text.startswith("after pass 'test-break-receiver': the receiver of 'encodeSignalEvent:value:' is a uint64")
+    assert "<-- here" in text  # the neighbourhood is reprinted with the node marked
+
+
+def test_verifier_after_encode_refuses_leftover_queue_ops() -> None:
+    from mtlir.passes.verify import verify_graph
+    g = small_queue(DeviceSpec("Apple9"))
+    with pytest.raises(VerifyError, match="after pass 'encode': KERNEL is a queue op, which encode lowers"):
+        verify_graph(UOp.sink(g.src[0], arg=g.arg), "encode")
+    with pytest.raises(VerifyError, match="the root after encode is a SINK whose arg is the DeviceSpec"):
+        verify_graph(UOp.sink(UOp.const(dtypes.int32, 1)), "encode")
+    lowered = lower(g, pipeline="encode,lower-timeline")
+    with pytest.raises(VerifyError, match="after pass 'abi': MSG 'commandBuffer' is left after abi"):
+        verify_graph(lowered.result, "abi")  # type: ignore[arg-type]
+
+
+def test_linearize_verifier_checks_the_program() -> None:
+    from mtlir.passes.verify import verify_program
+    p = lower(small_queue(DeviceSpec("Apple9"))).program
+    verify_program(p)
+    bad = Program([("ALU", 1, Ops.ADD, dtypes.int32, 0, 0)], 2)
+    with pytest.raises(VerifyError, match="instruction 0 .*reads r0 before anything defines it"):
+        verify_program(bad)
+    unclosed = Program([("RANGE", 1, 0, 5)], 2, consts={0: 3})
+    with pytest.raises(VerifyError, match="RANGE without END"):
+        verify_program(unclosed)
+    assert isinstance(Linearize().apply(lower(small_queue(DeviceSpec("Apple9")), pipeline="encode,abi{target=arm64}")
+                                        .result, PassContext()), Program)  # type: ignore[arg-type]
