@@ -26,8 +26,8 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-__all__ = ["main", "build_parser", "format_message", "lower_trace", "default_pipeline", "record_one_submit", "EXIT_MATCH", "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_GPU_ERROR",
-           "EXIT_UNSUPPORTED", "EXIT_INTERNAL"]
+__all__ = ["main", "build_parser", "format_message", "lower_trace", "default_pipeline", "record_one_submit",
+           "EXIT_MATCH", "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_GPU_ERROR", "EXIT_UNSUPPORTED", "EXIT_INTERNAL"]
 
 EXIT_MATCH, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_GPU_ERROR, EXIT_UNSUPPORTED, EXIT_INTERNAL = range(6)
 RTOL, ATOL = 1e-4, 1e-5

@@ -8,8 +8,8 @@ the messages a run sends (docs/runtime.md). The devices live in ``mtlir.runtime.
 from mtlir.runtime.bridge import Bridge, HostMemory, Message, RecordingBridge
 from mtlir.runtime.errors import (BridgeError, GPUExecutionError, KernelCompileError, LinkError, MetalValidationError,
                                   UnsupportedKernelError)
-from mtlir.runtime.interpreter import (EXECUTORS, CompiledReplay, Executor, Interpreter, ProgramError, make_executor,
-                                       prepare_registers)
+from mtlir.runtime.interpreter import Executor, Interpreter, ProgramError, prepare_registers
+from mtlir.runtime.replay import EXECUTORS, CompiledReplay, make_executor
 from mtlir.runtime.link import Linked, link
 from mtlir.runtime.session import Session, Submission
 

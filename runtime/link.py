@@ -113,8 +113,9 @@ def collect_objects(program: Program) -> dict[str, Obj]:
 class Linked:
     """The device objects of one linked Program.
 
-    ``objects``: every placeholder by name (``collect_objects``); ``device``: the MTLDevice; ``registers``: the prepared register file (``mtlir.runtime.interpreter.prepare_registers``); ``handles``:
-    name -> handle or host address (``"queue"``, ``"buffer:7"``, ``"pipeline:E_5_8_2"``, ``"icb[3]"``,
+    ``objects``: every placeholder by name (``collect_objects``); ``device``: the MTLDevice; ``registers``: the
+    prepared register file (``mtlir.runtime.interpreter.prepare_registers``); ``handles``: name -> handle or host
+    address (``"queue"``, ``"buffer:7"``, ``"pipeline:E_5_8_2"``, ``"icb[3]"``,
     ``"cbslots"``, ...); ``names``: the reverse map (for ``RecordingBridge``); ``buffers``: name -> (handle,
     contents address, length in bytes); ``icb``: the ICB's commands as built. ``release()`` gives everything
     back (idempotent)."""
@@ -462,8 +463,10 @@ class _Linker:
                     raise LinkError(f"{where}: binds {buf!r}, which is not a buffer of the Program")
                 if not 0 <= offset <= 0xFFFFFFFF:
                     raise LinkError(f"{where}: offset {offset} of {buf} does not fit the ICB's 32 bits")
-                self.send(cmd, "setKernelBuffer:offset:atIndex:", self.out.buffers[buf][0], offset, index)
-            self.send(cmd, "concurrentDispatchThreadgroups:threadsPerThreadgroup:", *self.mtlsize(c.grid, c.threadgroup))
+                handle = self.out.buffers[buf][0]
+                self.send(cmd, "setKernelBuffer:offset:atIndex:", handle, offset, index)
+            sizes = self.mtlsize(c.grid, c.threadgroup)
+            self.send(cmd, "concurrentDispatchThreadgroups:threadsPerThreadgroup:", *sizes)
             if c.barrier:
                 self.send(cmd, "setBarrier")
         self.out.icb = cmds

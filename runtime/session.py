@@ -2,11 +2,11 @@
 
 A submit runs the Program with this run's values (the timeline value, symbolic sizes, variables) inside an
 autorelease pool (``objc_autoreleasePoolPush``/``Pop``), then reads the command buffers it committed from the
-``cbslots`` table (the Program retains each one it stores there: ``commandBuffer`` returns +0) and keeps them in an
-in-flight record: O(1) work and memory per submit, whatever the history. ``wait`` polls the timeline (``signaledValue`` on the shared event)
-and the ``status`` of those command buffers: status Error raises ``GPUExecutionError`` with Metal's error code,
-its name and the NSError's description (Metal skips a failed command buffer's event signals, METAL.md §3 rule 6,
-so waiting for the value alone would hang); past the timeout ``TimeoutError`` says what was awaited. A completed
+``cbslots`` table (the Program retains each one it stores there: ``commandBuffer`` returns +0) and keeps them in
+an in-flight record: O(1) work and memory per submit, whatever the history. ``wait`` polls the timeline
+(``signaledValue`` on the shared event) and the ``status`` of those command buffers: status Error raises
+``GPUExecutionError`` with Metal's error code, its name and the NSError's description (Metal skips a failed
+command buffer's event signals, METAL.md §3 rule 6, so waiting for the value alone would hang); past the timeout ``TimeoutError`` says what was awaited. A completed
 submit's ``GPUStartTime``/``GPUEndTime`` (seconds) are read, the timestamp slots of a profiled submit filled
 (``Stamp`` entries of the ``cbslots`` payload), then its command buffers are released.
 
@@ -26,8 +26,9 @@ from mtlir.metal import MTL, abi_prototype, c_prototype
 from mtlir.program import Program
 from mtlir.runtime.bridge import Bridge, Message, RecordingBridge
 from mtlir.runtime.errors import GPUExecutionError
-from mtlir.runtime.interpreter import Executor, make_executor
+from mtlir.runtime.interpreter import Executor
 from mtlir.runtime.link import Linked, link
+from mtlir.runtime.replay import make_executor
 
 __all__ = ["Session", "Submission", "DEFAULT_TIMELINE_VAR"]
 

@@ -114,7 +114,8 @@ def submit_program(target: str = "arm64", *, kernels: int = 2, residency_set: bo
     """A submit of ``kernels`` ICB commands over two buffers, shaped like METAL.md §1: commandBuffer,
     computeCommandEncoder, waitForFence:, useResources (without a residency set), the warm-up (before Apple9),
     the symbolic sizes on icb[0] (grid = ceil(n / 4)), executeCommandsInBuffer:withRange:, updateFence:,
-    endEncoding, encodeSignalEvent:value:, commit; the command buffer is retained and stored into ``cbslots``. Variables:
+    endEncoding, encodeSignalEvent:value:, commit; the command buffer is retained and stored into ``cbslots``.
+    Variables:
     ``n`` (elements, 1..64, written to the variables buffer) and ``timeline``."""
     dev = DeviceSpec(family, residency_set=residency_set)
     p = PB(target, dev)

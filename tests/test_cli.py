@@ -95,7 +95,8 @@ def test_pipeline_target_must_agree_with_target() -> None:
                            "encode,lower-timeline,symbolic,abi{target=arm64},linearize")
     assert code == 2 and out == ""
     assert log.count("\n") == 1 and "abi{target=arm64} but --target is x86_64" in log
-    code, out, _ = mtlir("lower", MLP7, "--json", "--pipeline", "encode,lower-timeline,symbolic,abi{target=x86_64},linearize")
+    code, out, _ = mtlir("lower", MLP7, "--json", "--pipeline",
+                         "encode,lower-timeline,symbolic,abi{target=x86_64},linearize")
     assert code == 0 and one_json(out)["target"] == "x86_64"
 
 
