@@ -14,13 +14,16 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import graphviz
-import networkx as nx
 
 from mtlir.ops import GroupOp, Ops
 from mtlir.render import short_arg
 from mtlir.uop import UOp
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["to_dot", "to_networkx", "write_picture", "GraphvizNotFoundError", "OP_COLORS"]
 
@@ -147,6 +150,8 @@ def to_networkx(graph: UOp) -> nx.MultiDiGraph:
     """A ``networkx.MultiDiGraph`` of ``graph``: nodes keyed by toposort position (int) with attributes ``op``,
     ``dtype``, ``arg``, ``tag`` and ``uop``; one edge from each source to its user per argument position, keyed
     and attributed ``index`` (a node that uses the same source twice has two edges)."""
+    import networkx as nx  # imported here: it takes longer to import than all of mtlir
+
     if not isinstance(graph, UOp):
         raise TypeError(f"to_networkx: {type(graph).__name__} is not a UOp")
     g = nx.MultiDiGraph()
