@@ -126,6 +126,8 @@ class UOp(_Slots):
     def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None,
                 tag: Any = None) -> UOp:
         if type(src) is not tuple:
+            if isinstance(src, UOp) or not hasattr(src, "__iter__"):
+                raise TypeError(f"UOp({op!r}): src must be a tuple of UOps, got a {type(src).__name__}")
             src = tuple(src)
         try:
             key = (op, dtype, src, _NONE_KEY if arg is None else argkey(arg), None if tag is None else argkey(tag))

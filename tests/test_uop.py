@@ -79,6 +79,8 @@ def test_bad_input_is_refused_with_a_clear_error() -> None:
         UOp(Ops.NOOP, arg=[1, 2])
     with pytest.raises(TypeError, match="mutable dataclass"):
         UOp(Ops.NOOP, arg=Mutable(1))
+    with pytest.raises(TypeError, match="src must be a tuple of UOps, got a UOp"):
+        UOp(Ops.NEG, i32, UOp.const(i32, 1))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="source 1 is a int"):
         UOp(Ops.ADD, i32, (UOp.const(i32, 1), 2))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="not an Ops"):
