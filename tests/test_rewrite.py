@@ -253,3 +253,34 @@ def test_rewrite_is_exactly_the_definition_on_tangled_rules(g: UOp) -> None:
     assert all(tangled.rewrite(u) is None for u in out.toposort())  # a fixed point: no rule matches anywhere
     assert all(s.rule.pat.match(s.before) for s in trace.steps)
     assert (len(trace) == 0) == (out is g)
+
+
+@st.composite
+def mapped_graphs(draw: st.DrawFn) -> tuple[UOp, dict[UOp, UOp]]:
+    """A random graph and a map sending some of its NEG nodes to later nodes of it (nodes the main loop may not
+    have reached yet); with ADD(v, v) -> NEG(v) the map can also close cycles."""
+    nodes = [UOp.variable(f"v{i}", 0, 1) for i in range(3)]
+    for _ in range(draw(st.integers(1, 25))):
+        kind = draw(st.sampled_from(["neg", "sink", "add"]))
+        p, q = draw(st.sampled_from(nodes)), draw(st.sampled_from(nodes))
+        n = -p if kind == "neg" else UOp.sink(p, q) if kind == "sink" else UOp(Ops.ADD, i32, (p, q))
+        if n not in nodes:
+            nodes.append(n)
+    mapping = {u: nodes[draw(st.integers(i + 1, len(nodes) - 1))] for i, u in enumerate(nodes[:-1])
+               if u.op is Ops.NEG and draw(st.booleans())}
+    return UOp.sink(*draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=4))), mapping
+
+
+@settings(max_examples=300, deadline=None)
+@given(mapped_graphs())
+def test_rules_returning_other_nodes_of_the_graph(case: tuple[UOp, dict[UOp, UOp]]) -> None:
+    g, mapping = case
+    rules = [(UPat(Ops.ADD, src=(UPat.var("v"), UPat.var("v"))), lambda v: -v)]
+    with_ctx = PatternMatcher([(UPat(Ops.NEG, name="u"), lambda u, ctx: ctx.get(u)), *rules])
+    try:
+        ref = reference_rewrite(g, PatternMatcher([(UPat(Ops.NEG, name="u"), lambda u: mapping.get(u)), *rules]))
+    except (AssertionError, RecursionError):  # the definition does not terminate: graph_rewrite must say so
+        with pytest.raises(RewriteLoopError):
+            graph_rewrite(g, with_ctx, ctx=mapping)
+        return
+    assert graph_rewrite(g, with_ctx, ctx=mapping) is ref
