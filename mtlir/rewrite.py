@@ -230,17 +230,19 @@ class _Rewriter:
 
 
 def _collect(graph: UOp) -> tuple[list[UOp], set[UOp]]:
-    """Every node reachable from ``graph`` (a plain depth-first walk), and the same as a set."""
+    """Every node reachable from ``graph`` in depth-first pre-order, sources left to right (so that after the
+    stable sort by rank, nodes of one rank are visited left to right), and the same nodes as a set."""
     seen = {graph}
-    nodes = [graph]
+    nodes: list[UOp] = []
     stack = [graph]
     add, push, pop, append = seen.add, stack.append, stack.pop, nodes.append
     while stack:
-        for s in pop().src:
+        node = pop()
+        append(node)
+        for s in reversed(node.src):
             if s not in seen:
                 add(s)
                 push(s)
-                append(s)
     return nodes, seen
 
 

@@ -303,9 +303,11 @@ class UOp(_Slots):
         return self.alu(Ops.CMPNE, x)
 
     def maximum(self, x: UOp | int) -> UOp:
+        """The larger of ``self`` and ``x`` (MAX)."""
         return self.alu(Ops.MAX, x)
 
     def minimum(self, x: UOp | int) -> UOp:
+        """The smaller of ``self`` and ``x`` (MIN)."""
         return self.alu(Ops.MIN, x)
 
     def where(self, a: UOp | int, b: UOp | int) -> UOp:
@@ -371,6 +373,7 @@ class UOp(_Slots):
 
     @property
     def is_const(self) -> bool:
+        """True for a CONST node."""
         return self.op is Ops.CONST
 
     def const_value(self) -> Any:

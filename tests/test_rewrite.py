@@ -284,3 +284,14 @@ def test_rules_returning_other_nodes_of_the_graph(case: tuple[UOp, dict[UOp, UOp
             graph_rewrite(g, with_ctx, ctx=mapping)
         return
     assert graph_rewrite(g, with_ctx, ctx=mapping) is ref
+
+
+def test_nodes_of_one_rank_are_rewritten_left_to_right() -> None:
+    order: list[UOp] = []
+
+    def log(n: UOp) -> None:
+        order.append(n)
+
+    a, b, c = (UOp.variable(v, 0, 1) for v in "abc")
+    graph_rewrite(UOp.sink(-a, -b, -c), PatternMatcher([(UPat(name="n"), log)]))
+    assert order == [a, b, c, -a, -b, -c, UOp.sink(-a, -b, -c)]
