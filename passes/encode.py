@@ -33,6 +33,7 @@ an ICB submit has no per-command nodes except for symbolic commands.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -75,7 +76,9 @@ class _Kernel(NamedTuple):
     pipeline: UOp                               # OBJECT pipeline:KEY
     buffers: tuple[tuple[int, int], ...]        # (parameter index, element size in bytes)
     vars: tuple[tuple[int, DType], ...]         # (parameter index, dtype)
+    pids: tuple[int, ...]                       # ids of (index, element size or dtype): buffers then vars
     var_names: tuple[tuple[str, int], ...]      # (variable name, parameter index)
+    nsrc: int                                   # sources of its EXEC: 3 + buffers + variables
 
 
 class _Size(NamedTuple):
@@ -94,11 +97,9 @@ class _Cmd(NamedTuple):
     kernel: _Kernel
     grid: _Size
     threadgroup: _Size
-    buffers: tuple[_Bind, ...]
-    vars: tuple[int, ...]                       # variables buffer slot per variable parameter
-    icb_binds: tuple[tuple[str, int, int], ...]  # IcbCommand.bindings: the named buffers, then the variable slots
-    rebound: tuple[int, ...]                    # buffer indices bound to buffer variables
-    symbolic: bool                              # sizes set per submit
+    args: tuple[UOp, ...]                       # the EXEC's buffer and variable sources
+    icb_binds: tuple[tuple[str, int, int], ...]  # per parameter: (placeholder name, offset, index); "" for a buffer
+    symbolic: bool                              # variable (bound per submit); sizes set per submit when symbolic
 
 
 class _Plan(NamedTuple):
@@ -124,7 +125,9 @@ class _Encoder:
     sizes: dict[UOp, _Size] = field(default_factory=dict)
     binds: dict[UOp, _Bind] = field(default_factory=dict)
     base_names: dict[UOp, str | None] = field(default_factory=dict)   # BUFFER / buffer variable -> placeholder
-    icb_binds: dict[tuple[UOp, int], tuple[_Bind, tuple[str, int, int]]] = field(default_factory=dict)
+    icb_binds: dict[tuple[UOp, int], tuple[str, int, int]] = field(default_factory=dict)
+    pids: dict[tuple[int, int | DType], int] = field(default_factory=dict)   # kernel parameter -> small id
+    param_of: dict[int, tuple[int, int | DType]] = field(default_factory=dict)
     buffers: dict[str, UOp] = field(default_factory=dict)      # placeholder name -> OBJECT, first-use order
     inputs: dict[UOp, int] = field(default_factory=dict)       # buffer variable -> position
     slots: dict[tuple[UOp, DType], int] = field(default_factory=dict)     # (value node, dtype) -> slot
@@ -176,50 +179,43 @@ class _Encoder:
         if len(src) < 3 or src[0].op is not Ops.KERNEL:
             raise EncodeError(f"command {i}: an EXEC's sources are (KERNEL, grid, threadgroup, *buffers, *vars)")
         k = self.kernels.get(src[0]) or self.read_kernel(src[0], i)
-        nb, nv = len(k.buffers), len(k.vars)
-        if len(src) != 3 + nb + nv:
-            raise EncodeError(f"command {i} ({k.kernel.key}): the kernel takes {nb} buffers and {nv} variables, the "
-                              f"EXEC has {len(src) - 3} buffer and variable sources")
+        if len(src) != k.nsrc:
+            raise EncodeError(f"command {i} ({k.kernel.key}): the kernel takes {len(k.buffers)} buffers and "
+                              f"{len(k.vars)} variables, the EXEC has {len(src) - 3} buffer and variable sources")
         grid = self.sizes.get(src[1]) or self.read_size(src[1], f"command {i} ({k.kernel.key}): grid")
         tg = self.sizes.get(src[2]) or self.read_size(src[2], f"command {i} ({k.kernel.key}): threadgroup")
-        binds, icb, rebound = [], [], []
+        args = src[3:]
         memo = self.icb_binds
-        for (index, itemsize), b in zip(k.buffers, src[3:3 + nb]):
-            got = memo.get((b, index))
-            if got is None:
-                got = self.check_bind(b, index, itemsize, i, k)
-            bind, triple = got
-            binds.append(bind)
-            if bind.name is None:
-                rebound.append(index)
-            else:
-                icb.append(triple)
-        slots = []
-        for (index, dt), v in zip(k.vars, src[3 + nb:]):
-            slot = self.slots.get((v, dt))
-            if slot is None:
-                slot = self.read_var(v, dt, f"command {i} ({k.kernel.key}): variable parameter {index}")
-            slots.append(slot)
-            icb.append(("varbuf", slot * VAR_SLOT, index))
-        return _new(_Cmd, (k, grid, tg, tuple(binds), tuple(slots), tuple(icb), tuple(rebound),
-                           grid.symbolic or tg.symbolic))
+        # one memo lookup per argument: the ICB binding triple of (argument node, parameter)
+        binds = [memo.get((b, p)) or self.check_bind(b, p, i, k) for b, p in zip(args, k.pids)]
+        return _new(_Cmd, (k, grid, tg, args, tuple(binds), grid.symbolic or tg.symbolic))
 
-    def check_bind(self, b: UOp, index: int, itemsize: int, i: int, k: _Kernel) -> tuple[_Bind, tuple[str, int, int]]:
-        """Read buffer argument ``b`` of parameter ``index`` and check its offset, once per (node, index) (an
-        offset too far for an ICB is checked at every use); the binding and its ICB binding triple."""
-        bind = self.binds.get(b) or self.read_buffer(b, f"command {i} ({k.kernel.key}): buffer parameter {index}")
-        if bind.offset % itemsize:
-            raise EncodeError(f"command {i} ({k.kernel.key}): buffer parameter {index} is bound at byte offset "
-                              f"{bind.offset}, not a multiple of its element size {itemsize} (METAL.md §1)")
-        got = (bind, (bind.name or "", bind.offset, index))
+    def check_bind(self, b: UOp, pid: int, i: int, k: _Kernel) -> tuple[str, int, int]:
+        """The ICB binding of argument ``b`` for parameter ``pid`` (an id of (index, element size or variable
+        dtype)), read and checked once per (node, parameter); an offset too far for an ICB is checked again at every
+        use."""
+        index, kind = self.param_of[pid]
+
+        def where() -> str:  # built only for an error message
+            return f"command {i} ({k.kernel.key}): {'variable' if isinstance(kind, DType) else 'buffer'} parameter {index}"
+        if isinstance(kind, DType):
+            slot = self.slots.get((b, kind))
+            if slot is None:
+                slot = self.read_var(b, kind, where())
+            triple = self.icb_binds[(b, pid)] = ("varbuf", slot * VAR_SLOT, index)
+            return triple
+        bind = self.binds.get(b) or self.read_buffer(b, where)
+        if bind.offset % kind:
+            raise EncodeError(f"{where()} is bound at byte offset {bind.offset}, not a multiple of its element size "
+                              f"{kind} (METAL.md §1)")
+        triple = (bind.name or "", bind.offset, index)
         if bind.offset > MAX_ICB_OFFSET:
             if not self.too_far:
-                self.too_far = (f"command {i} ({k.kernel.key}): buffer parameter {index} binds "
-                                f"{bind.name or 'a buffer variable'} at byte offset {bind.offset}, above 0xFFFFFFFF, "
-                                "which an ICB command cannot hold (METAL.md §3 rule 8)")
+                self.too_far = (f"{where()} binds {bind.name or 'a buffer variable'} at byte offset {bind.offset}, "
+                                "above 0xFFFFFFFF, which an ICB command cannot hold (METAL.md §3 rule 8)")
         else:
-            self.icb_binds[(b, index)] = got
-        return got
+            self.icb_binds[(b, pid)] = triple
+        return triple
 
     def read_kernel(self, node: UOp, i: int) -> _Kernel:
         kernel = node.arg
@@ -237,7 +233,9 @@ class _Encoder:
             raise EncodeError(f"command {i} ({kernel.key}): buffer indices go up to {MTL.MAX_BUFFER_BIND - 1}")
         pipe = _obj("pipeline", f"pipeline:{kernel.key}", (kernel,))
         names = tuple((p.var or "", p.index) for p in kernel.var_params)
-        k = self.kernels[node] = _Kernel(kernel, pipe, bufs, vars_, names)
+        pids = tuple(self.pids.setdefault(p, len(self.pids)) for p in bufs + vars_)  # type: ignore[operator]
+        self.param_of = {pid: p for p, pid in self.pids.items()}
+        k = self.kernels[node] = _Kernel(kernel, pipe, bufs, vars_, pids, names, 3 + len(bufs) + len(vars_))
         return k
 
     def read_size(self, node: UOp, where: str) -> _Size:
@@ -258,22 +256,22 @@ class _Encoder:
         size = self.sizes[node] = _Size(simple, link, any(f.op is not Ops.CONST for f in simple.src))  # type: ignore
         return size
 
-    def read_buffer(self, node: UOp, where: str) -> _Bind:
+    def read_buffer(self, node: UOp, where: Callable[[], str]) -> _Bind:
         """A buffer argument (BUFFER, BUFFER_VIEW or buffer variable) as (base, byte offset, placeholder name)."""
         base, offset = node, 0
         if node.op is Ops.BUFFER_VIEW:
             if len(node.src) != 1 or not isinstance(node.arg, tuple) or len(node.arg) != 2:
-                raise EncodeError(f"{where}: a BUFFER_VIEW has one source (its buffer) and arg (offset, nbytes)")
+                raise EncodeError(f"{where()}: a BUFFER_VIEW has one source (its buffer) and arg (offset, nbytes)")
             base, (offset, nbytes) = node.src[0], node.arg
             if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 1:
-                raise EncodeError(f"{where}: view offset {offset!r} / size {nbytes!r}: expected ints, offset >= 0, "
+                raise EncodeError(f"{where()}: view offset {offset!r} / size {nbytes!r}: expected ints, offset >= 0, "
                                   "size >= 1")
             if base.op is Ops.BUFFER and offset + nbytes > base.arg[1]:
-                raise EncodeError(f"{where}: view [{offset}, {offset + nbytes}) runs past the end of buffer "
+                raise EncodeError(f"{where()}: view [{offset}, {offset + nbytes}) runs past the end of buffer "
                                   f"{base.arg[0]!r} ({base.arg[1]} bytes)")
         pname = self.base_names.get(base, "?")
         if pname == "?":
-            pname = self.read_base(base, where)
+            pname = self.read_base(base, where())
         bind = self.binds[node] = _new(_Bind, (base, offset, pname))
         return bind
 
@@ -414,10 +412,12 @@ class _Builder:
         if self.icb_path:
             self.icb = _obj("icb", "icb", (self.icb_spec(),))
             for i, c in enumerate(e.cmds):
-                if not (c.symbolic or c.rebound):
+                rebound = e.inputs and [t for t in c.icb_binds if not t[0]]
+                if not (c.symbolic or rebound):
                     continue
                 cmd = _obj("icbcmd", f"icb[{i}]", (i,))
-                for (index, _), b in zip(c.kernel.buffers, c.buffers):
+                for (index, _), a in zip(c.kernel.buffers, c.args):
+                    b = e.binds[a]
                     if b.name is None:
                         patches.append(msg("setKernelBuffer:offset:atIndex:", cmd, b.base, u64(b.offset), u64(index)))
                 if c.symbolic:
@@ -434,8 +434,13 @@ class _Builder:
 
     def icb_spec(self) -> IcbSpec:
         e = self.e
-        out = [_new(IcbCommand, (c.kernel.pipeline.arg.name, c.icb_binds, c.grid.link, c.threadgroup.link, True,
-                                 c.symbolic, c.kernel.var_names, c.rebound)) for c in e.cmds]
+        if not e.inputs:
+            out = [_new(IcbCommand, (c.kernel.pipeline.arg.name, c.icb_binds, c.grid.link, c.threadgroup.link, True,
+                                     c.symbolic, c.kernel.var_names, ())) for c in e.cmds]
+        else:  # a buffer variable's binding is left to each submit
+            out = [IcbCommand(c.kernel.pipeline.arg.name, tuple(t for t in c.icb_binds if t[0]), c.grid.link,
+                              c.threadgroup.link, True, c.symbolic, c.kernel.var_names,
+                              tuple(t[2] for t in c.icb_binds if not t[0])) for c in e.cmds]
         pipelines = tuple(dict.fromkeys(k.pipeline.arg for k in e.kernels.values()))
         buffers = tuple(o.arg for o in e.buffers.values())
         if self.varbuf is not None:
@@ -467,11 +472,14 @@ class _Builder:
     def direct_commands(self, enc: list[UOp], first: int, count: int) -> None:
         for c in self.e.cmds[first:first + count]:
             self.send(enc, "setComputePipelineState:", c.kernel.pipeline)
-            for (index, _), b in zip(c.kernel.buffers, c.buffers):
+            nb = len(c.kernel.buffers)
+            for (index, _), a in zip(c.kernel.buffers, c.args[:nb]):
+                b = self.e.binds[a]
                 handle = self.e.buffers[b.name] if b.name is not None else b.base
                 self.send(enc, "setBuffer:offset:atIndex:", handle, u64(b.offset), u64(index))
-            for (index, dt), slot in zip(c.kernel.vars, c.vars):
-                self.send(enc, "setBytes:length:atIndex:", self.slot_ptr(slot), u64(dt.itemsize), u64(index))
+            for (index, dt), t in zip(c.kernel.vars, c.icb_binds[nb:]):
+                self.send(enc, "setBytes:length:atIndex:", self.slot_ptr(t[1] // VAR_SLOT), u64(dt.itemsize),
+                          u64(index))
             self.send(enc, "dispatchThreadgroups:threadsPerThreadgroup:", c.grid.node, c.threadgroup.node)
 
     def command_buffer(self, deps: list[UOp], plan: _Plan, slot: UOp, first: UOp | None) -> UOp:

@@ -7,6 +7,7 @@ folded; division or shift by a constant that C leaves undefined (by 0, negative 
 Before / after::
 
     ADD(ADD(DEFINE_VAR n, CONST 3), CONST 5)       ->  ADD(DEFINE_VAR n, CONST 8)
+    SUB(ADD(DEFINE_VAR n, CONST 64), CONST 1)      ->  ADD(DEFINE_VAR n, CONST 63)
     MUL(CONST 4, CONST 8)                          ->  CONST 32
     STRUCT<MTLSize>(CAST(MUL(n, CONST 1)), 1, 1)   ->  STRUCT<MTLSize>(CAST(n), 1, 1)
     GEP(STRUCT(a, b), 1)                           ->  b
@@ -88,6 +89,21 @@ def reassociate(outer: UOp, inner: UOp, x: UOp, c1: UOp, c2: UOp) -> UOp | None:
     return None if val is None else x.alu(outer.op, UOp.const(outer.dtype, val))
 
 
+def fold_add_sub(outer: UOp, inner: UOp, x: UOp, c1: UOp, c2: UOp) -> UOp | None:
+    """(x ± c1) ± c2 -> x + k, or x - k for a negative k of a signed type (k = ±c1 ± c2, wrapped)."""
+    if inner.op is outer.op is Ops.ADD or not _ints(outer, inner, x) or not inner.dtype is outer.dtype is x.dtype:
+        return None  # ADD over ADD is the plain re-association rule
+    dt = outer.dtype
+    k = wrap(dt, (c1.arg if inner.op is Ops.ADD else -c1.arg) + (c2.arg if outer.op is Ops.ADD else -c2.arg))
+    if k == 0:
+        return x
+    return x - UOp.const(dt, -k) if k < 0 and dt.kind == "int" and k != dtypes_min(dt) else x + UOp.const(dt, k)
+
+
+def dtypes_min(dt: DType) -> int:
+    return -(1 << (dt.bits - 1))
+
+
 def fold_gep(s: UOp, g: UOp) -> UOp | None:
     return s.src[g.arg] if 0 <= g.arg < len(s.src) and s.src[g.arg].dtype is g.dtype else None
 
@@ -118,6 +134,8 @@ SYMBOLIC = PatternMatcher([
     # re-association of constant adds and multiplies
     (UPat((Ops.ADD, Ops.MUL), src=(UPat((Ops.ADD, Ops.MUL), src=(_x, UPat.cvar("c1")), name="inner"), _c2),
           name="outer"), reassociate),
+    (UPat((Ops.ADD, Ops.SUB), src=(UPat((Ops.ADD, Ops.SUB), src=(_x, UPat.cvar("c1")), name="inner"), _c2),
+          name="outer"), fold_add_sub),
     # struct fields and addresses
     (UPat(Ops.GEP, src=(UPat(Ops.STRUCT, name="s"),), name="g"), fold_gep),
     (UPat(Ops.INDEX, src=(UPat.var("p"), UPat.cvar("i"))), index_zero),

@@ -30,6 +30,8 @@ def c(v: int, dt: DType = i32) -> UOp:
     (c(3) + c(4), c(7)), (c(7) // c(-2), c(-3)), (c(-7) % c(2), c(-1)), (c(2**31 - 1) + c(1), c(-2**31)),
     (c(5).maximum(c(9)), c(9)), (c(5) < c(9), UOp.const(dtypes.bool, True)),
     ((A + 3) + 5, A + 8), ((3 + A) + 5, A + 8), ((A * 4) * 8, A * 32), (((A + 1) + 2) + 3, A + 6),
+    ((A + 64) - 1, A + 63), ((A - 3) + 1, A - 2), ((A - 3) - 4, A - 7), ((A - 3) + 3, A), ((2 + A) - 5, A - 3),
+    ((B.cast(dtypes.uint32) + 1) - 3, B.cast(dtypes.uint32) + UOp.const(dtypes.uint32, 2**32 - 2)),
     (c(300).cast(dtypes.uint8), UOp.const(dtypes.uint8, 44)), ((A * 1).cast(dtypes.uint64), A.cast(dtypes.uint64)),
     ((A < 5).where(B, B), B), (UOp.const(dtypes.bool, True).where(A, B), A),
     (UOp.struct(dtypes.MTLSize, (B * 1).cast(dtypes.uint64), 1, 1).gep(0), B.cast(dtypes.uint64)),
@@ -41,7 +43,7 @@ def test_rules(before: UOp, after: UOp) -> None:
 
 @pytest.mark.parametrize("kept", [
     A // 0, A % 0, c(1) // c(0), c(1) << c(40), c(1) << c(-1),  # C leaves these undefined: nothing is folded
-    (A + 3) * 5,                                                   # mixed ops do not re-associate
+    (A + 3) * 5, 3 - (A - 1),                                      # these do not re-associate
     A - B, A * B,
 ])
 def test_what_is_left_alone(kept: UOp) -> None:
