@@ -22,6 +22,7 @@ from mtlir.dtypes import DType, PtrDType, dtypes
 from mtlir.metal import SELECTORS, TARGETS, AbiError, Obj, Prototype, abi_prototype
 from mtlir.ops import Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
+from mtlir.program import Program
 from mtlir.rewrite import graph_rewrite
 from mtlir.upat import PatternMatcher, UPat
 from mtlir.uop import UOp
@@ -130,8 +131,8 @@ class Abi(Pass):
         ctx.target = self.target
         return graph_rewrite(graph, ABI, ctx=_AbiCtx(self.target, ctx, {}), name=f"abi{{target={self.target}}}")
 
-    def verify(self, result: object) -> None:
-        super().verify(result)  # type: ignore[arg-type]
+    def verify(self, result: UOp | Program) -> None:
+        super().verify(result)
         if self.target == "arm64" and isinstance(result, UOp):
             from mtlir.passes.verify import VerifyError
             for u in result.toposort():

@@ -67,7 +67,7 @@ def u64(v: int) -> UOp:
     return UOp.const(dtypes.uint64, v)
 
 
-def _obj(kind: str, name: str, payload: tuple = (), dtype: DType = dtypes.id) -> UOp:
+def _obj(kind: str, name: str, payload: tuple[object, ...] = (), dtype: DType = dtypes.id) -> UOp:
     return UOp(Ops.OBJECT, dtype, (), Obj(kind, name, payload))
 
 
@@ -104,9 +104,9 @@ class _Cmd(NamedTuple):
 
 class _Plan(NamedTuple):
     first: int                                  # first command
-    count: int                                  # commands (0: a command buffer that only signals)
+    ncmds: int                                  # commands (0: a command buffer that only signals)
     signal: UOp | None                          # the value encodeSignalEvent:value: sends
-    loop: bool                                  # a RANGE over `count` one-command buffers
+    loop: bool                                  # a RANGE over `ncmds` one-command buffers
 
 
 _new = tuple.__new__  # builds a NamedTuple at C speed (its generated __new__ is Python code): per-command records
@@ -132,9 +132,9 @@ class _Encoder:
     inputs: dict[UOp, int] = field(default_factory=dict)       # buffer variable -> position
     slots: dict[tuple[UOp, DType], int] = field(default_factory=dict)     # (value node, dtype) -> slot
     slot_values: list[tuple[UOp, DType]] = field(default_factory=list)    # slot -> (simplified value, dtype)
-    # signals and timestamps: (commands before it, "signal", value) / (commands before it, "stamp", (slot, after
-    # an EXEC)); the commands themselves are implicit, in order
-    events: list[tuple[int, str, object]] = field(default_factory=list)
+    # signals and timestamps by the number of commands before them (the commands themselves are implicit, in order)
+    signals: list[tuple[int, UOp]] = field(default_factory=list)          # (position, value)
+    stamps_at: list[tuple[int, int, bool]] = field(default_factory=list)  # (position, slot, right after an EXEC)
     timeline: UOp | None = None
     too_far: str = ""
 
@@ -161,17 +161,17 @@ class _Encoder:
                                       f"used; cross-queue events come with multiple queues")
                 self.timeline = ev
                 if op.op is Ops.SIGNAL:
-                    self.events.append((len(cmds), "signal", simplify(op.src[1].cast(dtypes.uint64))))
+                    self.signals.append((len(cmds), simplify(op.src[1].cast(dtypes.uint64))))
             elif op.op is Ops.TIMESTAMP:
                 if type(op.arg) is not int or op.arg < 0:
                     raise EncodeError(f"timestamp after command {len(cmds)}: the slot must be an int >= 0, "
                                       f"got {op.arg!r}")
-                self.events.append((len(cmds), "stamp", (op.arg, after_exec)))
+                self.stamps_at.append((len(cmds), op.arg, after_exec))
             else:
                 raise EncodeError(f"queue op after command {len(cmds)}: {op.op.name} is not a queue op (EXEC, WAIT, "
                                   "SIGNAL, TIMESTAMP)")
             after_exec = False
-        if not cmds and not any(kind == "signal" for _, kind, _ in self.events):
+        if not cmds and not self.signals:
             raise EncodeError("the submit has no command and no signal: nothing to encode")
 
     def read_exec(self, op: UOp, i: int) -> _Cmd:
@@ -233,7 +233,7 @@ class _Encoder:
             raise EncodeError(f"command {i} ({kernel.key}): buffer indices go up to {MTL.MAX_BUFFER_BIND - 1}")
         pipe = _obj("pipeline", f"pipeline:{kernel.key}", (kernel,))
         names = tuple((p.var or "", p.index) for p in kernel.var_params)
-        pids = tuple(self.pids.setdefault(p, len(self.pids)) for p in bufs + vars_)  # type: ignore[operator]
+        pids = tuple(self.pids.setdefault(p, len(self.pids)) for p in bufs + vars_)
         self.param_of = {pid: p for p, pid in self.pids.items()}
         k = self.kernels[node] = _Kernel(kernel, pipe, bufs, vars_, pids, names, 3 + len(bufs) + len(vars_))
         return k
@@ -281,13 +281,14 @@ class _Encoder:
             name, nbytes = base.arg if isinstance(base.arg, tuple) and len(base.arg) == 2 else (None, None)
             if not isinstance(name, str) or type(nbytes) is not int or nbytes < 1:
                 raise EncodeError(f"{where}: a BUFFER's arg is (name, nbytes >= 1), got {base.arg!r}")
-            pname: str | None = placeholder_name(base)
-            obj = self.buffers.get(pname)  # type: ignore[arg-type]
+            bname = placeholder_name(base)
+            obj = self.buffers.get(bname)
             if obj is None:
-                self.buffers[pname] = _obj("buffer", pname, (nbytes,))  # type: ignore[index]
+                self.buffers[bname] = _obj("buffer", bname, (nbytes,))
             elif obj.arg.payload[0] != nbytes:
                 raise EncodeError(f"{where}: two buffers are named {name!r}, of {obj.arg.payload[0]} and {nbytes} "
                                   "bytes")
+            pname: str | None = bname
         elif base.op is Ops.DEFINE_VAR and base.dtype is dtypes.id:
             self.inputs.setdefault(base, len(self.inputs))
             pname = None
@@ -318,12 +319,12 @@ class _Encoder:
         """The command buffers of the submit (module docstring); ``loops``: fold runs of one-command buffers
         without a signal into loops."""
         n = len(self.cmds)
-        signals = [(pos, val) for pos, kind, val in self.events if kind == "signal"]
+        signals = self.signals
         plans: list[_Plan] = []
         if not profiled:
             start = 0
             for pos, val in signals:
-                plans.append(_Plan(start, pos - start, val, False))  # type: ignore[arg-type]
+                plans.append(_Plan(start, pos - start, val, False))
                 start = pos
             if start < n:
                 plans.append(_Plan(start, n - start, None, False))
@@ -332,10 +333,10 @@ class _Encoder:
         for pos in range(n + 1):
             while j < len(signals) and signals[j][0] == pos:
                 last = plans[-1] if plans else None
-                if last is not None and last.count and last.signal is None and last.first + last.count == pos:
+                if last is not None and last.ncmds and last.signal is None and last.first + last.ncmds == pos:
                     plans[-1] = last._replace(signal=signals[j][1])
                 else:
-                    plans.append(_Plan(pos, 0, signals[j][1], False))  # type: ignore[arg-type]
+                    plans.append(_Plan(pos, 0, signals[j][1], False))
                 j += 1
             if pos < n:
                 plans.append(_Plan(pos, 1, None, False))
@@ -344,9 +345,9 @@ class _Encoder:
         out: list[_Plan] = []
         for p in plans:
             prev = out[-1] if out else None
-            if p.count == 1 and p.signal is None and prev is not None and prev.signal is None and prev.count >= 1 \
-                    and prev.first + prev.count == p.first:
-                out[-1] = _Plan(prev.first, prev.count + 1, None, True)
+            if p.ncmds == 1 and p.signal is None and prev is not None and prev.signal is None and prev.ncmds >= 1 \
+                    and prev.first + prev.ncmds == p.first:
+                out[-1] = _Plan(prev.first, prev.ncmds + 1, None, True)
             else:
                 out.append(p)
         return out
@@ -358,14 +359,11 @@ class _Encoder:
         cb_of = [0] * n
         slot = 0
         for p in plans:
-            for c in range(p.first, p.first + p.count):
+            for c in range(p.first, p.first + p.ncmds):
                 cb_of[c] = slot + (c - p.first if p.loop else 0)
-            slot += p.count if p.loop else 1
+            slot += p.ncmds if p.loop else 1
         out = []
-        for pos, kind, val in self.events:
-            if kind != "stamp":
-                continue
-            stamp_slot, after_exec = val  # type: ignore[misc]
+        for pos, stamp_slot, after_exec in self.stamps_at:
             if after_exec or (pos == n and n > 0):
                 out.append(Stamp(stamp_slot, cb_of[pos - 1], "GPUEndTime"))
             elif pos < n:
@@ -489,7 +487,7 @@ class _Builder:
         cb = msg("commandBuffer", self.queue.after(*deps))
         keep = self.cbslots.index(slot).store(msg("retain", cb))
         chain = [cb, keep]
-        if plan.count:
+        if plan.ncmds:
             enc = [msg("computeCommandEncoder", cb.after(keep))]
             self.send(enc, "waitForFence:", self.fence)
             if self.resources is not None:
@@ -500,18 +498,18 @@ class _Builder:
                           u64(MTL.ResourceUsageRead | MTL.ResourceUsageWrite))
             if self.icb_path:
                 if self.e.device.needs_warmup:
-                    self.warmup(enc, plan.first, plan.count)
+                    self.warmup(enc, plan.first, plan.ncmds)
                 assert self.icb is not None
                 if first is not None:
                     self.send(enc, "executeCommandsInBuffer:withRange:", self.icb,
                               UOp.struct(dtypes.NSRange, first, u64(1)))
                 else:
-                    end = plan.first + plan.count
+                    end = plan.first + plan.ncmds
                     for j in range(plan.first, end, self.e.max_range):
                         self.send(enc, "executeCommandsInBuffer:withRange:", self.icb,
                                   UOp.struct(dtypes.NSRange, j, min(self.e.max_range, end - j)))
             else:
-                self.direct_commands(enc, plan.first, plan.count)
+                self.direct_commands(enc, plan.first, plan.ncmds)
             self.send(enc, "updateFence:", self.fence)
             chain[1] = self.send(enc, "endEncoding")
         if plan.signal is not None:
@@ -521,20 +519,20 @@ class _Builder:
 
     def build(self) -> UOp:
         e = self.e
-        profiled = any(kind == "stamp" for _, kind, _ in e.events)
+        profiled = bool(e.stamps_at)
         plans = e.plans(profiled, loops=profiled and self.icb_path)
         stamps = e.stamps(plans) if profiled else ()
-        ncbs = sum(p.count if p.loop else 1 for p in plans)
+        ncbs = sum(p.ncmds if p.loop else 1 for p in plans)
         self.cbslots = _obj("cbslots", "cbslots", (ncbs, stamps), dtypes.id.ptr())
         deps = self.placeholders()
         slot = 0
         for p in plans:
             if p.loop:
-                rng = UOp.range(u64(p.count).after(*deps), self.e.ctx.fresh("range"), dtypes.uint64)
+                rng = UOp.range(u64(p.ncmds).after(*deps), self.e.ctx.fresh("range"), dtypes.uint64)
                 cmd = rng + p.first if p.first else rng
                 body = self.command_buffer([rng], p, (rng + slot if slot else rng).cast(dtypes.int64), cmd)
                 deps = [rng.end(body)]
-                slot += p.count
+                slot += p.ncmds
             else:
                 deps = [self.command_buffer(deps, p, UOp.const(dtypes.int64, slot), None)]
                 slot += 1

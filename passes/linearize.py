@@ -320,7 +320,7 @@ class Linearize(Pass):
     def apply(self, graph: UOp, ctx: PassContext) -> Program:
         return linearize(graph, ctx.target or _target_of(graph))
 
-    def verify(self, result: object) -> None:
+    def verify(self, result: UOp | Program) -> None:
         from mtlir.passes.verify import verify_program
         if not isinstance(result, Program):
             raise LinearizeError(f"linearize produced a {type(result).__name__}, not a Program")

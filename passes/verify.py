@@ -15,10 +15,10 @@ from mtlir.dtypes import PtrDType, dtypes
 from mtlir.metal import SELECTORS, DeviceSpec, Obj, Prototype
 from mtlir.ops import GroupOp, Ops
 from mtlir.program import Program
-from mtlir.upat import PatternMatcher, UPat
+from mtlir.upat import UPat
 from mtlir.uop import UOp
 
-__all__ = ["VerifyError", "verify_graph", "verify_program", "node_line", "graph_text", "stage_text", "SPEC",
+__all__ = ["VerifyError", "verify_graph", "verify_program", "node_line", "graph_text", "stage_text", "SPEC", "Checks",
            "STAGE_CHECKS", "QUEUE_OPS"]
 
 QUEUE_OPS = frozenset({Ops.SUBMIT, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP, Ops.KERNEL, Ops.BUFFER,
@@ -75,7 +75,7 @@ def stage_text(stage: UOp | Program) -> str:
     if isinstance(stage, Program):
         return stage.listing()
     try:
-        from mtlir.render import render  # type: ignore[attr-defined]
+        from mtlir.render import render
         return str(render(stage))
     except ImportError:
         return graph_text(stage)
@@ -86,7 +86,7 @@ def _context(root: UOp, node: UOp) -> str:
     nodes: list[UOp] = []
     frontier = [node]
     for _ in range(3):
-        nxt = []
+        nxt: list[UOp] = []
         for u in frontier:
             if u not in nodes:
                 nodes.append(u)
@@ -180,8 +180,30 @@ def _check_after(a: UOp) -> str | None:
     return None if a.src and a.dtype is a.src[0].dtype else "an AFTER has its first source's dtype"
 
 
+class Checks:
+    """A table of checks ``(UPat, fn)`` looked up by op like a PatternMatcher; ``fn`` takes the captures and returns
+    the problem as text, or None when the node is fine."""
+
+    def __init__(self, rules: list[tuple[UPat, Callable[..., str | None]]]) -> None:
+        self.rules = rules
+        self.by_op: dict[Ops, list[tuple[UPat, Callable[..., str | None]]]] = {}
+        for pat, fn in rules:
+            keys = pat.op_keys()
+            for op in (Ops if keys is None else keys):
+                self.by_op.setdefault(op, []).append((pat, fn))
+
+    def problem(self, u: UOp) -> str | None:
+        """The first problem a check finds with ``u`` (None: fine)."""
+        for pat, fn in self.by_op.get(u.op, ()):
+            for captures in pat.match(u, {}):
+                found = fn(**captures)
+                if found is not None:
+                    return found
+        return None
+
+
 # each rule: pattern -> the problem as text, or None when the node is fine
-SPEC = PatternMatcher([
+SPEC = Checks([
     (UPat(Ops.MSG, name="m"), _check_msg),
     (UPat(Ops.CALL, name="c"), _check_call),
     (UPat(GroupOp.ALU, name="x"), _check_alu),
@@ -193,15 +215,6 @@ SPEC = PatternMatcher([
     (UPat(Ops.END, name="e"), _check_end),
     (UPat(Ops.AFTER, name="a"), _check_after),
 ])
-
-
-def _run_spec(u: UOp) -> str | None:
-    for rule in SPEC.rules_for(u.op):
-        for captures in rule.pat.match(u, {}):
-            problem = rule.fn(**captures)
-            if problem is not None:
-                return problem
-    return None
 
 
 # ---- postconditions of each pass
@@ -242,14 +255,12 @@ def verify_graph(root: UOp, pass_name: str) -> None:
     Raises ``VerifyError`` naming the pass and the first bad node (in toposort order)."""
     stage = STAGE_CHECKS.get(pass_name)
     for u in root.toposort():
-        problem = _run_spec(u) if u.op in _SPEC_OPS else None
+        problem = SPEC.problem(u)
         if problem is None and stage is not None:
             problem = stage(u, root)
         if problem is not None:
             raise VerifyError(pass_name, u, problem, _context(root, u))
 
-
-_SPEC_OPS = frozenset(op for op in Ops if SPEC.rules_for(op))
 
 # ---- the Program (after linearize)
 
