@@ -247,3 +247,82 @@ def test_recorded_direct_path_binds_every_argument(target: str) -> None:
     assert ("setBuffer:offset:atIndex:", ["buffer:y", 256, 1]) in msgs
     assert [s for s, _ in msgs].count("setBytes:length:atIndex:") == 2
     assert not any(s in ("useResources:count:usage:", "executeCommandsInBuffer:withRange:") for s, _ in msgs)
+
+
+def _records_of(lines: list[str], n: int, timeline: int) -> list[tuple[str, str, list]]:
+    """The golden lines as RecordingBridge records: loops unrolled, ``*`` evaluated (the loop counter in an
+    NSRange, small_queue's symbolic grid ``(n + 31) // 32`` in an MTLSize), numbers as ints, structs as lists."""
+    from mtlir.metal import SELECTORS
+
+    def value(tok: str, i: int | None) -> object:
+        if tok == "*":
+            return i
+        if tok == "timeline":
+            return timeline
+        return int(tok) if tok.lstrip("-").isdigit() else tok
+
+    def record(line: str, i: int | None) -> tuple[str, str, list]:
+        recv, sel, *toks = line.split()
+        it, args = iter(toks), []
+        for dt in SELECTORS[sel].args:
+            if dt is dtypes.NSRange:
+                args.append([value(next(it), i), value(next(it), i)])
+            elif dt is dtypes.MTLSize:
+                tok = next(it)
+                args.append([(n + 31) // 32, 1, 1] if tok == "*" else [int(v) for v in tok.strip("[]").split(",")])
+            else:
+                args.append(value(next(it), i))
+        return recv, sel, args
+
+    out, k = [], 0
+    while k < len(lines):
+        if lines[k].startswith("for "):
+            end = lines.index("end", k)
+            out += [record(ln, i) for i in range(int(lines[k].split()[1])) for ln in lines[k + 1:end]]
+            k = end + 1
+        else:
+            out.append(record(lines[k], None))
+            k += 1
+    return out
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=_id)
+def test_every_combination_through_the_recording_bridge(combo: tuple) -> None:
+    """What one submit really sends, as `mtlir lower --json` reports it: the golden, unrolled and evaluated."""
+    family, residency, icb, symbolic, timestamps, target = combo
+    device = DeviceSpec(family, residency_set=residency, icb=icb)
+    program = lower(small_queue(device, symbolic=symbolic, timestamps=timestamps), target=target).program
+    got = [(m["receiver"], m["selector"], m["args"]) for m in _record(program, n=100, timeline=5)]
+    assert got == _records_of(expected(family, residency, icb, symbolic, timestamps), n=100, timeline=5)
+
+
+def _example():  # type: ignore[no-untyped-def]
+    import importlib.util
+    path = TRACES.parents[1] / "examples" / "saxpy_reduce.py"
+    spec = importlib.util.spec_from_file_location("saxpy_reduce", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_example_queue(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    ex = _example()
+    program = lower(ex.build_queue(DeviceSpec("Apple7", residency_set=False)), target="arm64").program
+    assert message_lines(program) == [
+        "icb[0] concurrentDispatchThreadgroups:threadsPerThreadgroup: * [64,1,1]",
+        "icb[1] concurrentDispatchThreadgroups:threadsPerThreadgroup: * [64,1,1]",
+        *OPEN, "encoder useResources:count:usage: resources 5 3",  # y, x, params, out, the variables buffer
+        "encoder setComputePipelineState: pipeline:saxpy",
+        "encoder dispatchThreadgroups:threadsPerThreadgroup: [0,0,0] [0,0,0]",
+        "encoder setComputePipelineState: pipeline:block_sum",
+        "encoder dispatchThreadgroups:threadsPerThreadgroup: [0,0,0] [0,0,0]",
+        "encoder executeCommandsInBuffer:withRange: icb 0 2", *CLOSE, *SIGNAL, *COMMIT]
+    assert ex.main(["--family", "apple9", "--target", "x86_64"]) == 0
+    out = capsys.readouterr().out
+    assert "[encoder executeCommandsInBuffer:withRange: icb, 0, 2]" in out and "setComputePipelineState" not in out
+    import shutil
+    if shutil.which("dot"):
+        assert ex.main(["--viz", str(tmp_path)]) == 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["00-input.svg", "01-encode.svg", "02-lower-timeline.svg",
+                                                               "03-symbolic.svg", "04-abi.svg", "05-linearize.txt"]
