@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from mtlir.dtypes import dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
 from mtlir.passes import Lowered, lower
 from mtlir.queue import Queue, buffer, timeline_value, view

@@ -24,7 +24,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from mtlir.dtypes import PtrDType, dtypes
 from mtlir.metal import DeviceSpec

@@ -71,14 +71,15 @@ def graph_text(root: UOp, mark: UOp | None = None, limit: int = 400) -> str:
 
 
 def stage_text(stage: UOp | Program) -> str:
-    """A stage as text: the Program's listing, or the graph (``mtlir.render`` when present, else ``graph_text``)."""
+    """A stage as text: the Program's listing, or the graph one node per line (``mtlir.render.listing``, args cut
+    short: a 100,000-command ICB prints as its size), ``graph_text`` when the core printer is not there."""
     if isinstance(stage, Program):
         return stage.listing()
     try:
-        from mtlir.render import render
-        return str(render(stage))
+        from mtlir.render import listing
     except ImportError:
         return graph_text(stage)
+    return listing(stage, width=80).rstrip("\n")
 
 
 def _context(root: UOp, node: UOp) -> str:
