@@ -18,7 +18,8 @@ from mtlir.program import Program
 from mtlir.upat import UPat
 from mtlir.uop import UOp
 
-__all__ = ["VerifyError", "verify_graph", "verify_program", "node_line", "graph_text", "stage_text", "SPEC", "Checks",
+__all__ = ["VerifyError", "verify_graph", "verify_program", "verify_queue", "node_line", "graph_text", "stage_text",
+           "SPEC", "QUEUE_SPEC", "Checks",
            "STAGE_CHECKS", "QUEUE_OPS"]
 
 QUEUE_OPS = frozenset({Ops.SUBMIT, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP, Ops.KERNEL, Ops.BUFFER,
@@ -216,6 +217,76 @@ SPEC = Checks([
     (UPat(Ops.END, name="e"), _check_end),
     (UPat(Ops.AFTER, name="a"), _check_after),
 ])
+
+
+# ---- the queue graph (the input of encode; mtlir/queue.py's layout)
+
+
+def _check_submit(s: UOp) -> str | None:
+    if not isinstance(s.arg, DeviceSpec):
+        return f"a SUBMIT's arg is the DeviceSpec, not {type(s.arg).__name__}"
+    bad = next((u for u in s.src if u.op not in (Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP)), None)
+    return None if bad is None else f"a SUBMIT's sources are queue ops, not {bad.op.name}"
+
+
+def _check_exec(e: UOp) -> str | None:
+    from mtlir.queue import QueueError, exec_parts
+    try:
+        exec_parts(e)
+    except QueueError as err:
+        return str(err)
+    return None
+
+
+def _check_event_op(e: UOp) -> str | None:
+    if len(e.src) != 2 or e.src[0].op is not Ops.OBJECT or getattr(e.src[0].arg, "kind", "") != "event":
+        return f"a {e.op.name}'s sources are (the event placeholder, a value)"
+    return None if e.src[1].dtype.is_int else f"a {e.op.name}'s value is an integer, not {e.src[1].dtype.name}"
+
+
+def _check_timestamp(t: UOp) -> str | None:
+    return None if type(t.arg) is int and t.arg >= 0 and not t.src else "a TIMESTAMP's arg is its slot (an int >= 0)"
+
+
+def _check_buffer(b: UOp) -> str | None:
+    a = b.arg
+    ok = isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str) and a[0] and type(a[1]) is int and a[1] >= 1
+    return None if ok and b.dtype is dtypes.id else "a BUFFER (dtype id) has arg (name, nbytes >= 1)"
+
+
+def _check_view(v: UOp) -> str | None:
+    a, base = v.arg, v.src[0] if len(v.src) == 1 else None
+    if base is None or not (base.op is Ops.BUFFER or (base.op is Ops.DEFINE_VAR and base.dtype is dtypes.id)):
+        return "a BUFFER_VIEW has one source: a BUFFER or a buffer variable"
+    if not (isinstance(a, tuple) and len(a) == 2 and type(a[0]) is int and type(a[1]) is int and a[0] >= 0
+            and a[1] >= 1):
+        return "a BUFFER_VIEW's arg is (offset >= 0, nbytes >= 1) in bytes"
+    if base.op is Ops.BUFFER and isinstance(base.arg, tuple) and a[0] + a[1] > base.arg[1]:
+        return f"the view [{a[0]}, {a[0] + a[1]}) runs past the end of its {base.arg[1]}-byte buffer"
+    return None
+
+
+# each rule: a queue-graph node -> the problem as text, or None when it is well formed
+QUEUE_SPEC = Checks([
+    (UPat(Ops.SUBMIT, name="s"), _check_submit),
+    (UPat(Ops.EXEC, name="e"), _check_exec),
+    (UPat((Ops.WAIT, Ops.SIGNAL), name="e"), _check_event_op),
+    (UPat(Ops.TIMESTAMP, name="t"), _check_timestamp),
+    (UPat(Ops.BUFFER, name="b"), _check_buffer),
+    (UPat(Ops.BUFFER_VIEW, name="v"), _check_view),
+])
+
+
+def verify_queue(root: UOp) -> None:
+    """Check a queue graph (a SUBMIT) against mtlir/queue.py's layout, every node once. ``encode`` makes the same
+    checks as it reads a submit (so ``lower`` does not run this); use it on hand-built graphs. Raises
+    ``VerifyError`` (pass name "input") naming the first bad node."""
+    if root.op is not Ops.SUBMIT:
+        raise VerifyError("input", root, f"a queue graph is a SUBMIT, not {root.op.name}")
+    for u in root.toposort():
+        problem = QUEUE_SPEC.problem(u) or SPEC.problem(u)
+        if problem is not None:
+            raise VerifyError("input", u, problem, _context(root, u))
 
 
 # ---- postconditions of each pass

@@ -163,3 +163,27 @@ def test_linearize_verifier_checks_the_program() -> None:
         verify_program(unclosed)
     assert isinstance(Linearize().apply(lower(small_queue(DeviceSpec("Apple9")), pipeline="encode,abi{target=arm64}")
                                         .result, PassContext()), Program)  # type: ignore[arg-type]
+
+
+def test_verify_queue_checks_hand_built_queue_graphs() -> None:
+    from mtlir.metal import Obj
+    from mtlir.passes.verify import verify_queue
+    from mtlir.queue import buffer
+    g = small_queue(DeviceSpec("Apple7"), symbolic=True, timestamps=True)
+    verify_queue(g)
+    ex, x = g.src[1], buffer("x", 8192)
+    cases = [
+        (g.replace(arg="Apple7"), "a SUBMIT's arg is the DeviceSpec"),
+        (g.replace(src=(*g.src, UOp.const(dtypes.int32, 1))), "a SUBMIT's sources are queue ops, not CONST"),
+        (g.replace(src=(ex.replace(src=ex.src[:-1]),)), "kernel 'saxpy' takes 2 buffers and 1 variables"),
+        (g.replace(src=(UOp(Ops.TIMESTAMP, dtypes.void, (), -1),)), "a TIMESTAMP's arg is its slot"),
+        (g.replace(src=(UOp(Ops.SIGNAL, dtypes.void, (UOp(Ops.OBJECT, dtypes.id, (), Obj("fence", "fence")),
+                                                      UOp.const(dtypes.uint64, 1))),)), "the event placeholder"),
+        (g.replace(src=(ex.replace(src=(*ex.src[:3], UOp(Ops.BUFFER_VIEW, dtypes.id, (x,), (8000, 256)),
+                                        *ex.src[4:])),)), "the view [8000, 8256) runs past the end"),
+        (UOp.sink(g), "a queue graph is a SUBMIT, not SINK"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(VerifyError) as e:
+            verify_queue(bad)
+        assert e.value.pass_name == "input" and message in str(e.value), str(e.value)
