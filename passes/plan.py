@@ -9,7 +9,6 @@ buffer's GPU time each timestamp slot gets. Every problem raises ``EncodeError``
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -87,6 +86,11 @@ class CommandBufferPlan(NamedTuple):
     loop: bool                                  # a RANGE over `ncmds` one-command buffers
 
 
+def where(i: int, k: KernelInfo, index: int, what: str) -> str:
+    """Where a problem is, for an error message: ``command 3 (E_5_8): buffer parameter 1``."""
+    return f"command {i} ({k.kernel.key}): {what} parameter {index}"
+
+
 _new = tuple.__new__  # builds a NamedTuple at C speed (its generated __new__ is Python code): per-command records
 
 
@@ -103,8 +107,8 @@ class SubmitReader:
     sizes: dict[UOp, Size] = field(default_factory=dict)
     binds: dict[UOp, Binding] = field(default_factory=dict)
     base_names: dict[UOp, str | None] = field(default_factory=dict)   # BUFFER / buffer variable -> placeholder
-    icb_binds: dict[tuple[UOp, int], tuple[str, int, int]] = field(default_factory=dict)
     pids: dict[tuple[int, int | DType], int] = field(default_factory=dict)   # kernel parameter -> small id
+    memos: list[dict[UOp, tuple[str, int, int]]] = field(default_factory=list)  # per pid: node -> ICB binding
     param_of: dict[int, tuple[int, int | DType]] = field(default_factory=dict)
     buffers: dict[str, UOp] = field(default_factory=dict)      # placeholder name -> OBJECT, first-use order
     inputs: dict[UOp, int] = field(default_factory=dict)       # buffer variable -> position
@@ -122,10 +126,24 @@ class SubmitReader:
         """Parse and check every queue op. Raises ``EncodeError`` naming the command."""
         cmds = self.cmds
         after_exec = False
+        kernels, sizes, memos, check = self.kernels, self.sizes, self.memos, self.check_bind
+        exec_op = Ops.EXEC
         for op in submit.src:
-            if op.op is Ops.EXEC:
-                cmds.append(self.read_exec(op, len(cmds)))
+            if op.op is exec_op:
                 after_exec = True
+                # the fast path: kernel and sizes seen before, so only the arguments are looked up (one memo
+                # lookup each: the ICB binding of that node for that parameter)
+                src = op.src
+                k = kernels.get(src[0])
+                if k is not None and len(src) == k.nsrc:
+                    grid, tg = sizes.get(src[1]), sizes.get(src[2])
+                    if grid is not None and tg is not None:
+                        i = len(cmds)
+                        args = src[3:]
+                        binds = tuple([memos[p].get(b) or check(b, p, i, k) for b, p in zip(args, k.pids)])
+                        cmds.append(_new(Command, (k, grid, tg, args, binds, grid.symbolic or tg.symbolic)))
+                        continue
+                cmds.append(self.read_exec(op, len(cmds)))
                 continue
             if op.op in (Ops.WAIT, Ops.SIGNAL):
                 what = "wait" if op.op is Ops.WAIT else "signal"
@@ -163,9 +181,7 @@ class SubmitReader:
         grid = self.sizes.get(src[1]) or self.read_size(src[1], f"command {i} ({k.kernel.key}): grid")
         tg = self.sizes.get(src[2]) or self.read_size(src[2], f"command {i} ({k.kernel.key}): threadgroup")
         args = src[3:]
-        memo = self.icb_binds
-        # one memo lookup per argument: the ICB binding triple of (argument node, parameter)
-        binds = [memo.get((b, p)) or self.check_bind(b, p, i, k) for b, p in zip(args, k.pids)]
+        binds = [self.memos[p].get(b) or self.check_bind(b, p, i, k) for b, p in zip(args, k.pids)]
         return _new(Command, (k, grid, tg, args, tuple(binds), grid.symbolic or tg.symbolic))
 
     def check_bind(self, b: UOp, pid: int, i: int, k: KernelInfo) -> tuple[str, int, int]:
@@ -173,26 +189,25 @@ class SubmitReader:
         dtype)), read and checked once per (node, parameter); an offset too far for an ICB is checked again at every
         use."""
         index, kind = self.param_of[pid]
-
-        def where() -> str:  # built only for an error message
-            return f"command {i} ({k.kernel.key}): {'variable' if isinstance(kind, DType) else 'buffer'} parameter {index}"
         if isinstance(kind, DType):
             slot = self.slots.get((b, kind))
             if slot is None:
-                slot = self.read_var(b, kind, where())
-            triple = self.icb_binds[(b, pid)] = ("varbuf", slot * VAR_SLOT, index)
+                slot = self.read_var(b, kind, where(i, k, index, "variable"))
+            triple = self.memos[pid][b] = ("varbuf", slot * VAR_SLOT, index)
             return triple
-        bind = self.binds.get(b) or self.read_buffer(b, where)
-        if bind.offset % kind:
-            raise EncodeError(f"{where()} is bound at byte offset {bind.offset}, not a multiple of its element size "
-                              f"{kind} (METAL.md §1)")
-        triple = (bind.name or "", bind.offset, index)
-        if bind.offset > MAX_ICB_OFFSET:
+        bind = self.binds.get(b) or self.read_buffer(b, (i, k, index, "buffer"))
+        offset = bind.offset
+        if offset % kind:
+            raise EncodeError(f"{where(i, k, index, 'buffer')} is bound at byte offset {offset}, not a multiple of its "
+                              f"element size {kind} (METAL.md §1)")
+        triple = (bind.name or "", offset, index)
+        if offset > MAX_ICB_OFFSET:
             if not self.too_far:
-                self.too_far = (f"{where()} binds {bind.name or 'a buffer variable'} at byte offset {bind.offset}, "
-                                "above 0xFFFFFFFF, which an ICB command cannot hold (METAL.md §3 rule 8)")
+                self.too_far = (f"{where(i, k, index, 'buffer')} binds {bind.name or 'a buffer variable'} at byte "
+                                f"offset {offset}, above 0xFFFFFFFF, which an ICB command cannot hold (METAL.md §3 "
+                                "rule 8)")
         else:
-            self.icb_binds[(b, pid)] = triple
+            self.memos[pid][b] = triple
         return triple
 
     def read_kernel(self, node: UOp, i: int) -> KernelInfo:
@@ -212,6 +227,7 @@ class SubmitReader:
         pipe = placeholder("pipeline", f"pipeline:{kernel.key}", (kernel,))
         names = tuple((p.var or "", p.index) for p in kernel.var_params)
         pids = tuple(self.pids.setdefault(p, len(self.pids)) for p in bufs + vars_)
+        self.memos += [{} for _ in range(len(self.pids) - len(self.memos))]
         self.param_of = {pid: p for p, pid in self.pids.items()}
         k = self.kernels[node] = KernelInfo(kernel, pipe, bufs, vars_, pids, names, 3 + len(bufs) + len(vars_))
         return k
@@ -234,22 +250,22 @@ class SubmitReader:
         size = self.sizes[node] = Size(simple, link, any(f.op is not Ops.CONST for f in simple.src))  # type: ignore
         return size
 
-    def read_buffer(self, node: UOp, where: Callable[[], str]) -> Binding:
+    def read_buffer(self, node: UOp, at: tuple[int, KernelInfo, int, str]) -> Binding:
         """A buffer argument (BUFFER, BUFFER_VIEW or buffer variable) as (base, byte offset, placeholder name)."""
         base, offset = node, 0
         if node.op is Ops.BUFFER_VIEW:
             if len(node.src) != 1 or not isinstance(node.arg, tuple) or len(node.arg) != 2:
-                raise EncodeError(f"{where()}: a BUFFER_VIEW has one source (its buffer) and arg (offset, nbytes)")
+                raise EncodeError(f"{where(*at)}: a BUFFER_VIEW has one source (its buffer) and arg (offset, nbytes)")
             base, (offset, nbytes) = node.src[0], node.arg
             if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 1:
-                raise EncodeError(f"{where()}: view offset {offset!r} / size {nbytes!r}: expected ints, offset >= 0, "
+                raise EncodeError(f"{where(*at)}: view offset {offset!r} / size {nbytes!r}: expected ints, offset >= 0, "
                                   "size >= 1")
             if base.op is Ops.BUFFER and offset + nbytes > base.arg[1]:
-                raise EncodeError(f"{where()}: view [{offset}, {offset + nbytes}) runs past the end of buffer "
+                raise EncodeError(f"{where(*at)}: view [{offset}, {offset + nbytes}) runs past the end of buffer "
                                   f"{base.arg[0]!r} ({base.arg[1]} bytes)")
         pname = self.base_names.get(base, "?")
         if pname == "?":
-            pname = self.read_base(base, where())
+            pname = self.read_base(base, where(*at))
         bind = self.binds[node] = _new(Binding, (base, offset, pname))
         return bind
 
