@@ -7,8 +7,9 @@ run-time variable as a kernel argument: no two EXECs alike) through the default 
 residency set (the longest message chain), and prints the best of ``--repeat`` runs in µs per command and the
 ratio 100k / 1k: flat lowering keeps it near 1 (the aim: about 5 µs per command). Building the queue graph is not
 counted. "x toposort" divides the lowering time by one ``toposort()`` of the same queue graph measured in the same
-run: a machine-independent view of the cost (a walk that only visits each node once). Part 2 prints how many messages one submit sends on each path for 1, 100 and 1000 kernels (loops
-unrolled). Numbers are measured in this run only; nothing is compared with a stored value.
+run: a machine-independent view of the cost (a walk that only visits each node once). Part 2 prints how many
+messages one submit sends on each path for 1, 100 and 1000 kernels (loops unrolled). Numbers are measured in this
+run only; nothing is compared with a stored value.
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def messages(program: Program) -> int:
 
 
 def cost_per_command(sizes: list[int], repeat: int) -> dict[int, float]:
+    """Lower a queue of each size; print and return the best µs per command."""
     device = DeviceSpec("Apple7", residency_set=False)
     out: dict[int, float] = {}
     print(f"{'commands':>9} {'µs/command':>11} {'total ms':>9} {'x toposort':>10}   per pass (µs/command)")
@@ -77,6 +79,7 @@ def cost_per_command(sizes: list[int], repeat: int) -> dict[int, float]:
 
 
 def messages_per_submit(counts: list[int]) -> None:
+    """Print the messages one submit sends on the ICB and the direct path."""
     print(f"\n{'kernels':>8} {'ICB':>6} {'direct':>7}   (messages one submit sends, Apple7 without a residency set)")
     for n in counts:
         row = []
@@ -87,6 +90,7 @@ def messages_per_submit(counts: list[int]) -> None:
 
 
 def main() -> None:
+    """Run both parts (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="10,1000,10000,100000", help="queue lengths, comma separated")
     ap.add_argument("--repeat", type=int, default=3, help="runs per size (the best counts)")

@@ -54,7 +54,8 @@ kernel void block_sum(device float* out, device float* y, constant int& n,
 }
 """
 
-SAXPY = Kernel("saxpy", "saxpy", SAXPY_MSL, (KernelParam(None, 0, "float32", MAX_N), KernelParam(None, 1, "float32", MAX_N),
+SAXPY = Kernel("saxpy", "saxpy", SAXPY_MSL, (KernelParam(None, 0, "float32", MAX_N),
+                                              KernelParam(None, 1, "float32", MAX_N),
                                               KernelParam(None, 2, "float32", 1), KernelParam("n", 3, "int32")))
 BLOCK_SUM = Kernel("block_sum", "block_sum", REDUCE_MSL, (KernelParam(None, 0, "float32", MAX_N // BLOCK),
                                                          KernelParam(None, 1, "float32", MAX_N),
@@ -120,6 +121,7 @@ def run(lowered: Lowered, ns: list[int]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Lower the queue for the device the options describe, print it, draw it, run it; the exit status."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", default="apple7", help="GPU family: apple7, apple8, apple9, mac2")
     ap.add_argument("--target", default="arm64", choices=("arm64", "x86_64"), help="the ABI to lower for")

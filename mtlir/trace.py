@@ -98,10 +98,12 @@ class OutputSpec:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the output: the elements of ``shape`` times the dtype's size."""
         return math.prod(self.shape) * self.dtype.itemsize
 
     @property
     def placeholder(self) -> str:
+        """The name of the placeholder of the output's buffer (``buffer:<id>``)."""
         return f"buffer:{self.buffer}"
 
     def expected_array(self) -> Any:

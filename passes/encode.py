@@ -78,6 +78,7 @@ class _Builder:
     varbuf: UOp | None = None
 
     def slot_ptr(self, slot: int) -> UOp:
+        """The host address of variables-buffer slot ``slot`` (uint8*)."""
         assert self.contents is not None
         return self.contents.index(UOp.const(dtypes.int64, slot * VAR_SLOT))
 
@@ -120,6 +121,7 @@ class _Builder:
         return patches
 
     def icb_spec(self) -> IcbSpec:
+        """The ICB payload: every command as data (``IcbCommand``), the pipelines and buffers it names."""
         e = self.e
         if not e.inputs:
             out = [_new(IcbCommand, (c.kernel.pipeline.arg.name, c.icb_binds, c.grid.link, c.threadgroup.link, True,
@@ -157,6 +159,7 @@ class _Builder:
         return m
 
     def direct_commands(self, enc: list[UOp], first: int, count: int) -> None:
+        """The direct path's messages for ``count`` commands from ``first`` on encoder chain ``enc``."""
         for c in self.e.cmds[first:first + count]:
             self.send(enc, "setComputePipelineState:", c.kernel.pipeline)
             nb = len(c.kernel.buffers)
@@ -207,6 +210,7 @@ class _Builder:
         return self.send(chain, "commit")
 
     def build(self) -> UOp:
+        """The lowered graph: the patches, then every command buffer's messages, under a SINK of the device."""
         e = self.e
         profiled = bool(e.stamps_at)
         plans = e.plans(profiled, loops=profiled and self.icb_path)

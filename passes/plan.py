@@ -171,6 +171,7 @@ class SubmitReader:
             raise EncodeError("the submit has no command and no signal: nothing to encode")
 
     def read_exec(self, op: UOp, i: int) -> Command:
+        """Command ``i`` from its EXEC (the slow path: a kernel or size not met before, or a bad layout)."""
         src = op.src
         if len(src) < 3 or src[0].op is not Ops.KERNEL:
             raise EncodeError(f"command {i}: an EXEC's sources are (KERNEL, grid, threadgroup, *buffers, *vars)")
@@ -211,6 +212,7 @@ class SubmitReader:
         return triple
 
     def read_kernel(self, node: UOp, i: int) -> KernelInfo:
+        """A KERNEL node's pipeline placeholder and parameter layout, checked once."""
         kernel = node.arg
         if not isinstance(kernel, Kernel):
             raise EncodeError(f"command {i}: a KERNEL's arg is an mtlir.metal.Kernel, got {type(kernel).__name__}")
@@ -233,6 +235,7 @@ class SubmitReader:
         return k
 
     def read_size(self, node: UOp, where: str) -> Size:
+        """A grid or threadgroup STRUCT, checked and simplified once."""
         if node.op is not Ops.STRUCT or node.dtype is not dtypes.MTLSize or len(node.src) != 3:
             raise EncodeError(f"{where}: expected a STRUCT<MTLSize> of three sizes, got {node.op.name}")
         try:
@@ -293,6 +296,7 @@ class SubmitReader:
         return pname
 
     def read_var(self, v: UOp, dt: DType, where: str) -> int:
+        """The variables-buffer slot of value ``v`` as ``dt`` (one slot per distinct simplified value)."""
         if not v.dtype.is_int:
             raise EncodeError(f"{where}: a variable value is an integer, got a {v.dtype.name}")
         for u in v.toposort():

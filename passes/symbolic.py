@@ -48,6 +48,7 @@ def fold(op: Ops, dtype: DType, values: tuple[Any, ...]) -> Any | None:
 
 
 def fold_alu(x: UOp) -> UOp | None:
+    """An integer ALU of constants -> its value."""
     if not _ints(x, *x.src):
         return None
     val = fold(x.op, x.src[0].dtype if x.op in GroupOp.Comparison else x.dtype, tuple(s.arg for s in x.src))
@@ -55,12 +56,14 @@ def fold_alu(x: UOp) -> UOp | None:
 
 
 def fold_cast(x: UOp, c: UOp) -> UOp | None:
+    """A CAST of an integer constant -> the constant wrapped to the new type."""
     if not _ints(x, c):
         return None
     return UOp.const(x.dtype, wrap(x.dtype, int(c.arg)))
 
 
 def fold_where(c: UOp, a: UOp, b: UOp) -> UOp:
+    """WHERE of a constant condition -> the branch it picks."""
     return a if c.arg else b
 
 
@@ -68,14 +71,17 @@ def fold_where(c: UOp, a: UOp, b: UOp) -> UOp:
 
 
 def same_dtype(node: UOp, x: UOp) -> UOp | None:
+    """``node`` -> ``x`` when they have the same dtype (identities such as x+0)."""
     return x if x.dtype is node.dtype else None
 
 
 def to_zero(node: UOp, x: UOp) -> UOp | None:
+    """``node`` -> 0 for integers (x*0, x&0, x%1)."""
     return UOp.const(node.dtype, 0) if _ints(node, x) else None
 
 
 def self_zero(node: UOp, x: UOp) -> UOp | None:
+    """x-x, x^x -> 0 for integers."""
     return UOp.const(node.dtype, 0) if _ints(node) and x.dtype is node.dtype else None
 
 
@@ -83,6 +89,7 @@ def self_zero(node: UOp, x: UOp) -> UOp | None:
 
 
 def reassociate(outer: UOp, inner: UOp, x: UOp, c1: UOp, c2: UOp) -> UOp | None:
+    """(x+c1)+c2 -> x+(c1+c2) and (x*c1)*c2 -> x*(c1*c2), wrapped."""
     if outer.op is not inner.op or not _ints(outer, inner, x) or not inner.dtype is outer.dtype is x.dtype:
         return None
     val = fold(outer.op, outer.dtype, (c1.arg, c2.arg))
@@ -101,14 +108,17 @@ def fold_add_sub(outer: UOp, inner: UOp, x: UOp, c1: UOp, c2: UOp) -> UOp | None
 
 
 def dtypes_min(dt: DType) -> int:
+    """The smallest value of a signed integer dtype."""
     return -(1 << (dt.bits - 1))
 
 
 def fold_gep(s: UOp, g: UOp) -> UOp | None:
+    """Field i of a STRUCT -> its i-th source."""
     return s.src[g.arg] if 0 <= g.arg < len(s.src) and s.src[g.arg].dtype is g.dtype else None
 
 
 def index_zero(p: UOp, i: UOp) -> UOp | None:
+    """INDEX(p, 0) -> p."""
     return p if i.arg == 0 else None
 
 

@@ -27,6 +27,7 @@ __all__ = ["LowerTimeline", "TIMELINE", "timeline_read", "timeline_read_program"
 
 
 def read_event(ld: UOp, ev: UOp) -> UOp | None:
+    """A LOAD of the event placeholder -> ``signaledValue`` on it (the module docstring)."""
     if not isinstance(ev.arg, Obj) or ev.arg.kind != "event" or not ld.dtype.is_int:
         return None
     msg = UOp(Ops.MSG, dtypes.uint64, (ev.after(*ld.src[1:]),), "signaledValue", ld.tag)
