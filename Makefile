@@ -29,10 +29,15 @@ bench: $(STAMP)
 
 # system packages: checked every time (cheap), installed only when something is missing
 sysdeps:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
+	  { echo "mtlir needs Python 3.11 or newer: '$(PYTHON)' is $$($(PYTHON) --version 2>&1); run make PYTHON=python3.11 ..."; exit 1; }
 	@missing=""; \
 	command -v dot >/dev/null 2>&1 || missing="$$missing graphviz"; \
 	command -v cc >/dev/null 2>&1 || missing="$$missing build-essential"; \
-	ls /etc/OpenCL/vendors/*.icd >/dev/null 2>&1 || [ "$$(uname)" = Darwin ] || missing="$$missing pocl-opencl-icd ocl-icd-libopencl1"; \
+	if [ "$$(uname)" != Darwin ]; then \
+	  ls /etc/OpenCL/vendors/ 2>/dev/null | grep -qi pocl || missing="$$missing pocl-opencl-icd"; \
+	  { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null; } | grep -q 'libOpenCL\.so\.1' || missing="$$missing ocl-icd-libopencl1"; \
+	fi; \
 	$(PYTHON) -c "import venv, ensurepip" >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if command -v apt-get >/dev/null 2>&1; then \
