@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mtlir.runtime.errors import KernelCompileError, UnsupportedKernelError
+from mtlir.runtime.errors import KernelBuildError, KernelCompileError, UnsupportedKernelError
 from mtlir.runtime.sim import kernels
 from mtlir.runtime.sim.kernels import KernelRunner
 
@@ -161,12 +161,30 @@ def test_threadgroups_up_to_the_device_limit_run_with_barriers(runner: KernelRun
         ck.run({0: (out, 0), 1: (inp, 0)}, (1, 1, 1), (limit + 1, 1, 1))
 
 
+def test_absurd_global_sizes_are_refused_before_opencl(runner: KernelRunner) -> None:
+    """A grid that wrapped (2**64 - 4 threadgroups from an expression that went below 1) never reaches PoCL, which
+    would abort the whole process; nor does a global size beyond Metal's 2**32 threads per axis."""
+    ck = runner.compile(SCALE, "scale")
+    out, inp = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
+    good = scale_bindings((out, 0), (inp, 0), 16, 1.0)
+    for grid, tg in (((2**64 - 4, 1, 1), (4, 1, 1)), ((1, 2**31, 1), (1, 2, 1)), ((2**21, 2**20, 1), (1, 1, 1))):
+        with pytest.raises(ValueError, match=r"kernel 'scale': grid .* global size .* is more than the simulated "
+                                             r"device runs \(below 2\*\*32 threads per axis"):
+            ck.run(good, grid, tg)
+    put(inp, 0, np.arange(16, dtype=np.float32))
+    ck.run(good, (4, 1, 1), (4, 1, 1))  # the runner still works
+    np.testing.assert_array_equal(f32(out, 0, 16), np.arange(16, dtype=np.float32))
+
+
 def test_compile_errors(runner: KernelRunner) -> None:
     with pytest.raises(KernelCompileError, match="no kernel function 'nope' in the MSL \\(its kernels: scale\\)"):
         runner.compile(SCALE, "nope")
     bad = HEAD + "kernel void k(device float* x) { x[0] = undefined_name; }"
-    with pytest.raises(KernelCompileError, match="(?s)OpenCL could not build.*undefined_name.*translated source"):
+    with pytest.raises(KernelBuildError, match="(?s)OpenCL could not build.*undefined_name.*translated source") as e:
         runner.compile(bad, "k")
+    assert isinstance(e.value, KernelCompileError) and e.value.kernels == ("k",) and "undefined_name" in e.value.log
+    assert "\n" not in e.value.summary and "may be invalid or use something the translator does not handle" in \
+        e.value.summary and "undefined_name" in e.value.summary
     with pytest.raises(UnsupportedKernelError, match="simd_sum"):
         runner.compile(HEAD + "kernel void k(device float* x) { x[0] = simd_sum(x[0]); }", "k")
 

@@ -507,6 +507,100 @@ def test_rule13_too_many_threads_dropped(scenes: list[Scene], strict: bool) -> N
         assert s.status(cb) == MTL.StatusCompleted and not s.floats(out).any()  # silently dropped
 
 
+def _direct_fill(s: Scene, out: int, var: int, grid: tuple[int, int, int], tg: tuple[int, int, int],
+                 commit: bool = True) -> int:
+    """One command buffer with one direct-path dispatch of ``fill`` (retained); committed unless asked."""
+    cb = s.send(s.queue, "commandBuffer")
+    s.send(cb, "retain")
+    enc = s.send(cb, "computeCommandEncoder")
+    s.send(enc, "setComputePipelineState:", s.pipelines["fill"])
+    s.send(enc, "setBuffer:offset:atIndex:", out, 0, 0)
+    s.send(enc, "setBuffer:offset:atIndex:", var, 0, 1)
+    s.send(enc, "dispatchThreadgroups:threadsPerThreadgroup:", grid, tg)
+    s.send(enc, "endEncoding")
+    if commit:
+        s.send(cb, "commit")
+    return int(cb)
+
+
+@pytest.mark.parametrize("strict", MODES)
+def test_rule13_direct_dispatch_above_the_pipeline_limit(scenes: list[Scene], strict: bool) -> None:
+    s = scene(scenes, strict)
+    s.dev.set_max_total_threads(s.pipelines["fill"], 128)
+    out, var = s.buffer(4096), s.buffer(256)
+    s.set_int(var, 0, 1)
+    if strict:
+        with pytest.raises(MetalValidationError, match=r"dispatchThreadgroups:\(2, 1, 1\) threadsPerThreadgroup:"
+                                                       r"\(16, 16, 1\).*256 threads per threadgroup > "
+                                                       r"maxTotalThreadsPerThreadgroup 128.*rule 13"):
+            _direct_fill(s, out, var, (2, 1, 1), (16, 16, 1))
+        return
+    cb = _direct_fill(s, out, var, (2, 1, 1), (16, 16, 1))
+    s.dev.run_until_idle()
+    assert s.status(cb) == MTL.StatusCompleted and not s.floats(out).any() and s.dev.gpu.kernels_run == 0
+
+
+WRAPPED = 2**64 - 4  # a grid expression that went below 1 (start_pos - 5 at start_pos = 1), as an NSUInteger
+
+
+@pytest.mark.parametrize("strict", MODES)
+@pytest.mark.parametrize("grid, tg", [((WRAPPED, 1, 1), (4, 1, 1)), ((1, 2**31, 1), (1, 2, 1)),
+                                      ((1, 1, 2**32), (1, 1, 1))], ids=["wrapped", "y-threads", "z-groups"])
+def test_grid_of_2_32_threads_per_axis_direct(scenes: list[Scene], strict: bool, grid: tuple[int, int, int],
+                                              tg: tuple[int, int, int]) -> None:
+    s = scene(scenes, strict)
+    out, var = s.buffer(64), s.buffer(256)
+    s.set_int(var, 0, 1)
+    if strict:
+        with pytest.raises(MetalValidationError, match=r"dispatchThreadgroups:.*threadgroupsPerGrid "
+                                                       rf"\[{grid[0]}, {grid[1]}, {grid[2]}\] x threadsPerThreadgroup "
+                                                       r".*is not below 2\*\*32.*Metal API validation"):
+            _direct_fill(s, out, var, grid, tg)
+        return
+    cb = _direct_fill(s, out, var, grid, tg)
+    s.dev.run_until_idle()
+    # never handed to the kernel runner: the command buffer fails as the GPU watchdog would end it
+    assert s.status(cb) == MTL.StatusError and s.error_code(cb) == MTL.ErrorTimeout
+    assert "is not below 2**32" in s.error_text(cb) and s.dev.gpu.kernels_run == 0
+
+
+@pytest.mark.parametrize("strict", MODES)
+def test_grid_of_2_32_threads_per_axis_icb(scenes: list[Scene], strict: bool) -> None:
+    s = scene(scenes, strict)
+    out, var = s.buffer(64), s.buffer(256)
+    s.set_int(var, 0, 1)
+    icb = s.icb(2)
+    s.command(icb, 0, "fill", [(out, 0), (var, 0)])
+    cmd = s.command(icb, 1, "fill", [(out, 0), (var, 0)])
+    call = "concurrentDispatchThreadgroups:threadsPerThreadgroup:"
+    if strict:  # the setter refuses the sizes of a command, the constant ones of link and those a submit patches
+        with pytest.raises(MetalValidationError, match=rf"{call[:30]}.*\[{WRAPPED}, 1, 1\].*is not below 2\*\*32"):
+            s.send(cmd, call, (WRAPPED, 1, 1), (4, 1, 1))
+        return
+    s.send(cmd, call, (WRAPPED, 1, 1), (4, 1, 1))
+    s.residency(out, var)
+    cb = s.submit_icb(icb, 0, 2)
+    s.dev.run_until_idle()
+    assert s.status(cb) == MTL.StatusError and s.error_code(cb) == MTL.ErrorTimeout
+    assert "ICB command 1" in s.error_text(cb) and s.dev.gpu.kernels_run == 1  # command 0 ran, command 1 never
+
+
+def test_grid_limit_at_execute_in_strict_mode(scenes: list[Scene]) -> None:
+    """A command whose sizes were set on a faithful path (no pipeline yet) is refused at executeCommandsInBuffer:."""
+    s = scene(scenes, True)
+    out, var = s.buffer(64), s.buffer(256)
+    icb = s.icb(1)
+    cmd = s.command(icb, 0, "fill", [(out, 0), (var, 0)])
+    slot = s.dev.object(icb).slots[0]  # type: ignore[attr-defined]
+    slot.grid = (WRAPPED, 1, 1)  # as if written behind the validation layer's back
+    s.dev.object(icb).version += 1  # type: ignore[attr-defined]
+    s.residency(out, var)
+    with pytest.raises(MetalValidationError, match=r"executeCommandsInBuffer:.*ICB command 0 \(fill\).*is not "
+                                                   r"below 2\*\*32"):
+        s.submit_icb(icb, 0, 1)
+    assert cmd
+
+
 @pytest.mark.parametrize("strict", MODES)
 def test_rule13_zero_size_dispatch_is_accepted(scenes: list[Scene], strict: bool) -> None:
     s = scene(scenes, strict)

@@ -25,7 +25,36 @@ if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
 
 __all__ = ["RangeInfo", "analyze_range", "check_execute", "check_commit", "collect_reads", "check_buffer_write",
-           "check_icb_write", "check_release", "slot_problems"]
+           "check_icb_write", "check_release", "slot_problems", "size_problem", "MAX_THREADS_PER_GRID_AXIS"]
+
+# Threads per grid axis (grid x threadgroup) must stay below 2**32: `thread_position_in_grid` and
+# `threads_per_grid` are 32-bit `uint`s in MSL (Metal Shading Language Specification, "Attributes for kernel
+# function input arguments"), so a thread beyond that cannot be addressed. A size that went below 1 in a
+# run-time expression and wrapped to 2**64 - k lands here.
+MAX_THREADS_PER_GRID_AXIS = 1 << 32
+
+
+def size_problem(grid: tuple[int, int, int], threadgroup: tuple[int, int, int], p: Pipeline | None) -> \
+        tuple[int, str] | None:
+    """What Metal refuses in a dispatch of ``grid`` threadgroups (per axis) of ``threadgroup`` threads with
+    pipeline ``p``, as ``(rule, message)``; None when the sizes are fine or the dispatch is empty (a zero axis:
+    Metal accepts it and runs nothing). Rule 13: prod(threadgroup) above the pipeline's
+    maxTotalThreadsPerThreadgroup. Rule 0 (API validation): grid x threadgroup at or above 2**32 threads on an
+    axis (``MAX_THREADS_PER_GRID_AXIS``)."""
+    if 0 in grid or 0 in threadgroup:
+        return None
+    threads = math.prod(threadgroup)
+    if p is not None and threads > p.max_threads:
+        return (13, f"threadsPerThreadgroup {list(threadgroup)}: {threads} threads per threadgroup > "
+                    f"maxTotalThreadsPerThreadgroup {p.max_threads} of {p.describe()}: Metal drops the dispatch "
+                    "silently")
+    per_axis = [g * t for g, t in zip(grid, threadgroup)]
+    if any(n >= MAX_THREADS_PER_GRID_AXIS for n in per_axis):
+        axis = "xyz"[next(i for i, n in enumerate(per_axis) if n >= MAX_THREADS_PER_GRID_AXIS)]
+        return (0, f"threadgroupsPerGrid {list(grid)} x threadsPerThreadgroup {list(threadgroup)} = {per_axis} "
+                   f"threads per axis: axis {axis} is not below 2**32 (thread positions are 32-bit uints; "
+                   "a run-time size that went below 1 and wrapped?)")
+    return None
 
 
 @dataclass
@@ -63,10 +92,9 @@ def slot_problems(dev: SimDevice, icb: ICB, i: int) -> list[tuple[int, str]]:
         if b[1] % align:
             out.append((8, f"{what} ({p.label}): offset {b[1]} of buffer index {index} ({kind}) is not a multiple "
                            f"of {align} bytes"))
-    if 0 not in slot.grid and 0 not in slot.threadgroup and math.prod(slot.threadgroup) > p.max_threads:
-        out.append((13, f"{what} ({p.label}): threadsPerThreadgroup {slot.threadgroup} = "
-                        f"{math.prod(slot.threadgroup)} threads > maxTotalThreadsPerThreadgroup {p.max_threads}: "
-                        "Metal drops the dispatch silently"))
+    sizes = size_problem(slot.grid, slot.threadgroup, p)
+    if sizes is not None:
+        out.append((sizes[0], f"{what} ({p.label}): {sizes[1]}"))
     return out
 
 
@@ -176,7 +204,7 @@ def check_commit(dev: SimDevice, cb: CommandBuffer, call: object) -> None:
 def _dry_run(dev: SimDevice, icb: ICB, group: list[int], call: object) -> None:
     slots = [(i, icb.slots[i]) for i in group]
     runnable = [(i, s) for i, s in slots if s.pipeline is not None and s.grid is not None and 0 not in s.grid
-                and 0 not in s.threadgroup and math.prod(s.threadgroup) <= s.pipeline.max_threads
+                and 0 not in s.threadgroup and size_problem(s.grid, s.threadgroup, s.pipeline) is None
                 and all(idx in s.bindings for idx, _, _ in s.pipeline.params)]
     buffers = {b for _, s in runnable for b, _ in s.bindings.values() if b.alive}
     results = []

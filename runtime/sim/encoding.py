@@ -3,19 +3,19 @@
 The state machine of METAL.md §3 rules 1-5 and 7 lives here: Metal's own asserts (one open encoder, endEncoding
 before release, no open encoder at commit or event encoding, nothing after commit, waiting on an uncommitted
 command buffer) raise in both modes; strict mode adds the checks of the debug layer at the offending call
-(fences: rule 11, event values: rule 12, dispatch sizes: rule 13, ICB ranges and warm-up: rules 8 and 16 at
-``executeCommandsInBuffer:withRange:``, residency and races: rules 10 and 9 at ``commit``).
+(fences: rule 11, event values: rule 12, dispatch sizes: rule 13 and fewer than 2**32 threads per grid axis, ICB
+ranges and warm-up: rules 8 and 16 at ``executeCommandsInBuffer:withRange:``, residency and races: rules 10 and 9
+at ``commit``).
 """
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from mtlir.dtypes import dtypes
 from mtlir.metal import MTL
 from mtlir.runtime.errors import BridgeError
 from mtlir.runtime.sim.abi import NIL, objc_method
-from mtlir.runtime.sim.checks import check_commit, check_execute, collect_reads
+from mtlir.runtime.sim.checks import check_commit, check_execute, collect_reads, size_problem
 from mtlir.runtime.sim.objects import (ICB, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute, Fence,
                                        Pipeline, SharedEvent, SignalStep, SimObject, WaitStep)
 from mtlir.runtime.sim.rules import Call, assertion, violation
@@ -237,9 +237,9 @@ def _dispatch(dev: SimDevice, enc: Encoder, grid: tuple[int, int, int], tg: tupl
     if dev.strict and 0 not in grid and 0 not in tg:
         if p is None:
             raise violation(0, call, "no compute pipeline state is set on the encoder")
-        if math.prod(tg) > p.max_threads:
-            raise violation(13, call, f"{math.prod(tg)} threads per threadgroup > maxTotalThreadsPerThreadgroup "
-                                      f"{p.max_threads} of {p.describe()}: Metal drops the dispatch silently")
+        problem = size_problem(grid, tg, p)
+        if problem is not None:
+            raise violation(problem[0], call, problem[1])
         for index, _, _ in p.params:
             if index not in enc.bindings:
                 raise violation(0, call, f"{p.label}: buffer index {index} is not bound")

@@ -9,7 +9,9 @@ the GPU watchdog: nothing waits forever.
 
 What the GPU checks while it runs (both modes; strict mode has refused most of these at the call already):
 rule 8 (range past the ICB, commands past 16,384, unbound buffer indices), 10 (residency), 13 (dispatch dropped),
-14 (released buffers), 16 (warm-up on pre-Apple9). Rule 9: the commands between two barriers run in reverse
+14 (released buffers), 16 (warm-up on pre-Apple9), and the dispatch limits of ``checks.size_problem``: nothing
+reaches the kernel runner with 2**32 threads or more on a grid axis (a wrapped size), which ends the command
+buffer in Error, Timeout (2). Rule 9: the commands between two barriers run in reverse
 order, which exposes a race a program hides by relying on program order. Rule 6: a failed command buffer skips
 its remaining event signals. A fault ends the command buffer in status Error with the MTLCommandBufferError code
 and an NSError saying what happened; fence updates of a failed command buffer are released so later work does
@@ -17,19 +19,19 @@ not hang (a modelling choice: Metal recovers the channel).
 """
 from __future__ import annotations
 
-import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mtlir.dtypes import dtypes
 from mtlir.metal import MTL
-from mtlir.runtime.sim.objects import (ICB, Binding, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute, Gate,
-                                       ICBSlot, Pipeline, SharedEvent, SignalStep, WaitStep)
+from mtlir.runtime.sim.checks import size_problem
+from mtlir.runtime.sim.objects import (ICB, Binding, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute,
+                                       Gate, ICBSlot, Pipeline, SharedEvent, SignalStep, WaitStep)
 from mtlir.runtime.sim.rules import rule_text
 
 if TYPE_CHECKING:
@@ -277,19 +279,43 @@ class GPU:
             raise GPUFault(MTL.ErrorPageFault, "dispatchThreadgroups:threadsPerThreadgroup: with no pipeline set")
         if not p.alive:
             raise GPUFault(MTL.ErrorInvalidResource, f"{p.describe()} was released before the GPU ran it", 14)
-        if math.prod(d.threadgroup) > p.max_threads:
-            return  # rule 13: silently dropped
-        bindings: dict[int, tuple[np.ndarray, int]] = {}
+        what = f"dispatch of {p.label}"
+        if not self._sizes_ok(p, d.grid, d.threadgroup, what):
+            return
+        self._run(p, self._bindings(p, d.bindings, what, 0), d.grid, d.threadgroup, what)
+
+    def _sizes_ok(self, p: Pipeline, grid: tuple[int, int, int], threadgroup: tuple[int, int, int],
+                  what: str) -> bool:
+        """The dispatch's sizes against Metal's limits (``checks.size_problem``) before anything reaches the
+        kernel runner: False for a dispatch Metal drops (rule 13); a grid of 2**32 threads or more on an axis
+        raises ``GPUFault`` Timeout (2) — the modelling choice of docs/simulator.md: the hardware would run
+        billions of threadgroups until the GPU watchdog ends the command buffer."""
+        problem = size_problem(grid, threadgroup, p)
+        if problem is None:
+            return True
+        if problem[0] == 13:
+            return False  # rule 13: silently dropped
+        raise GPUFault(MTL.ErrorTimeout, f"{what}: {problem[1]}; the GPU watchdog ends the command buffer")
+
+    def _bindings(self, p: Pipeline, bound: Mapping[int, Binding | bytes], what: str, rule: int,
+                  resident: Callable[[Buffer], bool] | None = None) -> dict[int, tuple[np.ndarray, int]]:
+        """Each parameter of ``p`` as (storage, byte offset) from what the encoder or ICB command ``bound`` (a
+        direct dispatch's ``setBytes`` come as bytes). Faults: an unbound index (PageFault, ``rule``), a buffer
+        ``resident`` says no to (InvalidResource, rule 10), a released buffer (rule 14)."""
+        out: dict[int, tuple[np.ndarray, int]] = {}
         for index, kind, size in p.params:
-            b = d.bindings.get(index)
+            b = bound.get(index)
             if b is None:
-                raise GPUFault(MTL.ErrorPageFault, f"{p.label}: buffer index {index} is not bound (the kernel "
-                                                   "reads address 0)")
+                raise GPUFault(MTL.ErrorPageFault, f"{what}: buffer index {index} is not bound (the kernel reads "
+                                                   "address 0)", rule)
             if isinstance(b, bytes):
-                bindings[index] = (np.frombuffer(bytearray(b), dtype=np.uint8), 0)
-            else:
-                bindings[index] = self._storage(b, kind, size, f"{p.label} buffer index {index}")
-        self._run(p, bindings, d.grid, d.threadgroup, f"dispatch of {p.label}")
+                out[index] = (np.frombuffer(bytearray(b), dtype=np.uint8), 0)
+                continue
+            if resident is not None and b[0].alive and not resident(b[0]):
+                raise GPUFault(MTL.ErrorInvalidResource, f"{what} reaches {b[0].describe()}, which is not "
+                                                         "resident", 10)
+            out[index] = self._storage(b, kind, size, f"{what} buffer index {index}")
+        return out
 
     def _storage(self, binding: Binding, kind: str, size: int, what: str) -> tuple[np.ndarray, int]:
         buf, offset = binding
@@ -329,19 +355,11 @@ class GPU:
                            16)
         if 0 in slot.grid or 0 in slot.threadgroup:
             return
-        if math.prod(slot.threadgroup) > p.max_threads:
-            return  # rule 13: silently dropped
-        bindings: dict[int, tuple[np.ndarray, int]] = {}
-        for index, kind, size in p.params:
-            b = slot.bindings.get(index)
-            if b is None:
-                raise GPUFault(MTL.ErrorPageFault, f"{what} ({p.label}): buffer index {index} is not bound (the "
-                                                   "kernel reads address 0)", 8)
-            buf = b[0]
-            if buf.alive and buf not in enc.used and buf not in cb.resident:
-                raise GPUFault(MTL.ErrorInvalidResource, f"{what} ({p.label}) reaches {buf.describe()}, which is "
-                                                         "not resident", 10)
-            bindings[index] = self._storage(b, kind, size, f"{what} ({p.label}) buffer index {index}")
+        what = f"{what} ({p.label})"
+        if not self._sizes_ok(p, slot.grid, slot.threadgroup, what):
+            return
+        bindings = self._bindings(p, slot.bindings, what, 8,
+                                  lambda buf: buf in enc.used or buf in cb.resident)
         self._run(p, bindings, slot.grid, slot.threadgroup, what)
 
     def _run(self, p: Pipeline, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],

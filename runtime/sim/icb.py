@@ -5,17 +5,17 @@ Every setter is a CPU write into the ICB (shared memory on a Mac): rule 15 is ch
 a write to a command an in-flight command buffer executes; faithful mode lets the GPU see whatever is there when
 it gets to the command). Rule 8 at the call: the command index, the bind index against maxKernelBufferBindCount,
 offsets stored as 32 bits (faithful mode keeps the low 32 bits, as the hardware does, and the kernel silently
-reads the wrong place).
+reads the wrong place). Strict mode checks a command's sizes as soon as its pipeline and sizes are set
+(``checks.size_problem``: rule 13, fewer than 2**32 threads per grid axis); faithful mode leaves them to the GPU.
 """
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from mtlir.metal import MTL
 from mtlir.runtime.errors import BridgeError
 from mtlir.runtime.sim.abi import NIL, objc_method
-from mtlir.runtime.sim.checks import check_icb_write
+from mtlir.runtime.sim.checks import check_icb_write, size_problem
 from mtlir.runtime.sim.objects import ICB, Buffer, Device, ICBCommand, ICBDescriptor, ICBSlot, Pipeline
 from mtlir.runtime.sim.rules import Call, violation
 
@@ -96,12 +96,13 @@ def _slot(dev: SimDevice, cmd: ICBCommand, call: Call) -> ICBSlot | None:
     return cmd.icb.slots[cmd.index]
 
 
-def _check_threads(dev: SimDevice, slot: ICBSlot, call: Call) -> None:
-    p, tg = slot.pipeline, slot.threadgroup
-    if dev.strict and p is not None and slot.grid is not None and 0 not in slot.grid and 0 not in tg \
-            and math.prod(tg) > p.max_threads:
-        raise violation(13, call, f"{math.prod(tg)} threads per threadgroup > maxTotalThreadsPerThreadgroup "
-                                  f"{p.max_threads} of {p.describe()}: Metal drops the dispatch silently")
+def _check_sizes(dev: SimDevice, slot: ICBSlot, call: Call) -> None:
+    """Strict: the command's sizes against Metal's limits (``checks.size_problem``: rule 13, 2**32 threads per
+    grid axis) as soon as both the pipeline and the sizes are set. Faithful mode lets the GPU meet them."""
+    if dev.strict and slot.grid is not None:
+        problem = size_problem(slot.grid, slot.threadgroup, slot.pipeline)
+        if problem is not None:
+            raise violation(problem[0], call, problem[1])
 
 
 @objc_method(ICBCommand, "setComputePipelineState:", Pipeline)
@@ -113,7 +114,7 @@ def _cmd_pipeline(dev: SimDevice, cmd: ICBCommand, p: Pipeline) -> None:
     slot = _slot(dev, cmd, call)
     if slot is not None:
         slot.pipeline = p
-        _check_threads(dev, slot, call)
+        _check_sizes(dev, slot, call)
 
 
 @objc_method(ICBCommand, "setKernelBuffer:offset:atIndex:", (Buffer, NIL))
@@ -144,7 +145,7 @@ def _cmd_dispatch(dev: SimDevice, cmd: ICBCommand, grid: tuple[int, int, int], t
     slot = _slot(dev, cmd, call)
     if slot is not None:
         slot.grid, slot.threadgroup = grid, tg
-        _check_threads(dev, slot, call)
+        _check_sizes(dev, slot, call)
 
 
 @objc_method(ICBCommand, "setBarrier")

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from mtlir.runtime.errors import KernelCompileError
+from mtlir.runtime.errors import KernelBuildError, KernelCompileError
 from mtlir.runtime.sim.msl import KernelArg, KernelInfo, Translation, translate
 
 try:
@@ -40,6 +40,11 @@ INSTALL_HINT = ("install an OpenCL runtime for the CPU (Debian/Ubuntu: `sudo apt
 # -w: no warnings (tinygrad's `if ((a==0))` draws one per kernel, which PoCL prints on stderr).
 BUILD_OPTIONS = ["-cl-single-precision-constant", "-w"]
 DEFAULT_TIMEOUT_S = 120.0  # a kernel still running after this long is reported, never waited for forever
+# Global sizes the runner refuses before OpenCL sees them (PoCL aborts the whole process on a global size that
+# overflows its work-group arithmetic): Metal's own 2**32 threads per axis (thread positions are 32-bit uints),
+# and 2**40 threads in all, far more than a CPU runs before any timeout.
+MAX_GLOBAL_PER_AXIS = 1 << 32
+MAX_GLOBAL_THREADS = 1 << 40
 SPIN_S = 2e-4  # poll without sleeping this long first: a sleep costs ~60 us here, most dispatches take less
 
 
@@ -111,8 +116,10 @@ class CompiledKernel:
         offset. Views of one storage alias as they do in Metal. Results are in the arrays when ``run`` returns.
         A grid or threadgroup with a zero axis runs nothing (Metal accepts such a dispatch, METAL.md §3 rule 13).
 
-        Raises ``ValueError`` for bad bindings (``plan``) or sizes, and for a threadgroup larger than the OpenCL
-        device runs (``max_threads_per_threadgroup``: 4096 on PoCL here, above Metal's 1024); ``TimeoutError``
+        Raises ``ValueError`` for bad bindings (``plan``) or sizes, for a threadgroup larger than the OpenCL
+        device runs (``max_threads_per_threadgroup``: 4096 on PoCL here, above Metal's 1024), and for a global
+        size of 2**32 threads or more on an axis or more than 2**40 in all (``MAX_GLOBAL_PER_AXIS``,
+        ``MAX_GLOBAL_THREADS``: a wrapped size would otherwise abort the process inside PoCL); ``TimeoutError``
         when the kernel has not finished after ``timeout_s`` seconds (the runner then refuses further work,
         since OpenCL cannot stop a running kernel); ``RuntimeError`` when OpenCL refuses to run it."""
         views = self.plan(bindings)
@@ -128,6 +135,13 @@ class CompiledKernel:
                              f"{self.max_threads_per_threadgroup} threads, {per_axis} per "
                              "axis); the simulated device cannot run it")
         global_size = tuple(g * t for g, t in zip(grid, threadgroup))
+        total = global_size[0] * global_size[1] * global_size[2]
+        if any(n >= MAX_GLOBAL_PER_AXIS for n in global_size) or total > MAX_GLOBAL_THREADS:
+            limit = MAX_GLOBAL_THREADS.bit_length() - 1
+            raise ValueError(f"kernel {self.function!r}: grid {grid} x threadgroup {threadgroup} = global size "
+                             f"{global_size} ({total} threads) is more than the simulated device runs (below 2**32 "
+                             f"threads per axis, as Metal addresses them, and at most 2**{limit} in all); a run-time "
+                             "size that went below 1 and wrapped?")
         self._runner._launch(self, views, bindings, global_size, threadgroup, timeout_s)
 
 
@@ -161,8 +175,9 @@ class KernelRunner:
         """The kernel ``function`` of the MSL library ``msl``, translated and built once (cached).
 
         Raises ``UnsupportedKernelError`` (MSL the translator cannot express in OpenCL C; ``.construct`` names
-        it) or ``KernelCompileError`` (MSL that is not valid, no kernel named ``function``, or an OpenCL build
-        failure: the build log and the numbered translated source are in the message)."""
+        it), ``KernelCompileError`` (MSL that is not valid, no kernel named ``function``) or its subclass
+        ``KernelBuildError`` (OpenCL did not build the translation: the MSL may be invalid, or use something the
+        translator does not handle; the build log and the numbered translated source are in the message)."""
         with self._lock:
             got = self._kernels.get((msl, function))
             if got is not None:
@@ -186,10 +201,7 @@ class KernelRunner:
                     warnings.simplefilter("ignore")
                     program = cl.Program(self.context, translation.source).build(options=BUILD_OPTIONS)
             except cl.Error as e:
-                numbered = "\n".join(f"{n + 1:4d}  {line}" for n, line in enumerate(translation.source.splitlines()))
-                kernels = ", ".join(translation.kernels)
-                raise KernelCompileError(f"OpenCL could not build the translation of kernels {kernels}:\n{e}\n"
-                                         f"--- translated source ---\n{numbered}") from None
+                raise KernelBuildError(tuple(translation.kernels), str(e), translation.source) from None
             got = self._programs[msl] = (translation, program)
         return got
 
