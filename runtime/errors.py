@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 __all__ = ["BridgeError", "MetalValidationError", "GPUExecutionError", "UnsupportedKernelError", "LinkError",
-           "KernelCompileError"]
+           "KernelCompileError", "KernelBuildError"]
 
 
 class BridgeError(RuntimeError):
@@ -33,7 +33,26 @@ class UnsupportedKernelError(RuntimeError):
 
 
 class KernelCompileError(RuntimeError):
-    """A kernel's translated source did not compile (the OpenCL build log is in the message)."""
+    """A kernel's MSL could not be compiled: MSL that is not valid at the token level, a missing kernel function,
+    or (``KernelBuildError``) an OpenCL build failure of its translation."""
+
+
+class KernelBuildError(KernelCompileError):
+    """OpenCL could not build the translation of MSL ``kernels``: the simulated device cannot run them. Either the
+    MSL is invalid or it uses something the translator does not handle; from the translation alone the two cannot
+    be told apart, so the simulated device raises this (the CLI exits with 4) rather than answer as Metal would.
+    ``log`` is OpenCL's build log, ``source`` the translated OpenCL C; ``summary`` is one line for the CLI."""
+
+    def __init__(self, kernels: tuple[str, ...], log: str, source: str) -> None:
+        self.kernels, self.log, self.source = tuple(kernels), log, source
+        first = next((line.strip() for line in log.splitlines() if "error" in line.lower()), log.strip()[:200])
+        names = ", ".join(self.kernels) or "(none)"
+        self.summary = (f"the simulated device could not build the OpenCL translation of kernel(s) {names}: the MSL "
+                        f"may be invalid or use something the translator does not handle (docs/kernels.md): "
+                        f"{' '.join(first.split())}")
+        numbered = "\n".join(f"{n + 1:4d}  {line}" for n, line in enumerate(source.splitlines()))
+        super().__init__(f"OpenCL could not build the translation of kernels {names} (the MSL may be invalid or use "
+                         f"something the translator does not handle):\n{log}\n--- translated source ---\n{numbered}")
 
 
 class LinkError(RuntimeError):

@@ -12,11 +12,11 @@ from progbuild import submit_program
 from mtlir.cli import lower_trace
 from mtlir.metal import DeviceSpec
 from mtlir.runtime import Session
+from mtlir.runtime.sim.device import SimDevice
 from mtlir.trace import Trace, load_trace
 
 TRACES = Path(__file__).resolve().parents[1] / "examples" / "traces"
 APPLE7 = sorted(TRACES.glob("*.apple7.json"))
-SimDevice = pytest.importorskip("mtlir.runtime.sim.device").SimDevice
 
 
 def _sim(target: str, device: DeviceSpec, **kw: object) -> object:

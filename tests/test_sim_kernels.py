@@ -9,9 +9,11 @@ import pytest
 
 from mtlir.dtypes import dtypes
 from mtlir.metal import MTL
-from mtlir.runtime.errors import MetalValidationError
+from mtlir.runtime.errors import GPUExecutionError, KernelBuildError, MetalValidationError
+from mtlir.runtime.session import Session
 from mtlir.runtime.sim import SimDevice
 from mtlir.runtime.sim.kernels import KernelRunner
+from progbuild import submit_program
 from test_sim_helpers import Scene
 
 MSL = """#include <metal_stdlib>
@@ -90,13 +92,11 @@ def _reference(sizes: list[int], kernels: int, nfloats: int) -> tuple[np.ndarray
 
 @pytest.mark.parametrize("target,residency_set", [("arm64", True), ("x86_64", False)])
 def test_session_replays_on_the_simulated_device(runner: KernelRunner, target: str, residency_set: bool) -> None:
-    progbuild = pytest.importorskip("progbuild")
-    session = pytest.importorskip("mtlir.runtime.session")
-    program = progbuild.submit_program(target, residency_set=residency_set, kernels=3)
+    program = submit_program(target, residency_set=residency_set, kernels=3)
     dev = SimDevice(target, family="Apple7", residency_sets=residency_set, kernel_runner=runner)
     sizes = [1, 17, 64, 5]
     try:
-        with session.Session(program, dev, timeout_s=10.0) as s:
+        with Session(program, dev, timeout_s=10.0) as s:
             for n in sizes:
                 s.submit(n=n)
             s.wait(timeout_s=10.0)
@@ -112,12 +112,10 @@ def test_session_replays_on_the_simulated_device(runner: KernelRunner, target: s
 
 
 def test_strict_device_catches_a_patch_while_in_flight(runner: KernelRunner) -> None:
-    progbuild = pytest.importorskip("progbuild")
-    session = pytest.importorskip("mtlir.runtime.session")
-    program = progbuild.submit_program("x86_64", kernels=2)
+    program = submit_program("x86_64", kernels=2)
     dev = SimDevice("x86_64", family="Apple7", kernel_runner=runner, autorun=False)
     try:
-        s = session.Session(program, dev, timeout_s=5.0, serialize=False)
+        s = Session(program, dev, timeout_s=5.0, serialize=False)
         s.submit(n=4)
         with pytest.raises(MetalValidationError, match=r"the CPU writes 4 bytes at offset 0 of MTLBuffer .* while "
                                                        r"MTLCommandBuffer .* reads it.*rule 15"):
@@ -129,21 +127,31 @@ def test_strict_device_catches_a_patch_while_in_flight(runner: KernelRunner) -> 
 
 
 def test_session_reports_a_gpu_fault_from_the_device(runner: KernelRunner) -> None:
-    progbuild = pytest.importorskip("progbuild")
-    session = pytest.importorskip("mtlir.runtime.session")
-    errors = pytest.importorskip("mtlir.runtime.errors")
-    program = progbuild.submit_program("arm64", kernels=2)
+    program = submit_program("arm64", kernels=2)
     dev = SimDevice("arm64", family="Apple7", kernel_runner=runner)
     try:
-        s = session.Session(program, dev, timeout_s=5.0)
+        s = Session(program, dev, timeout_s=5.0)
         s.submit(n=8)
         s.wait(timeout_s=5.0)
         dev.inject_fault(MTL.ErrorPageFault, after_commands=1)
         s.submit(n=8)
-        with pytest.raises(errors.GPUExecutionError) as e:
+        with pytest.raises(GPUExecutionError) as e:
             s.wait(timeout_s=5.0)
         assert e.value.code == MTL.ErrorPageFault and e.value.name == "PageFault"
         assert "submit 1 (timeline value 2)" in str(e.value) and "injected fault at ICB command 1" in str(e.value)
         s.close()
     finally:
         dev.close()
+
+
+def test_a_translation_opencl_cannot_build_is_not_reported_as_metal_refusing_it(runner: KernelRunner) -> None:
+    """MSL the translator passes but OpenCL does not build: the simulator cannot tell invalid MSL from a construct
+    it does not handle, so newLibraryWithSource:options:error: raises KernelBuildError instead of answering nil."""
+    s = Scene(target="x86_64", runner=runner)
+    try:
+        m = s.m
+        bad = "#include <metal_stdlib>\nusing namespace metal;\nkernel void k(device float* x) { x[0] = nope_1; }"
+        with pytest.raises(KernelBuildError, match="could not build the translation of kernels k"):
+            m.send(s.device, "newLibraryWithSource:options:error:", m.string(bad), 0, s.err)
+    finally:
+        s.close()

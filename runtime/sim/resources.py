@@ -4,8 +4,9 @@ methods, MTLBuffer, MTLLibrary/MTLFunction, pipelines and their descriptor, MTLS
 Ownership follows Cocoa (METAL.md §2): ``new...``/``alloc``/``new`` return +1; ``stringWithUTF8String:`` +0
 (autoreleased); getters (``error``, ``localizedDescription``, ``contents``) return what the receiver owns.
 Kernels compile at ``newLibraryWithSource:options:error:`` with the device's kernel runner: a compile error comes
-back through the NSError** out-parameter with a nil library, as Metal reports it; ``UnsupportedKernelError``
-propagates unchanged (the CLI maps it to exit code 4).
+back through the NSError** out-parameter with a nil library, as Metal reports it; ``UnsupportedKernelError`` and
+``KernelBuildError`` (OpenCL did not build the translation: the MSL may be invalid, or the translator may not
+handle it, which the simulator cannot tell apart) propagate unchanged (the CLI maps both to exit code 4).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from mtlir.dtypes import dtypes
 from mtlir.metal import MTL
-from mtlir.runtime.errors import BridgeError, KernelCompileError
+from mtlir.runtime.errors import BridgeError, KernelBuildError, KernelCompileError
 from mtlir.runtime.sim.abi import NIL, objc_method
 from mtlir.runtime.sim.gpu import kernel_params
 from mtlir.runtime.sim.msl import kernel_functions
@@ -154,6 +155,8 @@ def _new_library(dev: SimDevice, d: Device, src: NSString, options: Any, errptr:
     try:
         for name in kernel_functions(src.value):
             kernels[name] = runner.compile(src.value, name)
+    except KernelBuildError:  # the simulator's own limit as much as the MSL's: never pretend Metal refused it
+        raise
     except KernelCompileError as e:  # MslSyntaxError too: Metal reports both through the NSError
         err = dev._make_error(3, f"Compilation failed: {e}", domain="MTLLibraryErrorDomain")
         _write_error(dev, errptr, err, "newLibraryWithSource:options:error:")
