@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-__all__ = ["DType", "PtrDType", "StructDType", "dtypes"]
+__all__ = ["DType", "PtrDType", "StructDType", "dtypes", "wrap"]
 
 
 class DType:
@@ -175,3 +175,23 @@ dtypes.floats = (dtypes.float16, dtypes.float32, dtypes.float64)
 dtypes.all = (dtypes.void, dtypes.bool, *dtypes.ints, *dtypes.floats, dtypes.id, dtypes.SEL,
               dtypes.MTLSize, dtypes.NSRange)
 _BY_NAME: dict[str, DType] = {d.name: d for d in dtypes.all}
+
+
+def wrap(dtype: DType, value: Any) -> Any:
+    """``value`` converted to ``dtype`` as a C conversion does: integers wrap to the dtype's width (two's complement
+    for signed types; pointers, ids and SELs are 64-bit unsigned), bool becomes ``bool(value)``, anything else (a
+    float, a selector name) is returned unchanged."""
+    kind = dtype.kind
+    if kind == "bool":
+        return bool(value)
+    if kind not in _WORD_KINDS or not isinstance(value, int):
+        return value
+    bits = dtype.itemsize * 8
+    value &= (1 << bits) - 1
+    if kind == "int" and value >> (bits - 1):
+        value -= 1 << bits
+    return value
+
+
+_WORD_KINDS = frozenset({"int", "uint", "ptr", "id", "sel"})
+

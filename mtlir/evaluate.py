@@ -6,7 +6,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from mtlir.dtypes import DType
+from mtlir.dtypes import DType, wrap
 from mtlir.ops import Ops
 from mtlir.uop import UOp
 
@@ -22,16 +22,6 @@ def c_idiv(a: int, b: int) -> int:
 def c_mod(a: int, b: int) -> int:
     """Remainder with the sign of the dividend (C). Raises ``ZeroDivisionError``."""
     return a - b * c_idiv(a, b)
-
-
-def wrap(dtype: DType, value: Any) -> Any:
-    """``value`` wrapped to the range of an integer dtype (two's complement), unchanged for floats."""
-    if not dtype.is_word or dtype.kind == "bool":
-        return bool(value) if dtype.kind == "bool" else value
-    value &= (1 << dtype.bits) - 1
-    if dtype.kind == "int" and value >> (dtype.bits - 1):
-        value -= 1 << dtype.bits
-    return value
 
 
 def bitcast(src: DType, dst: DType, value: Any) -> Any:
@@ -62,7 +52,7 @@ def evaluate(root: UOp, values: dict[str, int]) -> Any:
     memo: dict[UOp, Any] = {}
     for u in root.toposort():
         if u.op is Ops.CONST:
-            memo[u] = u.arg
+            memo[u] = wrap(u.dtype, u.arg)  # a CONST built with UOp(...) directly may hold an unwrapped value
         elif u.op is Ops.DEFINE_VAR:
             name, lo, hi = u.arg
             if name not in values:

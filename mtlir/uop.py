@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from enum import Enum
 from typing import Any
 
-from mtlir.dtypes import DType, PtrDType, dtypes
+from mtlir.dtypes import DType, PtrDType, dtypes, wrap
 from mtlir.ops import GroupOp, Ops
 
 __all__ = ["UOp", "argkey", "live_nodes"]
@@ -73,7 +73,7 @@ def _const_cast(dtype: DType, value: Any) -> Any:
             if not value.is_integer():
                 raise ValueError(f"constant {value!r} is not an integer, cannot be a {dtype.name}")
             value = int(value)
-        return int(value)
+        return wrap(dtype, int(value))  # as a C conversion: two's complement, pointers/ids/SELs 64-bit unsigned
     return value
 
 
@@ -232,7 +232,9 @@ class UOp(_Slots):
 
     @staticmethod
     def const(dtype: DType, value: Any) -> UOp:
-        """A constant of ``dtype``; ``value`` is cast to the dtype's Python type (int, float, bool).
+        """A constant of ``dtype``; ``value`` is converted as C converts it: to the dtype's Python type (int, float,
+        bool), integers wrapped to the dtype's width (``const(dtypes.uint32, -1).arg == 4294967295``,
+        ``const(dtypes.int8, 300).arg == 44``; pointers, ids and SELs are 64-bit unsigned).
 
         Raises ``ValueError`` for a non-integral float given to an integer dtype."""
         return UOp(Ops.CONST, dtype, (), _const_cast(dtype, value))
@@ -385,6 +387,20 @@ class UOp(_Slots):
     def variables(self) -> list[UOp]:
         """The DEFINE_VAR nodes this node depends on, in toposort order."""
         return [u for u in self.toposort() if u.op is Ops.DEFINE_VAR]
+
+    @property
+    def vmin(self) -> int:
+        """The smallest value this integer expression can take over its variables' bounds (``mtlir.bounds``).
+
+        Raises ``mtlir.bounds.BoundsError`` for a node that is not integer arithmetic."""
+        from mtlir.bounds import bounds
+        return bounds(self)[0]
+
+    @property
+    def vmax(self) -> int:
+        """The largest value this integer expression can take over its variables' bounds (``mtlir.bounds``)."""
+        from mtlir.bounds import bounds
+        return bounds(self)[1]
 
     def evaluate(self, values: dict[str, int] | None = None) -> Any:
         """The value of an ALU expression over constants and variables (``values`` by variable name).

@@ -50,6 +50,16 @@ def test_what_is_left_alone(kept: UOp) -> None:
     assert simplify(kept) is kept
 
 
+def test_where_of_equal_constant_branches_keeps_the_wrapped_value() -> None:
+    """The audit's case: WHERE(c, k, k) -> k, whose value must be the same as the WHERE's (uint32 -1 wraps)."""
+    k = UOp.const(dtypes.uint32, -1)
+    e = (A < 3).where(k, k)
+    assert simplify(e) is k and k.arg == 2**32 - 1
+    assert simplify(e).evaluate({"a": 0}) == e.evaluate({"a": 0}) == 2**32 - 1
+    e64 = (A < 3).where(UOp.const(dtypes.int64, 2**40), UOp.const(dtypes.int64, 2**40)).cast(dtypes.uint32)
+    assert simplify(e64).evaluate({}) == e64.evaluate({"a": 0}) == 0
+
+
 def test_fold_semantics() -> None:
     assert fold(Ops.IDIV, i32, (-7, 2)) == -3 and fold(Ops.MOD, i32, (-7, 2)) == -1
     assert fold(Ops.MUL, i32, (2**30, 4)) == 0 and fold(Ops.ADD, dtypes.uint8, (250, 10)) == 4

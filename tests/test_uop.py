@@ -222,6 +222,21 @@ def test_const_and_variable() -> None:
         UOp.variable("n", 5, 4)
 
 
+def test_integer_constants_wrap_as_a_c_conversion() -> None:
+    assert UOp.const(dtypes.uint32, -1).arg == 2**32 - 1 and UOp.const(dtypes.int8, 300).arg == 44
+    assert UOp.const(dtypes.int8, 128).arg == -128 and UOp.const(i32, 2**31).arg == -2**31
+    assert UOp.const(dtypes.uint64, 2**64 + 5).arg == 5 and UOp.const(dtypes.uint8, 256.0).arg == 0
+    assert UOp.const(dtypes.bool, 2).arg is True and UOp.const(dtypes.bool, 0).arg is False
+    for dt in (dtypes.id, dtypes.SEL, dtypes.voidptr, dtypes.float32.ptr()):  # 64-bit unsigned
+        assert UOp.const(dt, -1).arg == 2**64 - 1
+    assert UOp.const(dtypes.uint32, -1) is UOp.const(dtypes.uint32, 2**32 - 1)  # one node for one value
+
+
+def test_evaluate_wraps_constants_built_directly() -> None:
+    raw = UOp(Ops.CONST, dtypes.uint32, (), -1)  # not through UOp.const: the value is as given
+    assert raw.evaluate() == 2**32 - 1 and (raw + 0).evaluate() == 2**32 - 1
+
+
 def test_operators_build_nodes_and_never_fold() -> None:
     x = UOp.variable("x", 0, 10)
     y = x + 1 + 1
