@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from mtlir.bounds import bounds, expr_text, variable_bounds
 from mtlir.dtypes import DType, dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj
 from mtlir.ops import GroupOp, Ops
@@ -32,9 +33,10 @@ from mtlir.uop import UOp
 
 __all__ = ["Queue", "QueueError", "buffer", "view", "buffer_variable", "timeline", "timeline_value",
            "ExecParts", "exec_parts", "buffer_base", "buffer_nbytes", "placeholder_name", "param_dtype", "var_dtype",
-           "check_size", "SIZE_OPS"]
+           "check_size", "SIZE_OPS", "MAX_SIZE"]
 
 MAX_HANDLE = 2**64 - 1
+MAX_SIZE = 2**32 - 1  # the largest grid or threadgroup size (threadgroups or threads per axis) encode accepts
 SIZE_OPS = frozenset({Ops.CONST, Ops.DEFINE_VAR, Ops.CAST}) | GroupOp.ALU
 _DTYPE_ALIASES = {"float": "float32", "int": "int32", "uint": "uint32", "half": "float16", "double": "float64",
                   "char": "int8", "uchar": "uint8", "short": "int16", "ushort": "uint16", "long": "int64",
@@ -166,18 +168,25 @@ def exec_parts(node: UOp, where: str = "EXEC") -> ExecParts:
 
 
 def check_size(f: UOp, where: str) -> None:
-    """Check one dispatch size: an integer constant >= 1 or an integer expression of run-time variables.
+    """Check one dispatch size: an integer constant or an integer expression of run-time variables whose every
+    value, over the variables' bounds, lies in ``[1, MAX_SIZE]`` (``mtlir.bounds``: C semantics, so an expression
+    that can wrap around is refused too).
 
-    Raises ``QueueError`` naming ``where``."""
+    Raises ``QueueError`` naming ``where`` (the command and axis), with the expression and the variables' bounds."""
     if not f.dtype.is_int:
         raise QueueError(f"{where}: a size must be an integer, got dtype {f.dtype.name}")
     if f.op is Ops.CONST:
-        if f.arg < 1:
-            raise QueueError(f"{where}: size {f.arg} is below 1")
+        if not 1 <= f.arg <= MAX_SIZE:
+            raise QueueError(f"{where}: size {f.arg} is {'below 1' if f.arg < 1 else 'above 2**32-1'}")
         return
     for u in f.toposort():
         if u.op not in SIZE_OPS:
             raise QueueError(f"{where}: a size must be an expression of run-time variables, found {_short(u)}")
+    lo, hi = bounds(f)
+    if lo < 1 or hi > MAX_SIZE:
+        what = f"can be {lo}, below 1" if lo < 1 else f"can be {hi}, above 2**32-1"
+        raise QueueError(f"{where}: size {expr_text(f)} {what} (for {variable_bounds(f)}); a size must stay in "
+                         f"[1, 2**32-1] for every value of its variables (e.g. max(expr, 1))")
 
 
 def var_dtype(kernel: Kernel, p: KernelParam, where: str) -> DType:
@@ -207,8 +216,8 @@ def _size(v: UOp | int, where: str) -> UOp:
     if isinstance(v, bool) or not isinstance(v, (int, UOp)):
         raise QueueError(f"{where}: a size must be an int or an expression of run-time variables, got {v!r}")
     if isinstance(v, int):
-        if v < 1:
-            raise QueueError(f"{where}: size {v} is below 1")
+        if not 1 <= v <= MAX_SIZE:
+            raise QueueError(f"{where}: size {v} is {'below 1' if v < 1 else 'above 2**32-1'}")
         return UOp.const(dtypes.uint64, v)
     check_size(v, where)
     return v.cast(dtypes.uint64)

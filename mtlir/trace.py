@@ -347,6 +347,11 @@ def _dispatch(r: _Reader, d: Any, path: str, kernels: dict[str, Kernel], buffers
         off, size = r.get(a, "offset", apath, int), r.get(a, "size", apath, int)
         if off < 0:
             raise r.fail(f"{apath}.offset", f"offset {off} is negative")
+        param = kernel.buffer_params[j]
+        elem = param_dtype(param.dtype).itemsize or 1
+        if off % elem:
+            raise r.fail(f"{apath}.offset", f"offset {off} is not a multiple of the element size {elem} of "
+                                            f"parameter {param.index} of {key!r} ({param.dtype}), METAL.md §1")
         if size < 1:
             raise r.fail(f"{apath}.size", f"size {size} is below 1")
         if off + size > buffers[bid].size:

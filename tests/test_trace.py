@@ -101,6 +101,8 @@ CASES: list[tuple[str, Callable[[dict], None], str, str]] = [
      "runs past the end of buffer 3"),
     ("negative offset", _set(["dispatches", 2, "args", 0, "offset"], -4), "dispatches[2].args[0].offset",
      "is negative"),
+    ("view offset not aligned", _set(["dispatches", 2, "args", 0, "offset"], 6), "dispatches[2].args[0].offset",
+     "not a multiple of the element size 4"),
     ("view size below 1", _set(["dispatches", 2, "args", 0, "size"], 0), "dispatches[2].args[0].size",
      "size 0 is below 1"),
     ("grid size below 1", _set(["dispatches", 1, "grid", 2], 0), "dispatches[1].grid[2]", "size 0 is below 1"),
