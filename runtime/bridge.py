@@ -386,8 +386,8 @@ class _FakeDevice:
             return self.signaled.get(recv, 0)
         if selector == "waitUntilSignaledValue:timeoutMS:":
             return self.signaled.get(recv, 0) >= int(a[0])
-        if selector == "status":
-            return MTL.StatusCompleted
+        if selector == "status":  # completed at commit; NotEnqueued before
+            return MTL.StatusCompleted if recv in self.times else MTL.StatusNotEnqueued
         if selector in ("GPUStartTime", "GPUEndTime"):
             return self.times.get(recv, 0.0)
         if selector == "maxTotalThreadsPerThreadgroup":

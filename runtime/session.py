@@ -6,9 +6,14 @@ autorelease pool (``objc_autoreleasePoolPush``/``Pop``), then reads the command 
 an in-flight record: O(1) work and memory per submit, whatever the history. ``wait`` polls the timeline
 (``signaledValue`` on the shared event) and the ``status`` of those command buffers: status Error raises
 ``GPUExecutionError`` with Metal's error code, its name and the NSError's description (Metal skips a failed
-command buffer's event signals, METAL.md §3 rule 6, so waiting for the value alone would hang); past the timeout ``TimeoutError`` says what was awaited. A completed
-submit's ``GPUStartTime``/``GPUEndTime`` (seconds) are read, the timestamp slots of a profiled submit filled
-(``Stamp`` entries of the ``cbslots`` payload), then its command buffers are released.
+command buffer's event signals, METAL.md §3 rule 6, so waiting for the value alone would hang); past the timeout
+``TimeoutError`` says what was awaited. A completed submit's ``GPUStartTime``/``GPUEndTime`` (seconds) are read,
+the timestamp slots of a profiled submit filled (``Stamp`` entries of the ``cbslots`` payload), then its command
+buffers are released.
+
+An error raised while the Program runs (a strict-mode ``MetalValidationError``, a ``BridgeError``) is re-raised
+as it is: what the cleanup after it raises in turn (the pool pop deallocating the encoder the error left open:
+rule 2) is attached to it as a note, never in its place.
 
 By default a submit first waits for the previous one: a submit patches the variables buffer and the ICB's
 commands from the CPU, which races with a command buffer still reading them (METAL.md §3 rule 15).
@@ -95,6 +100,7 @@ class Session:
         self.inflight: collections.deque[Submission] = collections.deque()
         self.completed: collections.deque[Submission] = collections.deque(maxlen=keep_completed)
         self.last_value = 0
+        self.highest_value = 0
         self.submits = 0
         self.host_s_total = 0.0
         self.closed = False
@@ -131,7 +137,8 @@ class Session:
 
         The timeline variable, when not given, is the last value + 1. Raises ``ValueError``/``TypeError`` for a
         missing, unknown or out-of-bounds variable (before anything is sent), ``GPUExecutionError`` or
-        ``TimeoutError`` from waiting for the previous submit, and what the Bridge raises."""
+        ``TimeoutError`` from waiting for the previous submit, and what the Bridge raises while the Program runs:
+        that error itself, with what the cleanup after it raised as notes (``_failed_run``)."""
         if self.closed:
             raise RuntimeError("submit on a closed Session")
         if self.serialize and self.inflight:
@@ -147,9 +154,21 @@ class Session:
         pool = b.c_call("objc_autoreleasePoolPush", self._push, ())
         try:
             self.executor.run(**values)
-        finally:
-            cbs = struct.unpack(f"<{slots[1]}Q", b.read(slots[0], 8 * slots[1])) if slots is not None else ()
-            b.c_call("objc_autoreleasePoolPop", self._pop, (pool,))
+        except BaseException as e:
+            self._failed_run(e, pool, value, t0)
+            raise
+        cbs = self._read_slots()
+        b.c_call("objc_autoreleasePoolPop", self._pop, (pool,))
+        return self._record(value, cbs, t0)
+
+    def _read_slots(self) -> tuple[int, ...]:
+        """The command buffers this submit stored into ``cbslots`` (0 for an empty slot)."""
+        slots = self._slots
+        if slots is None:
+            return ()
+        return struct.unpack(f"<{slots[1]}Q", self.bridge.read(slots[0], 8 * slots[1]))
+
+    def _record(self, value: int | None, cbs: tuple[int, ...], t0: float) -> Submission:
         dt = time.perf_counter() - t0
         rec = Submission(self.submits, value, cbs, dt)
         self.inflight.append(rec)
@@ -157,7 +176,45 @@ class Session:
         self.host_s_total += dt
         if value is not None:
             self.last_value = value
+            self.highest_value = max(self.highest_value, value)
         return rec
+
+    def _failed_run(self, error: BaseException, pool: int, value: int | None, t0: float) -> None:
+        """Clean up after the Program raised ``error`` mid-submit, without ever hiding it: drain the autorelease
+        pool (which may raise in turn, e.g. rule 2 for the encoder the error left open), release the command
+        buffers it retained that were never committed, and keep the committed ones in flight (``wait`` checks
+        and releases them; they signal no value the session relies on). Each secondary error becomes a note on
+        ``error``, which the caller re-raises."""
+        def note(step: str, e: BaseException) -> None:
+            error.add_note(f"then, while {step}: {type(e).__name__}: {' '.join(str(e).split())}")
+        cbs: tuple[int, ...] = ()
+        try:
+            cbs = self._read_slots()
+        except Exception as e:
+            note("reading the command buffers of the failed submit from cbslots", e)
+        try:
+            self.bridge.c_call("objc_autoreleasePoolPop", self._pop, (pool,))
+        except Exception as e:
+            note("draining the failed submit's autorelease pool", e)
+        kept: list[int] = []
+        for cb in cbs:
+            if not cb:
+                kept.append(0)
+                continue
+            try:
+                if int(self._send(cb, "status")) >= MTL.StatusCommitted:
+                    kept.append(cb)
+                    continue
+                kept.append(0)
+                self._send(cb, "release")
+            except Exception as e:
+                kept.append(0)
+                note(f"releasing the uncommitted command buffer {cb:#x} of the failed submit", e)
+        if any(kept):
+            self._record(None, tuple(kept), t0)
+            if value is not None:  # its signal may be encoded: the next submit takes a higher value
+                self.last_value = max(self.last_value, value)
+                self.highest_value = max(self.highest_value, value)
 
     def record_submit(self, **values: Any) -> list[Message]:
         """The messages one submit sends, in order, as ``RecordingBridge`` records them (the Program's messages
@@ -178,10 +235,17 @@ class Session:
         """Wait until every submit up to timeline ``value`` (default: all in flight) has completed; returns those
         Submissions with their GPU times, their command buffers released.
 
-        Raises ``GPUExecutionError`` (``code``, ``name``) as soon as one of their command buffers is in status
-        Error, and ``TimeoutError`` after ``timeout_s`` seconds (default: the session's) naming the value awaited,
-        the timeline's current value and the statuses of the command buffers still pending."""
+        Returns at once when every submit up to ``value`` has already completed (or failed, which an earlier
+        ``wait`` reported). Raises ``ValueError`` for a ``value`` above the highest value submitted so far (no
+        submit will signal it: waiting would only time out), ``GPUExecutionError`` (``code``, ``name``) as soon as
+        one of their command buffers is in status Error, and ``TimeoutError`` after ``timeout_s`` seconds
+        (default: the session's) naming the value awaited, the timeline's current value and the statuses of the
+        command buffers still pending."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        if value is not None and int(value) > self.highest_value:
+            why = (f"the highest timeline value submitted is {self.highest_value}" if self.timeline_var is not None
+                   else "this Program signals no timeline value")
+            raise ValueError(f"wait({int(value)}): no submit signals timeline value {int(value)}: {why}")
         target = self.last_value if value is None else int(value)
         n = len(self.inflight) if value is None else sum(
             1 for r in self.inflight if r.value is None or r.value <= target)

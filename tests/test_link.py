@@ -344,3 +344,56 @@ def test_icb_payload_of_another_shape() -> None:
         icb_commands(object())  # type: ignore[arg-type]
     with pytest.raises(LinkError, match=r"icb\[0\]: cannot read"):
         icb_commands(type("Spec", (), {"commands": [("p",)]})())  # type: ignore[arg-type]
+
+
+def test_wait_for_a_value_no_submit_signals_is_an_error_not_a_success() -> None:
+    s = Session(submit_program(), RecordingBridge())
+    s.submit(n=1)
+    with pytest.raises(ValueError, match=r"wait\(100\): no submit signals timeline value 100: the highest timeline "
+                                         r"value submitted is 1"):
+        s.wait(100, timeout_s=1.0)
+    assert [r.value for r in s.wait(1, timeout_s=1.0)] == [1]
+    assert s.wait(1, timeout_s=1.0) == []  # already reached: returns at once
+    s.close()
+
+
+class RaisingBridge(RecordingBridge):
+    """A RecordingBridge whose ``selector`` raises ``error`` (after the call when ``after``), once, when armed
+    (``error`` set after link)."""
+
+    def __init__(self, selector: str, after: bool = False) -> None:
+        super().__init__()
+        self.selector, self.after = selector, after
+        self.error: Exception | None = None
+
+    def msg_send(self, proto: Prototype, args: tuple[Any, ...]) -> Any:
+        name = self.selector_name(args[1])
+        if name == self.selector and self.error is not None and not self.after:
+            error, self.error = self.error, None
+            raise error
+        out = super().msg_send(proto, args)
+        if name == self.selector and self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return out
+
+
+@pytest.mark.parametrize("after_commit", [False, True])
+def test_an_error_mid_submit_is_raised_as_is_and_its_command_buffers_are_not_leaked(after_commit: bool) -> None:
+    selector = "commit" if after_commit else "executeCommandsInBuffer:withRange:"
+    b = RaisingBridge(selector, after=after_commit)
+    s = Session(submit_program(), b)
+    b.error = RuntimeError("boom")
+    with pytest.raises(RuntimeError) as e:
+        s.submit(n=4)
+    assert str(e.value) == "boom" and "while running instruction" in e.value.__notes__[0]
+    if after_commit:  # committed: kept in flight until a wait has seen it complete, then released
+        assert len(s.inflight) == 1 and s.inflight[0].value is None
+        s.wait(timeout_s=1.0)
+    assert not s.inflight
+    retained = sum(1 for m in b.messages if m["selector"] == "retain" and m["receiver"] == "cmdbuf")
+    released = sum(1 for m in b.messages if m["selector"] == "release" and m["receiver"] == "cmdbuf")
+    assert retained == released == 1
+    rec = s.submit(n=4)  # the session goes on; the timeline value the failed submit may have encoded is skipped
+    assert rec.value == (2 if after_commit else 1)
+    s.close()

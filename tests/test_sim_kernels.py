@@ -155,3 +155,21 @@ def test_a_translation_opencl_cannot_build_is_not_reported_as_metal_refusing_it(
             m.send(s.device, "newLibraryWithSource:options:error:", m.string(bad), 0, s.err)
     finally:
         s.close()
+
+
+def test_a_strict_error_mid_submit_is_not_replaced_by_the_cleanup_error(runner: KernelRunner) -> None:
+    """A Program lowered for Apple9 (no warm-up) on an Apple7 device: rule 16 at executeCommandsInBuffer: is the
+    error; the pool pop that then deallocates the encoder left open (rule 2) is only a note on it."""
+    program = submit_program("x86_64", kernels=2, family="Apple9")
+    dev = SimDevice("x86_64", family="Apple7", kernel_runner=runner)
+    try:
+        s = Session(program, dev, timeout_s=5.0)
+        with pytest.raises(MetalValidationError) as e:
+            s.submit(n=8)
+        assert "rule 16" in str(e.value) and "executeCommandsInBuffer" in str(e.value)
+        notes = " ".join(getattr(e.value, "__notes__", []))
+        assert "Command encoder released without endEncoding" in notes and "rule 2" in notes
+        assert dev.live_objects().get("MTLCommandBuffer", 0) == 0  # the uncommitted command buffer was released
+        s.close()
+    finally:
+        dev.close()
