@@ -13,8 +13,8 @@ APT_PACKAGES := graphviz pocl-opencl-icd ocl-icd-libopencl1 build-essential
 .PHONY: run test setup sysdeps bench example clean
 
 run: $(STAMP)
-	$(VENV)/bin/mtlir run $(TRACE) --viz $(OUT)/$(notdir $(basename $(basename $(TRACE))))
-	@echo "pictures of every lowering stage: $(OUT)/$(notdir $(basename $(basename $(TRACE))))/*.svg"
+	$(VENV)/bin/mtlir run $(TRACE) --viz $(OUT)/$(notdir $(basename $(TRACE)))
+	@echo "pictures of every lowering stage: $(OUT)/$(notdir $(basename $(TRACE)))/*.svg"
 
 test: $(STAMP)
 	$(PY) -m pytest tests
