@@ -52,9 +52,12 @@ class Ops(Enum):
     RANGE = auto()
     END = auto()
 
-    # calls: MSG is a typed Objective-C message; CALL is a foreign call with an exact C prototype
+    # calls: MSG is a typed Objective-C message; CALL is a foreign call with an exact C prototype; MSGS and CALLS
+    # are runs of void messages / calls to one receiver carried as data (src: the receiver, then the operands)
     MSG = auto()
     CALL = auto()
+    MSGS = auto()
+    CALLS = auto()
 
     # queue operations: the front end's vocabulary, lowered by the passes
     KERNEL = auto()
@@ -85,5 +88,5 @@ class GroupOp:
     Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.AND, Ops.OR, Ops.XOR, Ops.CMPEQ, Ops.CMPNE})
     Comparison = frozenset({Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE})
     Queue = frozenset({Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP})
-    Effect = frozenset({Ops.STORE, Ops.MSG, Ops.CALL, Ops.END, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP,
+    Effect = frozenset({Ops.STORE, Ops.MSG, Ops.CALL, Ops.MSGS, Ops.CALLS, Ops.END, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP,
                         Ops.SUBMIT})

@@ -44,7 +44,8 @@ from typing import Any, NamedTuple
 
 from mtlir.metal import DeviceSpec, Obj, Prototype
 
-__all__ = ["Program", "Instr", "IcbSpec", "IcbCommand", "CommandList", "Stamp", "CallView"]
+__all__ = ["Program", "Instr", "IcbSpec", "IcbCommand", "CommandList", "Stamp", "CallView", "MessageList",
+           "CallList"]
 
 Instr = tuple[Any, ...]
 
@@ -79,6 +80,44 @@ class CommandList(tuple):  # type: ignore[type-arg]
 
     def __repr__(self) -> str:
         return f"CommandList(<{len(self)} commands>)"
+
+
+class _Payload(tuple):  # type: ignore[type-arg]
+    """A tuple keyed as one value by ``argkey`` whose hash is computed once (tuples do not cache theirs): a node
+    holding thousands of entries is rebuilt by several passes, and each build hashes its key."""
+
+    def __hash__(self) -> int:
+        h: int | None = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = tuple.__hash__(self)
+        return h
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is type(self) and tuple.__eq__(self, other))  # type: ignore[arg-type]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (tuple(self),))
+
+
+class MessageList(_Payload):
+    """The arg of an MSGS node: void Objective-C messages to the node's receiver (``src[0]``), in order, as data.
+    Each entry is ``(selector, refs)``: ``refs`` are the indices in ``src`` of the arguments, one per argument of
+    the selector's Metal signature (``mtlir.metal.SELECTORS``), typed as for a MSG (structs as STRUCT values)."""
+
+    def __repr__(self) -> str:
+        return f"MessageList(<{len(self)} messages>)"
+
+
+class CallList(_Payload):
+    """The arg of a CALLS node (an MSGS after ``abi``): void foreign calls, in order, as data. Each entry is
+    ``(function, selector, Prototype, refs)``; ``refs`` are the indices in ``src`` of every argument of the
+    prototype (for ``objc_msgSend``: the receiver ``0``, the SEL, then the arguments as the target passes them)."""
+
+    def __repr__(self) -> str:
+        return f"CallList(<{len(self)} calls>)"
 
 
 @dataclass(frozen=True)
@@ -254,7 +293,7 @@ def _register_arg_types() -> None:
         from mtlir.render import register_arg_type
     except ImportError:
         return
-    for cls in (IcbSpec, IcbCommand, CommandList, Stamp):
+    for cls in (IcbSpec, IcbCommand, CommandList, Stamp, MessageList, CallList):
         try:
             register_arg_type(cls)
         except (TypeError, ValueError):

@@ -16,18 +16,18 @@ Before / after (arm64)::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mtlir.dtypes import DType, PtrDType, dtypes
-from mtlir.metal import SELECTORS, TARGETS, AbiError, Obj, Prototype, abi_prototype
+from mtlir.metal import SELECTORS, TARGETS, AbiError, Obj, Prototype, Signature, abi_prototype
 from mtlir.ops import Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
-from mtlir.program import Program
+from mtlir.program import CallList, Program
 from mtlir.rewrite import graph_rewrite
 from mtlir.upat import PatternMatcher, UPat
 from mtlir.uop import UOp
 
-__all__ = ["Abi", "AbiError", "sel", "lower_msg"]
+__all__ = ["Abi", "AbiError", "sel", "lower_msg", "lower_msgs"]
 
 
 def sel(selector: str) -> UOp:
@@ -41,6 +41,8 @@ class _AbiCtx:
     target: str
     pass_ctx: PassContext
     scratch: dict[UOp, UOp]
+    protos: dict[str, tuple[Signature, Prototype, UOp]] = field(default_factory=dict)  # void selectors of MSGS
+    converted: dict[tuple[UOp, DType], tuple[UOp, ...]] = field(default_factory=dict)  # MSGS operands as passed
 
 
 def _fields(v: UOp, n: int) -> tuple[UOp, ...]:
@@ -82,16 +84,33 @@ def _fit(selector: str, i: int, a: UOp, want: DType) -> UOp:
     raise AbiError(f"{selector}: argument {i} must be a {want.name}, got a {have.name}")
 
 
-def lower_msg(ctx: _AbiCtx, m: UOp) -> UOp:
-    """One MSG -> CALL of objc_msgSend (module docstring). Raises ``AbiError`` naming selector and argument."""
-    selector = m.arg
+def _lower_arg(ctx: _AbiCtx, selector: str, i: int, a: UOp, want: DType) -> tuple[UOp, ...]:
+    """Argument ``i`` of ``selector`` (``a``, declared ``want`` in Metal's terms) as the target passes it: NSRange
+    as two words, MTLSize as a pointer (arm64) or a STRUCT by value (x86_64), integers cast to the declared type.
+    Raises ``AbiError`` when it cannot fit."""
+    a = _fit(selector, i, a, want)
+    if want is dtypes.NSRange:
+        return _fields(a, 2)
+    if want is dtypes.MTLSize:
+        return ((_mtlsize_arm64(a, ctx),) if ctx.target == "arm64" else (UOp.struct(dtypes.MTLSize, *_fields(a, 3)),))
+    return (a,)
+
+
+def _signature(selector: str, nargs: int) -> Signature:
     sig = SELECTORS.get(selector)
     if sig is None:
         raise AbiError(f"selector {selector!r} is not in the selector table (mtlir.metal.SELECTORS)")
-    recv, args = m.src[0], m.src[1:]
-    if len(args) != len(sig.args):
+    if nargs != len(sig.args):
         raise AbiError(f"{selector}: takes {len(sig.args)} arguments "
-                       f"({', '.join(a.name for a in sig.args) or 'none'}), got {len(args)}")
+                       f"({', '.join(a.name for a in sig.args) or 'none'}), got {nargs}")
+    return sig
+
+
+def lower_msg(ctx: _AbiCtx, m: UOp) -> UOp:
+    """One MSG -> CALL of objc_msgSend (module docstring). Raises ``AbiError`` naming selector and argument."""
+    selector = m.arg
+    recv, args = m.src[0], m.src[1:]
+    sig = _signature(selector, len(args))
     if recv.dtype is not dtypes.id:
         raise AbiError(f"{selector}: the receiver must be an object (id), got a {recv.dtype.name}")
     if m.dtype is not sig.ret:
@@ -99,19 +118,66 @@ def lower_msg(ctx: _AbiCtx, m: UOp) -> UOp:
     proto: Prototype = abi_prototype(selector, ctx.target)
     out: list[UOp] = [recv, sel(selector)]
     for i, (a, want) in enumerate(zip(args, sig.args)):
-        a = _fit(selector, i, a, want)
-        if want is dtypes.NSRange:
-            out += _fields(a, 2)
-        elif want is dtypes.MTLSize:
-            out.append(_mtlsize_arm64(a, ctx) if ctx.target == "arm64" else
-                       UOp.struct(dtypes.MTLSize, *_fields(a, 3)))
-        else:
-            out.append(a)
+        out += _lower_arg(ctx, selector, i, a, want)
     return UOp(Ops.CALL, proto.ret, tuple(out), ("objc_msgSend", selector, proto), m.tag)
 
 
+def lower_msgs(ctx: _AbiCtx, m: UOp) -> UOp:
+    """An MSGS (void messages as data) -> a CALLS of objc_msgSend, each message as ``lower_msg`` makes it; each
+    distinct (operand, declared type) is converted once. Raises ``AbiError`` naming selector and argument."""
+    if m.src[0].dtype is not dtypes.id:
+        raise AbiError(f"MSGS: the receiver must be an object (id), got a {m.src[0].dtype.name}")
+    src = list(m.src)
+    index: dict[UOp, int] = {}
+    protos, converted = ctx.protos, ctx.converted
+    calls: list[tuple[str, str, Prototype, tuple[int, ...]]] = []
+
+    def ref(u: UOp) -> int:
+        i = index.get(u)
+        if i is None:
+            i = index[u] = len(src)
+            src.append(u)
+        return i
+
+    for i, u in enumerate(m.src):  # the operands keep their places (a converted one may be another operand)
+        index.setdefault(u, i)
+    done: dict[tuple[str, tuple[int, ...]], tuple[str, str, Prototype, tuple[int, ...]]] = {}
+    for entry in m.arg:
+        call = done.get(entry)
+        if call is not None:  # the same message again (a pipeline, a binding, sizes): converted once per batch
+            calls.append(call)
+            continue
+        selector, refs = entry
+        got = protos.get(selector)
+        if got is None:
+            sig = _signature(selector, len(refs))
+            if sig.ret is not dtypes.void:
+                raise AbiError(f"{selector}: returns {sig.ret.name}; an MSGS holds void messages only")
+            got = protos[selector] = (sig, abi_prototype(selector, ctx.target), sel(selector))
+        sig, proto, sel_node = got
+        if len(refs) != len(sig.args):
+            _signature(selector, len(refs))
+        args = [0, ref(sel_node)]
+        for i, (r, want) in enumerate(zip(refs, sig.args)):
+            a = src[r]
+            words = converted.get((a, want))
+            if words is None:
+                words = converted[(a, want)] = _lower_arg(ctx, selector, i, a, want)
+            args += [ref(w) for w in words]
+        call = done[entry] = ("objc_msgSend", selector, proto, tuple(args))
+        calls.append(call)
+    # keep only the operands the calls use (an MTLSize on arm64 travels as its copy, not the STRUCT), in order
+    used = sorted({r for c in done.values() for r in c[3]})
+    if len(used) < len(src):
+        new_index = {r: i for i, r in enumerate(used)}
+        src = [src[r] for r in used]
+        renum = {c: (c[0], c[1], c[2], tuple([new_index[r] for r in c[3]])) for c in done.values()}
+        calls = [renum[c] for c in calls]
+    return UOp(Ops.CALLS, dtypes.void, tuple(src), CallList(calls), m.tag)
+
+
 # every MSG becomes a CALL of objc_msgSend with the selector's exact prototype for the target
-ABI = PatternMatcher([(UPat(Ops.MSG, name="m"), lower_msg)])
+ABI = PatternMatcher([(UPat(Ops.MSG, name="m"), lower_msg), (UPat(Ops.MSGS, name="m"), lower_msgs)])
 
 
 @register
@@ -139,3 +205,6 @@ class Abi(Pass):
                 if u.op is Ops.CALL and any(s.dtype is dtypes.MTLSize for s in u.src):
                     raise VerifyError(self.name, u, f"{u.arg[1]!r} passes an MTLSize by value, which arm64 passes "
                                                     "by pointer")
+                if u.op is Ops.CALLS and any(s.dtype is dtypes.MTLSize for s in u.src):
+                    raise VerifyError(self.name, u, "a call of the CALLS passes an MTLSize by value, which arm64 "
+                                                    "passes by pointer")

@@ -246,6 +246,11 @@ def _emit_call(b: _Builder, u: UOp) -> None:
             b.name(dst, _RESULT_NAMES[selector])
 
 
+def _emit_calls(b: _Builder, u: UOp) -> None:
+    regs = [b.reg[s] for s in u.src]
+    b.instrs += [("CALL", -1, fn, proto, *[regs[i] for i in refs]) for fn, _, proto, refs in u.arg]
+
+
 def _emit_range(b: _Builder, u: UOp) -> None:
     rend = b.r(u.src[0])
     dst = b.new(u)
@@ -270,6 +275,7 @@ EMIT: dict[Ops, Callable[[_Builder, UOp], None]] = {
     **{op: _emit_alu for op in GroupOp.ALU},
     Ops.CAST: _emit_cast, Ops.BITCAST: _emit_cast, Ops.INDEX: _emit_index, Ops.LOAD: _emit_load,
     Ops.STORE: _emit_store, Ops.STRUCT: _emit_struct, Ops.GEP: _emit_gep, Ops.CALL: _emit_call,
+    Ops.CALLS: _emit_calls,
     Ops.RANGE: _emit_range, Ops.END: _emit_end,
 }
 
@@ -286,7 +292,7 @@ def linearize(root: UOp, target: str = "") -> Program:
     for u in schedule(root):
         fn = EMIT.get(u.op)
         if fn is None:
-            hint = "run abi first" if u.op is Ops.MSG else "run encode first" if u.op in GroupOp.Queue | {
+            hint = "run abi first" if u.op in (Ops.MSG, Ops.MSGS) else "run encode first" if u.op in GroupOp.Queue | {
                 Ops.SUBMIT, Ops.KERNEL, Ops.BUFFER, Ops.BUFFER_VIEW} else "no instruction does that"
             raise LinearizeError(f"linearize cannot emit {u.op.name}<{u.dtype.name}> {str(u.arg)[:60]}: {hint}")
         fn(b, u)

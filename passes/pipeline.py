@@ -182,7 +182,8 @@ class Pipeline:
         ``print_after_all`` prints each stage to ``out`` (default stderr). ``keep_stages`` keeps every stage
         (``("input", graph)`` first). Raises what the passes and verifiers raise (``VerifyError`` names the pass
         and the node)."""
-        with _gc_paused():
+        from mtlir.passes.verify import checked_once
+        with _gc_paused(), checked_once():
             return self._run(graph, print_after_all, keep_stages, out, verify)
 
     def _run(self, graph: UOp, print_after_all: bool, keep_stages: bool, out: TextIO | None,

@@ -8,18 +8,19 @@ A failure raises ``VerifyError`` naming the pass and the node, with the node's n
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from mtlir.dtypes import PtrDType, dtypes
 from mtlir.metal import SELECTORS, DeviceSpec, Obj, Prototype
 from mtlir.ops import GroupOp, Ops
-from mtlir.program import Program
+from mtlir.program import CallList, MessageList, Program
 from mtlir.upat import UPat
 from mtlir.uop import UOp
 
 __all__ = ["VerifyError", "verify_graph", "verify_program", "verify_queue", "node_line", "graph_text", "stage_text",
-           "SPEC", "QUEUE_SPEC", "Checks",
+           "SPEC", "QUEUE_SPEC", "Checks", "checked_once",
            "STAGE_CHECKS", "QUEUE_OPS"]
 
 QUEUE_OPS = frozenset({Ops.SUBMIT, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP, Ops.KERNEL, Ops.BUFFER,
@@ -55,7 +56,9 @@ def _arg_text(u: UOp) -> str:
 
 def node_line(u: UOp, ids: dict[UOp, int] | None = None) -> str:
     """One node as text: ``OP<dtype> arg (sources)``; sources as ``%n`` when ``ids`` numbers them."""
-    srcs = ", ".join(f"%{ids[s]}" if ids is not None and s in ids else s.op.name for s in u.src)
+    srcs = ", ".join(f"%{ids[s]}" if ids is not None and s in ids else s.op.name for s in u.src[:12])
+    if len(u.src) > 12:
+        srcs += f", ... ({len(u.src)} sources)"
     tag = f" tag={u.tag!r}" if u.tag is not None else ""
     return f"{u.op.name}<{u.dtype.name}>{_arg_text(u)}{tag} ({srcs})"
 
@@ -134,6 +137,51 @@ def _check_call(c: UOp) -> str | None:
     return None
 
 
+def _check_msgs(m: UOp) -> str | None:
+    if not isinstance(m.arg, MessageList):
+        return "an MSGS's arg is a MessageList of (selector, operand indices)"
+    if not m.src or m.src[0].dtype is not dtypes.id:
+        return "an MSGS's first source is its receiver, an object (id)"
+    n = len(m.src)
+    for entry in dict.fromkeys(m.arg):  # each distinct message once
+        selector, refs = entry
+        if not isinstance(selector, str) or not selector:
+            return f"a message of the MSGS: the selector must be a non-empty str, not {selector!r}"
+        sig = SELECTORS.get(selector)
+        if sig is not None and (sig.ret is not dtypes.void or len(refs) != len(sig.args)):
+            return f"message {selector!r} of the MSGS: a void message with {len(sig.args)} arguments"
+        if not all(type(r) is int and 0 < r < n for r in refs):
+            return f"message {selector!r} of the MSGS: argument indices must name sources 1..{n - 1}, got {refs}"
+    return None
+
+
+def _check_calls(c: UOp) -> str | None:
+    if not isinstance(c.arg, CallList):
+        return "a CALLS's arg is a CallList of (function, selector, Prototype, operand indices)"
+    dts = [s.dtype for s in c.src]
+    n = len(dts)
+    seen: set[int] = set()  # abi shares the entry of a repeated call: check each entry object once
+    for k, entry in enumerate(c.arg):
+        if id(entry) in seen:
+            continue
+        seen.add(id(entry))
+        fn, selector, proto, refs = entry
+        name = repr(selector or fn)
+        if not isinstance(proto, Prototype) or proto.ret is not dtypes.void or len(refs) != len(proto.args):
+            return f"call {k} ({name}) of the CALLS: a void Prototype with one operand index per argument"
+        for i, (r, want) in enumerate(zip(refs, proto.args)):
+            if type(r) is not int or not 0 <= r < n:
+                return f"call {k} ({name}) of the CALLS: argument {i} names no source ({r!r})"
+            have = dts[r]
+            if have is not want and not (isinstance(want, PtrDType) and isinstance(have, PtrDType)
+                                         and want.base is dtypes.void):
+                return f"argument {i} of call {k} ({name}) of the CALLS is a {have.name}, its prototype wants " \
+                       f"{want.name}"
+        if fn == "objc_msgSend" and (len(refs) < 2 or dts[refs[1]] is not dtypes.SEL):
+            return f"call {k} ({name}) of the CALLS: objc_msgSend's argument 1 must be the SEL"
+    return None
+
+
 def _check_alu(x: UOp) -> str | None:
     n = _ALU_ARITY[x.op]
     if len(x.src) != n:
@@ -208,6 +256,8 @@ class Checks:
 SPEC = Checks([
     (UPat(Ops.MSG, name="m"), _check_msg),
     (UPat(Ops.CALL, name="c"), _check_call),
+    (UPat(Ops.MSGS, name="m"), _check_msgs),
+    (UPat(Ops.CALLS, name="c"), _check_calls),
     (UPat(GroupOp.ALU, name="x"), _check_alu),
     (UPat(Ops.STRUCT, name="s"), _check_struct),
     (UPat(Ops.OBJECT, name="o"), _check_object),
@@ -309,6 +359,8 @@ def _after_timeline(u: UOp, root: UOp) -> str | None:
 def _after_abi(u: UOp, root: UOp) -> str | None:
     if u.op is Ops.MSG:
         return f"MSG {u.arg!r} is left after abi, which makes every MSG a CALL"
+    if u.op is Ops.MSGS:
+        return "an MSGS is left after abi, which makes every MSGS a CALLS"
     if u.op is Ops.CALL:
         for i, s in enumerate(u.src):
             if s.dtype is dtypes.NSRange:
@@ -324,14 +376,36 @@ STAGE_CHECKS: dict[str, Callable[[UOp, UOp], str | None]] = {
 def verify_graph(root: UOp, pass_name: str) -> None:
     """Check every node of ``root`` against ``SPEC`` and the postcondition of ``pass_name`` (if it has one).
 
+    Inside ``checked_once()`` (a pipeline run) a node that passed ``SPEC`` after an earlier pass is not checked
+    against it again (nodes are immutable): only the postcondition, an op test, runs on it.
     Raises ``VerifyError`` naming the pass and the first bad node (in toposort order)."""
     stage = STAGE_CHECKS.get(pass_name)
+    done = _CHECKED[-1] if _CHECKED else set()
+    add, spec = done.add, SPEC.problem
     for u in root.toposort():
-        problem = SPEC.problem(u)
+        problem = None
+        if u not in done:
+            problem = spec(u)
+            if problem is None:
+                add(u)
         if problem is None and stage is not None:
             problem = stage(u, root)
         if problem is not None:
             raise VerifyError(pass_name, u, problem, _context(root, u))
+
+
+_CHECKED: list[set[UOp]] = []  # per open checked_once(): the nodes that passed SPEC (innermost last)
+
+
+@contextlib.contextmanager
+def checked_once() -> Iterator[None]:
+    """Within this block ``verify_graph`` checks each distinct node against ``SPEC`` once (Pipeline.run uses it:
+    the stages of one lowering share most of their nodes)."""
+    _CHECKED.append(set())
+    try:
+        yield
+    finally:
+        _CHECKED.pop()
 
 
 # ---- the Program (after linearize)

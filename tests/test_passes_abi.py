@@ -2,6 +2,8 @@
 METAL.md §2 says; a missing selector or arguments that do not fit raise AbiError naming selector and argument."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mtlir.dtypes import DType, PtrDType, dtypes
@@ -115,3 +117,46 @@ def test_arguments_that_do_not_fit_raise_abi_error(bad: UOp, message: str) -> No
 def test_unknown_target() -> None:
     with pytest.raises(ValueError, match="unknown target 'ppc'"):
         Abi("ppc")
+
+
+# ---- MSGS: void messages to one receiver as data (the direct path's commands) become one CALLS
+
+
+def msgs(*entries: tuple[str, tuple[int, ...]], operands: tuple[UOp, ...]) -> UOp:
+    from mtlir.program import MessageList
+    return UOp(Ops.MSGS, dtypes.void, (ENC, *operands), MessageList(entries))
+
+
+@pytest.mark.parametrize("target", ["arm64", "x86_64"])
+def test_msgs_become_calls_with_each_prototype(target: str) -> None:
+    size = UOp.struct(dtypes.MTLSize, N.cast(dtypes.uint64), 1, 1)
+    m = msgs(("setBuffer:offset:atIndex:", (1, 2, 3)), ("dispatchThreadgroups:threadsPerThreadgroup:", (4, 4)),
+             ("setBuffer:offset:atIndex:", (1, 2, 3)), operands=(ENC, UOp.const(dtypes.uint32, 8),
+                                                                  UOp.const(dtypes.uint64, 1), size))
+    (calls,) = [u for u in run(m, target=target).toposort() if u.op is Ops.CALLS]
+    assert [c[1] for c in calls.arg] == ["setBuffer:offset:atIndex:", "dispatchThreadgroups:threadsPerThreadgroup:",
+                                         "setBuffer:offset:atIndex:"]
+    for fn, selector, proto, refs in calls.arg:
+        assert fn == "objc_msgSend" and proto == abi_prototype(selector, target) and refs[0] == 0
+        assert [calls.src[r].dtype for r in refs] == list(proto.args)  # the offset was cast to uint64
+    assert calls.arg[0] is calls.arg[2]  # a repeated message is converted once
+    assert (size in calls.src) is (target == "x86_64")  # arm64 passes a pointer to a copy, not the STRUCT
+
+
+@pytest.mark.parametrize("entries, operands, message", [
+    ((("commandBuffer", ()),), (), "commandBuffer: returns id; an MSGS holds void messages only"),
+    ((("setBuffer:offset:atIndex:", (1,)),), (ENC,), "setBuffer:offset:atIndex:: takes 3 arguments"),
+    ((("setBuffer:offset:atIndex:", (1, 1, 1)),), (ENC,), "argument 1 must be a uint64, got a id"),
+    ((("noSuchSelector:", (1,)),), (ENC,), "'noSuchSelector:' is not in the selector table"),
+])
+def test_msgs_that_do_not_fit_raise_abi_error(entries: tuple, operands: tuple[UOp, ...], message: str) -> None:
+    with pytest.raises(AbiError, match=re.escape(message)):
+        run(msgs(*entries, operands=operands))
+
+
+def test_verify_names_a_bad_msgs() -> None:
+    from mtlir.passes.verify import VerifyError, verify_graph
+    with pytest.raises(VerifyError, match=r"argument indices must name sources 1..1, got \(5,\)"):
+        verify_graph(UOp.sink(msgs(("setComputePipelineState:", (5,)), operands=(ENC,))), "encode")
+    with pytest.raises(VerifyError, match="an MSGS is left after abi"):
+        verify_graph(UOp.sink(msgs(("setComputePipelineState:", (1,)), operands=(ENC,))), "abi")

@@ -248,3 +248,30 @@ def test_messages_per_icb_submit(case: tuple[UOp, int, int, int, DeviceSpec, int
     # commandBuffer, retain, computeCommandEncoder, waitForFence:, updateFence:, endEncoding, encodeSignalEvent:, commit
     fixed = 8
     assert count_messages(p) == fixed + resources + warmup + symbolic + math.ceil(ncmds / max_range)
+
+
+def test_direct_path_commands_travel_as_data() -> None:
+    """The direct path's per-command messages are one MSGS node per encoder (data, not a node per message), so the
+    encoded graph does not grow with the queue, and abi makes it one CALLS."""
+    device = DeviceSpec("Apple7", residency_set=False, icb=False)
+    graphs = [lower(_queue(n, device, [SCALE, SAXPY]), pipeline="encode").result for n in (2, 50, 500)]
+    assert len({len(g.toposort()) for g in graphs}) == 1
+    (batch,) = [u for u in graphs[2].toposort() if u.op is Ops.MSGS]
+    assert len(batch.arg) == 500 // 2 * (4 + 5)  # scale: pipeline, 2 buffers, dispatch; saxpy: + setBytes
+    assert batch.arg[0] == ("setComputePipelineState:", (1,)) and batch.src[1].arg.name == "pipeline:scale"
+    abi = lower(_queue(50, device, [SCALE, SAXPY]), pipeline="encode,symbolic,abi{target=arm64}").result
+    assert not any(u.op in (Ops.MSG, Ops.MSGS) for u in abi.toposort())
+    (calls,) = [u for u in abi.toposort() if u.op is Ops.CALLS]
+    assert len(calls.arg) == 25 * 9 and all(c[0] == "objc_msgSend" for c in calls.arg)
+
+
+@pytest.mark.parametrize("target", ["arm64", "x86_64"])
+def test_direct_path_messages_are_the_same_as_one_node_per_message(target: str) -> None:
+    """The golden direct path, also with symbolic sizes: the MSGS lowers to exactly the messages METAL.md §1 lists."""
+    q = small_queue(DeviceSpec("Apple7", residency_set=False, icb=False), symbolic=True)
+    lines = message_lines(lower(q, target=target).program)
+    assert lines[4:9] == ["encoder setComputePipelineState: pipeline:saxpy",
+                          "encoder setBuffer:offset:atIndex: buffer:x 0 0",
+                          "encoder setBuffer:offset:atIndex: buffer:y 256 1",
+                          "encoder setBytes:length:atIndex: contents:varbuf 4 2",
+                          "encoder dispatchThreadgroups:threadsPerThreadgroup: * [32,1,1]"]
