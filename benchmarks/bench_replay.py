@@ -17,9 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mtlir.cli import default_pipeline
 from mtlir.metal import Prototype
-from mtlir.passes.pipeline import Pipeline
+from mtlir.passes import default_pipeline
 from mtlir.program import Program
 from mtlir.runtime import CompiledReplay, Interpreter, RecordingBridge, Session, link
 from mtlir.trace import load_trace
@@ -70,7 +69,7 @@ def best_per_call(fns: dict[str, Callable[[], Any]], n: int, rounds: int = 7,
 
 def lower_trace(path: Path, target: str) -> tuple[Program, dict[str, int]]:
     trace = load_trace(path)
-    program = Pipeline.parse(default_pipeline(target)).run(trace.queue(trace.device()), keep_stages=False).program
+    program = default_pipeline(target).run(trace.queue(trace.device()), keep_stages=False).program
     return program, trace.values
 
 

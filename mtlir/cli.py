@@ -5,29 +5,41 @@
 With ``--json`` it prints one JSON object, ``{"messages": [...], ...}``: the messages one submit sends, in order,
 recorded by running the Program against a ``RecordingBridge`` (loops unrolled, no link-time messages, no waits).
 
-``mtlir run TRACE.json [--device auto|sim|metal] [--arch ...] [--target ...] [--faithful] [--viz DIR] [--repeat N]
-[--json]`` lowers, links, submits N times, reads the output and compares it with the trace's expected output as
-float32 (rtol 1e-4, atol 1e-5). ``--json``: one object ``{"match", "max_abs_err", "kernels",
-"messages_per_submit", "submits", ...}`` on stdout, everything else on stderr.
+``mtlir run TRACE.json [--device auto|sim|metal] [--arch ...] [--no-residency-set] [--no-icb] [--target ...]
+[--faithful] [--viz DIR] [--repeat N] [--json]`` lowers, links, submits N times, reads the output and compares it
+with the trace's expected output as float32 (rtol 1e-4, atol 1e-5). With ``--device metal`` the device is probed
+first (``mtlir.runtime.probe``) and the submit lowered for what it offers (residency sets, ICBs); the flags can
+only turn them off. ``--json``: one object ``{"match", "max_abs_err", "kernels", "messages_per_submit", "submits",
+...}`` on stdout, everything else on stderr (``max_abs_err`` is null when the error is not a finite number).
 
-Exit codes: 0 match (or a successful ``lower``), 1 mismatch, 2 bad input (trace, flags, pipeline, ABI, link),
-3 GPU execution error (a command buffer in status Error, a Metal validation error, a wait past its timeout),
-4 a kernel the simulated device cannot run yet, 5 an internal error. Errors are one line on stderr;
-``--debug`` adds the traceback. With ``--json`` an error still writes one object to stdout:
-``{"error": message, "error_type": name, "exit_code": code}``.
+Exit codes (``exit_code``): 0 match (or a successful ``lower``), 1 mismatch, 2 bad input, 3 GPU execution error (a
+command buffer in status Error, a Metal validation error, a wait past its timeout), 4 a kernel the simulated
+device cannot run (the translator refuses it, or OpenCL does not build its translation), 5 an internal error.
+Bad input is the error family of the front end: every ``ValueError`` subclass defined in ``mtlir`` outside
+``mtlir.runtime`` (``TraceError``, ``QueueError``, ``PipelineError``, ``VerifyError``, ``EncodeError``,
+``AbiError``, ``LinearizeError``, ``UsageError``, ...), plus ``LinkError``, ``BridgeError``,
+``KernelCompileError``, ``GraphvizNotFoundError`` and ``OSError``. Errors are one line on stderr; ``--debug`` adds
+the traceback. With ``--json`` an error still writes one object to stdout:
+``{"error": message, "error_type": name, "exit_code": code}``; while a ``--json`` command runs, file descriptor 1
+points at stderr, so nothing but that object (not even a native library's output) reaches stdout.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import sys
 import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-__all__ = ["main", "build_parser", "format_message", "lower_trace", "default_pipeline", "record_one_submit",
-           "EXIT_MATCH", "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_GPU_ERROR", "EXIT_UNSUPPORTED", "EXIT_INTERNAL"]
+__all__ = ["main", "build_parser", "format_message", "lower_trace", "record_one_submit", "compare_output",
+           "Comparison", "exit_code", "EXIT_MATCH", "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_GPU_ERROR",
+           "EXIT_UNSUPPORTED", "EXIT_INTERNAL"]
 
 EXIT_MATCH, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_GPU_ERROR, EXIT_UNSUPPORTED, EXIT_INTERNAL = range(6)
 RTOL, ATOL = 1e-4, 1e-5
@@ -58,11 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--debug", action="store_true", help="show the traceback of an error")
         sp.add_argument("--executor", choices=["compiled", "interpreter"], default="compiled",
                         help="how the Program runs (default: compiled replay)")
+        sp.add_argument("--no-residency-set", action="store_true",
+                        help="a device without MTLResidencySet (macOS < 15): useResources:count:usage: instead")
+        sp.add_argument("--no-icb", action="store_true",
+                        help="a device without indirect command buffers (paravirtual Metal): the direct path")
 
     lo = sub.add_parser("lower", help="print the Program (or the messages) of one submit")
     common(lo)
-    lo.add_argument("--no-residency-set", action="store_true", help="a device without MTLResidencySet (macOS < 15)")
-    lo.add_argument("--no-icb", action="store_true", help="a device without indirect command buffers (direct path)")
     lo.add_argument("--pipeline", metavar="P", help="the pass pipeline (default: the standard one for --target)")
     lo.add_argument("--print-after-all", action="store_true", help="print every stage to stderr")
     lo.set_defaults(func=cmd_lower)
@@ -75,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="simulated device: behave as Metal without its validation layer (default: strict)")
     run.add_argument("--repeat", type=int, default=1, metavar="N", help="number of submits (default 1)")
     run.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds to wait for the GPU")
-    run.set_defaults(func=cmd_run, no_residency_set=False, no_icb=False, pipeline=None, print_after_all=False)
+    run.set_defaults(func=cmd_run, pipeline=None, print_after_all=False)
     return p
 
 
@@ -100,33 +114,33 @@ def _target(args: argparse.Namespace) -> str:
     return t
 
 
-def default_pipeline(target: str) -> str:
-    """The standard pass pipeline for ``target``."""
-    return f"encode,lower-timeline,symbolic,abi{{target={target}}},linearize"
-
-
 def lower_trace(trace: Any, device: Any, target: str, *, pipeline: str | None = None, print_after_all: bool = False,
                 log: TextIO | None = None, keep_stages: bool = True) -> Any:
     """Lower a loaded trace (``mtlir.trace.Trace``) for ``device`` (a ``DeviceSpec``) and ``target``: the
-    ``Lowered`` of ``pipeline`` (default: ``default_pipeline(target)``). Raises what the passes raise."""
+    ``Lowered`` of ``pipeline`` (default: ``mtlir.passes.default_pipeline(target)``). Raises what the passes
+    raise."""
     from mtlir.passes import lower
     return lower(trace.queue(device), target=target, pipeline=pipeline, print_after_all=print_after_all, out=log,
                  keep_stages=keep_stages)
 
 
-def _lower(args: argparse.Namespace, log: TextIO) -> tuple[Any, Any, str]:
-    """Load the trace and lower it: (trace, Lowered, target)."""
+def _lower(args: argparse.Namespace, log: TextIO, target: str, caps: Any = None) -> tuple[Any, Any]:
+    """Load the trace and lower it for ``target``: (trace, Lowered). The device has residency sets and ICBs unless
+    a flag turns them off or ``caps`` (a probed ``DeviceCaps``) says it lacks them. The lowering's diagnostics
+    (e.g. a batch moved to the direct path) go to ``log`` as notes."""
     from mtlir.metal import DeviceSpec
     from mtlir.trace import load_trace
-    target = _target(args)
     trace = load_trace(args.trace)
-    device = DeviceSpec(ARCHS[args.arch] if args.arch else trace.arch, residency_set=not args.no_residency_set,
-                        icb=not args.no_icb)
+    residency_set = not args.no_residency_set and (caps is None or caps.residency_sets)
+    icb = not args.no_icb and (caps is None or caps.icb)
+    device = DeviceSpec(ARCHS[args.arch] if args.arch else trace.arch, residency_set=residency_set, icb=icb)
     lowered = lower_trace(trace, device, target, pipeline=args.pipeline, print_after_all=args.print_after_all,
                           log=log, keep_stages=args.viz is not None)
+    for d in lowered.diagnostics:
+        print(f"mtlir: note: {d}", file=log)
     if args.viz is not None:
         _write_pictures(lowered.stages, args.viz, log)
-    return trace, lowered, target
+    return trace, lowered
 
 
 def _write_pictures(stages: list[tuple[str, Any]], outdir: Path, log: TextIO) -> None:
@@ -172,24 +186,23 @@ def record_one_submit(program: Any, values: dict[str, int], target: str) -> list
 
 def cmd_lower(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
     """``mtlir lower``: the listing (or with --json the messages) of one submit."""
-    trace, lowered, target = _lower(args, log)
+    target = _target(args)
+    trace, lowered = _lower(args, log, target)
     program = lowered.program
     if args.json:
         messages = record_one_submit(program, trace.values, target)
         doc = {"messages": messages, "count": len(messages), "workload": trace.workload,
                "arch": program.device.family, "target": target, "residency_set": program.device.residency_set,
                "icb": program.device.icb, "kernels": len(trace.dispatches), "pipeline": str(lowered.pipeline)}
-        json.dump(doc, out)
+        json.dump(doc, out, allow_nan=False)
         out.write("\n")
     else:
         print(program.listing() if hasattr(program, "listing") else "\n".join(map(repr, program.instrs)), file=out)
-        for d in lowered.diagnostics:
-            print(f"mtlir: note: {d}", file=log)
     return EXIT_MATCH
 
 
-def _make_bridge(kind: str, target: str, faithful: bool, program: Any) -> tuple[Any, str]:
-    """The Bridge for ``--device`` (auto: metal on macOS with Metal, else sim) and the device's name."""
+def _device_kind(kind: str, target: str, faithful: bool) -> str:
+    """``--device`` resolved (auto: metal on macOS with Metal, else sim) and checked against the other flags."""
     from mtlir.runtime import metal as mtl
     if kind == "auto":
         kind = "metal" if mtl.metal_available() else "sim"
@@ -200,11 +213,62 @@ def _make_bridge(kind: str, target: str, faithful: bool, program: Any) -> tuple[
             raise UsageError("--faithful is a mode of the simulated device (--device sim)")
         if target != mtl.host_target():
             raise UsageError(f"--device metal runs this machine's ABI ({mtl.host_target()}), not --target {target}")
-        return mtl.MetalBridge(), "metal"
+    return kind
+
+
+def _open_metal(log: TextIO) -> tuple[Any, Any]:
+    """The MetalBridge and what its device offers (``probe_device``); each missing capability is a note on
+    ``log``, since the submit is then lowered without it."""
+    from mtlir.runtime import metal as mtl
+    from mtlir.runtime.probe import probe_device
+    bridge = mtl.MetalBridge()
+    caps = probe_device(bridge)
+    for note in caps.notes:
+        print(f"mtlir: note: {note}: lowering without it", file=log)
+    return bridge, caps
+
+
+def _make_bridge(kind: str, target: str, faithful: bool, program: Any, metal: Any = None) -> tuple[Any, str]:
+    """The Bridge to run ``program`` on and the device's name: ``metal`` (the bridge ``_open_metal`` made) for
+    ``kind == "metal"``, else a SimDevice for the device ``program`` was lowered for."""
+    if kind == "metal":
+        return metal, "metal"
     from mtlir.runtime.sim.device import SimDevice
     dev = program.device
     return (SimDevice(target, strict=not faithful, family=dev.family, residency_sets=dev.residency_set, icb=dev.icb),
             "sim (faithful)" if faithful else "sim")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The output against the expected one (float32): ``match`` (``numpy.allclose`` with rtol 1e-4, atol 1e-5, NaN
+    equal to NaN), ``max_abs_err`` (inf where one side is NaN or infinite and the other not; NaN never hides an
+    error), ``mismatches`` (elements outside the tolerance) and ``nan_mismatches`` (positions where exactly one
+    side is NaN)."""
+
+    match: bool
+    max_abs_err: float
+    mismatches: int
+    nan_mismatches: int
+
+    def json_error(self) -> float | None:
+        """``max_abs_err`` for JSON, which has no NaN or infinity: the number when finite, else None (null)."""
+        return self.max_abs_err if math.isfinite(self.max_abs_err) else None
+
+
+def compare_output(got: Any, expected: Any) -> Comparison:
+    """Compare two float arrays of one shape as float32 (``Comparison``): a NaN on one side only is a mismatch
+    with an infinite error, NaN against NaN and equal infinities agree."""
+    import numpy as np
+    a, b = np.asarray(got, np.float32), np.asarray(expected, np.float32)
+    close = np.isclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True)
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    err[(nan_a & nan_b) | (a == b)] = 0.0  # agreeing NaNs and equal infinities (inf - inf is NaN)
+    err[np.isnan(err)] = math.inf  # NaN against a number, or inf against -inf
+    return Comparison(bool(close.all()), float(err.max()) if err.size else 0.0, int((~close).sum()),
+                      int((nan_a != nan_b).sum()))
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
@@ -214,11 +278,14 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
     from mtlir.runtime import Session
     if args.repeat < 1:
         raise UsageError(f"--repeat {args.repeat}: at least one submit")
-    trace, lowered, target = _lower(args, log)
+    target = _target(args)
+    kind = _device_kind(args.device, target, args.faithful)
+    metal, caps = _open_metal(log) if kind == "metal" else (None, None)
+    trace, lowered = _lower(args, log, target, caps)
     program = lowered.program
     values = trace.values
     messages = record_one_submit(program, values, target)  # what one submit sends, as `lower --json` records it
-    bridge, device_name = _make_bridge(args.device, target, args.faithful, program)
+    bridge, device_name = _make_bridge(kind, target, args.faithful, program, metal)
     o = trace.output
     try:
         with Session(program, bridge, initial=trace.initial_data(), executor=args.executor,
@@ -233,54 +300,101 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
             close()
     gpu = [t for rec in s.completed for t in rec.gpu_times]
     host_s = s.host_s_per_submit
-    expected = o.expected_array().astype(np.float32)
-    err = np.abs(got.astype(np.float64) - expected.astype(np.float64))
-    max_abs_err = float(np.nanmax(err)) if err.size else 0.0
-    match = bool(np.allclose(got, expected, rtol=RTOL, atol=ATOL, equal_nan=True))
+    cmp = compare_output(got, o.expected_array())
     kernels = len(trace.dispatches)
     listing = log if args.json else out
-    print(f"; one submit of {trace.workload} ({program.device.family}, {target}, {device_name}): "
+    dev = program.device
+    print(f"; one submit of {trace.workload} ({dev.family}, {target}, {device_name}"
+          f"{'' if dev.residency_set else ', no residency set'}{'' if dev.icb else ', no ICB'}): "
           f"{len(messages)} messages", file=listing)
     for m in messages:
         print(format_message(m), file=listing)
+    nan_text = f", {cmp.nan_mismatches} NaN positions differ" if cmp.nan_mismatches else ""
+    result = "match" if cmp.match else f"MISMATCH in {cmp.mismatches} of {got.size} elements"
     print(f"kernels: {kernels}, messages per submit: {len(messages)}, submits: {s.submits}, "
           f"host time per submit: {host_s * 1e6:.1f} us ({args.executor}), "
-          f"result: {'match' if match else 'MISMATCH'} (max abs err {max_abs_err:.3g})", file=listing)
+          f"result: {result} (max abs err {cmp.max_abs_err:.3g}{nan_text})", file=listing)
     if args.json:
-        doc = {"match": match, "max_abs_err": max_abs_err, "kernels": kernels, "messages_per_submit": len(messages),
-               "submits": s.submits, "workload": trace.workload, "arch": program.device.family, "target": target,
-               "device": device_name, "executor": args.executor, "host_s_per_submit": host_s,
+        doc = {"match": cmp.match, "max_abs_err": cmp.json_error(), "mismatches": cmp.mismatches,
+               "nan_mismatches": cmp.nan_mismatches, "kernels": kernels, "messages_per_submit": len(messages),
+               "submits": s.submits, "workload": trace.workload, "arch": dev.family, "target": target,
+               "residency_set": dev.residency_set, "icb": dev.icb, "device": device_name,
+               "executor": args.executor, "host_s_per_submit": host_s,
                "gpu_s_per_submit": (sum(e - b for b, e in gpu) / len(s.completed)) if s.completed else None,
                "lower_s": lowered.seconds}
-        json.dump(doc, out)
+        json.dump(doc, out, allow_nan=False)
         out.write("\n")
-    return EXIT_MATCH if match else EXIT_MISMATCH
+    return EXIT_MATCH if cmp.match else EXIT_MISMATCH
 
 
 # ---- errors and exit codes
 
 
-def _exit_code(e: BaseException) -> int | None:
-    """The exit code of an expected error; None for an internal error."""
-    from mtlir.metal import AbiError
-    from mtlir.runtime.errors import (BridgeError, GPUExecutionError, KernelCompileError, LinkError,
+def exit_code(e: BaseException) -> int | None:
+    """The exit code of an expected error (module docstring); None for an internal error (a bug).
+
+    4: ``UnsupportedKernelError``, ``KernelBuildError`` (the simulated device cannot run the kernel). 3:
+    ``GPUExecutionError``, ``MetalValidationError``, ``TimeoutError``. 2 (bad input): the front end's error family,
+    every ``ValueError`` subclass defined in ``mtlir`` outside ``mtlir.runtime`` (trace, queue, pipeline,
+    verifier, encode, abi, linearize, flags), and ``LinkError``, ``BridgeError``, ``KernelCompileError`` (invalid
+    MSL), ``GraphvizNotFoundError`` (``--viz`` without Graphviz), ``OSError`` (a file)."""
+    from mtlir.runtime.errors import (BridgeError, GPUExecutionError, KernelBuildError, KernelCompileError, LinkError,
                                       MetalValidationError, UnsupportedKernelError)
-    if isinstance(e, UnsupportedKernelError):
+    from mtlir.viz import GraphvizNotFoundError
+    if isinstance(e, (UnsupportedKernelError, KernelBuildError)):
         return EXIT_UNSUPPORTED
     if isinstance(e, (GPUExecutionError, MetalValidationError, TimeoutError)):
         return EXIT_GPU_ERROR
-    if isinstance(e, (UsageError, AbiError, LinkError, KernelCompileError, BridgeError, OSError)):
+    if isinstance(e, (LinkError, BridgeError, KernelCompileError, GraphvizNotFoundError, OSError)):
         return EXIT_BAD_INPUT
-    bad_input = []
-    for mod, name in (("mtlir.trace", "TraceError"), ("mtlir.queue", "QueueError"),
-                      ("mtlir.passes.pipeline", "PipelineError"), ("mtlir.passes.verify", "VerifyError")):
-        try:
-            bad_input.append(getattr(__import__(mod, fromlist=[name]), name))
-        except Exception:  # a module that does not import cannot have raised e
-            pass
-    if isinstance(e, tuple(bad_input)):
+    if isinstance(e, ValueError) and _front_end_error(type(e)):
         return EXIT_BAD_INPUT
     return None
+
+
+def _front_end_error(cls: type) -> bool:
+    """A ValueError subclass of the front end (``mtlir.*``, ``mtlir.passes.*``; not the runtime's, whose
+    ProgramError is a malformed Program: a bug of the lowering)."""
+    return any(c is not ValueError and issubclass(c, ValueError) and c.__module__.startswith("mtlir.")
+               and not c.__module__.startswith("mtlir.runtime") for c in cls.__mro__)
+
+
+def _one_line(e: BaseException) -> str:
+    """The error as one line: its ``summary`` when it has one (a ``KernelBuildError``), else its message with
+    the whitespace collapsed, else its type's name."""
+    summary = getattr(e, "summary", None)
+    return summary if isinstance(summary, str) and summary else " ".join(str(e).split()) or type(e).__name__
+
+
+@contextlib.contextmanager
+def _stdout_for_json(out: TextIO) -> Iterator[TextIO]:
+    """While a ``--json`` command runs on the process's real stdout, file descriptor 1 points at stderr, so a
+    native library writing to stdout (PoCL, a stray print) cannot add to the one JSON object; the object goes to
+    the original stdout through the stream this yields. Any other ``out`` is yielded unchanged."""
+    if out is not sys.stdout or out.closed:
+        yield out
+        return
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError):  # not a real file (replaced by a test harness): nothing native can reach it
+        yield out
+        return
+    out.flush()
+    saved = os.dup(fd)
+    os.dup2(sys.stderr.fileno(), fd)
+    json_out = os.fdopen(os.dup(saved), "w", encoding="utf-8", closefd=True)
+    try:
+        yield json_out
+    finally:
+        try:
+            out.flush()
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+            try:
+                json_out.close()
+            except BrokenPipeError:  # the reader went away: main has returned 141 already
+                pass
 
 
 def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextIO | None = None) -> int:
@@ -290,28 +404,35 @@ def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextI
     log = log or sys.stderr
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
-    try:
-        args = build_parser().parse_args(argv)
-        return int(args.func(args, out, log))
-    except KeyboardInterrupt:
-        print("mtlir: interrupted", file=log)
-        return 130
-    except BrokenPipeError:  # stdout closed early (`mtlir lower ... | head`): stop quietly, as a SIGPIPE would
-        if out is sys.stdout:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
-    except Exception as e:  # every error becomes one line and an exit code
-        code = _exit_code(e)
-        if debug:
-            traceback.print_exc(file=log)
-        kind = "internal error" if code is None else "error"
-        text = " ".join(str(e).split()) or type(e).__name__
-        print(f"mtlir: {kind}: {type(e).__name__}: {text}" if code is None else f"mtlir: {kind}: {text}", file=log)
-        code = EXIT_INTERNAL if code is None else code
-        if "--json" in argv:  # the one JSON object stdout promises, saying what went wrong
-            json.dump({"error": text, "error_type": type(e).__name__, "exit_code": code}, out)
-            out.write("\n")
-        return code
+    json_mode = "--json" in argv
+    with contextlib.ExitStack() as stack:
+        try:
+            if json_mode:
+                out = stack.enter_context(_stdout_for_json(out))
+            args = build_parser().parse_args(argv)
+            code = int(args.func(args, out, log))
+            out.flush()  # a closed stdout shows here, inside the handlers below
+            return code
+        except KeyboardInterrupt:
+            print("mtlir: interrupted", file=log)
+            return 130
+        except BrokenPipeError:  # stdout closed early (`mtlir lower ... | head`): stop quietly, as a SIGPIPE would
+            if out is sys.stdout:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
+        except Exception as e:  # every error becomes one line and an exit code
+            expected = exit_code(e)
+            if debug:
+                traceback.print_exc(file=log)
+            text = _one_line(e)
+            print(f"mtlir: internal error: {type(e).__name__}: {text}" if expected is None
+                  else f"mtlir: error: {text}", file=log)
+            failed = EXIT_INTERNAL if expected is None else expected
+            if json_mode:  # the one JSON object stdout promises, saying what went wrong
+                json.dump({"error": text, "error_type": type(e).__name__, "exit_code": failed}, out)
+                out.write("\n")
+            return failed
+    return EXIT_INTERNAL  # not reached: the with block returns
 
 
 if __name__ == "__main__":

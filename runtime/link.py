@@ -442,7 +442,8 @@ class _Linker:
             self.send(desc, "setMaxKernelBufferBindCount:", bind_count)
             icb = self.keep(o.name, self.checked(
                 self.send(device, "newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", desc,
-                          max(len(cmds), 1), 0), f"{o.name} ({len(cmds)} commands; does the device support ICBs?)"))
+                          max(len(cmds), 1), 0), f"{o.name} ({len(cmds)} commands; a device without ICB support "
+                                                 "(paravirtual Metal) needs the direct path: lower with --no-icb)"))
         finally:
             self.send(desc, "release")
         max_threads: dict[str, int] = {}
@@ -476,7 +477,7 @@ class _Linker:
                                        "MTLResidencySetDescriptor"), "descriptor:residency_set")
         try:
             rset = self.keep("residency_set", self.with_error(
-                "residency set (macOS 15+; lower with --no-residency-set otherwise)", device,
+                "residency set (macOS 15 or later; lower with --no-residency-set otherwise)", device,
                 "newResidencySetWithDescriptor:error:", desc))
         finally:
             self.send(desc, "release")

@@ -228,3 +228,209 @@ def test_console_script() -> None:
     assert one_json(proc.stdout)["messages"][0] == {"receiver": "queue", "selector": "commandBuffer", "args": []}
     proc = subprocess.run([str(exe), "lower", "missing.json"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
+
+
+# ---- exit codes by error family (bad input = the front end's errors), each reproduced
+
+
+@pytest.mark.parametrize("pipeline, match", [
+    ("encode,lower-timeline,symbolic,linearize", "linearize cannot emit MSG"),  # no abi: LinearizeError
+    ("linearize", "linearize takes a SINK"),  # LinearizeError
+    ("abi{target=x86_64},linearize", "after pass 'abi'"),  # VerifyError
+    ("encode,frobnicate", "unknown pass 'frobnicate'"),  # PipelineError
+])
+def test_pipeline_errors_are_bad_input(pipeline: str, match: str) -> None:
+    code, out, log = mtlir("lower", MLP7, "--pipeline", pipeline, "--target", "x86_64", "--json")
+    assert code == 2 and log.count("\n") == 1 and match in log and "internal error" not in log
+    assert one_json(out)["exit_code"] == 2
+
+
+def _error(name: str) -> BaseException:
+    from mtlir.metal import AbiError
+    from mtlir.passes import EncodeError, LinearizeError, PipelineError, VerifyError
+    from mtlir.queue import QueueError
+    from mtlir.runtime.errors import BridgeError, KernelCompileError, LinkError
+    from mtlir.trace import TraceError
+    from mtlir.viz import GraphvizNotFoundError
+    made: dict[str, BaseException] = {
+        "EncodeError": EncodeError("command 0 (k): view offset 2 of buffer:1 is not a multiple of 4 bytes"),
+        "LinearizeError": LinearizeError("linearize cannot emit MSG"), "VerifyError": VerifyError("abi", None, "bad"),
+        "PipelineError": PipelineError("unknown pass"), "QueueError": QueueError("view: not a buffer"),
+        "AbiError": AbiError("no selector 'frob:'"), "TraceError": TraceError("dispatches[0]", "bad"),
+        "GraphvizNotFoundError": GraphvizNotFoundError("dot is not installed"), "LinkError": LinkError("nil"),
+        "BridgeError": BridgeError("cut to 32 bits"), "KernelCompileError": KernelCompileError("syntax"),
+        "FileNotFoundError": FileNotFoundError("nope.json")}
+    return made[name]
+
+
+@pytest.mark.parametrize("name", ["EncodeError", "LinearizeError", "VerifyError", "PipelineError", "QueueError",
+                                  "AbiError", "TraceError", "GraphvizNotFoundError", "LinkError", "BridgeError",
+                                  "KernelCompileError", "FileNotFoundError"])
+@pytest.mark.parametrize("command", ["lower", "run"])
+def test_every_error_of_the_front_end_is_bad_input(monkeypatch: pytest.MonkeyPatch, name: str, command: str) -> None:
+    def fail(*a: Any, **k: Any) -> Any:
+        raise _error(name)
+    monkeypatch.setattr(cli, "lower_trace", fail)
+    code, out, log = mtlir(command, MLP7, "--device" if command == "run" else "--target", "sim" if command == "run"
+                           else "x86_64")
+    assert code == 2 and log.count("\n") == 1 and log.startswith("mtlir: error: ") and "Traceback" not in log
+    assert cli.exit_code(_error(name)) == 2
+
+
+def test_internal_errors_stay_internal() -> None:
+    from mtlir.runtime.interpreter import ProgramError
+    assert cli.exit_code(ValueError("a bug")) is None and cli.exit_code(KeyError("x")) is None
+    assert cli.exit_code(ProgramError("a malformed Program is a bug of the lowering")) is None
+
+
+def test_viz_without_graphviz_is_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no dot on it
+    code, out, log = mtlir("lower", MLP7, "--viz", str(tmp_path / "pics"), "--target", "x86_64")
+    assert code == 2 and log.count("\n") == 1 and "Graphviz's 'dot' program is not installed" in log
+
+
+def test_kernel_opencl_cannot_build_exits_4(tmp_path: Path) -> None:
+    def break_kernel(d: dict[str, Any]) -> None:
+        prog = next(iter(d["programs"].values()))
+        prog["msl"] = prog["msl"].replace("{", "{ float undefined_here = not_declared_anywhere;", 1)
+    code, out, log = mtlir("run", _bad_trace(tmp_path, break_kernel), "--device", "sim", "--json")
+    assert code == 4 and log.count("\n") == 1, log
+    assert "could not build the OpenCL translation" in log and "not_declared_anywhere" in log
+    assert "the MSL may be invalid or use something the translator does not handle" in log
+    assert one_json(out)["error_type"] == "KernelBuildError"
+
+
+# ---- run: device flags, the probe of --device metal, diagnostics, NaN, stdout purity
+
+
+def test_run_takes_the_device_flags_of_lower() -> None:
+    code, out, log = mtlir("run", MLP7, "--device", "sim", "--json", "--no-residency-set", "--no-icb")
+    assert code == 0, log
+    doc = one_json(out)
+    assert doc["match"] is True and doc["residency_set"] is False and doc["icb"] is False
+    lowered = one_json(mtlir("lower", MLP7, "--json", "--no-residency-set", "--no-icb")[1])
+    assert doc["messages_per_submit"] == lowered["count"]
+    assert "setBuffer:offset:atIndex:" in log and "executeCommandsInBuffer" not in log  # the direct path
+    code, out, log = mtlir("run", MLP7, "--device", "sim", "--json", "--no-residency-set")
+    assert code == 0 and one_json(out)["residency_set"] is False and one_json(out)["icb"] is True
+    assert "[encoder useResources:count:usage:" in log and "executeCommandsInBuffer" in log
+
+
+def _fake_metal(monkeypatch: pytest.MonkeyPatch, **caps: bool) -> list[Any]:
+    """--device metal on the simulated device standing in for MetalBridge (as a Mac without some capability)."""
+    from mtlir.runtime import metal as mtl
+    from mtlir.runtime.sim.device import SimDevice
+    made: list[Any] = []
+
+    def bridge() -> Any:
+        made.append(SimDevice(mtl.host_target(), family="Apple7", **caps))
+        return made[-1]
+    monkeypatch.setattr(mtl, "metal_available", lambda: True)
+    monkeypatch.setattr(mtl, "MetalBridge", bridge)
+    return made
+
+
+@pytest.mark.parametrize("caps", [dict(residency_sets=False, icb=False), dict(residency_sets=False),
+                                  dict(icb=False), {}], ids=["neither", "no-rs", "no-icb", "both"])
+def test_run_on_metal_lowers_for_what_the_device_offers(monkeypatch: pytest.MonkeyPatch, caps: dict[str, bool]) -> None:
+    made = _fake_metal(monkeypatch, **caps)
+    code, out, log = mtlir("run", MLP7, "--device", "metal", "--json")
+    assert code == 0, log
+    doc = one_json(out)
+    assert doc["device"] == "metal" and doc["match"] is True and len(made) == 1
+    assert doc["residency_set"] is caps.get("residency_sets", True) and doc["icb"] is caps.get("icb", True)
+    assert ("newResidencySetWithDescriptor:error: returned nil" in log) is not caps.get("residency_sets", True)
+    assert ("newIndirectCommandBufferWithDescriptor" in log) is not caps.get("icb", True)
+
+
+def test_run_on_metal_flags_still_turn_capabilities_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_metal(monkeypatch)
+    code, out, log = mtlir("run", MLP7, "--device", "metal", "--json", "--no-icb")
+    assert code == 0, log
+    doc = one_json(out)
+    assert doc["residency_set"] is True and doc["icb"] is False
+
+
+@pytest.mark.parametrize("caps, flag", [(dict(residency_sets=False), "--no-residency-set"),
+                                        (dict(icb=False), "--no-icb")])
+def test_link_error_hint_names_a_flag_of_run(monkeypatch: pytest.MonkeyPatch, caps: dict[str, bool],
+                                             flag: str) -> None:
+    from mtlir.runtime.sim.device import SimDevice
+
+    def lacking(kind: str, target: str, faithful: bool, program: Any, metal: Any = None) -> Any:
+        return SimDevice(target, family=program.device.family, **caps), "sim"
+    monkeypatch.setattr(cli, "_make_bridge", lacking)
+    code, out, log = mtlir("run", MLP7, "--device", "sim")
+    assert code == 2 and flag in log and log.count("\n") == 1, log
+    code, out, log = mtlir("run", MLP7, "--device", "sim", flag)  # the hint's flag exists on run and helps
+    assert code == 0, log
+
+
+def test_run_prints_the_lowering_diagnostics(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = cli.lower_trace
+
+    def noting(*a: Any, **k: Any) -> Any:
+        lowered = real(*a, **k)
+        lowered.diagnostics.append("encode: command 0: offset above 0xFFFFFFFF: the submit is lowered on the "
+                                   "direct path")
+        return lowered
+    monkeypatch.setattr(cli, "lower_trace", noting)
+    for argv in (["run", MLP7, "--device", "sim", "--json"], ["lower", MLP7, "--json"], ["lower", MLP7]):
+        code, out, log = mtlir(*argv)
+        assert code == 0, log
+        assert "mtlir: note: encode: command 0: offset above 0xFFFFFFFF" in log, argv
+
+
+def test_compare_output_never_hides_a_nan() -> None:
+    import numpy as np
+    nan, inf = float("nan"), float("inf")
+    c = cli.compare_output(np.float32([1, 2, 3]), np.float32([nan, 2, 3]))
+    assert not c.match and c.max_abs_err == inf and c.json_error() is None and c.mismatches == c.nan_mismatches == 1
+    c = cli.compare_output(np.float32([nan, 2, inf]), np.float32([nan, 2, inf]))
+    assert c.match and c.max_abs_err == 0.0 and c.json_error() == 0.0 and c.mismatches == 0
+    c = cli.compare_output(np.float32([inf, 2]), np.float32([-inf, 2.5]))
+    assert not c.match and c.max_abs_err == inf and c.mismatches == 2 and c.nan_mismatches == 0
+    c = cli.compare_output(np.float32([1, 2]), np.float32([1, 2.5]))
+    assert not c.match and c.max_abs_err == 0.5 and c.json_error() == 0.5
+
+
+def test_run_json_reports_a_nan_mismatch_honestly(tmp_path: Path) -> None:
+    import base64
+
+    import numpy as np
+
+    def nan_expected(d: dict[str, Any]) -> None:
+        exp = np.frombuffer(base64.b64decode(d["output"]["expected_b64"]), np.float32).copy()
+        exp[3] = np.nan
+        d["output"]["expected_b64"] = base64.b64encode(exp.tobytes()).decode()
+    code, out, log = mtlir("run", _bad_trace(tmp_path, nan_expected), "--device", "sim", "--json")
+    assert code == 1
+    doc = one_json(out)
+    assert doc["match"] is False and doc["max_abs_err"] is None and doc["nan_mismatches"] == 1
+    assert doc["mismatches"] == 1 and "NaN" not in out and "Infinity" not in out
+    assert "MISMATCH in 1 of 80 elements (max abs err inf, 1 NaN positions differ)" in log
+
+
+_NOISY = """
+import os, sys
+from mtlir import cli
+real = cli.cmd_run
+def noisy(*a):
+    os.write(1, b"native noise on fd 1\\n")  # what a C library such as PoCL could print
+    print("python noise on stdout")
+    return real(*a)
+cli.cmd_run = noisy
+sys.exit(cli.main())
+"""
+
+
+@pytest.mark.parametrize("noisy", [False, True], ids=["plain", "noise-on-fd-1"])
+def test_run_json_writes_exactly_one_object_to_fd_1(noisy: bool) -> None:
+    head = [sys.executable, "-c", _NOISY] if noisy else [sys.executable, "-m", "mtlir.cli"]
+    proc = subprocess.run([*head, "run", MLP7, "--device", "sim", "--json"], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert one_json(proc.stdout)["match"] is True
+    assert proc.stdout.count("\n") == 1 and proc.stdout.endswith("}\n")
+    if noisy:
+        assert "native noise on fd 1" in proc.stderr and "python noise on stdout" in proc.stderr
