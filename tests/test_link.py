@@ -397,3 +397,30 @@ def test_an_error_mid_submit_is_raised_as_is_and_its_command_buffers_are_not_lea
     rec = s.submit(n=4)  # the session goes on; the timeline value the failed submit may have encoded is skipped
     assert rec.value == (2 if after_commit else 1)
     s.close()
+
+
+@pytest.mark.parametrize("residency_sets", [True, False])
+@pytest.mark.parametrize("icb", [True, False])
+def test_probe_device_asks_with_the_messages_link_sends(residency_sets: bool, icb: bool) -> None:
+    from mtlir.runtime.probe import probe_device
+    from mtlir.runtime.sim import SimDevice
+    dev = SimDevice("arm64", residency_sets=residency_sets, icb=icb)
+    rec = RecordingBridge(dev)
+    caps = probe_device(rec)
+    assert (caps.residency_sets, caps.icb) == (residency_sets, icb)
+    assert len(caps.notes) == (not residency_sets) + (not icb)
+    assert dev.live_objects() == {}  # every probe object released, the pool drained
+    sels = [m["selector"] for m in rec.messages]
+    assert "newResidencySetWithDescriptor:error:" in sels
+    assert "newIndirectCommandBufferWithDescriptor:maxCommandCount:options:" in sels
+    assert sels.count("new") == sels.count("release") - 1 - residency_sets - icb  # descriptors, sets, ICB, device
+
+
+def test_probe_device_without_a_device() -> None:
+    from mtlir.runtime.probe import probe_device
+
+    class NoDevice(RecordingBridge):
+        def c_call(self, fn: str, proto: Prototype, args: tuple[Any, ...]) -> Any:
+            return 0 if fn == "MTLCreateSystemDefaultDevice" else super().c_call(fn, proto, args)
+    with pytest.raises(LinkError, match="MTLCreateSystemDefaultDevice returned nil"):
+        probe_device(NoDevice())
