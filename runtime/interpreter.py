@@ -237,6 +237,11 @@ class Executor:
     """Runs one Program through one Bridge on a prepared register file (``prepare_registers``; by default made
     here, which works only for a Program without placeholders). ``run(**values)`` binds the variables by name
     and executes the Program once; it returns the values of the ``results`` registers after the run (a tuple).
+    ``run(program, **values)`` is the same call with the Program named (docs/runtime.md): for the executor's own
+    Program it is ``run(**values)``; another Program gets an executor of the same kind on the same Bridge, made
+    once and kept, whose results are ``program.results`` (its registers come from ``prepare_registers``, so it
+    must hold no placeholder; one that does raises ``LinkError``: link it, then build its executor on
+    ``Linked.registers_for(program)``).
 
     Raises ``ProgramError`` at construction for an ill-formed Program; ``ValueError``/``TypeError`` from
     ``run`` for a missing, unknown or out-of-bounds variable; whatever the Bridge raises, with a note naming the
@@ -259,9 +264,25 @@ class Executor:
             if not 0 <= r < program.nregs:
                 raise ProgramError(f"result register r{r} is out of range (nregs = {program.nregs})")
 
-    def run(self, **values: Any) -> tuple[Any, ...]:
+    def run(self, program: Program | None = None, /, **values: Any) -> tuple[Any, ...]:
+        """Run the Program once with ``values`` (variables by name); the ``results`` registers after the run.
+        ``program``, when given, names the Program to run (class docstring)."""
         raise NotImplementedError
 
+    def _other(self, program: Program) -> Executor:
+        """The executor of this kind for another Program on this Bridge, made at first use and kept (at most
+        ``_OTHERS`` of them, the oldest dropped first)."""
+        others = self.__dict__.setdefault("_others", {})
+        key = id(program)
+        got = others.get(key)
+        if got is None or got.program is not program:
+            if len(others) >= _OTHERS:
+                others.pop(next(iter(others)))
+            got = others[key] = type(self)(program, self.bridge, results=tuple(program.results.values()))
+        return got  # type: ignore[no-any-return]
+
+
+_OTHERS = 8  # executors kept for run(program, ...) of another Program
 
 # pre-decoded opcodes of the Interpreter, in the order its loop tests them
 _CALL, _MSG, _STORE, _LOAD, _INDEX, _ALU, _STRUCT, _GEP, _CAST, _RANGE, _END = range(11)
@@ -304,7 +325,12 @@ class Interpreter(Executor):
         except ProgramError as e:
             raise ProgramError(f"instruction {format_instr(self.program, pc)}: {e}") from None
 
-    def run(self, **values: Any) -> tuple[Any, ...]:
+    def run(self, program: Program | None = None, /, **values: Any) -> tuple[Any, ...]:
+        """Execute the Program once with ``values`` (variables by name); returns the ``results`` registers.
+        Raises ``ValueError``/``TypeError`` for a missing, unknown or out-of-bounds variable and whatever the
+        Bridge raises, noted with the instruction that was running. ``program``: see ``Executor``."""
+        if program is not None and program is not self.program:
+            return self._other(program).run(**values)
         program, regs, code = self.program, self.registers, self.code
         for (r, _, _), v in zip(program.variables.values(), bind_variables(program, values)):
             regs[r] = v

@@ -251,7 +251,11 @@ class CompiledReplay(Executor):
         vals = bind_variables(self.program, {k: v for k, v in values.items() if v is not _MISSING})
         return self._replay(**dict(zip(self.program.variables, vals)))
 
-    def run(self, **values: Any) -> tuple[Any, ...]:
+    def run(self, program: Program | None = None, /, **values: Any) -> tuple[Any, ...]:
+        """Execute the Program once through the generated function; same contract as ``Interpreter.run``
+        (``program``: see ``Executor``)."""
+        if program is not None and program is not self.program:
+            return self._other(program).run(**values)
         try:
             if self._keywords:
                 return self._replay(**values)

@@ -298,3 +298,21 @@ def test_casts_of_variables_at_run_time(cls: type) -> None:
     ex = cls(prog, RecordingBridge(), results=(1, 2, 3, 4, 5))
     assert ex.run(x=-1) == (255, -1, -1.0, 2**64 - 1, -1)
     assert ex.run(x=2**24 + 1) == (1, 1, 16777216.0, 2**24 + 1, 16777216)
+
+
+@pytest.mark.parametrize("cls", EXECUTORS)
+def test_run_takes_the_program_as_issue_4_names_it(cls: type) -> None:
+    """``executor.run(program, **values)``: the executor's own Program, or another one on the same Bridge."""
+    double = Program([("ALU", 2, Ops.MUL, dtypes.int32, 0, 1)], 3, {1: 2}, variables={"x": (0, -9, 9)},
+                     results={"y": 2})
+    ex = cls(double, RecordingBridge(), results=(2,))
+    assert ex.run(double, x=4) == ex.run(x=4) == (8,)
+    negate = Program([("ALU", 1, Ops.NEG, dtypes.int32, 0)], 2, {}, variables={"x": (0, -9, 9)}, results={"y": 1})
+    assert ex.run(negate, x=4) == (-4,) and ex.run(negate, x=5) == (-5,)  # made once, kept
+    assert ex.run(x=3) == (6,)  # its own Program is untouched
+    with pytest.raises(ValueError, match=r"'x' = 10 is outside its bounds"):
+        ex.run(negate, x=10)
+    from mtlir.metal import Obj
+    linked_only = Program([], 1, objects={0: Obj("queue", "queue")})
+    with pytest.raises(LinkError, match="link the Program first"):
+        ex.run(linked_only)
