@@ -13,7 +13,9 @@ What each kind becomes is docs/internals.md's table; the messages and their orde
   ``newIndirectCommandBufferWithDescriptor:maxCommandCount:options:``, then per command
   ``indirectComputeCommandAtIndex:`` (retained), ``setComputePipelineState:``, ``setKernelBuffer:offset:atIndex:``
   per binding, ``concurrentDispatchThreadgroups:threadsPerThreadgroup:``, ``setBarrier``; each command's
-  threadgroup is checked against its pipeline's ``maxTotalThreadsPerThreadgroup``.
+  threadgroup is checked against its pipeline's ``maxTotalThreadsPerThreadgroup``, and so is every constant
+  threadgroup of the direct path's ``dispatchThreadgroups:threadsPerThreadgroup:`` (sizes set per submit are
+  the device's to check: the simulated device raises in strict mode).
 - residency: with ``program.device.residency_set``, an MTLResidencySet holding every buffer and the ICB,
   committed and added to the queue; without, the ``resources`` placeholder (a host array for
   ``useResources:count:usage:``) is all there is.
@@ -42,7 +44,7 @@ from mtlir.runtime.interpreter import prepare_registers
 __all__ = ["link", "Linked", "icb_commands", "collect_objects"]
 
 _OBJECT_KINDS = ("device", "queue", "event", "fence", "buffer", "varbuf", "pipeline", "icb", "icbcmd", "resources",
-                 "cbslots", "struct", "scratch", "contents")
+                 "cbslots", "struct", "scratch", "contents", "table")
 
 
 def _name(x: Any) -> str:
@@ -228,6 +230,8 @@ class _Linker:
         self.out = Linked(program, bridge)
         self.sels: dict[str, int] = {}
         self.size_buf = 0
+        self.max_threads: dict[str, int] = {}  # pipeline name -> maxTotalThreadsPerThreadgroup
+        self.structs: dict[int, tuple[Any, ...]] | None = None  # register -> its STRUCT instruction
 
     # ---- helpers
 
@@ -355,6 +359,7 @@ class _Linker:
             raise LinkError(f"a Program with {len(icbs)} ICBs ({', '.join(o.name for o in icbs)}): one is supported")
         for o in icbs:
             self.make_icb(device, o)
+        self.check_direct_dispatches()
         if self.p.device.residency_set:
             self.make_residency_set(device, by_kind)
         for o in by_kind.get("contents", []):
@@ -378,6 +383,8 @@ class _Linker:
             table = self.keep(o.name, b.malloc(8 * max(len(o.payload), 1)), "free")
             self.region(table, 8 * len(o.payload), o.name)
             b.write(table, struct.pack(f"<{len(o.payload)}Q", *(h[_name(n)] for n in o.payload)))
+        for o in by_kind.get("table", []):
+            self.make_table(o)
         for o in by_kind.get("cbslots", []):
             self.region(self.keep(o.name, b.malloc(8 * max(int(o.payload[0]), 1)), "free"), 8 * int(o.payload[0]),
                         o.name)
@@ -386,6 +393,18 @@ class _Linker:
             b.write(addr, struct.pack(f"<{len(o.payload)}Q", *(int(v) for v in o.payload)))
         for o in by_kind.get("scratch", []):
             self.region(self.keep(o.name, b.malloc(max(int(o.payload[0]), 1)), "free"), int(o.payload[0]), o.name)
+
+    def make_table(self, o: Obj) -> None:
+        """A ``table`` placeholder: a host array of one uint64 per payload entry, an int as it is, a name (str or
+        Obj) as the handle of that placeholder (e.g. the pipeline of each iteration of a profiled loop)."""
+        h = self.out.handles
+        missing = [_name(n) for n in o.payload if not isinstance(n, int) and _name(n) not in h]
+        if missing:
+            raise LinkError(f"{o.name}: names objects link did not make: {', '.join(missing)}")
+        values = [n if isinstance(n, int) else h[_name(n)] for n in o.payload]
+        table = self.keep(o.name, self.b.malloc(8 * max(len(values), 1)), "free")
+        self.region(table, 8 * len(values), o.name)
+        self.b.write(table, struct.pack(f"<{len(values)}Q", *values))
 
     def make_buffer(self, device: int, o: Obj) -> None:
         nbytes = int(o.payload[0]) if o.payload else 0
@@ -446,16 +465,11 @@ class _Linker:
                                                  "(paravirtual Metal) needs the direct path: lower with --no-icb)"))
         finally:
             self.send(desc, "release")
-        max_threads: dict[str, int] = {}
         for i, c in enumerate(cmds):
             where = f"{o.name}[{i}] ({c.pipeline})"
             if c.pipeline not in h:
                 raise LinkError(f"{where}: no pipeline named {c.pipeline!r}")
-            if c.pipeline not in max_threads:
-                max_threads[c.pipeline] = int(self.send(h[c.pipeline], "maxTotalThreadsPerThreadgroup"))
-            if math.prod(c.threadgroup) > max_threads[c.pipeline]:
-                raise LinkError(f"{where}: threadgroup {list(c.threadgroup)} = {math.prod(c.threadgroup)} threads is "
-                                f"more than the pipeline's maxTotalThreadsPerThreadgroup {max_threads[c.pipeline]}")
+            self.check_threadgroup(where, c.pipeline, c.threadgroup)
             cmd = self.keep(f"{o.name}[{i}]", self.checked(self.send(icb, "indirectComputeCommandAtIndex:", i), where))
             self.send(cmd, "retain")  # +0 from the ICB: kept until release
             self.send(cmd, "setComputePipelineState:", h[c.pipeline])
@@ -471,6 +485,54 @@ class _Linker:
             if c.barrier:
                 self.send(cmd, "setBarrier")
         self.out.icb = cmds
+
+    def check_threadgroup(self, where: str, pipeline: str, threadgroup: tuple[int, ...]) -> None:
+        """A constant threadgroup against its pipeline's ``maxTotalThreadsPerThreadgroup`` (asked once per
+        pipeline; it can be below 1024): Metal would drop the dispatch silently (METAL.md §3 rule 13)."""
+        limit = self.max_threads.get(pipeline)
+        if limit is None:
+            limit = self.max_threads[pipeline] = int(self.send(self.out.handles[pipeline],
+                                                               "maxTotalThreadsPerThreadgroup"))
+        if math.prod(threadgroup) > limit:
+            raise LinkError(f"{where}: threadgroup {list(threadgroup)} = {math.prod(threadgroup)} threads is more than "
+                            f"the pipeline's maxTotalThreadsPerThreadgroup {limit} (Metal would drop the dispatch "
+                            "silently: METAL.md §3 rule 13)")
+
+    def check_direct_dispatches(self) -> None:
+        """The direct path's ``dispatchThreadgroups:threadsPerThreadgroup:`` messages whose threadgroup is a
+        constant, against the pipeline the encoder had bound when they are sent (``setComputePipelineState:`` of a
+        pipeline placeholder; a pipeline taken from a register at run time, e.g. a table, leaves the dispatches
+        after it to the device's own check). Empty dispatches (the warm-up) are skipped."""
+        p = self.p
+        current: str | None = None
+        for c in p.calls():
+            if c.selector == "setComputePipelineState:":
+                recv = p.objects.get(c.receiver)
+                if recv is not None and recv.kind == "icbcmd":
+                    continue  # an ICB command, not the encoder (checked in make_icb)
+                arg = p.objects.get(c.args[0]) if c.args else None
+                current = arg.name if arg is not None and arg.kind == "pipeline" else None
+            elif c.selector == "dispatchThreadgroups:threadsPerThreadgroup:" and current is not None:
+                grid, tg = (self.const_size(r) for r in c.args[:2])
+                if tg is not None and 0 not in tg and (grid is None or 0 not in grid):
+                    self.check_threadgroup(f"dispatch at instruction {c.pc} ({current})", current, tg)
+
+    def const_size(self, reg: int) -> tuple[int, ...] | None:
+        """The MTLSize a register holds when it is a constant: a 3-tuple constant (x86_64), a ``struct``
+        placeholder (a host copy on arm64) or a STRUCT of constants; None when it is set at run time."""
+        p = self.p
+        value = p.consts.get(reg)
+        if value is None and reg in p.objects and p.objects[reg].kind == "struct":
+            value = p.objects[reg].payload
+        if value is None:
+            if self.structs is None:
+                self.structs = {ins[1]: ins for ins in p.instrs if ins[0] == "STRUCT"}
+            ins = self.structs.get(reg)
+            if ins is not None and all(type(p.consts.get(r)) is int for r in ins[2:]):
+                value = tuple(p.consts[r] for r in ins[2:])
+        if isinstance(value, tuple) and len(value) == 3 and all(type(v) is int for v in value):
+            return value
+        return None
 
     def make_residency_set(self, device: int, by_kind: dict[str, list[Obj]]) -> None:
         desc = self.label(self.checked(self.send(self.b.objc_getClass("MTLResidencySetDescriptor"), "new"),
@@ -500,8 +562,9 @@ def link(program: Program, bridge: Bridge, *, initial: Mapping[str, Any] | None 
     ``name_object`` (a ``RecordingBridge``), every object is named there too.
 
     Raises ``LinkError`` naming the object when Metal returns nil (with the NSError's localizedDescription where
-    the call has an error out-parameter), for initial data that names no buffer or does not fit, a threadgroup
-    above a pipeline's ``maxTotalThreadsPerThreadgroup``, or an ICB offset above 32 bits; everything created so far
+    the call has an error out-parameter), for initial data that names no buffer or does not fit, a constant
+    threadgroup (of an ICB command or a direct dispatch) above its pipeline's ``maxTotalThreadsPerThreadgroup``,
+    or an ICB offset above 32 bits; everything created so far
     is released first. Whatever the Bridge raises (``BridgeError``, ``UnsupportedKernelError``, ...) passes
     through unchanged."""
     if program.target != bridge.target:

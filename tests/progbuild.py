@@ -163,3 +163,46 @@ def submit_program(target: str = "arm64", *, kernels: int = 2, residency_set: bo
     p.msg(cb, "encodeSignalEvent:value:", event, tl)
     p.msg(cb, "commit")
     return p.build()
+
+
+def direct_program(target: str = "arm64", *, grid: tuple[int, int, int] = (4, 1, 1),
+                   threadgroup: tuple[int, int, int] | None = (4, 1, 1), family: str = "Apple7") -> Program:
+    """A direct-path submit (no ICB: setComputePipelineState:, setBuffer:offset:atIndex: per buffer,
+    dispatchThreadgroups:threadsPerThreadgroup:) of ``add1`` over two buffers, a constant ``grid`` and a constant
+    ``threadgroup`` (None: the threadgroup is ``(tg, 1, 1)`` with ``tg`` a variable in 1..1024, set per submit).
+    Variables: ``n`` (elements, 1..64), ``timeline`` (and ``tg``)."""
+    dev = DeviceSpec(family, residency_set=False, icb=False)
+    p = PB(target, dev)
+    kern = Kernel("add1", "add1", COPY_MSL, (KernelParam(None, 0), KernelParam(None, 1), KernelParam("n", 2, "int32")))
+    pipe = p.obj(Obj("pipeline", "pipeline:add1", (kern,)))
+    bufs = [p.obj(Obj("buffer", f"buffer:{i}", (256,))) for i in range(2)] + [p.obj(Obj("varbuf", "varbuf", (256,)))]
+    n = p.var("n", 1, 64)
+    tl = p.var("timeline", 0, 2**62)
+    queue, fence, event = (p.obj(Obj(k, k)) for k in ("queue", "fence", "event"))
+    p.store(dtypes.int32, p.obj(Obj("contents", "contents:varbuf", ("varbuf",))), n)
+    cb = p.msg(queue, "commandBuffer")
+    p.store(dtypes.uint64, p.obj(Obj("cbslots", "cbslots", (1, ()))), p.msg(cb, "retain"))
+    enc = p.msg(cb, "computeCommandEncoder")
+    p.msg(enc, "waitForFence:", fence)
+    p.msg(enc, "setComputePipelineState:", pipe)
+    zero = p.const(0)
+    for i, buf in enumerate(bufs):
+        p.msg(enc, "setBuffer:offset:atIndex:", buf, zero, p.const(i))
+    if threadgroup is not None:
+        tg = p.mtlsize(*threadgroup)
+    else:
+        width = p.emit("CAST", dtypes.uint64, p.var("tg", 1, 1024))
+        one = p.const(1)
+        if target == "x86_64":
+            tg = p.emit("STRUCT", width, one, one)
+        else:
+            tg = p.obj(Obj("scratch", "scratch:24", (24,)))
+            p.store(dtypes.uint64, tg, width)
+            p.store(dtypes.uint64, p.index(8, tg, one), one)
+            p.store(dtypes.uint64, p.index(8, tg, p.const(2)), one)
+    p.msg(enc, "dispatchThreadgroups:threadsPerThreadgroup:", p.mtlsize(*grid), tg)
+    p.msg(enc, "updateFence:", fence)
+    p.msg(enc, "endEncoding")
+    p.msg(cb, "encodeSignalEvent:value:", event, tl)
+    p.msg(cb, "commit")
+    return p.build()

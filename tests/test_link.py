@@ -424,3 +424,14 @@ def test_probe_device_without_a_device() -> None:
             return 0 if fn == "MTLCreateSystemDefaultDevice" else super().c_call(fn, proto, args)
     with pytest.raises(LinkError, match="MTLCreateSystemDefaultDevice returned nil"):
         probe_device(NoDevice())
+
+
+@pytest.mark.parametrize("target", ["arm64", "x86_64"])
+def test_direct_path_constant_threadgroup_above_the_pipeline_limit(target: str) -> None:
+    from progbuild import direct_program
+    with pytest.raises(LinkError, match=r"dispatch at instruction \d+ \(pipeline:add1\): threadgroup \[8, 2, 1\] = "
+                                        r"16 threads is more than the pipeline's maxTotalThreadsPerThreadgroup 8"):
+        link(direct_program(target, threadgroup=(8, 2, 1)), NilBridge("", max_threads=8, target=target))
+    link(direct_program(target, threadgroup=(8, 1, 1)), NilBridge("", max_threads=8, target=target)).release()
+    # a threadgroup set per submit is the device's to check (the simulated device raises in strict mode)
+    link(direct_program(target, threadgroup=None), NilBridge("", max_threads=8, target=target)).release()

@@ -173,3 +173,22 @@ def test_a_strict_error_mid_submit_is_not_replaced_by_the_cleanup_error(runner: 
         s.close()
     finally:
         dev.close()
+
+
+def test_direct_path_threadgroup_set_per_submit_is_checked_by_the_strict_device(runner: KernelRunner) -> None:
+    from progbuild import direct_program
+    program = direct_program("x86_64", threadgroup=None)
+    dev = SimDevice("x86_64", family="Apple7", residency_sets=False, icb=False, kernel_runner=runner)
+    try:
+        s = Session(program, dev, timeout_s=5.0)
+        s.submit(n=8, tg=4)
+        s.wait(timeout_s=5.0)
+        assert np.frombuffer(s.read("buffer:0"), np.float32)[:10].tolist() == [1.0] * 8 + [0.0] * 2
+        dev.set_max_total_threads(s.linked.handles["pipeline:add1"], 64)
+        with pytest.raises(MetalValidationError, match=r"128 threads per threadgroup > maxTotalThreadsPerThreadgroup "
+                                                       r"64.*rule 13"):
+            s.submit(n=8, tg=128)
+        s.close()
+        assert dev.live_objects().get("MTLCommandBuffer", 0) == 0
+    finally:
+        dev.close()
