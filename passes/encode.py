@@ -20,7 +20,9 @@ receiver (``enc.after(previous)``). docs/lowering.md walks through the choices b
 - Command buffers: a SIGNAL closes the current command buffer (so a signal in the middle of a queue is honoured:
   the work before it is done when the event reaches the value). With TIMESTAMPs the submit is profiled: one
   command buffer per command; a run of commands without a signal becomes a loop (RANGE ... END), each iteration
-  executing the range of one command and warming up every pipeline of the run.
+  executing the range of one command, warming up only that command's pipeline and listing only its buffers
+  (link-time ``table`` placeholders indexed by the loop counter). Every encoder's ``useResources:count:usage:``
+  lists exactly the buffers its own commands bind, and the variables buffer.
 - ICB offsets above 0xFFFFFFFF do not fit an ICB (METAL.md §3 rule 8): the submit is lowered on the direct path,
   and a diagnostic the pipeline keeps says why. An offset that is not a multiple of the element size is invalid on
   any path (METAL.md §1): ``EncodeError`` naming the command.
@@ -37,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mtlir.dtypes import dtypes
-from mtlir.metal import MTL, SELECTORS, DeviceSpec
+from mtlir.metal import MTL, SELECTORS, DeviceSpec, Obj
 from mtlir.ops import Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
 from mtlir.passes.plan import VAR_SLOT, Command, CommandBufferPlan, EncodeError, SubmitReader, placeholder
@@ -72,7 +74,6 @@ class _Builder:
     fence: UOp = field(default_factory=lambda: placeholder("fence", "fence"))
     icb: UOp | None = None
     contents: UOp | None = None
-    resources: UOp | None = None
     inputs_table: UOp | None = None
     cbslots: UOp | None = None
     varbuf: UOp | None = None
@@ -113,8 +114,6 @@ class _Builder:
                     patches.append(msg("concurrentDispatchThreadgroups:threadsPerThreadgroup:", cmd, c.grid.node,
                                        c.threadgroup.node))
             if not e.device.residency_set:
-                names = (*e.buffers, *(("varbuf",) if values else ()))
-                self.resources = placeholder("resources", "resources", names, dtypes.id.ptr())
                 if e.inputs:
                     self.inputs_table = placeholder("scratch", "scratch:inputs", (8 * len(e.inputs),), dtypes.id.ptr())
                     for var, pos in e.inputs.items():
@@ -151,6 +150,59 @@ class _Builder:
         for pipe in pipes:
             self.send(enc, "setComputePipelineState:", pipe)
             self.send(enc, "dispatchThreadgroups:threadsPerThreadgroup:", zero, zero)
+
+    def loop_warmup(self, enc: list[UOp], plan: CommandBufferPlan, counter: UOp) -> None:
+        """The warm-up of iteration ``counter`` of a profiled loop: the pipeline of that iteration's command only
+        (METAL.md §3 rule 16 needs the pipeline the encoder's command uses), read from a link-time table of the
+        run's pipelines indexed by the counter; the pipeline itself when the run uses one."""
+        zero = UOp.struct(dtypes.MTLSize, 0, 0, 0)
+        pipes = [c.kernel.pipeline for c in self.e.cmds[plan.first:plan.first + plan.ncmds]]
+        if len(set(pipes)) == 1:
+            pipe = pipes[0]
+        else:
+            table = placeholder("table", f"table:pipelines:{plan.first}", tuple(p.arg for p in pipes),
+                                dtypes.id.ptr())
+            pipe = table.index(counter).load()
+        self.send(enc, "setComputePipelineState:", pipe)
+        self.send(enc, "dispatchThreadgroups:threadsPerThreadgroup:", zero, zero)
+
+    def resource_names(self, first: int, count: int) -> tuple[str, ...]:
+        """The buffers commands ``first .. first+count-1`` bind, each once in first-use order (a view counts as
+        its buffer; buffer variables are listed apart), then the variables buffer when the submit has one."""
+        e = self.e
+        if first == 0 and count == len(e.cmds):
+            names: tuple[str, ...] = tuple(e.buffers)
+        else:
+            names = tuple(dict.fromkeys(t[0] for c in e.cmds[first:first + count] for t in c.icb_binds
+                                        if t[0] and t[0] != "varbuf"))
+        return names + (("varbuf",) if self.varbuf is not None else ())
+
+    def resources(self, plan: CommandBufferPlan, counter: UOp | None) -> tuple[UOp, UOp]:
+        """The ``useResources:count:usage:`` array and count of one encoder: exactly the buffers its commands bind
+        (+ the variables buffer). In a profiled loop (``counter``) each iteration's command has its own list: a
+        ``resources`` array per distinct list, and two link-time tables indexed by the counter give the iteration's
+        array and its length (the array itself when every iteration lists the same buffers)."""
+        ptr = dtypes.id.ptr()
+        if counter is None:
+            names = self.resource_names(plan.first, plan.ncmds)
+            whole = plan.first == 0 and plan.ncmds == len(self.e.cmds)
+            table = placeholder("resources", "resources" if whole else f"resources:{plan.first}", names, ptr)
+            return table, u64(len(names))
+        arrays: dict[tuple[str, ...], Obj] = {}  # a list of names -> the placeholder of that array
+        per_iteration: list[Obj] = []
+        for j in range(plan.first, plan.first + plan.ncmds):
+            names = self.resource_names(j, 1)
+            obj = arrays.get(names)
+            if obj is None:
+                obj = arrays[names] = Obj("resources", f"resources:{j}", names)
+            per_iteration.append(obj)
+        if len(arrays) == 1:
+            return UOp(Ops.OBJECT, ptr, (), per_iteration[0]), u64(len(per_iteration[0].payload))
+        # the table holds the arrays themselves (link makes each, then writes its address per iteration)
+        table = placeholder("table", f"table:resources:{plan.first}", tuple(per_iteration), ptr.ptr())
+        counts = placeholder("table", f"table:resource-counts:{plan.first}",
+                             tuple(len(o.payload) for o in per_iteration), dtypes.uint64.ptr())
+        return table.index(counter).load(), counts.index(counter).load()
 
     def send(self, chain: list[UOp], selector: str, *args: UOp) -> UOp:
         """Send ``selector`` to ``chain[0]`` after the message ``chain[1]`` (if any); the chain moves on."""
@@ -201,9 +253,10 @@ class _Builder:
         dt = c.kernel.vars[j - nb][1]
         return "setBytes:length:atIndex:", (self.slot_ptr(t[1] // VAR_SLOT), u64(dt.itemsize), u64(t[2]))
 
-    def command_buffer(self, deps: list[UOp], plan: CommandBufferPlan, slot: UOp, first: UOp | None) -> UOp:
-        """One command buffer of ``plan``; ``first``: the first command as a node (the loop counter in a loop).
-        Returns its ``commit``."""
+    def command_buffer(self, deps: list[UOp], plan: CommandBufferPlan, slot: UOp, first: UOp | None,
+                       counter: UOp | None = None) -> UOp:
+        """One command buffer of ``plan``; in a profiled loop ``first`` is the command this iteration executes (a
+        node) and ``counter`` the loop counter (0 .. plan.ncmds-1). Returns its ``commit``."""
         assert self.cbslots is not None
         cb = msg("commandBuffer", self.queue.after(*deps))
         keep = self.cbslots.index(slot).store(msg("retain", cb))
@@ -211,14 +264,16 @@ class _Builder:
         if plan.ncmds:
             enc = [msg("computeCommandEncoder", cb.after(keep))]
             self.send(enc, "waitForFence:", self.fence)
-            if self.resources is not None:
-                self.send(enc, "useResources:count:usage:", self.resources, u64(len(self.resources.arg.payload)),
+            if self.icb_path and not self.e.device.residency_set:
+                self.send(enc, "useResources:count:usage:", *self.resources(plan, counter),
                           u64(MTL.ResourceUsageRead | MTL.ResourceUsageWrite))
             if self.inputs_table is not None:
                 self.send(enc, "useResources:count:usage:", self.inputs_table, u64(len(self.e.inputs)),
                           u64(MTL.ResourceUsageRead | MTL.ResourceUsageWrite))
             if self.icb_path:
-                if self.e.device.needs_warmup:
+                if self.e.device.needs_warmup and counter is not None:
+                    self.loop_warmup(enc, plan, counter)
+                elif self.e.device.needs_warmup:
                     self.warmup(enc, plan.first, plan.ncmds)
                 assert self.icb is not None
                 if first is not None:
@@ -252,7 +307,7 @@ class _Builder:
             if p.loop:
                 rng = UOp.range(u64(p.ncmds).after(*deps), self.e.ctx.fresh("range"), dtypes.uint64)
                 cmd = rng + p.first if p.first else rng
-                body = self.command_buffer([rng], p, (rng + slot if slot else rng).cast(dtypes.int64), cmd)
+                body = self.command_buffer([rng], p, (rng + slot if slot else rng).cast(dtypes.int64), cmd, rng)
                 deps = [rng.end(body)]
                 slot += p.ncmds
             else:

@@ -275,3 +275,77 @@ def test_direct_path_messages_are_the_same_as_one_node_per_message(target: str) 
                           "encoder setBuffer:offset:atIndex: buffer:y 256 1",
                           "encoder setBytes:length:atIndex: contents:varbuf 4 2",
                           "encoder dispatchThreadgroups:threadsPerThreadgroup: * [32,1,1]"]
+
+
+def test_each_encoder_lists_only_the_buffers_its_commands_bind() -> None:
+    """A submit split by a signal: each encoder's useResources:count:usage: names its own commands' buffers and the
+    variables buffer, not the whole submit's (METAL.md §1 step 4)."""
+    x, y, z = buffer("x", 64), buffer("y", 64), buffer("z", 64)
+    q = Queue(DeviceSpec("Apple7", residency_set=False))
+    q.exec(SCALE, [x, y]).signal(q.timeline, 1).exec(SAXPY, [z, y], [N]).signal(q.timeline, 2)
+    lines = [m for m in message_lines(lower(q.submit()).program) if "useResources" in m]
+    assert lines == ["encoder useResources:count:usage: resources:0 3 3",
+                     "encoder useResources:count:usage: resources:1 3 3"]
+    p = lower(q.submit()).program
+    assert {o.name: o.payload for o in objects(p, "resources")} == {
+        "resources:0": ("buffer:x", "buffer:y", "varbuf"), "resources:1": ("buffer:z", "buffer:y", "varbuf")}
+
+
+def test_a_profiled_loop_warms_up_only_the_pipeline_of_its_command() -> None:
+    """The profiled ICB loop (one command buffer per command): each iteration binds its own command's pipeline,
+    read from a link-time table indexed by the loop counter, and lists its own buffers."""
+    kernels = [Kernel(f"k{i}", f"k{i}", "", (KernelParam(None, 0), KernelParam(None, 1))) for i in range(3)]
+    bufs = [buffer(f"b{i}", 64) for i in range(4)]
+    q = Queue(DeviceSpec("Apple7", residency_set=False))
+    for i in range(6):
+        q.timestamp(i).exec(kernels[i % 3], [bufs[i % 4], bufs[(i + 1) % 4]])
+    p = lower(q.signal(q.timeline, 1).submit()).program
+    lines = message_lines(p)
+    body = lines[lines.index("for 5") + 1:lines.index("end")]
+    assert body.count("encoder setComputePipelineState: *") == 1 and len(body) == 11  # one warm-up pair
+    assert "encoder useResources:count:usage: * * 3" in body
+    tables = {o.name: o.payload for o in objects(p, "table")}
+    assert [o.name for o in tables["table:pipelines:0"]] == [f"pipeline:k{i % 3}" for i in range(5)]
+    assert [o.payload for o in tables["table:resources:0"]] == [(f"buffer:b{i % 4}", f"buffer:b{(i + 1) % 4}")
+                                                                for i in range(5)]
+    assert tables["table:resource-counts:0"] == (2,) * 5
+    assert count_messages(p) == 6 * 11 + 1  # per command buffer: open 4, use, warm-up 2, execute, close 2, commit; a signal
+    one = Queue(DeviceSpec("Apple7", residency_set=False))  # one pipeline, the same buffers: no table at all
+    for i in range(3):
+        one.timestamp(i).exec(kernels[0], bufs[:2])
+    p1 = lower(one.signal(one.timeline, 1).submit()).program
+    assert not objects(p1, "table") and "encoder setComputePipelineState: pipeline:k0" in message_lines(p1)
+
+
+COPY = """#include <metal_stdlib>
+using namespace metal;
+kernel void KEY(device float* y, device float* x, uint3 gid [[threadgroup_position_in_grid]],
+                uint3 lid [[thread_position_in_threadgroup]]) {
+  int i = gid.x * 32 + lid.x;
+  y[i] = x[i] * MUL;
+}
+"""
+
+
+@pytest.mark.parametrize("family", ["Apple7", "Apple9"])
+def test_a_profiled_loop_runs_on_the_strict_simulated_device(family: str) -> None:
+    """Two pipelines and four buffers in a profiled loop, no residency set, on the simulated device in strict
+    mode: a command whose pipeline was not warmed up (rule 16) or whose buffer is not resident (rule 10) raises."""
+    import numpy as np
+
+    from mtlir.runtime import Session
+    from mtlir.runtime.sim.device import SimDevice
+    kernels = [Kernel(key, key, COPY.replace("KEY", key).replace("MUL", mul),
+                      (KernelParam(None, 0), KernelParam(None, 1))) for key, mul in (("twice", "2.0f"), ("neg", "-1.0f"))]
+    a, b, c, d = (buffer(name, 128) for name in "abcd")
+    device = DeviceSpec(family, residency_set=False)
+    q = Queue(device)
+    for i, (k, dst, src) in enumerate([(0, b, a), (1, c, b), (0, d, c)]):
+        q.timestamp(i).exec(kernels[k], [dst, src], grid=(1,), threadgroup=(32,))
+    program = lower(q.signal(q.timeline, timeline_value()).submit(), target="x86_64", keep_stages=False).program
+    x = np.arange(32, dtype=np.float32)
+    with SimDevice("x86_64", family=family, residency_sets=False) as dev, \
+            Session(program, dev, initial={"buffer:a": x.tobytes()}) as s:
+        s.submit(timeline=1)
+        s.wait(timeout_s=60)
+        np.testing.assert_array_equal(np.frombuffer(s.read("buffer:d"), np.float32), x * -4)
