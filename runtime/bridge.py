@@ -91,6 +91,7 @@ class HostMemory:
         self.live: dict[int, int] = {}
 
     def malloc(self, nbytes: int) -> int:
+        """``nbytes`` zeroed bytes, 16-byte aligned, at a fresh address; ``BridgeError`` for a negative size."""
         if nbytes < 0:
             raise BridgeError(f"malloc of a negative size ({nbytes} bytes)")
         addr = self.BASE + len(self.mem)
@@ -99,6 +100,8 @@ class HostMemory:
         return addr
 
     def free(self, addr: int) -> None:
+        """Check that ``addr`` is a live ``malloc`` block and forget it (the bytes stay: addresses are never reused);
+        ``BridgeError`` for any other address or a second free."""
         if self.live.pop(addr, None) is None:
             raise BridgeError(f"free of 0x{addr:x}: not an address malloc returned (or freed twice)")
 
@@ -109,18 +112,22 @@ class HostMemory:
         return off
 
     def read(self, addr: int, nbytes: int) -> bytes:
+        """``nbytes`` bytes at ``addr``; ``BridgeError`` outside the arena."""
         off = self._off(addr, nbytes)
         return bytes(self.mem[off:off + nbytes])
 
     def write(self, addr: int, data: bytes) -> None:
+        """Copy ``data`` to ``addr``; ``BridgeError`` outside the arena."""
         off = self._off(addr, len(data))
         self.mem[off:off + len(data)] = data
 
     def load(self, addr: int, dtype: DType) -> Any:
+        """One ``dtype`` value at ``addr`` (a struct dtype loads as a tuple)."""
         v = struct.unpack_from("<" + dtype.fmt, self.mem, self._off(addr, dtype.itemsize))
         return v[0] if len(v) == 1 else v
 
     def store(self, addr: int, dtype: DType, value: Any) -> None:
+        """Write one ``dtype`` value at ``addr``: integers wrap to the dtype's width, a struct takes a tuple."""
         if dtype.is_word and dtype.kind != "bool":
             value = int(value) & ((1 << dtype.bits) - 1)
             fmt = "<" + {1: "B", 2: "H", 4: "I", 8: "Q"}[dtype.itemsize]
@@ -131,6 +138,7 @@ class HostMemory:
             struct.pack_into("<" + dtype.fmt, self.mem, self._off(addr, dtype.itemsize), value)
 
     def read_cstring(self, addr: int) -> str:
+        """The NUL-terminated UTF-8 string at ``addr``; ``BridgeError`` without a terminator."""
         off = self._off(addr, 1)
         end = self.mem.find(0, off)
         if end < 0:
@@ -260,6 +268,7 @@ class RecordingBridge:
     # ---- the Bridge
 
     def sel_registerName(self, name: str) -> int:
+        """The SEL of ``name`` (the inner bridge's, or a fresh handle), remembered for naming messages."""
         sel = self._sel_ids.get(name)
         if sel is None:
             sel = self.inner.sel_registerName(name) if self.inner is not None else self._fake.new_handle()
@@ -268,16 +277,20 @@ class RecordingBridge:
         return sel
 
     def objc_getClass(self, name: str) -> int:
+        """The class object ``name`` (the inner bridge's, or a fake one); recorded messages name it by class."""
         cls = self.inner.objc_getClass(name) if self.inner is not None else self._fake.get_class(name)
         self.names.setdefault(cls, name)
         return cls
 
     def c_call(self, fn: str, proto: Prototype, args: tuple[Any, ...]) -> Any:
+        """A C function call, passed to the inner bridge or answered by the fake device; not recorded."""
         if self.inner is not None:
             return self.inner.c_call(fn, proto, args)
         return self._fake.c_call(fn, args)
 
     def msg_send(self, proto: Prototype, args: tuple[Any, ...]) -> Any:
+        """Record the message (when ``recording``), then send it through the inner bridge or the fake device;
+        ``BridgeError`` for a SEL this bridge did not register."""
         selector = self._sels.get(args[1])
         if selector is None:
             raise BridgeError(f"objc_msgSend with an unknown SEL 0x{int(args[1]):x} (receiver 0x{int(args[0]):x})")
@@ -291,30 +304,38 @@ class RecordingBridge:
         return ret
 
     def malloc(self, nbytes: int) -> int:
+        """Host memory from the inner bridge or the fake device's ``HostMemory``."""
         return self.inner.malloc(nbytes) if self.inner is not None else self._fake.mem.malloc(nbytes)
 
     def free(self, addr: int) -> None:
+        """Free host memory (inner bridge or fake device)."""
         self.inner.free(addr) if self.inner is not None else self._fake.mem.free(addr)
 
     def read(self, addr: int, nbytes: int) -> bytes:
+        """``nbytes`` bytes at ``addr`` (inner bridge or fake device)."""
         return self.inner.read(addr, nbytes) if self.inner is not None else self._fake.mem.read(addr, nbytes)
 
     def write(self, addr: int, data: bytes) -> None:
+        """Copy ``data`` to ``addr`` (inner bridge or fake device)."""
         self.inner.write(addr, data) if self.inner is not None else self._fake.mem.write(addr, data)
 
     def load(self, addr: int, dtype: DType) -> Any:
+        """One ``dtype`` value at ``addr`` (inner bridge or fake device)."""
         return self.inner.load(addr, dtype) if self.inner is not None else self._fake.mem.load(addr, dtype)
 
     def store(self, addr: int, dtype: DType, value: Any) -> None:
+        """Write one ``dtype`` value at ``addr`` (inner bridge or fake device)."""
         if self.inner is not None:
             self.inner.store(addr, dtype, value)
         else:
             self._fake.mem.store(addr, dtype, value)
 
     def make_string(self, s: str) -> int:
+        """An NSString holding ``s`` (inner bridge or fake device)."""
         return self.inner.make_string(s) if self.inner is not None else self._fake.new_string(s)
 
     def read_cstring(self, addr: int) -> str:
+        """The NUL-terminated string at ``addr`` (inner bridge or fake device)."""
         return self.inner.read_cstring(addr) if self.inner is not None else self._fake.mem.read_cstring(addr)
 
 

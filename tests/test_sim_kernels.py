@@ -2,8 +2,6 @@
 submit as METAL.md §1 lays it out, and the runtime's link + Session replaying a lowered-shaped Program."""
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 

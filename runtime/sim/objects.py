@@ -51,6 +51,7 @@ class ClassObject(SimObject):
         self.name, self.make = name, make
 
     def describe(self) -> str:
+        """``"class NSString"`` for messages."""
         return f"class {self.name}"
 
 
@@ -360,6 +361,7 @@ class ICBCommand(SimObject):
         self.icb, self.index = icb, index
 
     def describe(self) -> str:
+        """The command, its index (or "out of range") and its ICB, for messages."""
         where = "out of range" if self.index is None else str(self.index)
         return f"{self.objc_class} {self.handle:#x} (command {where} of {self.icb.describe()})"
 
