@@ -46,7 +46,7 @@ def float_rounder(dtype: DType) -> Callable[[Any], Any]:
     def rnd(x: Any) -> float:
         x = float(x)
         try:
-            return st.unpack(st.pack(x))[0]
+            return float(st.unpack(st.pack(x))[0])
         except OverflowError:  # out of the float's range: inf with the sign, as a C conversion gives
             return math.copysign(math.inf, x)
     return rnd

@@ -58,7 +58,7 @@ def _size3(x: Any, what: str) -> tuple[int, int, int]:
         vals = ()
     if len(vals) != 3:
         raise LinkError(f"{what}: expected 3 integer sizes, got {x!r}")
-    return vals  # type: ignore[return-value]
+    return vals[0], vals[1], vals[2]
 
 
 def icb_commands(spec: IcbSpec) -> tuple[list[IcbCommand], int]:

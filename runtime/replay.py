@@ -155,9 +155,9 @@ class CompiledReplay(Executor):
         """Whether the instruction's result is always a Python int (a wrapped integer of a word dtype)."""
         op = ins[0]
         if op == "ALU":
-            return ins[2] not in GroupOp.Comparison and ins[3].is_word and ins[3].kind != "bool"
+            return bool(ins[2] not in GroupOp.Comparison and ins[3].is_word and ins[3].kind != "bool")
         if op in ("CAST", "BITCAST", "LOAD"):
-            return ins[2].is_word and ins[2].kind != "bool"
+            return bool(ins[2].is_word and ins[2].kind != "bool")
         if op == "INDEX":
             return ins[3] in self.ints and ins[4] in self.ints
         return False

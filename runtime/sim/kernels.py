@@ -16,6 +16,7 @@ offset passed in the kernel's offset parameter (the translator adds one per buff
 """
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 import warnings
@@ -27,9 +28,10 @@ import numpy as np
 from mtlir.runtime.errors import KernelBuildError, KernelCompileError
 from mtlir.runtime.sim.msl import KernelArg, KernelInfo, Translation, translate
 
+cl: Any  # the pyopencl module, or None when it is missing (the runner then says what to install)
 try:
-    import pyopencl as cl
-except ImportError:  # pragma: no cover - pyopencl is a dependency; the runner says what is missing
+    cl = importlib.import_module("pyopencl")
+except ImportError:  # pragma: no cover - pyopencl is a dependency
     cl = None
 
 __all__ = ["KernelRunner", "CompiledKernel", "KernelArg", "View", "INSTALL_HINT"]
@@ -328,4 +330,4 @@ def _size3(size: Any, what: str) -> tuple[int, int, int]:
         raise ValueError(f"{what} must be three ints (width, height, depth), got {size!r}") from None
     if len(values) != 3 or any(v < 0 for v in values) or any(isinstance(v, bool) for v in size):
         raise ValueError(f"{what} must be three ints >= 0 (width, height, depth), got {size!r}")
-    return values  # type: ignore[return-value]
+    return values[0], values[1], values[2]
