@@ -7,8 +7,9 @@ sink) it times, as medians of N repeats:
 - ``toposort``: ``UOp.toposort()``;
 - ``no-match``: ``graph_rewrite`` with a matcher whose rules are for ops the graph does not hold (MSG, STORE, ...):
   the issue's aim is at most 3x ``dfs``;
-- ``rules-miss``: ``graph_rewrite`` with rules for the graph's own ops that never match (pattern checks run on
-  every node), for information;
+- ``rules-miss``: ``graph_rewrite`` with rules for the graph's own ops that never match: the matcher's precheck
+  (one generated test per op of the rules' cheap conditions: source count, source ops, dtypes and args) rejects
+  each node without running the patterns; reported against the same aim;
 
 and prints each as µs per node and as a ratio to ``dfs``. Ratios are what to compare between machines.
 """
@@ -78,10 +79,11 @@ def median_time(fn: Callable[[], object], repeat: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Time each graph and print the table (module docstring); returns 0."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7, help="runs per measurement (median)")
     args = ap.parse_args(argv)
-    ok = True
+    ok, ok_miss = True, True
     print(f"{'graph':<14}{'nodes':>8}  {'dfs µs/node':>12}  {'toposort':>9}  {'no-match':>9}  {'rules-miss':>10}")
     for name, graph in (("chain 100k", chain(100_000)), ("wide 20k", wide(20_000))):
         n = dfs(graph)
@@ -91,10 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         nomatch = median_time(lambda: graph_rewrite(graph, no_match), args.repeat)
         miss = median_time(lambda: graph_rewrite(graph, rules_miss), args.repeat)
         ok &= nomatch / base <= AIM
+        ok_miss &= miss / base <= AIM
         print(f"{name:<14}{n:>8}  {base / n * 1e6:>12.3f}  {topo / base:>8.2f}x  {nomatch / base:>8.2f}x  "
               f"{miss / base:>9.2f}x")
-    verdict = "meets" if ok else "MISSES"
-    print(f"no-match graph_rewrite / plain DFS: {verdict} the aim of <= {AIM:.0f}x")
+    for what, good in (("no-match", ok), ("rules-miss", ok_miss)):
+        print(f"{what} graph_rewrite / plain DFS: {'meets' if good else 'MISSES'} the aim of <= {AIM:.0f}x")
     return 0
 
 

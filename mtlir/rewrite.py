@@ -265,6 +265,7 @@ def graph_rewrite(graph: UOp, matcher: PatternMatcher, ctx: Any = None, name: st
     rw = _Rewriter(matcher, ctx, name, trace, max_steps, nodes, old)
     by_op, rewrite, replaced, early, state = matcher._by_op, matcher.rewrite_with_rule, rw.replaced, rw.early, rw.state
     get, state_get = replaced.get, state.get
+    dispatch, unchecked = matcher._dispatch, matcher._rewrite_unchecked
     for n in nodes:
         if early and n in early:
             continue
@@ -285,8 +286,8 @@ def graph_rewrite(graph: UOp, matcher: PatternMatcher, ctx: Any = None, name: st
             if before.op not in by_op or (fired := rewrite(before, ctx)) is None:
                 replaced[n] = state[before] = before
                 continue
-        elif n.op in by_op:
-            if (fired := rewrite(n, ctx)) is None:
+        elif (entry := dispatch.get(n.op)) is not None:  # the op's rules and their precheck, in one lookup
+            if ((pre := entry[1]) is not None and not pre(n)) or (fired := unchecked(n, ctx, entry[0])) is None:
                 continue
             rw.cur = before = n
         else:

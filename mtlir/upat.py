@@ -327,10 +327,16 @@ class PatternMatcher:
             loc = _location(fn)
             self.rules.append(Rule(pat, fn, _check_rule(pat, fn, loc), loc))
         self._by_op: dict[Ops, list[tuple[MatchFn, Rule]]] = {}
+        self._pre: dict[Ops, Callable[[UOp], bool]] = {}  # per op: can any rule match? (absent: maybe, always)
+        self._dispatch: dict[Ops, tuple[list[tuple[MatchFn, Rule]], Callable[[UOp], bool] | None]] = {}
         for op in Ops:
             lst = [(_compiled(r.pat), r) for r in self.rules if (k := r.pat.op_keys()) is None or op in k]
             if lst:
                 self._by_op[op] = lst
+                pre = _precheck([r.pat for _, r in lst])
+                if pre is not None:
+                    self._pre[op] = pre
+                self._dispatch[op] = (lst, pre)
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
         return PatternMatcher([(r.pat, r.fn) for r in self.rules + other.rules])
@@ -357,6 +363,13 @@ class PatternMatcher:
         rules = self._by_op.get(uop.op)
         if rules is None:
             return None
+        pre = self._pre.get(uop.op)
+        if pre is not None and not pre(uop):
+            return None
+        return self._rewrite_unchecked(uop, ctx, rules)
+
+    def _rewrite_unchecked(self, uop: UOp, ctx: Any, rules: list[tuple[MatchFn, Rule]]) -> tuple[UOp, Rule] | None:
+        """``rewrite_with_rule`` once the precheck said a rule may match: every rule for the op, in order."""
         for match, rule in rules:
             for captures in match(uop, {}):
                 ret = rule.fn(ctx=ctx, **captures) if rule.wants_ctx else rule.fn(**captures)
@@ -373,3 +386,67 @@ def _compiled(pat: UPat) -> MatchFn:
     if pat._fn is None:
         pat._fn = _compile(pat)
     return pat._fn
+
+
+# ---- the precheck: per op, one generated function that tells cheaply whether any rule for that op can match
+
+def _quick_terms(pat: UPat, var: str, consts: dict[str, Any]) -> list[str] | None:
+    """Conditions (Python expressions over ``var``) every node ``pat`` matches satisfies at its root: op, dtype,
+    arg. None when ``pat`` has alternatives (any of them may match)."""
+    if pat.alternatives:
+        return None
+
+    def const(v: Any) -> str:
+        name = f"K{len(consts)}"
+        consts[name] = v
+        return name
+    terms = []  # the most selective first: an arg (a constant's value), then the op, then the dtype
+    if pat.arg_key is not _NO_ARG:
+        terms.append(f"{var}._key[3] == {const(pat.arg_key)}")
+    if pat.ops is not None:
+        terms.append(f"{var}.op in {const(pat.ops)}")
+    if pat.dtypes is not None:
+        terms.append(f"{var}.dtype in {const(pat.dtypes)}")
+    return terms
+
+
+def _rule_condition(pat: UPat, consts: dict[str, Any]) -> str | None:
+    """A Python expression over ``u`` (the node) and ``s`` (its sources) that is True for every node ``pat`` can
+    match (the root's dtype and arg, the number of sources, the op, dtype and arg of each direct source, in either
+    order for a binary commutative op); None when nothing cheap can be said."""
+    root = _quick_terms(pat, "u", consts)
+    if root is None:
+        return None
+    root = [t for t in root if not t.startswith("u.op")]  # the op is known: the precheck is per op
+    if pat.src_mode == "seq":
+        n = len(pat.src)
+        root.append(f"len(s) {'>=' if pat.allow_any_len else '=='} {n}")
+        per_src = [_quick_terms(p, f"s[{i}]", consts) or [] for i, p in enumerate(pat.src)]
+        straight = [t for terms in per_src for t in terms]
+        if n == 2 and (pat.ops is None or pat.ops & GroupOp.Commutative) and straight:
+            swapped = [t.replace("s[0]", "s[@]").replace("s[1]", "s[0]").replace("s[@]", "s[1]") for t in straight]
+            root.append(f"(({' and '.join(straight)}) or ({' and '.join(swapped)}))")
+        else:
+            root += straight
+    elif pat.src_mode == "perm":
+        root.append(f"len(s) == {len(pat.src)}")
+    return " and ".join(root) if root else None
+
+
+def _precheck(pats: list[UPat]) -> Callable[[UOp], bool] | None:
+    """One function for the rules of one op: False when no rule can match the node (module docstring of the
+    matcher: a pre-filter, never wrong the other way), or None when some rule may match any node of the op."""
+    consts: dict[str, Any] = {}
+    conds = []
+    for p in pats:
+        cond = _rule_condition(p, consts)
+        if cond is None:
+            return None
+        conds.append(f"({cond})")
+    code = "def pre(u):\n    s = u.src\n    return " + " or ".join(conds) + "\n"
+    namespace: dict[str, Any] = dict(consts)
+    exec(compile(code, "<mtlir.upat precheck>", "exec"), namespace)  # noqa: S102 (built from our own patterns)
+    pre: Callable[[UOp], bool] = namespace["pre"]
+    pre.__doc__ = code
+    return pre
+

@@ -155,3 +155,41 @@ def test_rules_are_looked_up_by_op() -> None:
     assert pm.rewrite(x + 1) is None and calls == []  # the MSG rules were not even tried
     assert pm.rewrite(UOp(Ops.MSG, dtypes.void, (), "commit")) is None and len(calls) == 500
     assert len(pm + pm) == 2 * len(pm)
+
+
+# ---- the precheck: per op, one cheap test that no rule can match (a pre-filter, never wrong the other way)
+
+_PATS = [
+    UPat(Ops.ADD, src=(UPat.var("a"), UPat.const(i32, 0))),                      # commutative: either order
+    UPat(Ops.ADD, src=(UPat(Ops.MUL, name="m"), UPat.var("b"))),
+    UPat(Ops.SUB, dtype=i32, src=(UPat.cvar("c"), UPat.var("d"))),                # not commutative
+    UPat(Ops.WHERE, src=(UPat(Ops.CMPLT), UPat.var("p")), allow_any_len=True),
+    UPat(Ops.MAX, src=[UPat(Ops.CONST), UPat.var("q")]),                          # any order
+    UPat(Ops.MIN, src=UPat(Ops.CONST)),                                            # every source
+    UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(UPat.var("r"),)) | UPat(Ops.CONST, arg=3),)),  # alternatives
+    UPat(Ops.XOR, arg=None, src=(UPat(dtype=dtypes.int64), UPat.var("t"))),
+]
+_NODES = [x + 0, 0 + x, x + 1, x * 2 + y, y + x * 2, x - 0, UOp.const(i32, 1) - x, x.cast(dtypes.int64) - 2,
+          (x < 2).where(x, y), (x.eq(2)).where(x, y), x.maximum(1), UOp.const(i32, 1).maximum(x), x.maximum(y),
+          x.minimum(1), UOp.const(i32, 1).minimum(2), -(-x), -UOp.const(i32, 3), -UOp.const(i32, 4), -x, x ^ y,
+          x.cast(dtypes.int64) ^ 1, UOp.const(dtypes.int64, 5) ^ x.cast(dtypes.int64)]
+
+
+@pytest.mark.parametrize("pat", _PATS, ids=lambda p: repr(p)[:60])
+def test_the_precheck_never_rejects_a_match(pat: UPat) -> None:
+    pm = PatternMatcher([(pat, lambda **kw: None)])
+    for node in _NODES:
+        pre = pm._pre.get(node.op)
+        if pat.match(node):
+            assert pre is None or pre(node), (pat, node)
+
+
+def test_the_precheck_rejects_nodes_no_rule_can_match() -> None:
+    """bench_rewrite's rules-miss case: rules for ADD that never match a chain of x + i are told apart without
+    running the patterns."""
+    pm = PatternMatcher([(_PATS[0], lambda a: a), (_PATS[1], lambda m, b: m)])
+    pre = pm._pre[Ops.ADD]
+    assert not pre(x + 1) and not pre(x + y) and pre(x + 0) and pre(0 + x) and pre(x * 2 + y) and pre(y + x * 2)
+    assert pm.rewrite(x + 0) is x and pm.rewrite(x + 1) is None
+    assert PatternMatcher([(_PATS[6], lambda r: r)])._pre[Ops.NEG](-x)  # a source with alternatives: only counted
+    assert Ops.ADD not in PatternMatcher([(UPat(Ops.ADD) | UPat(Ops.SUB), lambda: None)])._pre  # root alternatives
