@@ -97,10 +97,12 @@ class Kernel:
 
     @property
     def buffer_params(self) -> tuple[KernelParam, ...]:
+        """The ``device`` buffer parameters (``var`` None), in parameter order."""
         return tuple(p for p in self.params if p.var is None)
 
     @property
     def var_params(self) -> tuple[KernelParam, ...]:
+        """The ``constant int&`` variable parameters (``var`` their name), in parameter order."""
         return tuple(p for p in self.params if p.var is not None)
 
 

@@ -194,10 +194,13 @@ class Abi(Pass):
             raise ValueError(f"unknown target {self.target!r}: expected one of {', '.join(TARGETS)}")
 
     def apply(self, graph: UOp, ctx: PassContext) -> UOp:
+        """Every MSG (and MSGS) of ``graph`` as CALLs of objc_msgSend for ``target``; records the target in
+        ``ctx`` for linearize. Raises ``AbiError`` naming the selector and the argument."""
         ctx.target = self.target
         return graph_rewrite(graph, ABI, ctx=_AbiCtx(self.target, ctx, {}), name=f"abi{{target={self.target}}}")
 
     def verify(self, result: UOp | Program) -> None:
+        """The common checks, and on arm64 no MTLSize passed by value. Raises ``VerifyError``."""
         super().verify(result)
         if self.target == "arm64" and isinstance(result, UOp):
             from mtlir.passes.verify import VerifyError

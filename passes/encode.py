@@ -354,4 +354,6 @@ class Encode(Pass):
             raise ValueError(f"max-range {self.max_range} must be in [1, {MTL.MAX_ICB_RANGE}]")
 
     def apply(self, graph: UOp, ctx: PassContext) -> UOp:
+        """Every SUBMIT of ``graph`` as its message chain (module docstring); the diagnostics (a submit moved to
+        the direct path) go to ``ctx``. Raises ``EncodeError`` naming the command."""
         return graph_rewrite(graph, ENCODE, ctx=_EncodeCtx(self.max_range, ctx), name="encode")

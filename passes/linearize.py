@@ -323,9 +323,11 @@ class Linearize(Pass):
     name = "linearize"
 
     def apply(self, graph: UOp, ctx: PassContext) -> Program:
+        """The Program of ``graph`` for the abi pass's target. Raises ``LinearizeError`` naming the node."""
         return linearize(graph, ctx.target or _target_of(graph))
 
     def verify(self, result: UOp | Program) -> None:
+        """The Program against the instruction set (``verify_program``). Raises ``VerifyError``."""
         from mtlir.passes.verify import verify_program
         if not isinstance(result, Program):
             raise LinearizeError(f"linearize produced a {type(result).__name__}, not a Program")

@@ -165,4 +165,5 @@ class Symbolic(Pass):
     name = "symbolic"
 
     def apply(self, graph: UOp, ctx: PassContext) -> UOp:
+        """``graph`` with its integer arithmetic folded and simplified (``SYMBOLIC``, to a fixed point)."""
         return graph_rewrite(graph, SYMBOLIC, name="symbolic")

@@ -61,4 +61,5 @@ class LowerTimeline(Pass):
     name = "lower-timeline"
 
     def apply(self, graph: UOp, ctx: PassContext) -> UOp:
+        """``graph`` with every host read of the timeline made a ``signaledValue`` message."""
         return graph_rewrite(graph, TIMELINE, name="lower-timeline")

@@ -187,3 +187,24 @@ def test_verify_queue_checks_hand_built_queue_graphs() -> None:
         with pytest.raises(VerifyError) as e:
             verify_queue(bad)
         assert e.value.pass_name == "input" and message in str(e.value), str(e.value)
+
+
+def test_every_public_callable_of_the_core_and_the_passes_has_a_docstring() -> None:
+    """Public functions, classes and methods of mtlir/ (but the CLI) and passes/ say what they do."""
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    missing = []
+    for path in sorted([*root.glob("mtlir/*.py"), *root.glob("passes/*.py")]):
+        if path.name == "cli.py":
+            continue
+        stack: list[tuple[ast.AST, str]] = [(ast.parse(path.read_text()), "")]
+        while stack:
+            node, prefix = stack.pop()
+            for ch in ast.iter_child_nodes(node):
+                if isinstance(ch, (ast.FunctionDef, ast.ClassDef)) and not ch.name.startswith("_"):
+                    if ast.get_docstring(ch) is None:
+                        missing.append(f"{path.relative_to(root)}:{ch.lineno} {prefix}{ch.name}")
+                    if isinstance(ch, ast.ClassDef):
+                        stack.append((ch, f"{prefix}{ch.name}."))
+    assert missing == []
