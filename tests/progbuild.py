@@ -110,13 +110,15 @@ kernel void add1(device float* out, device float* inp, constant int& n, uint3 gi
 
 
 def submit_program(target: str = "arm64", *, kernels: int = 2, residency_set: bool = True, family: str = "Apple7",
-                   symbolic: bool = True, nbytes: int = 256) -> Program:
+                   symbolic: bool = True, nbytes: int = 256, grid_minus: int | None = None) -> Program:
     """A submit of ``kernels`` ICB commands over two buffers, shaped like METAL.md §1: commandBuffer,
     computeCommandEncoder, waitForFence:, useResources (without a residency set), the warm-up (before Apple9),
     the symbolic sizes on icb[0] (grid = ceil(n / 4)), executeCommandsInBuffer:withRange:, updateFence:,
     endEncoding, encodeSignalEvent:value:, commit; the command buffer is retained and stored into ``cbslots``.
     Variables:
-    ``n`` (elements, 1..64, written to the variables buffer) and ``timeline``."""
+    ``n`` (elements, 1..64, written to the variables buffer) and ``timeline``. ``grid_minus``: icb[0]'s grid is
+    ``n - grid_minus`` in uint64 instead, which wraps to 2**64 - k below ``grid_minus`` (a size expression gone
+    below 1, as a lowering bug would make it)."""
     dev = DeviceSpec(family, residency_set=residency_set)
     p = PB(target, dev)
     kern = Kernel("add1", "add1", COPY_MSL, (KernelParam(None, 0), KernelParam(None, 1), KernelParam("n", 2, "int32")))
@@ -144,7 +146,8 @@ def submit_program(target: str = "arm64", *, kernels: int = 2, residency_set: bo
         p.msg(enc, "dispatchThreadgroups:threadsPerThreadgroup:", zero, zero)
     if symbolic:
         c3, c1, c4 = p.const(3), p.const(1), p.const(4)
-        groups = p.alu(Ops.IDIV, dtypes.uint64, p.alu(Ops.ADD, dtypes.uint64, n, c3), c4)
+        groups = p.alu(Ops.IDIV, dtypes.uint64, p.alu(Ops.ADD, dtypes.uint64, n, c3), c4) if grid_minus is None \
+            else p.alu(Ops.SUB, dtypes.uint64, n, p.const(grid_minus))
         if target == "x86_64":
             g, t = p.emit("STRUCT", groups, c1, c1), p.emit("STRUCT", c4, c1, c1)
         else:

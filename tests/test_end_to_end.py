@@ -174,3 +174,27 @@ def test_hand_built_queue_with_an_input_buffer_variable(icb: bool, residency_set
             if stamps:
                 assert set(done.timestamps) == {0, 1} and 0 < done.timestamps[0] <= done.timestamps[1]
     assert dev.live_objects() == {}
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "faithful"])
+def test_a_grid_that_wrapped_never_reaches_opencl(strict: bool) -> None:
+    """icb[0]'s grid is n - 5 threadgroups: at n = 1 it wraps to 2**64 - 4. Strict mode refuses the patch at once;
+    faithful mode fails the command buffer (Timeout) and the session goes on. No 20-second wait, no PoCL abort."""
+    from mtlir.metal import MTL
+    from mtlir.runtime import GPUExecutionError, MetalValidationError
+    prog = submit_program("x86_64", kernels=2, family="Apple7", grid_minus=5)
+    with _sim("x86_64", prog.device, strict=strict) as dev, Session(prog, dev, timeout_s=30) as s:
+        s.submit(n=9)
+        s.wait(timeout_s=30)
+        if strict:
+            with pytest.raises(MetalValidationError, match=r"concurrentDispatchThreadgroups:\(18446744073709551612, "
+                                                           r"1, 1\).*is not below 2\*\*32"):
+                s.submit(n=1)
+        else:
+            s.submit(n=1)
+            with pytest.raises(GPUExecutionError) as e:
+                s.wait(timeout_s=30)
+            assert e.value.code == MTL.ErrorTimeout and "is not below 2**32" in str(e.value)
+        s.submit(n=9)
+        s.wait(timeout_s=30)
+        assert not s.inflight

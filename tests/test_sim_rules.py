@@ -576,6 +576,7 @@ def test_grid_of_2_32_threads_per_axis_icb(scenes: list[Scene], strict: bool) ->
     if strict:  # the setter refuses the sizes of a command, the constant ones of link and those a submit patches
         with pytest.raises(MetalValidationError, match=rf"{call[:30]}.*\[{WRAPPED}, 1, 1\].*is not below 2\*\*32"):
             s.send(cmd, call, (WRAPPED, 1, 1), (4, 1, 1))
+        assert s.dev.object(icb).slots[1].grid == (1, 1, 1)  # type: ignore[attr-defined]  # the call changed nothing
         return
     s.send(cmd, call, (WRAPPED, 1, 1), (4, 1, 1))
     s.residency(out, var)

@@ -96,11 +96,12 @@ def _slot(dev: SimDevice, cmd: ICBCommand, call: Call) -> ICBSlot | None:
     return cmd.icb.slots[cmd.index]
 
 
-def _check_sizes(dev: SimDevice, slot: ICBSlot, call: Call) -> None:
-    """Strict: the command's sizes against Metal's limits (``checks.size_problem``: rule 13, 2**32 threads per
-    grid axis) as soon as both the pipeline and the sizes are set. Faithful mode lets the GPU meet them."""
-    if dev.strict and slot.grid is not None:
-        problem = size_problem(slot.grid, slot.threadgroup, slot.pipeline)
+def _check_sizes(dev: SimDevice, grid: tuple[int, int, int] | None, tg: tuple[int, int, int], p: Pipeline | None,
+                 call: Call) -> None:
+    """Strict: the sizes a setter is about to leave in a command against Metal's limits (``checks.size_problem``:
+    rule 13, 2**32 threads per grid axis), before it changes anything. Faithful mode lets the GPU meet them."""
+    if dev.strict and grid is not None:
+        problem = size_problem(grid, tg, p)
         if problem is not None:
             raise violation(problem[0], call, problem[1])
 
@@ -113,8 +114,8 @@ def _cmd_pipeline(dev: SimDevice, cmd: ICBCommand, p: Pipeline) -> None:
                                  "an ICB uses need it (METAL.md §1)")
     slot = _slot(dev, cmd, call)
     if slot is not None:
+        _check_sizes(dev, slot.grid, slot.threadgroup, p, call)
         slot.pipeline = p
-        _check_sizes(dev, slot, call)
 
 
 @objc_method(ICBCommand, "setKernelBuffer:offset:atIndex:", (Buffer, NIL))
@@ -144,8 +145,8 @@ def _cmd_dispatch(dev: SimDevice, cmd: ICBCommand, grid: tuple[int, int, int], t
     call = Call("concurrentDispatchThreadgroups:threadsPerThreadgroup:", cmd, grid, tg)
     slot = _slot(dev, cmd, call)
     if slot is not None:
+        _check_sizes(dev, grid, tg, slot.pipeline, call)
         slot.grid, slot.threadgroup = grid, tg
-        _check_sizes(dev, slot, call)
 
 
 @objc_method(ICBCommand, "setBarrier")
