@@ -1,15 +1,18 @@
 """Lowering cost per command as queues grow, and messages per submit for the ICB vs the direct path.
 
-    python benchmarks/bench_lowering.py [--sizes 10,1000,10000,100000] [--repeat 3]
+    python benchmarks/bench_lowering.py [--sizes 10,1000,10000,100000] [--repeat 3] [--paths icb,direct,...]
 
 Part 1 lowers queues of 10, 1k, 10k and 100k commands (8 kernels, 16 buffers, a distinct view per command, a
 run-time variable as a kernel argument: no two EXECs alike) through the default pipeline for Apple7 without a
-residency set (the longest message chain), and prints the best of ``--repeat`` runs in µs per command and the
-ratio 100k / 1k: flat lowering keeps it near 1 (the aim: about 5 µs per command). Building the queue graph is not
-counted. "x toposort" divides the lowering time by one ``toposort()`` of the same queue graph measured in the same
-run: a machine-independent view of the cost (a walk that only visits each node once). Part 2 prints how many
-messages one submit sends on each path for 1, 100 and 1000 kernels (loops unrolled). Numbers are measured in this
-run only; nothing is compared with a stored value.
+residency set (the longest message chain), on each path: ``icb``, ``direct`` (a device without ICB support),
+``icb+ts`` and ``direct+ts`` (a timestamp after every command: one command buffer per command, a loop on the ICB
+path, unrolled on the direct path; ``direct+ts`` stops at 10k commands, it costs far more per command). It prints
+the best of ``--repeat`` runs in µs per command and the ratio 100k / 1k: flat lowering keeps it near 1 (the aim:
+about 5 µs per command on the ICB path, under ~50 on the direct path). Building the queue graph is not counted.
+"x toposort" divides the lowering time by one ``toposort()`` of the same queue graph measured in the same run: a
+machine-independent view of the cost (a walk that only visits each node once). Part 2 prints how many messages
+one submit sends on each path for 1, 100 and 1000 kernels (loops unrolled). Numbers are measured in this run only;
+nothing is compared with a stored value.
 """
 from __future__ import annotations
 
@@ -29,15 +32,23 @@ BUFFERS = [buffer(f"b{i}", 1 << 31) for i in range(16)]
 N = UOp.variable("n", 1, 1 << 20)
 
 
-def build(ncmds: int, device: DeviceSpec) -> UOp:
-    """A queue of ``ncmds`` commands, every EXEC different (its own view offset), then a signal."""
+def build(ncmds: int, device: DeviceSpec, timestamps: bool = False) -> UOp:
+    """A queue of ``ncmds`` commands, every EXEC different (its own view offset), then a signal; ``timestamps``: a
+    timestamp after every command (a profiled submit)."""
     q = Queue(device)
     for i in range(ncmds):
         out = view(BUFFERS[i % 16], 256 * (i // 16 % 100_000), 4096)
         q.exec(KERNELS[i % 8], [out, BUFFERS[(i + 1) % 16], BUFFERS[(i + 5) % 16]], [N if i % 4 else 3],
                grid=(1 + i % 7, 2), threadgroup=(32,))
+        if timestamps:
+            q.timestamp(i)
     q.signal(q.timeline, timeline_value())
     return q.submit()
+
+
+# path -> (ICB support, timestamps, the largest queue measured)
+PATHS = {"icb": (True, False, 10**9), "direct": (False, False, 10**9), "icb+ts": (True, True, 10**9),
+         "direct+ts": (False, True, 10_000)}
 
 
 def messages(program: Program) -> int:
@@ -53,13 +64,17 @@ def messages(program: Program) -> int:
     return total
 
 
-def cost_per_command(sizes: list[int], repeat: int) -> dict[int, float]:
-    """Lower a queue of each size; print and return the best µs per command."""
-    device = DeviceSpec("Apple7", residency_set=False)
+def cost_per_command(sizes: list[int], repeat: int, path: str = "icb") -> dict[int, float]:
+    """Lower a queue of each size on ``path`` (``PATHS``); print and return the best µs per command."""
+    icb, stamps, largest = PATHS[path]
+    device = DeviceSpec("Apple7", residency_set=False, icb=icb)
     out: dict[int, float] = {}
-    print(f"{'commands':>9} {'µs/command':>11} {'total ms':>9} {'x toposort':>10}   per pass (µs/command)")
+    print(f"\n{path}:\n{'commands':>9} {'µs/command':>11} {'total ms':>9} {'x toposort':>10}   per pass (µs/command)")
     for n in sizes:
-        graph = build(n, device)
+        if n > largest:
+            print(f"{n:>9} {'(skipped)':>11}")
+            continue
+        graph = build(n, device, stamps)
         best, timings = float("inf"), []
         for _ in range(repeat if n < 100_000 else max(repeat - 1, 1)):
             gc.collect()
@@ -75,6 +90,10 @@ def cost_per_command(sizes: list[int], repeat: int) -> dict[int, float]:
         passes = "  ".join(f"{t.name} {(t.seconds + t.verify_seconds) / n * 1e6:.2f}" for t in timings)
         print(f"{n:>9} {out[n]:>11.2f} {best * 1e3:>9.1f} {best / walk:>10.1f}   {passes}")
         del graph
+    if 1000 in out and 100_000 in out:
+        print(f"flatness: cost per command at 100k / at 1k = {out[100_000] / out[1000]:.2f}")
+    elif 1000 in out and 10_000 in out:
+        print(f"flatness: cost per command at 10k / at 1k = {out[10_000] / out[1000]:.2f}")
     return out
 
 
@@ -94,11 +113,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="10,1000,10000,100000", help="queue lengths, comma separated")
     ap.add_argument("--repeat", type=int, default=3, help="runs per size (the best counts)")
+    ap.add_argument("--paths", default=",".join(PATHS), help=f"paths to measure, comma separated ({', '.join(PATHS)})")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    cost = cost_per_command(sizes, args.repeat)
-    if 1000 in cost and 100_000 in cost:
-        print(f"\nflatness: cost per command at 100k / at 1k = {cost[100_000] / cost[1000]:.2f}")
+    for path in args.paths.split(","):
+        if path not in PATHS:
+            ap.error(f"unknown path {path!r}: expected one of {', '.join(PATHS)}")
+        cost_per_command(sizes, args.repeat, path)
     messages_per_submit([1, 100, 1000])
 
 

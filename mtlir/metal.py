@@ -8,6 +8,7 @@ x86_64 (System V class MEMORY); BOOL is read from the low byte; double returns i
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,8 +203,10 @@ C_FUNCTIONS: dict[str, Prototype] = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def abi_prototype(selector: str, target: str) -> Prototype:
-    """The exact C prototype of ``objc_msgSend`` for ``selector`` on ``target`` (``"arm64"`` or ``"x86_64"``).
+    """The exact C prototype of ``objc_msgSend`` for ``selector`` on ``target`` (``"arm64"`` or ``"x86_64"``); one
+    object per (selector, target), so nodes built with it key it once.
 
     Raises ``AbiError`` for a selector missing from the table or an unknown target."""
     if target not in TARGETS:

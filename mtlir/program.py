@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 from mtlir.metal import DeviceSpec, Obj, Prototype
 
 __all__ = ["Program", "Instr", "IcbSpec", "IcbCommand", "CommandList", "Stamp", "CallView", "MessageList",
-           "CallList"]
+           "CallList", "TableEntries"]
 
 Instr = tuple[Any, ...]
 
@@ -118,6 +118,14 @@ class CallList(_Payload):
 
     def __repr__(self) -> str:
         return f"CallList(<{len(self)} calls>)"
+
+
+class TableEntries(_Payload):
+    """The payload of a ``table`` placeholder (docs/internals.md): one entry per iteration of a profiled loop, an
+    int or a placeholder (``Obj``); keyed as one value, so a table of 100,000 placeholders hashes once."""
+
+    def __repr__(self) -> str:
+        return f"TableEntries(<{len(self)} entries>)"
 
 
 @dataclass(frozen=True)
@@ -293,7 +301,7 @@ def _register_arg_types() -> None:
         from mtlir.render import register_arg_type
     except ImportError:
         return
-    for cls in (IcbSpec, IcbCommand, CommandList, Stamp, MessageList, CallList):
+    for cls in (IcbSpec, IcbCommand, CommandList, Stamp, MessageList, CallList, TableEntries):
         try:
             register_arg_type(cls)
         except (TypeError, ValueError):

@@ -22,6 +22,7 @@ __all__ = ["UOp", "argkey", "live_nodes"]
 # arg types keyed as (type, value): Python's == already tells their values apart and they hash deterministically
 _ATOMS = frozenset({str, int, bool, type(None), bytes, Ops})
 _NONE_KEY = (type(None), None)
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # dataclass type -> its field names (dataclasses.fields is slow)
 
 
 def argkey(arg: Any) -> Any:
@@ -44,7 +45,18 @@ def argkey(arg: Any) -> Any:
     if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
         if not t.__dataclass_params__.frozen:
             raise TypeError(f"a {t.__name__} is a mutable dataclass: only frozen dataclasses can be args")
-        return (t, tuple([argkey(getattr(arg, f.name)) for f in dataclasses.fields(arg)]))
+        # the key is kept on the instance (outside its fields: eq, hash and repr do not see it), so a Prototype or
+        # a placeholder used by thousands of nodes is keyed once
+        cache = getattr(arg, "__dict__", None)
+        if cache is not None and (key := cache.get("_mtlir_argkey")) is not None:
+            return key
+        names = _FIELD_NAMES.get(t)
+        if names is None:
+            names = _FIELD_NAMES[t] = tuple(f.name for f in dataclasses.fields(arg))
+        key = (t, tuple([argkey(getattr(arg, n)) for n in names]))
+        if cache is not None:
+            cache["_mtlir_argkey"] = key
+        return key
     if t is frozenset:
         return (frozenset, frozenset([argkey(a) for a in arg]))
     try:

@@ -43,7 +43,7 @@ from mtlir.metal import MTL, SELECTORS, DeviceSpec, Obj
 from mtlir.ops import Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
 from mtlir.passes.plan import VAR_SLOT, Command, CommandBufferPlan, EncodeError, SubmitReader, placeholder
-from mtlir.program import CommandList, IcbCommand, IcbSpec, MessageList
+from mtlir.program import CommandList, IcbCommand, IcbSpec, MessageList, TableEntries
 from mtlir.rewrite import graph_rewrite
 from mtlir.upat import PatternMatcher, UPat
 from mtlir.uop import UOp
@@ -160,7 +160,7 @@ class _Builder:
         if len(set(pipes)) == 1:
             pipe = pipes[0]
         else:
-            table = placeholder("table", f"table:pipelines:{plan.first}", tuple(p.arg for p in pipes),
+            table = placeholder("table", f"table:pipelines:{plan.first}", TableEntries(p.arg for p in pipes),
                                 dtypes.id.ptr())
             pipe = table.index(counter).load()
         self.send(enc, "setComputePipelineState:", pipe)
@@ -199,9 +199,9 @@ class _Builder:
         if len(arrays) == 1:
             return UOp(Ops.OBJECT, ptr, (), per_iteration[0]), u64(len(per_iteration[0].payload))
         # the table holds the arrays themselves (link makes each, then writes its address per iteration)
-        table = placeholder("table", f"table:resources:{plan.first}", tuple(per_iteration), ptr.ptr())
+        table = placeholder("table", f"table:resources:{plan.first}", TableEntries(per_iteration), ptr.ptr())
         counts = placeholder("table", f"table:resource-counts:{plan.first}",
-                             tuple(len(o.payload) for o in per_iteration), dtypes.uint64.ptr())
+                             TableEntries(len(o.payload) for o in per_iteration), dtypes.uint64.ptr())
         return table.index(counter).load(), counts.index(counter).load()
 
     def send(self, chain: list[UOp], selector: str, *args: UOp) -> UOp:

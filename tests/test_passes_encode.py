@@ -308,7 +308,7 @@ def test_a_profiled_loop_warms_up_only_the_pipeline_of_its_command() -> None:
     assert [o.name for o in tables["table:pipelines:0"]] == [f"pipeline:k{i % 3}" for i in range(5)]
     assert [o.payload for o in tables["table:resources:0"]] == [(f"buffer:b{i % 4}", f"buffer:b{(i + 1) % 4}")
                                                                 for i in range(5)]
-    assert tables["table:resource-counts:0"] == (2,) * 5
+    assert tuple(tables["table:resource-counts:0"]) == (2,) * 5
     assert count_messages(p) == 6 * 11 + 1  # per command buffer: open 4, use, warm-up 2, execute, close 2, commit; a signal
     one = Queue(DeviceSpec("Apple7", residency_set=False))  # one pipeline, the same buffers: no table at all
     for i in range(3):
