@@ -93,7 +93,7 @@ class _Payload(tuple):  # type: ignore[type-arg]
         return h
 
     def __eq__(self, other: object) -> bool:
-        return self is other or (type(other) is type(self) and tuple.__eq__(self, other))  # type: ignore[arg-type]
+        return self is other or (type(other) is type(self) and tuple.__eq__(self, other))
 
     def __ne__(self, other: object) -> bool:
         return not self == other
