@@ -15,7 +15,7 @@ from typing import Any
 from mtlir.dtypes import DType, PtrDType, dtypes
 
 __all__ = ["DeviceSpec", "Kernel", "KernelParam", "Obj", "Signature", "Prototype", "SELECTORS", "C_FUNCTIONS",
-           "abi_prototype", "c_prototype", "TARGETS", "FAMILIES", "MTL", "AbiError"]
+           "abi_prototype", "c_prototype", "TARGETS", "FAMILIES", "MTL", "AbiError", "element_dtype", "ELEMENT_TYPES"]
 
 TARGETS = ("arm64", "x86_64")
 FAMILIES = ("Apple7", "Apple8", "Apple9", "Mac2")
@@ -48,6 +48,7 @@ class MTL:
                    11: "DeviceRemoved", 12: "StackOverflow"}
     MAX_ICB_RANGE = 16384  # Apple: the maximum length of executeCommandsInBuffer:withRange:
     MAX_BUFFER_BIND = 31
+    MAX_THREADS_PER_THREADGROUP = 1024  # every Apple GPU family (Metal feature set tables)
     CONSTANT_OFFSET_ALIGN = 256  # safe on every family (Metal feature set tables)
 
 
@@ -75,26 +76,104 @@ class DeviceSpec:
         return self.family in ("Apple7", "Apple8", "Mac2")
 
 
+# MSL / C spellings of the element types kernels take; a trace writes tinygrad's ``dtypes.<name>``
+_ELEMENT_ALIASES = {"float": "float32", "int": "int32", "uint": "uint32", "half": "float16", "double": "float64",
+                    "char": "int8", "uchar": "uint8", "short": "int16", "ushort": "uint16", "long": "int64",
+                    "ulong": "uint64"}
+ELEMENT_TYPES = frozenset({"bool", *(d.name for d in dtypes.ints), *(d.name for d in dtypes.floats)})
+
+
+def element_dtype(name: str) -> DType:
+    """The dtype of a kernel parameter's element type name: an mtlir dtype name (``"float32"``, ``"int32"``), its
+    MSL spelling (``"float"``, ``"int"``, ``"half"``) or a trace's (``"dtypes.float"``, ``"dtypes.int"``).
+
+    Raises ``ValueError`` for anything else (only bool, integer and float scalars are element types)."""
+    if not isinstance(name, str):
+        raise ValueError(f"an element type is a dtype name (e.g. 'float32'), got {type(name).__name__} {name!r}")
+    short = name[len("dtypes."):] if name.startswith("dtypes.") else name
+    short = _ELEMENT_ALIASES.get(short, short)
+    if short not in ELEMENT_TYPES:
+        raise ValueError(f"unknown element type {name!r}: expected one of {', '.join(sorted(ELEMENT_TYPES))}, an MSL "
+                         "name (float, int, half, ...) or a trace's dtypes.<name>")
+    return dtypes.by_name(short)
+
+
 @dataclass(frozen=True)
 class KernelParam:
     """One kernel parameter: a ``device`` buffer (``var`` None) or a ``constant int&`` variable (``var`` its
-    name), at Metal buffer ``index``, of element type ``dtype`` (a dtype name like ``"float32"``)."""
+    name), at Metal buffer ``index`` (an int >= 0), of element type ``dtype`` (see ``element_dtype``:
+    ``"float32"``, ``"int"``, ``"dtypes.float"``, ...).
+
+    ``elements``, for a buffer parameter: how many elements the kernel reads or writes (a trace signature's
+    ``[elements]``). When given, the Queue builder and ``encode`` refuse a buffer or view bound to the parameter
+    that holds fewer than ``elements * itemsize`` bytes (a view's size; a buffer's size, from offset 0); a buffer
+    variable's size is unknown until run time and is not checked. None (the default): no check.
+
+    Raises ``ValueError`` naming the parameter for an unknown element type, a negative index, an empty variable
+    name or ``elements`` below 1, and ``TypeError`` for a field of the wrong type."""
 
     var: str | None
     index: int
     dtype: str = "float32"
     elements: int | None = None
 
+    def __post_init__(self) -> None:
+        what = f"KernelParam({self.var!r}, {self.index!r})"
+        if self.var is not None and not isinstance(self.var, str):
+            raise TypeError(f"{what}: var is a variable name (str), or None for a buffer, got "
+                            f"{type(self.var).__name__}")
+        if self.var == "":
+            raise ValueError(f"{what}: a variable parameter needs a non-empty name")
+        if type(self.index) is not int:
+            raise TypeError(f"{what}: index is the Metal buffer index (an int), got {type(self.index).__name__}")
+        if self.index < 0:
+            raise ValueError(f"{what}: index {self.index} is negative")
+        try:
+            element_dtype(self.dtype)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+        if self.elements is not None:
+            if type(self.elements) is not int:
+                raise TypeError(f"{what}: elements is an int or None, got {type(self.elements).__name__}")
+            if self.elements < 1:
+                raise ValueError(f"{what}: elements {self.elements} is below 1")
+
+    @property
+    def element(self) -> DType:
+        """The element dtype (``element_dtype(self.dtype)``)."""
+        return element_dtype(self.dtype)
+
 
 @dataclass(frozen=True)
 class Kernel:
     """A compute kernel: the program ``key`` (unique in a queue), the MSL ``function`` name, its Metal source and
-    parameters (buffers first, then variables, each at its Metal buffer index)."""
+    parameters (buffers first, then variables, each at its Metal buffer index).
+
+    Raises ``TypeError`` for a field of the wrong type (``params`` holds ``KernelParam``s; a list is taken as a
+    tuple) and ``ValueError`` for an empty key or function name, or two parameters at one buffer index."""
 
     key: str
     function: str
     msl: str = field(repr=False)
     params: tuple[KernelParam, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("key", "function", "msl"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"Kernel {self.key!r}: {name} is a str, got {type(getattr(self, name)).__name__}")
+        if not self.key or not self.function:
+            raise ValueError(f"Kernel {self.key!r}: the key and the function name must be non-empty")
+        if isinstance(self.params, list):
+            object.__setattr__(self, "params", tuple(self.params))
+        if not isinstance(self.params, tuple):
+            raise TypeError(f"Kernel {self.key!r}: params is a tuple of KernelParam, got {type(self.params).__name__}")
+        seen: set[int] = set()
+        for j, p in enumerate(self.params):
+            if not isinstance(p, KernelParam):
+                raise TypeError(f"Kernel {self.key!r}: parameter {j} is a {type(p).__name__}, not a KernelParam")
+            if p.index in seen:
+                raise ValueError(f"Kernel {self.key!r}: two parameters at buffer index {p.index}")
+            seen.add(p.index)
 
     @property
     def buffer_params(self) -> tuple[KernelParam, ...]:

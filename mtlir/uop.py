@@ -253,35 +253,69 @@ class UOp(_Slots):
 
     @staticmethod
     def variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.int32) -> UOp:
-        """A value bound at run time (DEFINE_VAR) with inclusive bounds ``[min_val, max_val]``.
+        """A value bound at run time (DEFINE_VAR) of ``dtype`` with inclusive bounds ``[min_val, max_val]``.
 
-        Raises ``ValueError`` when ``min_val > max_val``."""
+        Raises ``TypeError`` for a name that is not a str or bounds that are not ints (``1.5`` is not silently cut
+        to 1) and ``ValueError`` for an empty name, ``min_val > max_val``, or bounds outside the range of an
+        integer ``dtype`` (``variable("m", 1, 2**40)`` is not an int32)."""
+        if not isinstance(name, str):
+            raise TypeError(f"variable {name!r}: the name is a str, got {type(name).__name__}")
+        if not name:
+            raise ValueError("variable: the name must be a non-empty string")
+        for what, b in (("min", min_val), ("max", max_val)):
+            if type(b) is not int:
+                raise TypeError(f"variable {name!r}: {what} bound {b!r} is a {type(b).__name__}, not an int")
         if min_val > max_val:
             raise ValueError(f"variable {name!r}: min {min_val} > max {max_val}")
-        return UOp(Ops.DEFINE_VAR, dtype, (), (name, int(min_val), int(max_val)))
+        if dtype.is_word and (min_val < dtypes.min(dtype) or max_val > dtypes.max(dtype)):
+            raise ValueError(f"variable {name!r}: bounds [{min_val}, {max_val}] do not fit its dtype {dtype.name} "
+                             f"[{dtypes.min(dtype)}, {dtypes.max(dtype)}]")
+        return UOp(Ops.DEFINE_VAR, dtype, (), (name, min_val, max_val))
 
     @staticmethod
     def sink(*srcs: UOp, arg: Any = None) -> UOp:
         """A SINK keeping ``srcs`` (side effects, results) alive."""
         return UOp(Ops.SINK, dtypes.void, srcs, arg)
 
-    def _ufix(self, x: UOp | int | float | bool) -> UOp:
+    def _ufix(self, x: UOp | int | float | bool, op: Ops | None = None) -> UOp:
+        """``x`` as an operand next to ``self``: a UOp as it is, a Python number as a constant of ``self``'s dtype
+        (an int of a pointer's: int64). Raises ``TypeError`` for anything else, or a float next to an integer."""
         if isinstance(x, UOp):
             return x
+        what = f"{op.name} of {self.dtype.name}" if op is not None else f"an operand next to {self.dtype.name}"
+        if not isinstance(x, (int, float)):
+            raise TypeError(f"{what}: operand {x!r} is a {type(x).__name__}, not a UOp, int or float")
         dt = self.dtype if not isinstance(self.dtype, PtrDType) else dtypes.int64
         if isinstance(x, float) and not dt.is_float:
-            dt = dtypes.float32
+            raise TypeError(f"{what}: the float constant {x!r} does not mix with an integer expression (cast one side "
+                            f"first, e.g. x.cast(dtypes.float32))")
+        if dt.is_word and isinstance(x, int) and not isinstance(x, bool) and dt.kind != "bool" \
+                and not dtypes.min(dt) <= x <= dtypes.max(dt):
+            raise TypeError(f"{what}: the constant {x} does not fit {dt.name} [{dtypes.min(dt)}, {dtypes.max(dt)}] "
+                            f"(cast first, e.g. x.cast(dtypes.int64))")
         return UOp.const(dt, x)
 
     def alu(self, op: Ops, *srcs: UOp | int | float) -> UOp:
-        """An ALU node ``op(self, *srcs)``; ints become constants of ``self``'s dtype; comparisons are bool."""
-        src = (self, *(self._ufix(s) for s in srcs))
+        """An ALU node ``op(self, *srcs)``; Python numbers become constants of ``self``'s dtype; comparisons are
+        bool; WHERE has its branches' dtype.
+
+        Raises ``TypeError`` for an operand that is not a UOp or a number, and for operands whose dtypes do not
+        mix: an integer with a float (a constant or a node; the shift amount of SHL/SHR is not checked), an int
+        constant outside ``self``'s integer dtype, WHERE branches of two dtypes. Operators only build nodes; they
+        never convert a value (the result has ``self``'s dtype)."""
+        src = (self, *(self._ufix(s, op) for s in srcs))
         if op is Ops.WHERE:
+            if src[1].dtype is not src[2].dtype:
+                raise TypeError(f"WHERE: the branches are {src[1].dtype.name} and {src[2].dtype.name}; they must have "
+                                "one dtype")
             dtype = src[1].dtype
-        elif op in GroupOp.Comparison:
-            dtype = dtypes.bool
         else:
-            dtype = self.dtype
+            others = src[1:2] if op not in (Ops.SHL, Ops.SHR) else ()
+            for s in others:
+                if s.dtype.is_float != self.dtype.is_float:
+                    raise TypeError(f"{op.name}: the operands are {self.dtype.name} and {s.dtype.name}; an integer and "
+                                    f"a float do not mix: cast one side first (x.cast(dtypes.{self.dtype.name}))")
+            dtype = dtypes.bool if op in GroupOp.Comparison else self.dtype
         return UOp(op, dtype, src)
 
     def __add__(self, x: UOp | int) -> UOp: return self.alu(Ops.ADD, x)
@@ -326,9 +360,10 @@ class UOp(_Slots):
 
     def where(self, a: UOp | int, b: UOp | int) -> UOp:
         """``self ? a : b``; ``a`` and ``b`` take their dtype from each other when one is an int."""
-        a2 = a if isinstance(a, UOp) else (b._ufix(a) if isinstance(b, UOp) else UOp.const(dtypes.int32, a))
-        b2 = b if isinstance(b, UOp) else a2._ufix(b)
-        return UOp(Ops.WHERE, a2.dtype, (self, a2, b2))
+        a2 = a if isinstance(a, UOp) else (b._ufix(a, Ops.WHERE) if isinstance(b, UOp) else
+                                           UOp.const(dtypes.int32, 0)._ufix(a, Ops.WHERE))
+        b2 = b if isinstance(b, UOp) else a2._ufix(b, Ops.WHERE)
+        return self.alu(Ops.WHERE, a2, b2)
 
     def cast(self, dtype: DType) -> UOp:
         """Convert the value to ``dtype`` (CAST); this node itself when the dtype already matches."""

@@ -27,9 +27,10 @@ atom_strategy = (st.none() | st.booleans() | st.integers() | st.integers(-2**70,
 
 
 def _dataclasses(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    param = st.builds(KernelParam, st.none() | text_strategy, st.integers(0, 31), st.sampled_from(["float32", "int32"]),
-                      st.none() | st.integers(0, 1 << 20))
-    kernel = st.builds(Kernel, text_strategy, text_strategy, text_strategy, st.tuples(param) | st.just(()))
+    name = text_strategy.filter(bool)  # KernelParam and Kernel refuse empty names
+    param = st.builds(KernelParam, st.none() | name, st.integers(0, 31), st.sampled_from(["float32", "int32"]),
+                      st.none() | st.integers(1, 1 << 20))
+    kernel = st.builds(Kernel, name, name, text_strategy, st.tuples(param) | st.just(()))
     return st.one_of(
         st.builds(Obj, st.sampled_from(["buffer", "queue", "icb"]), text_strategy, st.tuples(children) | st.just(())),
         param, kernel,

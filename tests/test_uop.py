@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from conftest import dags, graphs
 
 from mtlir import GroupOp, Ops, UOp, dtypes
-from mtlir.metal import Kernel, KernelParam, Obj
+from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj
 from mtlir.uop import argkey, live_nodes
 
 i32 = dtypes.int32
@@ -64,8 +64,9 @@ def test_args_of_different_types_never_merge() -> None:
     assert UOp(Ops.NOOP, arg=frozenset({1})) is not UOp(Ops.NOOP, arg=frozenset({1.0}))
     assert UOp(Ops.NOOP, arg=Obj("buffer", "b", (1,))) is not UOp(Ops.NOOP, arg=Obj("buffer", "b", (True,)))
     assert UOp(Ops.NOOP, arg=Obj("buffer", "b", (1,))) is UOp(Ops.NOOP, arg=Obj("buffer", "b", (1,)))
-    assert UOp(Ops.NOOP, arg=KernelParam(None, 0, elements=0)) is not UOp(Ops.NOOP, arg=KernelParam(None, 0,
-                                                                                                   elements=False))
+    assert UOp(Ops.NOOP, arg=KernelParam(None, 0, elements=1)) is not UOp(Ops.NOOP, arg=KernelParam(None, 0,
+                                                                                                   elements=None))
+    assert UOp(Ops.NOOP, arg=DeviceSpec("Apple9", 1)) is not UOp(Ops.NOOP, arg=DeviceSpec("Apple9", True))
     assert UOp(Ops.NOOP, tag=1) is not UOp(Ops.NOOP, tag=True)
     assert argkey((1, (2.0, "a"))) == argkey((1, (2.0, "a")))
 
@@ -220,6 +221,50 @@ def test_const_and_variable() -> None:
     assert (v.op, v.dtype, v.arg) == (Ops.DEFINE_VAR, i32, ("n", 1, 32))
     with pytest.raises(ValueError, match="min 5 > max 4"):
         UOp.variable("n", 5, 4)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: UOp.variable("m", 1.5, 2), TypeError, "variable 'm': min bound 1.5 is a float, not an int"),
+    (lambda: UOp.variable("m", 1, 2.0), TypeError, "max bound 2.0 is a float"),
+    (lambda: UOp.variable("m", True, 2), TypeError, "min bound True is a bool"),
+    (lambda: UOp.variable("", 1, 2), ValueError, "the name must be a non-empty string"),
+    (lambda: UOp.variable(3, 1, 2), TypeError, "the name is a str"),
+    (lambda: UOp.variable("m", 1, 2**40), ValueError, "variable 'm': bounds [1, 1099511627776] do not fit its dtype "
+                                                      "int32"),
+    (lambda: UOp.variable("u", -1, 2, dtypes.uint32), ValueError, "do not fit its dtype uint32"),
+])
+def test_variables_refuse_bad_bounds(call, error: type, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(error) as e:
+        call()
+    assert message in str(e.value)
+    assert UOp.variable("m", 1, 2**40, dtypes.int64).arg == ("m", 1, 2**40)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda n: n + 1.5, "ADD of int32: the float constant 1.5 does not mix with an integer expression"),
+    (lambda n: 1.5 * n, "the float constant 1.5 does not mix"),
+    (lambda n: n < 0.5, "CMPLT of int32: the float constant 0.5"),
+    (lambda n: n + "a", "ADD of int32: operand 'a' is a str, not a UOp, int or float"),
+    (lambda n: n * None, "operand None is a NoneType"),
+    (lambda n: n + UOp.const(dtypes.float32, 1.0), "ADD: the operands are int32 and float32; an integer and a float "
+                                                   "do not mix"),
+    (lambda n: UOp.const(dtypes.float32, 1.0) - n, "SUB: the operands are float32 and int32"),
+    (lambda n: n + 2**31, "ADD of int32: the constant 2147483648 does not fit int32"),
+    (lambda n: (n < 3).where(n, 2.5), "the float constant 2.5 does not mix"),
+    (lambda n: (n < 3).where(n, UOp.const(dtypes.float32, 1.0)), "WHERE: the branches are int32 and float32"),
+])
+def test_operators_build_well_typed_nodes_only(call, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(TypeError) as e:
+        call(UOp.variable("n", 1, 32))
+    assert message in str(e.value)
+
+
+def test_operators_still_take_what_they_always_did() -> None:
+    n, f = UOp.variable("n", 1, 32), UOp.const(dtypes.float32, 2.0)
+    assert (f * 2).src[1] is UOp.const(dtypes.float32, 2.0) and (f + 0.5).dtype is dtypes.float32
+    assert (n + True).src[1] is UOp.const(i32, 1) and (n << UOp.const(dtypes.uint8, 2)).dtype is i32
+    assert (n + -2**31).src[1].arg == -2**31 and (UOp.const(dtypes.uint64, 1) + (2**64 - 1)).dtype is dtypes.uint64
+    assert (n < 3).where(n, 2).src[2] is UOp.const(i32, 2) and (n < 3).where(1, 2).dtype is i32
 
 
 def test_integer_constants_wrap_as_a_c_conversion() -> None:
