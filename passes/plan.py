@@ -18,7 +18,8 @@ from mtlir.ops import Ops
 from mtlir.passes.pipeline import PassContext
 from mtlir.passes.symbolic import simplify
 from mtlir.program import Stamp
-from mtlir.queue import SIZE_OPS, QueueError, check_size, param_dtype, placeholder_name, var_dtype
+from mtlir.queue import (MAX_THREADS, QueueError, check_size, check_threads, check_var_value, param_dtype,
+                         placeholder_name, var_dtype)
 from mtlir.uop import UOp
 
 __all__ = ["SubmitReader", "EncodeError", "KernelInfo", "Size", "Binding", "Command", "CommandBufferPlan",
@@ -44,17 +45,20 @@ class KernelInfo(NamedTuple):
     pipeline: UOp                               # OBJECT pipeline:KEY
     buffers: tuple[tuple[int, int], ...]        # (parameter index, element size in bytes)
     vars: tuple[tuple[int, DType], ...]         # (parameter index, dtype)
-    pids: tuple[int, ...]                       # ids of (index, element size or dtype): buffers then vars
+    pids: tuple[int, ...]                       # ids of (index, element size, bytes needed) per buffer and
+    #                                             (index, dtype) per variable: buffers then vars
     var_names: tuple[tuple[str, int], ...]      # (variable name, parameter index)
     nsrc: int                                   # sources of its EXEC: 3 + buffers + variables
 
 
 class Size(NamedTuple):
-    """A grid or threadgroup size: the simplified MTLSize STRUCT, its link-time entries, whether it varies."""
+    """A grid or threadgroup size: the simplified MTLSize STRUCT, its link-time entries, whether it varies, and
+    the range of each entry over the variables' bounds."""
 
     node: UOp                                   # the simplified STRUCT<MTLSize>
     link: tuple[int, int, int]                  # constant entries, 0 where set per submit
     symbolic: bool
+    ranges: tuple[tuple[int, int], ...]         # per axis (lo, hi)
 
 
 class Binding(NamedTuple):
@@ -104,12 +108,15 @@ class SubmitReader:
     cmds: list[Command] = field(default_factory=list)
     kernels: dict[UOp, KernelInfo] = field(default_factory=dict)
     keys: dict[str, Kernel] = field(default_factory=dict)
-    sizes: dict[UOp, Size] = field(default_factory=dict)
+    grids: dict[UOp, Size] = field(default_factory=dict)       # grid STRUCT -> Size
+    tgs: dict[UOp, Size] = field(default_factory=dict)         # threadgroup STRUCT -> Size
+    grid_hi: list[int] = field(default_factory=lambda: [1, 1, 1])  # per axis: the largest grid / threadgroup size
+    tg_hi: list[int] = field(default_factory=lambda: [1, 1, 1])
     binds: dict[UOp, Binding] = field(default_factory=dict)
     base_names: dict[UOp, str | None] = field(default_factory=dict)   # BUFFER / buffer variable -> placeholder
-    pids: dict[tuple[int, int | DType], int] = field(default_factory=dict)   # kernel parameter -> small id
+    pids: dict[tuple[int, int | DType] | tuple[int, int, int], int] = field(default_factory=dict)  # parameter -> id
     memos: list[dict[UOp, tuple[str, int, int]]] = field(default_factory=list)  # per pid: node -> ICB binding
-    param_of: dict[int, tuple[int, int | DType]] = field(default_factory=dict)
+    param_of: dict[int, tuple[int, int | DType] | tuple[int, int, int]] = field(default_factory=dict)
     buffers: dict[str, UOp] = field(default_factory=dict)      # placeholder name -> OBJECT, first-use order
     inputs: dict[UOp, int] = field(default_factory=dict)       # buffer variable -> position
     slots: dict[tuple[UOp, DType], int] = field(default_factory=dict)     # (value node, dtype) -> slot
@@ -126,7 +133,7 @@ class SubmitReader:
         """Parse and check every queue op. Raises ``EncodeError`` naming the command."""
         cmds = self.cmds
         after_exec = False
-        kernels, sizes, memos, check = self.kernels, self.sizes, self.memos, self.check_bind
+        kernels, grids, tgs, memos, check = self.kernels, self.grids, self.tgs, self.memos, self.check_bind
         exec_op = Ops.EXEC
         for op in submit.src:
             if op.op is exec_op:
@@ -136,7 +143,7 @@ class SubmitReader:
                 src = op.src
                 k = kernels.get(src[0])
                 if k is not None and len(src) == k.nsrc:
-                    grid, tg = sizes.get(src[1]), sizes.get(src[2])
+                    grid, tg = grids.get(src[1]), tgs.get(src[2])
                     if grid is not None and tg is not None:
                         i = len(cmds)
                         args = src[3:]
@@ -169,6 +176,22 @@ class SubmitReader:
             after_exec = False
         if not cmds and not self.signals:
             raise EncodeError("the submit has no command and no signal: nothing to encode")
+        if any(g * t > MAX_THREADS for g, t in zip(self.grid_hi, self.tg_hi)):
+            self.check_threads()
+
+    def check_threads(self) -> None:
+        """Find the command whose grid x threadgroup can exceed 2**32-1 threads on an axis (``read`` calls this only
+        when the largest grid and threadgroup seen could) and raise ``EncodeError`` naming it."""
+        seen: set[tuple[int, int]] = set()
+        for i, c in enumerate(self.cmds):
+            if (id(c.grid), id(c.threadgroup)) in seen:
+                continue
+            seen.add((id(c.grid), id(c.threadgroup)))
+            try:
+                check_threads(c.grid.ranges, c.threadgroup.ranges, c.grid.node, c.threadgroup.node,
+                              f"command {i} ({c.kernel.kernel.key})")
+            except QueueError as e:
+                raise EncodeError(str(e)) from None
 
     def read_exec(self, op: UOp, i: int) -> Command:
         """Command ``i`` from its EXEC (the slow path: a kernel or size not met before, or a bad layout)."""
@@ -179,17 +202,18 @@ class SubmitReader:
         if len(src) != k.nsrc:
             raise EncodeError(f"command {i} ({k.kernel.key}): the kernel takes {len(k.buffers)} buffers and "
                               f"{len(k.vars)} variables, the EXEC has {len(src) - 3} buffer and variable sources")
-        grid = self.sizes.get(src[1]) or self.read_size(src[1], f"command {i} ({k.kernel.key}): grid")
-        tg = self.sizes.get(src[2]) or self.read_size(src[2], f"command {i} ({k.kernel.key}): threadgroup")
+        grid = self.grids.get(src[1]) or self.read_size(src[1], f"command {i} ({k.kernel.key})", "grid")
+        tg = self.tgs.get(src[2]) or self.read_size(src[2], f"command {i} ({k.kernel.key})", "threadgroup")
         args = src[3:]
         binds = [self.memos[p].get(b) or self.check_bind(b, p, i, k) for b, p in zip(args, k.pids)]
         return _new(Command, (k, grid, tg, args, tuple(binds), grid.symbolic or tg.symbolic))
 
     def check_bind(self, b: UOp, pid: int, i: int, k: KernelInfo) -> tuple[str, int, int]:
-        """The ICB binding of argument ``b`` for parameter ``pid`` (an id of (index, element size or variable
-        dtype)), read and checked once per (node, parameter); an offset too far for an ICB is checked again at every
-        use."""
-        index, kind = self.param_of[pid]
+        """The ICB binding of argument ``b`` for parameter ``pid`` (an id of (index, element size, bytes the
+        parameter needs) or (index, variable dtype)), read and checked once per (node, parameter); an offset too far
+        for an ICB is checked again at every use."""
+        key = self.param_of[pid]
+        index, kind = key[0], key[1]
         if isinstance(kind, DType):
             slot = self.slots.get((b, kind))
             if slot is None:
@@ -197,6 +221,12 @@ class SubmitReader:
             triple = self.memos[pid][b] = ("varbuf", slot * VAR_SLOT, index)
             return triple
         bind = self.binds.get(b) or self.read_buffer(b, (i, k, index, "buffer"))
+        need = key[2]  # type: ignore[misc]
+        if need:
+            have = b.arg[1] if b.op in (Ops.BUFFER, Ops.BUFFER_VIEW) else None
+            if have is not None and have < need:
+                raise EncodeError(f"{where(i, k, index, 'buffer')} takes {need} bytes (KernelParam.elements), but "
+                                  f"the {'view' if b.op is Ops.BUFFER_VIEW else 'buffer'} bound to it holds {have}")
         offset = bind.offset
         if offset % kind:
             raise EncodeError(f"{where(i, k, index, 'buffer')} is bound at byte offset {offset}, not a multiple of its "
@@ -222,27 +252,35 @@ class SubmitReader:
         try:
             bufs = tuple((p.index, param_dtype(p.dtype).itemsize or 1) for p in kernel.buffer_params)
             vars_ = tuple((p.index, var_dtype(kernel, p, f"command {i}")) for p in kernel.var_params)
+            needs = tuple((index, elem, (p.elements or 0) * elem)  # bytes a buffer parameter's `elements` need
+                          for (index, elem), p in zip(bufs, kernel.buffer_params))
         except QueueError as e:
             raise EncodeError(str(e)) from None
         if any(p.index >= MTL.MAX_BUFFER_BIND for p in kernel.params):
             raise EncodeError(f"command {i} ({kernel.key}): buffer indices go up to {MTL.MAX_BUFFER_BIND - 1}")
         pipe = placeholder("pipeline", f"pipeline:{kernel.key}", (kernel,))
         names = tuple((p.var or "", p.index) for p in kernel.var_params)
-        pids = tuple(self.pids.setdefault(p, len(self.pids)) for p in bufs + vars_)
+        pids = tuple(self.pids.setdefault(p, len(self.pids)) for p in needs + vars_)
         self.memos += [{} for _ in range(len(self.pids) - len(self.memos))]
         self.param_of = {pid: p for p, pid in self.pids.items()}
         k = self.kernels[node] = KernelInfo(kernel, pipe, bufs, vars_, pids, names, 3 + len(bufs) + len(vars_))
         return k
 
-    def read_size(self, node: UOp, where: str) -> Size:
-        """A grid or threadgroup STRUCT, checked and simplified once."""
+    def read_size(self, node: UOp, at: str, role: str) -> Size:
+        """A grid or threadgroup (``role``) STRUCT, checked and simplified once per role (a threadgroup has at most
+        1024 threads); ``at`` names the command."""
+        where = f"{at}: {role}"
         if node.op is not Ops.STRUCT or node.dtype is not dtypes.MTLSize or len(node.src) != 3:
             raise EncodeError(f"{where}: expected a STRUCT<MTLSize> of three sizes, got {node.op.name}")
         try:
-            for axis, f in zip("xyz", node.src):
-                check_size(f, f"{where}.{axis}")
+            ranges = tuple(check_size(f, f"{where}.{axis}") for axis, f in zip("xyz", node.src))
+            if role == "threadgroup":
+                check_threads(((1, 1),) * 3, ranges, UOp.struct(dtypes.MTLSize, 1, 1, 1), node, at)
         except QueueError as e:
             raise EncodeError(str(e)) from None
+        top = self.grid_hi if role == "grid" else self.tg_hi
+        for a, (_, hi) in enumerate(ranges):
+            top[a] = max(top[a], hi)
         simple = UOp.struct(dtypes.MTLSize, *(f.cast(dtypes.uint64) for f in node.src))
         if any(f.op is not Ops.CONST for f in simple.src):
             simple = simplify(simple)
@@ -250,7 +288,8 @@ class SubmitReader:
             if f.op is Ops.CONST and f.arg < 1:
                 raise EncodeError(f"{where}.{axis}: size {f.arg} is below 1")
         link = tuple(int(f.arg) if f.op is Ops.CONST else 0 for f in simple.src)
-        size = self.sizes[node] = Size(simple, link, any(f.op is not Ops.CONST for f in simple.src))  # type: ignore
+        size = Size(simple, link, any(f.op is not Ops.CONST for f in simple.src), ranges)  # type: ignore[arg-type]
+        (self.grids if role == "grid" else self.tgs)[node] = size
         return size
 
     def read_buffer(self, node: UOp, at: tuple[int, KernelInfo, int, str]) -> Binding:
@@ -299,10 +338,10 @@ class SubmitReader:
         """The variables-buffer slot of value ``v`` as ``dt`` (one slot per distinct simplified value)."""
         if not v.dtype.is_int:
             raise EncodeError(f"{where}: a variable value is an integer, got a {v.dtype.name}")
-        for u in v.toposort():
-            if u.op not in SIZE_OPS:
-                raise EncodeError(f"{where}: a variable value must be an integer constant or an expression of "
-                                  f"run-time variables, found {u.op.name}")
+        try:
+            check_var_value(v, dt, where)
+        except QueueError as e:
+            raise EncodeError(str(e)) from None
         value = simplify(v.cast(dt))
         slot = self.slots.get((value, dt))
         if slot is None:

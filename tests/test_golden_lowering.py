@@ -353,12 +353,12 @@ def test_every_path_computes_the_same_on_the_simulated_device(device: DeviceSpec
     from mtlir.uop import UOp
     ex = _example()
     x2, y = buffer("x2", 4 * ex.MAX_N), buffer("y", 4 * ex.MAX_N)
-    params, out = buffer("params", 256), buffer("out", 256)
+    params, out = buffer("params", 256), buffer("out", 4 + 256)  # a first sum, then up to 64 (BLOCK_SUM's elements)
     n, inp = UOp.variable("n", 1, ex.MAX_N), buffer_variable("inp")
     q = Queue(device)
     q.timestamp(0).exec(ex.BLOCK_SUM, [out, x2], [64], grid=(1,), threadgroup=(64,)).timestamp(1)
     q.exec(ex.SAXPY, [y, inp, view(params, 0, 4)], [n], grid=((n + 63) // 64,), threadgroup=(64,))
-    q.exec(ex.BLOCK_SUM, [view(out, 4, 252), y], [n], grid=((n + 63) // 64,), threadgroup=(64,)).timestamp(2)
+    q.exec(ex.BLOCK_SUM, [view(out, 4, 256), y], [n], grid=((n + 63) // 64,), threadgroup=(64,)).timestamp(2)
     q.signal(q.timeline, timeline_value())
     program = lower(q.submit(), target=target).program
     rng = np.random.default_rng(3)

@@ -211,6 +211,58 @@ def test_hand_built_graphs_are_checked_too() -> None:
         lower(good.replace(arg="Apple9"))
 
 
+def _hand_built(kernel: Kernel, grid: tuple, tg: tuple, args: list[UOp]) -> UOp:
+    """A submit of one EXEC built without the Queue builder (so only encode checks it), then a signal."""
+    ex = UOp(Ops.EXEC, dtypes.void, (UOp(Ops.KERNEL, dtypes.void, (), kernel), UOp.struct(dtypes.MTLSize, *grid),
+                                     UOp.struct(dtypes.MTLSize, *tg), *args))
+    sig = UOp(Ops.SIGNAL, dtypes.void, (Queue().timeline, UOp.const(dtypes.uint64, 1)))
+    return UOp(Ops.SUBMIT, dtypes.void, (ex, sig), DeviceSpec())
+
+
+_X, _Y = buffer("x", 4096), buffer("y", 4096)
+_SIZED = Kernel("sized", "sized", "", (KernelParam(None, 0, "float32", 1024), KernelParam(None, 1)))
+
+
+@pytest.mark.parametrize("grid, tg, args, kernel, message", [
+    ((1, 1, 1), (2000, 1, 1), [_X, _Y, N], SAXPY,
+     "command 0 (saxpy): threadgroup (2000, 1, 1) can have 2000 threads, above Metal's maximum of 1024"),
+    ((1, 1, 1), (32, 32, 2), [_X, _Y, N], SAXPY, "threadgroup (32, 32, 2) can have 2048 threads"),
+    ((2**31, 1, 1), (4, 1, 1), [_X, _Y, N], SAXPY,
+     "command 0 (saxpy): grid.x x threadgroup.x = 2147483648 x 4 can be 8589934592 threads, above 2**32-1"),
+    ((UOp.const(dtypes.uint64, 2**64 - 1), 1, 1), (1, 1, 1), [_X, _Y, N], SAXPY,
+     "command 0 (saxpy): grid.x: size 18446744073709551615 is above 2**32-1"),
+    ((1, 1, 1), (1, 1, 1), [_X, _Y, UOp(Ops.DEFINE_VAR, dtypes.int32, (), ("m", 1, 2**40))], SAXPY,
+     "command 0 (saxpy): variable parameter 2: variable 'm' has bounds [1, 1099511627776], which do not fit its "
+     "dtype int32"),
+    ((1, 1, 1), (1, 1, 1), [_X, _Y, UOp.variable("m", 1, 2**40, dtypes.int64).cast(dtypes.int32)], SAXPY,
+     "command 0 (saxpy): variable parameter 2: value m in [1, 1099511627776]"),
+    ((1, 1, 1), (1, 1, 1), [_X, _Y, UOp.const(dtypes.int64, 2**32 + 64)], SAXPY,
+     "variable parameter 2: value 4294967360 does not fit the parameter's type int32"),
+    ((1, 1, 1), (1, 1, 1), [_X, _Y, UOp.variable("f", 0, 1, dtypes.float32).cast(dtypes.int32)], SAXPY,
+     "found DEFINE_VAR<float32> 'f'"),
+    ((1, 1, 1), (1, 1, 1), [view(_X, 0, 1024), _Y], _SIZED,
+     "command 0 (sized): buffer parameter 0 takes 4096 bytes (KernelParam.elements), but the view bound to it holds "
+     "1024"),
+])
+def test_encode_refuses_what_would_fail_at_run_time(grid: tuple, tg: tuple, args: list[UOp], kernel: Kernel,
+                                                    message: str) -> None:
+    with pytest.raises(EncodeError) as e:
+        lower(_hand_built(kernel, grid, tg, args))
+    assert message in str(e.value)
+
+
+def test_encode_checks_threads_of_each_grid_and_threadgroup_pair() -> None:
+    """The largest grid and the largest threadgroup seen may belong to different commands: both are fine here."""
+    ok = _hand_built(SCALE, (2**30, 1, 1), (1, 1, 1), [_X, _Y])
+    ex2 = UOp(Ops.EXEC, dtypes.void, (ok.src[0].src[0], UOp.struct(dtypes.MTLSize, 2, 1, 1),
+                                      UOp.struct(dtypes.MTLSize, 1024, 1, 1), _X, _Y))
+    assert lower(ok.replace(src=(ok.src[0], ex2, ok.src[1]))).program
+    bad = UOp(Ops.EXEC, dtypes.void, (ok.src[0].src[0], UOp.struct(dtypes.MTLSize, 2**30, 1, 1),
+                                      UOp.struct(dtypes.MTLSize, 8, 1, 1), _X, _Y))
+    with pytest.raises(EncodeError, match=r"command 2 \(scale\): grid.x x threadgroup.x = 1073741824 x 8"):
+        lower(ok.replace(src=(ok.src[0], ex2, bad, ok.src[1])))
+
+
 # ---- the property test
 
 _KERNELS = [Kernel(f"k{i}", f"k{i}", "", (KernelParam(None, 0), KernelParam(None, 1), KernelParam("n", 2, "int32")))

@@ -117,3 +117,81 @@ def test_exec_parts_checks_hand_built_nodes() -> None:
         exec_parts(good.replace(src=good.src[:-1]), "command 4")
     with pytest.raises(QueueError, match="must be an MTLSize STRUCT"):
         exec_parts(good.replace(src=(good.src[0], UOp.const(dtypes.uint64, 1), *good.src[2:])), "command 4")
+
+
+# ---- limits Metal and MSL set, refused when the queue is built (not at link or run time)
+
+_M40 = UOp.variable("m", 1, 2**40, dtypes.int64)
+_F = UOp.variable("f", 0, 4, dtypes.float32)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"threadgroup": (2000,)}, "command 1 (saxpy): threadgroup (2000, 1, 1) can have 2000 threads, above Metal's "
+                               "maximum of 1024 threads per threadgroup"),
+    ({"threadgroup": (32, 32, 2)}, "command 1 (saxpy): threadgroup (32, 32, 2) can have 2048 threads"),
+    ({"threadgroup": (N, 2)}, "threadgroup (n, 2, 1) can have 8192 threads (for n in [1, 4096])"),
+    ({"grid": (2**64,)}, "command 1 (saxpy): grid.x: size 18446744073709551616 is above 2**32-1"),
+    ({"grid": (2**31,), "threadgroup": (2,)}, "command 1 (saxpy): grid.x x threadgroup.x = 2147483648 x 2 can be "
+                                              "4294967296 threads, above 2**32-1: MSL thread positions are 32-bit"),
+    ({"grid": (1, N * 2**18), "threadgroup": (1, 8)}, "grid.y x threadgroup.y = n * 262144 x 8 can be 8589934592 "
+                                                      "threads (for n in [1, 4096])"),
+    ({"vars": [_M40]}, "command 1 (saxpy): variable 'n' (parameter 2): value m in [1, 1099511627776] (for m in "
+                       "[1, 1099511627776]) does not fit the parameter's type int32"),
+    ({"vars": [_M40.cast(dtypes.int32)]}, "variable 'n' (parameter 2): value m in [1, 1099511627776]"),
+    ({"vars": [2**32 + 64]}, "command 1 (saxpy): variable 'n' (parameter 2): value 4294967360 does not fit the "
+                             "parameter's type int32"),
+    ({"vars": [_F.cast(dtypes.int32)]}, "variable 'n' (parameter 2): a variable value must be an integer expression, "
+                                        "found DEFINE_VAR<float32> 'f'"),
+    ({"grid": (_F.cast(dtypes.int32),)}, "grid.x: a size must be an integer expression, found DEFINE_VAR<float32> 'f'"),
+    ({"bufs": [buffer("x", 64), buffer("y", 64)], "kernel": "sized"},
+     "command 1 (sized): buffer parameter 0 takes 32 elements of float32 (128 bytes), but the buffer 'x' bound to it "
+     "holds 64 bytes"),
+    ({"bufs": [view(buffer("x", 256), 192, 64), buffer("y", 256)], "kernel": "sized"},
+     "buffer parameter 0 takes 32 elements of float32 (128 bytes), but the view of 'x' bound to it holds 64 bytes"),
+])
+def test_metal_limits_are_refused_when_the_queue_is_built(kw: dict, message: str) -> None:
+    sized = Kernel("sized", "sized", "", (KernelParam(None, 0, "float32", 32), KernelParam(None, 1, "float32"),
+                                          KernelParam("n", 2, "int32")))
+    q = Queue()
+    q.exec(SCALE, [buffer("a", 64), buffer("b", 64)])  # so the bad one is command 1
+    kernel = sized if kw.get("kernel") == "sized" else SAXPY
+    with pytest.raises(QueueError) as e:
+        q.exec(kernel, kw.get("bufs", [buffer("x", 4096), buffer("y", 4096)]), kw.get("vars", [N]),
+               grid=kw.get("grid", (1,)), threadgroup=kw.get("threadgroup", (32,)))
+    assert message in str(e.value)
+
+
+def test_limits_that_are_met_are_accepted() -> None:
+    sized = Kernel("sized", "sized", "", (KernelParam(None, 0, "float32", 32),))
+    q = Queue()
+    q.exec(SAXPY, [buffer("x", 64), buffer("y", 64)], [2**31 - 1], grid=(2**22 - 1,), threadgroup=(1024,))
+    q.exec(SAXPY, [buffer("x", 64), buffer("y", 64)], [N], grid=(N, 1, 1), threadgroup=(8, 8, 16))
+    q.exec(sized, [view(buffer("z", 1024), 896, 128)]).exec(sized, [buffer_variable("inp")])  # size known at run
+    assert len(q.submit().src) == 4
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: KernelParam(None, 0, "bogus"), ValueError, "KernelParam(None, 0): unknown element type 'bogus'"),
+    (lambda: KernelParam(None, 0, "float32*"), ValueError, "unknown element type 'float32*'"),
+    (lambda: KernelParam(None, -1), ValueError, "index -1 is negative"),
+    (lambda: KernelParam(None, 1.0), TypeError, "index is the Metal buffer index"),
+    (lambda: KernelParam("", 0, "int32"), ValueError, "needs a non-empty name"),
+    (lambda: KernelParam(None, 0, "float32", 0), ValueError, "elements 0 is below 1"),
+    (lambda: KernelParam(None, 0, "float32", 4.0), TypeError, "elements is an int or None"),
+    (lambda: Kernel("k", "k", "", (KernelParam(None, 0), KernelParam("n", 0, "int32"))), ValueError,
+     "Kernel 'k': two parameters at buffer index 0"),
+    (lambda: Kernel("k", "k", "", ("x",)), TypeError, "parameter 0 is a str, not a KernelParam"),
+    (lambda: Kernel("", "k", ""), ValueError, "must be non-empty"),
+])
+def test_kernels_are_checked_when_constructed(call, error: type, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(error) as e:
+        call()
+    assert message in str(e.value)
+
+
+def test_element_types_accept_the_trace_and_msl_names() -> None:
+    from mtlir.metal import element_dtype
+    assert element_dtype("dtypes.float") is dtypes.float32 and element_dtype("int") is dtypes.int32
+    assert element_dtype("half") is dtypes.float16 and element_dtype("uint8") is dtypes.uint8
+    assert KernelParam(None, 0, "dtypes.float", 8).element is dtypes.float32
+    assert Kernel("k", "k", "", [KernelParam(None, 0)]).params == (KernelParam(None, 0),)  # a list becomes a tuple
