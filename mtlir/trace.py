@@ -1,9 +1,13 @@
-"""Recorded kernel queues (the JSON format of ``examples/traces/README``-style files, see docs/lowering.md).
+"""Recorded kernel queues (the JSON format the traces of examples/traces are in: docs/lowering.md, "Traces").
 
 ``load_trace(path)`` reads and validates one trace; ``Trace.queue(device)`` builds its queue graph (every dispatch
 an EXEC, sizes from ``grid_expr``/``threadgroup_expr`` as expressions of the trace's variables, then a signal of
 the timeline); ``Trace.initial_data()`` gives the bytes link copies into each buffer. Every problem raises
-``TraceError`` naming the field (``dispatches[3].args[1].offset``) and so the dispatch index.
+``TraceError`` naming the field (``dispatches[3].args[1].offset``) and so the dispatch index; a field the format
+(the recorder's README; docs/lowering.md, "Traces") does not list is refused too, so a typo is not silently ignored.
+
+Loading keeps each buffer's recorded bytes and their offset, never a buffer-sized copy: a 4 GiB buffer costs nothing
+until ``initial_data()`` is asked for full buffers (``initial_data(full=False)`` gives link ``(offset, bytes)``).
 """
 from __future__ import annotations
 
@@ -21,7 +25,19 @@ from mtlir.queue import Queue, QueueError, buffer, param_dtype, timeline_value, 
 from mtlir.uop import UOp
 
 __all__ = ["load_trace", "parse_trace", "Trace", "TraceError", "TraceBuffer", "TraceVariable", "Dispatch",
-           "BufferArg", "OutputSpec"]
+           "BufferArg", "OutputSpec", "MAX_BUFFER_BYTES"]
+
+MAX_BUFFER_BYTES = 2**36  # 64 GiB: more than any Apple GPU's memory; a bigger "size" is a broken trace
+
+# the fields of each object of the format (docs/lowering.md, "Traces"); anything else is refused
+_TOP = frozenset({"workload", "arch", "made_with", "variables", "buffers", "programs", "dispatches", "output"})
+_VARIABLE = frozenset({"value", "min", "max"})
+_BUFFER = frozenset({"size", "init"})
+_INIT = frozenset({"offset", "b64"})
+_PROGRAM = frozenset({"function", "msl", "signature"})
+_DISPATCH = frozenset({"kernel", "grid", "threadgroup", "grid_expr", "threadgroup_expr", "args", "vars"})
+_ARG = frozenset({"buffer", "offset", "size"})
+_OUTPUT = frozenset({"buffer", "offset", "dtype", "shape", "expected_b64"})
 
 
 class TraceError(ValueError):
@@ -115,7 +131,8 @@ class OutputSpec:
 @dataclass
 class Trace:
     """A loaded trace. ``kernels`` by program key; ``buffers`` by id; ``variables`` by name; ``dispatches`` in
-    queue order; ``arch`` the GPU family the kernels were rendered for (``Apple7``, ``Apple9``)."""
+    queue order; ``arch`` the GPU family the kernels were rendered for (``Apple7``, ``Apple9``).
+    ``unused_variables``: variables no dispatch uses (as a size or a kernel argument): accepted, noted here."""
 
     workload: str
     arch: str
@@ -126,6 +143,7 @@ class Trace:
     output: OutputSpec
     made_with: str = ""
     source: str = ""
+    unused_variables: tuple[str, ...] = ()
     _queue_cache: dict[DeviceSpec, UOp] = field(default_factory=dict, repr=False)
 
     @property
@@ -137,15 +155,21 @@ class Trace:
         """The device the trace was recorded for: its ``arch``, with residency sets and ICB support."""
         return DeviceSpec(self.arch)
 
-    def initial_data(self) -> dict[str, bytes]:
-        """The initial contents of every buffer that has some, by placeholder name (``"buffer:1"``): the whole
-        buffer (``size`` bytes, zeros around the recorded bytes). Buffers left out start as zeros."""
-        out = {}
+    def initial_data(self, full: bool = True) -> dict[str, Any]:
+        """The initial contents of every buffer that has some, by placeholder name (``"buffer:1"``). ``full``: the
+        whole buffer as bytes (``size`` bytes, zeros around the recorded bytes); else ``(offset, recorded bytes)``,
+        which ``runtime.link`` writes at that offset into a buffer it created zeroed, so nothing buffer-sized is
+        allocated here. Buffers without recorded bytes are left out (they start as zeros) in both forms."""
+        out: dict[str, Any] = {}
         for b in self.buffers.values():
-            if b.init is not None:
-                data = bytearray(b.size)
-                data[b.init_offset:b.init_offset + len(b.init)] = b.init
-                out[b.placeholder] = bytes(data)
+            if b.init is None:
+                continue
+            if not full:
+                out[b.placeholder] = (b.init_offset, b.init)
+                continue
+            data = bytearray(b.size)
+            data[b.init_offset:b.init_offset + len(b.init)] = b.init
+            out[b.placeholder] = bytes(data)
         return out
 
     def queue(self, device: DeviceSpec | None = None) -> UOp:
@@ -185,6 +209,15 @@ class _Reader:
 
     def fail(self, path: str, problem: str) -> TraceError:
         return TraceError(path, problem, self.source)
+
+    def fields(self, obj: Any, path: str, allowed: frozenset[str]) -> None:
+        """Refuse a key of the object at ``path`` that the format does not list (a typo would be ignored)."""
+        self.check(obj, path or "(top level)", dict)
+        for key in obj:
+            if key not in allowed:
+                where = f"{path}.{key}" if path else str(key)
+                raise self.fail(where, f"unknown field {key!r}: the trace format (docs/lowering.md, \"Traces\") has "
+                                       f"{', '.join(sorted(allowed))} here")
 
     def get(self, obj: Any, key: str, path: str, types: type | tuple[type, ...], optional: bool = False) -> Any:
         if not isinstance(obj, dict):
@@ -243,25 +276,35 @@ def load_trace(path: str | Path) -> Trace:
 def parse_trace(data: Any, source: str = "") -> Trace:
     """Validate a trace already parsed from JSON (a dict) and build the ``Trace``. Raises ``TraceError``."""
     r = _Reader(source)
-    r.check(data, "(top level)", dict)
+    r.fields(data, "", _TOP)
+    workload = r.get(data, "workload", "", str)
+    if not workload:
+        raise r.fail("workload", "an empty workload name")
     arch = r.get(data, "arch", "", str)
     if arch.lower() not in {f.lower() for f in FAMILIES}:
         raise r.fail("arch", f"unknown GPU family {arch!r}: expected one of {', '.join(FAMILIES)}")
     variables = _variables(r, r.get(data, "variables", "", dict))
     buffers = _buffers(r, r.get(data, "buffers", "", dict))
     kernels = _kernels(r, r.get(data, "programs", "", dict))
+    raw_dispatches = r.get(data, "dispatches", "", list)
+    if not raw_dispatches:
+        raise r.fail("dispatches", "no dispatches: nothing produces the output")
     dispatches = [_dispatch(r, d, f"dispatches[{i}]", kernels, buffers, variables)
-                  for i, d in enumerate(r.get(data, "dispatches", "", list))]
+                  for i, d in enumerate(raw_dispatches)]
     output = _output(r, r.get(data, "output", "", dict), buffers)
-    return Trace(workload=r.get(data, "workload", "", str, optional=True) or "", arch=DeviceSpec(arch).family,
-                 kernels=kernels, buffers=buffers, variables=variables, dispatches=dispatches, output=output,
-                 made_with=r.get(data, "made_with", "", str, optional=True) or "", source=source)
+    used = {e for d in dispatches for e in (*d.grid_expr, *d.threadgroup_expr) if isinstance(e, str)}
+    used |= {p.var for d in dispatches for p in kernels[d.kernel].var_params if p.var is not None}
+    return Trace(workload=workload, arch=DeviceSpec(arch).family, kernels=kernels, buffers=buffers,
+                 variables=variables, dispatches=dispatches, output=output,
+                 made_with=r.get(data, "made_with", "", str, optional=True) or "", source=source,
+                 unused_variables=tuple(name for name in variables if name not in used))
 
 
 def _variables(r: _Reader, raw: dict[str, Any]) -> dict[str, TraceVariable]:
     out = {}
     for name, v in raw.items():
         path = f"variables.{name}"
+        r.fields(v, path, _VARIABLE)
         value, lo, hi = (r.get(v, k, path, int) for k in ("value", "min", "max"))
         if lo > hi:
             raise r.fail(path, f"min {lo} > max {hi}")
@@ -277,15 +320,22 @@ def _buffers(r: _Reader, raw: dict[str, Any]) -> dict[str, TraceBuffer]:
     out = {}
     for bid, b in raw.items():
         path = f"buffers.{bid}"
+        r.fields(b, path, _BUFFER)
         size = r.get(b, "size", path, int)
         if size < 1:
             raise r.fail(f"{path}.size", f"size {size} is below 1")
+        if size > MAX_BUFFER_BYTES:
+            raise r.fail(f"{path}.size", f"size {size} bytes is above 2**36 (64 GiB), more than any Apple GPU has: "
+                                         f"buffer {bid} cannot be created")
         init = r.get(b, "init", path, (dict, type(None)))
         data, off = None, 0
         if init is not None:
+            r.fields(init, f"{path}.init", _INIT)
             off = r.get(init, "offset", f"{path}.init", int)
+            if off < 0:
+                raise r.fail(f"{path}.init.offset", f"negative offset {off}")
             data = r.b64(r.get(init, "b64", f"{path}.init", str), f"{path}.init.b64")
-            if off < 0 or off + len(data) > size:
+            if off + len(data) > size:
                 raise r.fail(f"{path}.init", f"{len(data)} bytes at offset {off} run past the end of the "
                                              f"{size}-byte buffer")
         out[str(bid)] = TraceBuffer(str(bid), size, data, off)
@@ -296,6 +346,7 @@ def _kernels(r: _Reader, raw: dict[str, Any]) -> dict[str, Kernel]:
     out = {}
     for key, prg in raw.items():
         path = f"programs.{key}"
+        r.fields(prg, path, _PROGRAM)
         function = r.get(prg, "function", path, str)
         msl = r.get(prg, "msl", path, str)
         params = []
@@ -303,8 +354,9 @@ def _kernels(r: _Reader, raw: dict[str, Any]) -> dict[str, Kernel]:
         for j, entry in enumerate(r.get(prg, "signature", path, list)):
             ppath = f"{path}.signature[{j}]"
             r.check(entry, ppath, list)
-            if len(entry) < 3:
-                raise r.fail(ppath, "expected [name or null, parameter index, dtype, [elements]]")
+            if not 3 <= len(entry) <= 4:
+                raise r.fail(ppath, f"expected [name or null, parameter index, dtype, [elements]], got {len(entry)} "
+                                    "entries")
             var = r.check(entry[0], f"{ppath}[0]", (str, type(None)))
             index = r.check(entry[1], f"{ppath}[1]", int)
             dt_name = r.check(entry[2], f"{ppath}[2]", str)
@@ -318,14 +370,23 @@ def _kernels(r: _Reader, raw: dict[str, Any]) -> dict[str, Kernel]:
                 dt = param_dtype(dt_name)
             except QueueError as e:
                 raise r.fail(f"{ppath}[2]", str(e)) from None
-            n = elems[0] if elems and isinstance(elems[0], int) else None
-            params.append(KernelParam(var, index, dt.name, n))
-        out[key] = Kernel(key, function, msl, tuple(params))
+            if len(elems) > 1:
+                raise r.fail(f"{ppath}[3]", f"expected [elements] or [], got {len(elems)} entries")
+            for e in elems:
+                r.check(e, f"{ppath}[3][0]", int)
+                if e < 1:
+                    raise r.fail(f"{ppath}[3][0]", f"elements {e} is below 1")
+            params.append(KernelParam(var, index, dt.name, elems[0] if elems else None))
+        try:
+            out[key] = Kernel(key, function, msl, tuple(params))
+        except (TypeError, ValueError) as e:
+            raise r.fail(path, str(e)) from None
     return out
 
 
 def _dispatch(r: _Reader, d: Any, path: str, kernels: dict[str, Kernel], buffers: dict[str, TraceBuffer],
               variables: dict[str, TraceVariable]) -> Dispatch:
+    r.fields(d, path, _DISPATCH)
     key = r.get(d, "kernel", path, str)
     kernel = kernels.get(key)
     if kernel is None:
@@ -341,6 +402,7 @@ def _dispatch(r: _Reader, d: Any, path: str, kernels: dict[str, Kernel], buffers
     args = []
     for j, a in enumerate(raw_args):
         apath = f"{path}.args[{j}]"
+        r.fields(a, apath, _ARG)
         bid = str(r.get(a, "buffer", apath, (int, str)))
         if bid not in buffers:
             raise r.fail(f"{apath}.buffer", f"unknown buffer {bid}")
@@ -354,6 +416,10 @@ def _dispatch(r: _Reader, d: Any, path: str, kernels: dict[str, Kernel], buffers
                                             f"parameter {param.index} of {key!r} ({param.dtype}), METAL.md §1")
         if size < 1:
             raise r.fail(f"{apath}.size", f"size {size} is below 1")
+        if param.elements is not None and size < param.elements * elem:
+            raise r.fail(f"{apath}.size", f"size {size} bytes is below the {param.elements} elements of {param.dtype} "
+                                          f"({param.elements * elem} bytes) that parameter {param.index} of {key!r} "
+                                          f"takes (programs.{key}.signature): the kernel would read past the view")
         if off + size > buffers[bid].size:
             raise r.fail(apath, f"view [{off}, {off + size}) runs past the end of buffer {bid} "
                                 f"({buffers[bid].size} bytes)")
@@ -395,6 +461,7 @@ def _size_expr(r: _Reader, d: Any, key: str, path: str, sizes: tuple[int, int, i
 
 
 def _output(r: _Reader, o: dict[str, Any], buffers: dict[str, TraceBuffer]) -> OutputSpec:
+    r.fields(o, "output", _OUTPUT)
     bid = str(r.get(o, "buffer", "output", (int, str)))
     if bid not in buffers:
         raise r.fail("output.buffer", f"unknown buffer {bid}")

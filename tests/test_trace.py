@@ -131,6 +131,36 @@ CASES: list[tuple[str, Callable[[dict], None], str, str]] = [
      "programs.r_start_pos.signature[0][2]", "unknown element type"),
     ("output shape does not match its bytes", _set(["output", "shape"], [2, 16]), "output.expected_b64",
      "shape [2, 16] of float32 is 128 bytes"),
+    # the view a dispatch binds holds fewer bytes than the signature's elements: the kernel would read past it
+    ("arg size below the signature's elements", _set(["dispatches", 1, "args", 1, "size"], 4),
+     "dispatches[1].args[1].size", "size 4 bytes is below the 32 elements of float32 (128 bytes) that parameter 1 "
+                                   "of 'r_start_pos' takes"),
+    ("negative init offset", _set(["buffers", "1", "init", "offset"], -4), "buffers.1.init.offset",
+     "negative offset -4"),
+    ("missing workload", _delete(["workload"]), "workload", "missing field"),
+    ("empty workload", _set(["workload"], ""), "workload", "an empty workload name"),
+    ("no dispatches", _set(["dispatches"], []), "dispatches", "no dispatches: nothing produces the output"),
+    ("unknown top-level field", _set(["typo"], 1), "typo", "unknown field 'typo'"),
+    ("unknown dispatch field", _set(["dispatches", 3, "typo_grid"], [1, 1, 1]), "dispatches[3].typo_grid",
+     "unknown field 'typo_grid': the trace format (docs/lowering.md, \"Traces\") has args, grid, grid_expr, kernel, "
+     "threadgroup, threadgroup_expr, vars here"),
+    ("unknown arg field", _set(["dispatches", 0, "args", 1, "stride"], 4), "dispatches[0].args[1].stride",
+     "unknown field 'stride'"),
+    ("unknown buffer field", _set(["buffers", "2", "dtype"], "float"), "buffers.2.dtype", "unknown field"),
+    ("unknown init field", _set(["buffers", "2", "init", "size"], 4), "buffers.2.init.size", "unknown field"),
+    ("unknown variable field", _set(["variables", "start_pos", "step"], 1), "variables.start_pos.step",
+     "unknown field"),
+    ("unknown program field", _set(["programs", "r_start_pos", "src"], ""), "programs.r_start_pos.src",
+     "unknown field"),
+    ("unknown output field", _set(["output", "rtol"], 0.1), "output.rtol", "unknown field"),
+    ("a buffer above 2**36 bytes", _set(["buffers", "8", "size"], 2**36 + 1), "buffers.8.size",
+     "above 2**36 (64 GiB)"),
+    ("signature elements not an int", _set(["programs", "r_start_pos", "signature", 0, 3], ["32"]),
+     "programs.r_start_pos.signature[0][3][0]", "expected int"),
+    ("signature elements below 1", _set(["programs", "r_start_pos", "signature", 0, 3], [0]),
+     "programs.r_start_pos.signature[0][3][0]", "elements 0 is below 1"),
+    ("signature entry too long", _set(["programs", "r_start_pos", "signature", 0], [None, 0, "dtypes.float", [1], 9]),
+     "programs.r_start_pos.signature[0]", "got 5 entries"),
 ]
 
 
@@ -159,3 +189,43 @@ def test_load_trace_reports_bad_json_and_the_file(tmp_path: Path) -> None:
         load_trace(p)
     with pytest.raises(FileNotFoundError):
         load_trace(tmp_path / "absent.json")
+
+
+def test_a_variable_no_dispatch_uses_is_accepted_and_noted() -> None:
+    assert load_trace(TRACES / "symbolic_kv.apple7.json").unused_variables == ()
+    raw = copy.deepcopy(KV)
+    raw["variables"]["spare"] = {"value": 3, "min": 0, "max": 9}
+    t = parse_trace(raw)
+    assert t.unused_variables == ("spare",) and t.values["spare"] == 3
+    assert t.queue().src[0].op is Ops.EXEC
+
+
+def test_big_buffers_are_not_materialized() -> None:
+    """A 32 GiB output buffer (no recorded bytes) and a 4 GiB input whose 12 recorded bytes sit at its end load
+    without a buffer-sized copy; ``initial_data(full=False)`` gives link the recorded bytes and their offset."""
+    raw = copy.deepcopy(KV)
+    raw["buffers"]["8"]["size"] = 2**35
+    raw["buffers"]["2"] = {"size": 2**32, "init": {"offset": 2**32 - 12, "b64": "AAAAAAAAAAAAAAAA"}}
+    t = parse_trace(raw)
+    assert t.buffers["2"].init == bytes(12) and t.buffers["2"].init_offset == 2**32 - 12
+    sparse = t.initial_data(full=False)
+    assert sparse["buffer:2"] == (2**32 - 12, bytes(12)) and "buffer:8" not in sparse
+    assert sparse["buffer:1"] == (0, t.buffers["1"].init)
+    assert t.queue().src[0].op is Ops.EXEC
+
+
+def test_sparse_initial_data_runs_like_full_buffers() -> None:
+    """link accepts ``(offset, bytes)`` and zero-fills the rest: the output matches as with full buffers."""
+    pytest.importorskip("mtlir.runtime.sim.device")
+    from mtlir.passes import lower
+    from mtlir.runtime import Session
+    from mtlir.runtime.sim.device import SimDevice
+    t = load_trace(TRACES / "symbolic_kv.apple7.json")
+    program = lower(t.queue(), target="x86_64", keep_stages=False).program
+    o = t.output
+    with SimDevice("x86_64", family="Apple7") as dev, \
+            Session(program, dev, initial=t.initial_data(full=False), timeout_s=60) as s:
+        s.submit(**t.values)
+        s.wait(timeout_s=60)
+        got = np.frombuffer(s.read(o.placeholder, o.offset, o.nbytes), np.float32).reshape(o.shape)
+    np.testing.assert_allclose(got, o.expected_array(), rtol=1e-4, atol=1e-5)
