@@ -372,10 +372,10 @@ def _kernels(r: _Reader, raw: dict[str, Any]) -> dict[str, Kernel]:
                 raise r.fail(f"{ppath}[2]", str(e)) from None
             if len(elems) > 1:
                 raise r.fail(f"{ppath}[3]", f"expected [elements] or [], got {len(elems)} entries")
-            for e in elems:
-                r.check(e, f"{ppath}[3][0]", int)
-                if e < 1:
-                    raise r.fail(f"{ppath}[3][0]", f"elements {e} is below 1")
+            for count in elems:
+                r.check(count, f"{ppath}[3][0]", int)
+                if count < 1:
+                    raise r.fail(f"{ppath}[3][0]", f"elements {count} is below 1")
             params.append(KernelParam(var, index, dt.name, elems[0] if elems else None))
         try:
             out[key] = Kernel(key, function, msl, tuple(params))
