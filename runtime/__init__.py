@@ -6,15 +6,15 @@ the messages a run sends (docs/runtime.md). The devices live in ``mtlir.runtime.
 ``mtlir.runtime.metal`` (macOS).
 """
 from mtlir.runtime.bridge import Bridge, HostMemory, Message, RecordingBridge
-from mtlir.runtime.errors import (BridgeError, GPUExecutionError, KernelBuildError, KernelCompileError, LinkError,
-                                  MetalValidationError, UnsupportedKernelError)
+from mtlir.runtime.errors import (BridgeError, GPUExecutionError, KernelAccessError, KernelBuildError,
+                                  KernelCompileError, LinkError, MetalValidationError, UnsupportedKernelError)
 from mtlir.runtime.interpreter import Executor, Interpreter, ProgramError, prepare_registers
 from mtlir.runtime.replay import EXECUTORS, CompiledReplay, make_executor
 from mtlir.runtime.link import Linked, link
 from mtlir.runtime.session import Session, Submission
 
 __all__ = ["Bridge", "HostMemory", "Message", "RecordingBridge", "BridgeError", "GPUExecutionError",
-           "KernelCompileError", "KernelBuildError", "LinkError", "MetalValidationError", "UnsupportedKernelError",
+           "KernelCompileError", "KernelBuildError", "KernelAccessError", "LinkError", "MetalValidationError", "UnsupportedKernelError",
            "EXECUTORS",
            "CompiledReplay", "Executor", "Interpreter", "ProgramError", "make_executor", "prepare_registers",
            "Linked", "link", "Session", "Submission"]

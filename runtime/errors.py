@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 __all__ = ["BridgeError", "MetalValidationError", "GPUExecutionError", "UnsupportedKernelError", "LinkError",
-           "KernelCompileError", "KernelBuildError"]
+           "KernelCompileError", "KernelBuildError", "KernelAccessError"]
 
 
 class BridgeError(RuntimeError):
@@ -53,6 +53,24 @@ class KernelBuildError(KernelCompileError):
         numbered = "\n".join(f"{n + 1:4d}  {line}" for n, line in enumerate(source.splitlines()))
         super().__init__(f"OpenCL could not build the translation of kernels {names} (the MSL may be invalid or use "
                          f"something the translator does not handle):\n{log}\n--- translated source ---\n{numbered}")
+
+
+class KernelAccessError(RuntimeError):
+    """A kernel reached memory outside the MTLBuffer bound to one of its parameters; the simulated device's bounds
+    checks skipped the access (docs/kernels.md) and this reports the first one. ``function`` is the kernel,
+    ``param`` the parameter's MSL name and ``index`` its Metal buffer index, ``write`` whether it was a store,
+    ``offset`` the access's byte offset from the start of the parameter's view (negative: before it),
+    ``element`` that offset in elements of the parameter's type (None when the element size is unknown),
+    ``size`` the bytes accessed, ``buffer_bytes`` the MTLBuffer's length and ``view_offset`` where the view
+    starts in it. Metal reports such an access as a GPU fault (PageFault) or, within the allocation's pages, not
+    at all."""
+
+    def __init__(self, message: str, *, function: str, param: str, index: int, write: bool, offset: int,
+                 element: int | None, size: int, buffer_bytes: int, view_offset: int) -> None:
+        super().__init__(message)
+        self.function, self.param, self.index, self.write = function, param, index, write
+        self.offset, self.element, self.size = offset, element, size
+        self.buffer_bytes, self.view_offset = buffer_bytes, view_offset
 
 
 class LinkError(RuntimeError):

@@ -1,10 +1,14 @@
 """KernelRunner: bindings, views at byte offsets (sub-buffer or offset argument), aliasing, sizes, errors."""
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from mtlir.runtime.errors import KernelBuildError, KernelCompileError, UnsupportedKernelError
+from mtlir.runtime.errors import KernelAccessError, KernelBuildError, KernelCompileError, UnsupportedKernelError
 from mtlir.runtime.sim import kernels
 from mtlir.runtime.sim.kernels import KernelRunner
 
@@ -222,3 +226,144 @@ def test_no_opencl_device_says_what_to_install(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(kernels, "cl", None)
     with pytest.raises(RuntimeError, match="pyopencl is not installed"):
         KernelRunner()
+
+
+# --- bounds checks: an access outside the MTLBuffer is skipped and reported (KernelAccessError), never a crash ---
+
+def oob(runner: KernelRunner, body: str, bindings: dict, params: str = "device float* data0_1, "
+        "device const float* data1_32", grid: tuple[int, int, int] = (1, 1, 1),
+        threadgroup: tuple[int, int, int] = (1, 1, 1)) -> KernelAccessError:
+    msl = HEAD + f"kernel void k({params}, uint i [[thread_position_in_grid]]) {{\n  {body}\n}}"
+    with pytest.raises(KernelAccessError) as info:
+        runner.compile(msl, "k").run(bindings, grid, threadgroup)
+    return info.value
+
+
+def test_a_write_loop_far_past_its_buffer_is_stopped_at_the_first_element(runner: KernelRunner) -> None:
+    a, b = np.zeros(4, np.uint8), np.zeros(128, np.uint8)
+    e = oob(runner, "for (int i = 0; i < 100000000; i++) *(data0_1+i) = 1.0f;", {0: (a, 0), 1: (b, 0)})
+    assert (e.function, e.param, e.index, e.write, e.element, e.offset, e.size, e.buffer_bytes) == \
+        ("k", "data0_1", 0, True, 1, 4, 4, 4)
+    assert str(e).startswith("kernel 'k' wrote 4 bytes out of bounds through parameter 'data0_1' (buffer index 0) "
+                             "at element 1 (byte offset 4) of its view at offset 0 of a 4-byte buffer")
+    assert a.view(np.float32)[0] == 1.0  # the access in bounds happened
+
+
+def test_a_small_overrun_does_not_touch_the_memory_after_the_buffer(runner: KernelRunner) -> None:
+    memory = np.zeros(4 + 256, np.uint8)
+    a, after = memory[:4], memory[4:]  # the 256 bytes after the 4-byte buffer stand for the process's heap
+    e = oob(runner, "for (int i = 0; i < 64; i++) data0_1[i] = 7.0f;", {0: (a, 0), 1: (np.zeros(128, np.uint8), 0)})
+    assert e.write and e.element == 1
+    assert not after.any()
+
+
+def test_a_far_read_is_reported_with_its_element(runner: KernelRunner) -> None:
+    e = oob(runner, "data0_1[0] = *(data1_32 + 100000000);", {0: (np.zeros(4, np.uint8), 0),
+                                                                  1: (np.zeros(128, np.uint8), 0)})
+    assert (e.param, e.index, e.write, e.element) == ("data1_32", 1, False, 100000000)
+    assert "kernel 'k' read 4 bytes" in str(e)
+
+
+def test_vector_accesses_are_checked_with_their_own_size(runner: KernelRunner) -> None:
+    body = "if (i == 0) { float4 v = *((device const float4*)(data1_32 + 4)); *((device float4*)(data0_1 + 4)) = v; }"
+    out, inp = np.zeros(32, np.uint8), np.arange(32, dtype=np.uint8)
+    runner.compile(HEAD + f"kernel void k(device float* data0_1, device const float* data1_32, uint i "
+                   f"[[thread_position_in_grid]]) {{ {body} }}", "k").run({0: (out, 0), 1: (inp, 0)}, (1, 1, 1),
+                                                                          (1, 1, 1))
+    assert out[16:].tolist() == list(range(16, 32))  # the last 16 bytes exactly: in bounds
+    e = oob(runner, body.replace("data1_32 + 4", "data1_32 + 5"), {0: (out, 0), 1: (inp, 0)})
+    assert (e.param, e.size, e.element, e.write) == ("data1_32", 16, 5, False)
+
+
+@pytest.mark.parametrize("offset", [128, 4])  # a sub-buffer, the offset argument
+def test_views_may_reach_the_whole_buffer_but_not_past_it(runner: KernelRunner, offset: int) -> None:
+    storage = np.zeros(512, np.uint8)
+    msl = HEAD + """kernel void k(device float* p, constant int& j, uint i [[thread_position_in_grid]]) {
+      p[j] = 5.0f;
+    }"""
+    kernel = runner.compile(msl, "k")
+    var = np.zeros(4, np.uint8)
+    put(var, 0, np.int32([-offset // 4]))  # the first float of the MTLBuffer, before the view: Metal allows it
+    kernel.run({0: (storage, offset), 1: (var, 0)}, (1, 1, 1), (1, 1, 1))
+    assert f32(storage, 0, 1)[0] == 5.0
+    put(var, 0, np.int32([-offset // 4 - 1]))
+    with pytest.raises(KernelAccessError) as info:
+        kernel.run({0: (storage, offset), 1: (var, 0)}, (1, 1, 1), (1, 1, 1))
+    assert (info.value.element, info.value.offset, info.value.view_offset) == (-offset // 4 - 1, -offset - 4, offset)
+    put(var, 0, np.int32([(512 - offset) // 4]))
+    with pytest.raises(KernelAccessError, match=f"at element {(512 - offset) // 4} "):
+        kernel.run({0: (storage, offset), 1: (var, 0)}, (1, 1, 1), (1, 1, 1))
+
+
+def test_pointer_variables_and_helpers_are_checked_against_their_buffer(runner: KernelRunner) -> None:
+    msl = HEAD + """static void put(device float* q, int k, float v) { q[k] = v; }
+    kernel void k(device float* data0_1, device float* data1_32, constant int& j, uint i [[thread_position_in_grid]]) {
+      device float* q = data1_32 + 2;
+      q[1] = 1.0f;
+      q += j;
+      *q = 2.0f;
+      put(data1_32 + 1, j, 3.0f);
+    }"""
+    kernel = runner.compile(msl, "k")
+    a, b, var = np.zeros(4, np.uint8), np.zeros(128, np.uint8), np.zeros(4, np.uint8)
+    put(var, 0, np.int32([4]))
+    kernel.run({0: (a, 0), 1: (b, 0), 2: (var, 0)}, (1, 1, 1), (1, 1, 1))
+    assert b.view(np.float32)[[3, 5, 6]].tolist() == [1.0, 3.0, 2.0]
+    put(var, 0, np.int32([30]))  # q = data1_32 + 32: one past the end; the helper's store too
+    with pytest.raises(KernelAccessError) as info:
+        kernel.run({0: (a, 0), 1: (b, 0), 2: (var, 0)}, (1, 1, 1), (1, 1, 1))
+    assert (info.value.param, info.value.element) == ("data1_32", 32)
+
+
+def test_a_struct_read_past_its_buffer_is_checked(runner: KernelRunner) -> None:
+    msl = HEAD + """struct P { int n; float s; };
+    kernel void k(device float* out, constant P& p, uint i [[thread_position_in_grid]]) { out[0] = p.s * p.n; }"""
+    kernel = runner.compile(msl, "k")
+    out, var = np.zeros(4, np.uint8), np.zeros(8, np.uint8)
+    put(var, 0, np.int32([3]))
+    put(var, 4, np.float32([2.0]))
+    kernel.run({0: (out, 0), 1: (var, 0)}, (1, 1, 1), (1, 1, 1))
+    assert f32(out, 0, 1)[0] == 6.0
+    with pytest.raises(KernelAccessError, match="parameter 'p' \\(buffer index 1\\) at byte offset 0 of its view at "
+                                                "offset 4 of a 8-byte buffer"):
+        kernel.run({0: (out, 0), 1: (var, 4)}, (1, 1, 1), (1, 1, 1))
+
+
+def test_after_a_fault_the_runner_goes_on_and_the_fault_record_is_clear(runner: KernelRunner) -> None:
+    msl = HEAD + """kernel void k(device float* p, constant int& j, uint i [[thread_position_in_grid]]) {
+      p[j] = 1.0f;
+    }"""
+    kernel = runner.compile(msl, "k")
+    p, var = np.zeros(16, np.uint8), np.zeros(4, np.uint8)
+    for mapped in (False, True):  # where the fault record is in host memory (PoCL) and where it must be mapped
+        saved = runner.fault_in_host_memory
+        runner.fault_in_host_memory = not mapped
+        try:
+            put(var, 0, np.int32([4]))
+            with pytest.raises(KernelAccessError):
+                kernel.run({0: (p, 0), 1: (var, 0)}, (1, 1, 1), (1, 1, 1))
+            put(var, 0, np.int32([3]))
+            kernel.run({0: (p, 0), 1: (var, 0)}, (1, 1, 1), (1, 1, 1))  # no stale fault
+            assert f32(p, 12, 1)[0] == 1.0
+        finally:
+            runner.fault_in_host_memory = saved
+
+
+def test_the_process_survives_what_used_to_crash_it(tmp_path: Path) -> None:
+    """The newcomer's kernels, in a child process: before the bounds checks each one killed it (SIGSEGV, 139)."""
+    script = tmp_path / "crash.py"
+    script.write_text(f"""import numpy as np
+from mtlir.runtime.errors import KernelAccessError
+from mtlir.runtime.sim.kernels import KernelRunner
+r = KernelRunner()
+for body in ["for (int i = 0; i < 100000000; i++) *(data0_1+i) = 1.0f;", "data0_1[0] = *(data1_32 + 100000000);",
+             "for (int i = 0; i < 64; i++) *(data0_1+i) = 1.0f;"]:
+    k = r.compile({HEAD!r} + "kernel void k(device float* data0_1, device float* data1_32) {{" + body + "}}", "k")
+    try:
+        k.run({{0: (np.zeros(4, np.uint8), 0), 1: (np.zeros(128, np.uint8), 0)}}, (1, 1, 1), (1, 1, 1))
+    except KernelAccessError as e:
+        print(e.param, e.element)
+""")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:3] == ["data0_1 1", "data1_32 100000000", "data0_1 1"]

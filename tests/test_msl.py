@@ -63,7 +63,8 @@ def test_header_removed_and_kernel_becomes_opencl_kernel(runner: KernelRunner) -
     msl = "kernel void copy(device float* out, device float* in, uint i [[thread_position_in_grid]]) {out[i] = in[i];}"
     src = translate(HEAD + msl).source
     assert "metal_stdlib" not in src and "using" not in src
-    assert "__kernel void copy(__global uchar* out_base, ulong out_off, __global uchar* in_base, ulong in_off)" in src
+    assert ("__kernel void copy(__global uchar* out_base, __global uchar* in_base, __global const ulong* __mtl_args, "
+            "__global uint* __mtl_fault)") in src
     x = np.arange(8, dtype=np.float32)
     out, _ = launch(runner, msl, "copy", [np.zeros(8, np.float32), x], (2, 1, 1), (4, 1, 1))
     np.testing.assert_array_equal(out, x)
@@ -89,7 +90,7 @@ def test_constant_reference_is_read_from_its_buffer(runner: KernelRunner) -> Non
       if ((int)i < n) { y[i] = s * x[i] + 1.0f; }
     }"""
     t = translate(HEAD + msl)
-    assert "const int n = *((__global const int*)(n_base + n_off));" in t.source
+    assert "const int n = *((__global const int*)(n_base + __mtl_args[6]));" in t.source
     assert [(a.kind, a.index, a.dtype) for a in t.kernels["axpb"].args][2:] == [("constant", 2, "int32"),
                                                                                   ("constant", 3, "float32")]
     x = np.arange(8, dtype=np.float32)
@@ -141,13 +142,13 @@ THREADGROUP_SUM = """kernel void group_sum(device float* out, device const float
 
 
 def test_threadgroup_memory_and_barrier_translation() -> None:
-    t = translate(HEAD + THREADGROUP_SUM)
+    t = translate(HEAD + THREADGROUP_SUM, bounds_checks=False)
     assert t.source == (
         "// OpenCL C translated from MSL by mtlir.runtime.sim.msl\n"
-        "__kernel void group_sum(__global uchar* out_base, ulong out_off, "
-        "__global const uchar* in_base, ulong in_off) {\n"
-        "  __global float* out = (__global float*)(out_base + out_off);\n"
-        "  __global const float* in = (__global const float*)(in_base + in_off);\n"
+        "__kernel void group_sum(__global uchar* out_base, __global const uchar* in_base, "
+        "__global const ulong* __mtl_args, __global uint* __mtl_fault) {\n"
+        "  __global float* out = (__global float*)(out_base + __mtl_args[0]);\n"
+        "  __global const float* in = (__global const float*)(in_base + __mtl_args[3]);\n"
         "  uint3 gid = (uint3)((uint)get_group_id(0), (uint)get_group_id(1), (uint)get_group_id(2));\n"
         "  uint3 lid = (uint3)((uint)get_local_id(0), (uint)get_local_id(1), (uint)get_local_id(2));\n"
         "  __local __attribute__((aligned(16))) float part[16];\n"
@@ -194,7 +195,7 @@ def test_vector_types_components_and_constructors(runner: KernelRunner) -> None:
       iout[2 * i] = a.x * (int)i; iout[2 * i + 1] = a.y;
       uout[2 * i] = b.x + b.y; uout[2 * i + 1] = b.y;
     }"""
-    src = translate(HEAD + msl).source
+    src = translate(HEAD + msl, bounds_checks=False).source
     assert "float4 v = (float4)(in[4 * i]," in src and "float4 w = (float4)(hi, lo) * 2.0f;" in src
     x = np.arange(8, dtype=np.float32)
     out, _, iout, uout = launch(runner, msl, "vec", [np.zeros(8, np.float32), x, np.zeros(4, np.int32),
@@ -227,7 +228,7 @@ def test_vector_loads_and_stores_through_pointer_casts_at_any_element_offset(run
       float2 p = *((device float2*)((in + 1)));
       *((device float2*)(out + 1)) += p;
     }"""
-    src = translate(HEAD + msl).source
+    src = translate(HEAD + msl, bounds_checks=False).source
     assert "typedef float4 __mtl_float4_u __attribute__((aligned(4)));" in src
     assert "*((__global __mtl_float4_u*)(in + 1 + 4 * i))" in src
     x = np.arange(1, 18, dtype=np.float32)  # float4 at in + 1 + 4 i: 4-byte aligned, not 16
@@ -269,7 +270,7 @@ def test_builtins_whose_opencl_namesakes_differ(runner: KernelRunner) -> None:
       iout[2 * i] = (abs(n[i]) - 10) / 2;  // int in MSL: an unsigned abs would divide 2^32 - 5
       iout[2 * i + 1] = mulhi(n[i], 1 << 30);
     }"""
-    src = translate(HEAD + msl).source
+    src = translate(HEAD + msl, bounds_checks=False).source
     assert "__mtl_abs(x[i])" in src and "__mtl_fract(" in src and "__mtl_saturate(" in src and "mul_hi(" in src
     x = np.float32([-3.25, 0.75, 1.5, -0.5])
     n = np.int32([-5, 7, -2 ** 31 + 1, 123456789])
@@ -286,7 +287,7 @@ def test_as_type_reinterprets_bits(runner: KernelRunner) -> None:
       u[i] = b;
       f[i] = as_type<float>(b ^ 0x80000000u);
     }"""
-    assert "as_uint(f[i])" in translate(HEAD + msl).source
+    assert "as_uint(f[i])" in translate(HEAD + msl, bounds_checks=False).source
     x = np.float32([1.0, -2.5, 0.0, 3.75])
     u, f = launch(runner, msl, "bits", [np.zeros(4, np.uint32), x], (1, 1, 1), (4, 1, 1))
     np.testing.assert_array_equal(u, x.view(np.uint32))
@@ -299,7 +300,7 @@ def test_opencl_keywords_used_as_msl_names_are_renamed(runner: KernelRunner) -> 
       global[private] = read_only + local;
     }"""
     t = translate(HEAD + msl)
-    assert "__global float* __mtl_global = (__global float*)(__mtl_global_base + __mtl_global_off);" in t.source
+    assert "__global float* __mtl_global = (__global float*)(__mtl_global_base + __mtl_args[0]);" in t.source
     assert [a.name for a in t.kernels["k"].args] == ["global", "local"]  # Metal's names
     x = np.arange(4, dtype=np.float32)
     (out,) = launch(runner, msl, "k", [x], (1, 1, 1), (4, 1, 1), consts={1: np.int32([10])})
@@ -480,3 +481,70 @@ def test_malformed_msl_is_a_compile_error() -> None:
         translate(HEAD + "kernel void k(device float* a [[buffer(31)]]) { a[0] = 0; }")
     with pytest.raises(MslSyntaxError, match="expected `kernel void name"):
         translate(HEAD + "kernel float k(device float* a) { a[0] = 0; }")
+
+
+# --- bounds checks (msl_guard): every access through a buffer pointer is checked; what cannot be followed is refused
+
+def test_each_access_form_is_checked_and_private_and_threadgroup_ones_are_not() -> None:
+    msl = """kernel void k(device float* a, device const float* b, uint i [[thread_position_in_grid]]) {
+      float buf0[2];
+      threadgroup float t[4];
+      *(buf0+0) = b[i];
+      t[i] = *(b + i);
+      *((device float2*)(a + 2 * i)) = *((device const float2*)((b + i)));
+      a[i] += buf0[0] + t[0];
+    }"""
+    src = translate(HEAD + msl).source
+    assert "*(buf0+0) = (*({ __auto_type __mtl_a0 = (b + (i)); __MTL_CHK(__mtl_a0, __mtl_s_b, __mtl_n_b, 3u); }));" \
+        in src  # b[i]: a read of binding 1 (code 2 * 1 + 1); the private array as it was
+    assert "t[i] = (*({ __auto_type __mtl_a1 = ((b + i)); __MTL_CHK(__mtl_a1, __mtl_s_b, __mtl_n_b, 3u); }));" in src
+    assert ("(*({ __auto_type __mtl_a2 = (((__global __mtl_float2_u*)(a + 2 * i))); __MTL_CHK(__mtl_a2, __mtl_s_a, "
+            "__mtl_n_a, 2u); })) = ") in src  # a store through a vector cast: code 2 * 0 + 2
+    assert "(*({ __auto_type __mtl_a4 = (a + (i)); __MTL_CHK(__mtl_a4, __mtl_s_a, __mtl_n_a, 2u); })) += buf0[0] + t[0];" \
+        in src
+    assert "const ulong __mtl_s_a = (ulong)a_base - __mtl_args[1], __mtl_n_a = __mtl_args[2];" in src
+
+
+def test_a_guarded_load_in_a_ternary_is_only_checked_when_taken(runner: KernelRunner) -> None:
+    msl = """kernel void k(device float* out, device const float* x, uint i [[thread_position_in_grid]]) {
+      bool far = i > 100;
+      out[i] = far ? *(x + (i + 100000000)) : x[i] * 2.0f;
+    }"""
+    x = np.arange(4, dtype=np.float32)
+    out, _ = launch(runner, msl, "k", [np.zeros(4, np.float32), x], (1, 1, 1), (4, 1, 1))
+    np.testing.assert_array_equal(out, 2 * x)
+
+
+@pytest.mark.parametrize("body,construct,why", [
+    ("*((device float*)(ulong(i) * 4)) = 1.0f;", "*", "does not come from a buffer parameter"),
+    ("device float* q = i > 2 ? a : b; q[0] = 1.0f;", "a, b", "mixes the buffer pointers a, b"),
+    ("ulong addr = (ulong)a; b[0] = addr;", "a", "cannot follow this use of the buffer pointer `a`"),
+    ("if (a == b) { a[0] = 1.0f; }", "a", "cannot follow this use"),
+    ("device float* q; q[0] = 1.0f;", "q", "used before it is initialised or assigned from a buffer"),
+    ("device float *q = a, *r = b; q[0] = r[0];", "q", "one device pointer per declaration"),
+    ("device float* q = a; q = b; q[0] = 1.0f;", "q", "a pointer into another buffer"),
+])
+def test_a_buffer_pointer_the_translator_cannot_follow_is_refused(body: str, construct: str, why: str) -> None:
+    err = refused(f"kernel void k(device float* a, device float* b, uint i [[thread_position_in_grid]]) {{ {body} }}")
+    assert err.construct == construct and why in str(err)
+
+
+def test_macros_structs_and_prototypes_that_hide_buffer_pointers_are_refused() -> None:
+    err = refused("#define FIRST a[0]\nkernel void k(device float* a) { FIRST = 1.0f; }")
+    assert err.construct == "#define FIRST" and "names the buffer parameter `a`" in str(err)
+    err = refused("struct S { device float* p; };\nkernel void k(device float* a) { a[0] = 1.0f; }")
+    assert err.construct == "device T*"
+    err = refused("#define AT(p, k) p[k]\nkernel void k(device float* a) { AT(a, 0) = 1.0f; }")
+    assert err.construct == "a" and "cannot follow this use" in str(err)
+    # without the checks (reading a translation only) the same source translates
+    assert "FIRST" in translate(HEAD + "#define FIRST a[0]\nkernel void k(device float* a) { FIRST = 1.0f; }",
+                                bounds_checks=False).source
+
+
+def test_every_trace_kernel_translates_with_the_checks() -> None:
+    for path in sorted(TRACES.glob("*.json")):
+        for key, prog in json.loads(path.read_text())["programs"].items():
+            if "simdgroup" in prog["msl"]:
+                continue
+            src = translate(prog["msl"]).source
+            assert "__MTL_CHK(" in src, key

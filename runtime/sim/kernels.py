@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from mtlir.runtime.errors import KernelBuildError, KernelCompileError
-from mtlir.runtime.sim.msl import KernelArg, KernelInfo, Translation, translate
+from mtlir.runtime.errors import KernelAccessError, KernelBuildError, KernelCompileError
+from mtlir.runtime.sim.msl import KernelArg, KernelInfo, ParamBinding, Translation, translate
+from mtlir.runtime.sim.msl_guard import FAULT_WORDS, SCRATCH_BYTES
 
 cl: Any  # the pyopencl module, or None when it is missing (the runner then says what to install)
 try:
@@ -169,6 +170,18 @@ class KernelRunner:
         self._kernels: dict[tuple[str, str], CompiledKernel] = {}
         self._stuck: str | None = None
         self._stuck_refs: list[Any] = []
+        # The fault record and scratch area every kernel gets as its last argument (msl_guard): one per runner
+        # (runs are serialised by the lock), its record cleared after a run that faulted. Where the device works in
+        # the host memory itself (PoCL's CPU device: a map returns the host pointer, checked once here), the record
+        # is read there once the kernel has completed; elsewhere it is mapped after each run like the outputs.
+        self._fault_host = np.zeros(FAULT_WORDS * 4 + SCRATCH_BYTES, np.uint8)
+        self._fault_buf = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR,
+                                    hostbuf=self._fault_host)
+        mapped, _ = cl.enqueue_map_buffer(self.queue, self._fault_buf, cl.map_flags.READ, 0, (FAULT_WORDS * 4,),
+                                          np.uint8, is_blocking=True)
+        self.fault_in_host_memory: bool = _address(mapped) == _address(self._fault_host)
+        mapped.base.release(self.queue)
+        self.queue.finish()
 
     def __repr__(self) -> str:
         return f"KernelRunner({self.device.name!r}, fp16={self.fp16}, base_align={self.base_align})"
@@ -216,6 +229,9 @@ class KernelRunner:
             buffers: dict[int, tuple[Any, np.ndarray]] = {}
             writes: set[int] = set()
             args: list[Any] = []
+            # The argument block (msl.ParamBinding): per binding its offset from the base pointer, the bytes of the
+            # MTLBuffer before that pointer and the MTLBuffer's length (the bounds of msl_guard's checks).
+            block = np.zeros(3 * max(1, len(views)), np.uint64)
             for b, view in zip(ck.info.bindings, views):
                 storage = bindings[b.arg.index][0]
                 key = _storage_key(storage, buffers)
@@ -224,11 +240,17 @@ class KernelRunner:
                 if b.writable:
                     writes.add(key)
                 buf = buffers[key][0]
+                k = 3 * b.slot
                 if view.how == "sub-buffer":
                     flags = cl.mem_flags.READ_WRITE if b.writable else cl.mem_flags.READ_ONLY
-                    args += [buf.get_sub_region(view.offset, storage.nbytes - view.offset, flags), np.uint64(0)]
+                    args.append(buf.get_sub_region(view.offset, storage.nbytes - view.offset, flags))
+                    block[k + 1] = view.offset
                 else:
-                    args += [buf, np.uint64(view.offset)]
+                    args.append(buf)
+                    block[k] = view.offset
+                block[k + 2] = storage.nbytes
+            args += [cl.Buffer(self.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=block),
+                     self._fault_buf]
             ck._kernel.set_args(*args)
             what = f"kernel {ck.function!r}, global size {global_size}, threadgroup {local_size}"
             try:
@@ -241,6 +263,11 @@ class KernelRunner:
                     mapped, last = cl.enqueue_map_buffer(self.queue, buf, cl.map_flags.READ, 0, (storage.nbytes,),
                                                          np.uint8, is_blocking=False)
                     maps.append((mapped, storage))
+                fault: Any = self._fault_host[:FAULT_WORDS * 4]
+                if not self.fault_in_host_memory:
+                    fault, last = cl.enqueue_map_buffer(self.queue, self._fault_buf,
+                                                        cl.map_flags.READ | cl.map_flags.WRITE, 0,
+                                                        (FAULT_WORDS * 4,), np.uint8, is_blocking=False)
                 self.queue.flush()
             except cl.Error as e:
                 raise RuntimeError(f"OpenCL refused to run {what}: {e}") from None
@@ -249,6 +276,14 @@ class KernelRunner:
                 if _address(mapped) != _address(storage):  # the device kept its own copy: bring the results home
                     storage[...] = mapped
                 mapped.base.release(self.queue)  # the unmap is queued; later commands come after it
+            words = fault.view(np.uint32)
+            error = _access_error(ck, views, bindings, words) if words[0] else None
+            if error is not None:
+                words[:4] = 0  # cleared (through the mapping, if any): the next run starts with no fault
+            if not self.fault_in_host_memory:
+                fault.base.release(self.queue)
+            if error is not None:
+                raise error
 
     def _buffer(self, storage: np.ndarray) -> Any:
         if storage.flags.writeable:
@@ -276,6 +311,30 @@ class KernelRunner:
             if now > spin_until:
                 time.sleep(delay)
                 delay = min(delay * 2, 1e-3)
+
+
+def _access_error(ck: CompiledKernel, views: tuple[View, ...], bindings: dict[int, tuple[np.ndarray, int]],
+                  words: np.ndarray) -> KernelAccessError:
+    """The ``KernelAccessError`` for the fault record ``words`` a run left (``msl_prelude``'s ``__mtl_chk``: code
+    = 2 * binding position + 1 (+1 for a write), access size, byte offset in the MTLBuffer as two words)."""
+    code, size = int(words[0]), int(words[1])
+    position, write = (code - 1) // 2, (code - 1) % 2 == 1
+    offset_in_buffer = int(words[2]) | int(words[3]) << 32
+    if offset_in_buffer >= 1 << 63:
+        offset_in_buffer -= 1 << 64
+    b: ParamBinding = ck.info.bindings[position]
+    view = views[position]
+    storage = bindings[b.arg.index][0]
+    offset = offset_in_buffer - view.offset
+    element = offset // b.elem if b.elem else None
+    at = f"element {element} (byte offset {offset})" if element is not None else f"byte offset {offset}"
+    message = (f"kernel {ck.function!r} {'wrote' if write else 'read'} {size} bytes out of bounds through parameter "
+               f"{b.arg.name!r} (buffer index {b.arg.index}) at {at} of its view at offset {view.offset} of a "
+               f"{storage.nbytes}-byte buffer: the simulated device skipped the access (on Metal: a GPU address "
+               "fault, or a silent access within the allocation's pages)")
+    return KernelAccessError(message, function=ck.function, param=b.arg.name, index=b.arg.index, write=write,
+                             offset=offset, element=element, size=size, buffer_bytes=storage.nbytes,
+                             view_offset=view.offset)
 
 
 def _first_device() -> Any:

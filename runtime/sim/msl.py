@@ -5,12 +5,14 @@
 splits the source into top-level items and rewrites each with the token rules of ``msl_rules``. Kernel
 signatures are rebuilt here, because Metal binds arguments differently from OpenCL:
 
-- every buffer parameter (``device float* data0``, ``constant T* p``) becomes two OpenCL parameters, the whole
-  buffer and a byte offset (``__global uchar* data0_base, ulong data0_off``), and the kernel starts with
-  ``__global float* data0 = (__global float*)(data0_base + data0_off);``: the runner binds a view at a byte
-  offset either as an OpenCL sub-buffer with offset 0 or as the whole buffer with the offset (``kernels.py``);
+- every buffer parameter (``device float* data0``, ``constant T* p``) becomes an OpenCL buffer parameter
+  (``__global uchar* data0_base``) and the kernel starts with ``__global float* data0 = (__global
+  float*)(data0_base + __mtl_args[0]);``: the byte offset comes from the kernel's argument block ``__mtl_args``
+  (one small buffer per run: an OpenCL scalar argument costs far more to set), so the runner binds a view either
+  as an OpenCL sub-buffer with offset 0 or as the whole buffer with the offset (``kernels.py``); the block also
+  carries each buffer's bounds, against which every access is checked (``msl_guard``);
 - a ``constant T& name`` variable is read once at the top from the buffer bound at its index, the same way:
-  ``const int name = *((__global const int*)(name_base + name_off));``;
+  ``const int name = *((__global const int*)(name_base + __mtl_args[6]));``;
 - thread-position parameters (``uint3 gid [[threadgroup_position_in_grid]]``) become locals filled from OpenCL's
   work-item functions (``get_group_id(0..2)``, ...; Metal's threadgroup is OpenCL's work-group).
 
@@ -29,10 +31,12 @@ from mtlir.runtime.errors import KernelCompileError
 from mtlir.runtime.sim.msl_lex import ID, NUM, PP, PUNCT, RAW, MslSyntaxError, Token, render, tokenize
 from mtlir.runtime.sim.msl_names import (POSITIONS, POSITIONS_LINEAR, SCALARS, TEMPLATES, VECTORS, cl_name,
                                           dtype_name, refused_construct, scalar_size)
+from mtlir.runtime.sim.msl_guard import ARGS_PARAM, FAULT_PARAM, Bound, Guard, guard_name, guarded_access, helper_bound_params
 from mtlir.runtime.sim.msl_prelude import Prelude
 from mtlir.runtime.sim.msl_rules import Ctx, at, group_end, need_half, refuse, rewrite, tok
 
-__all__ = ["KernelArg", "ParamBinding", "KernelInfo", "Translation", "translate", "kernel_functions", "MslSyntaxError"]
+__all__ = ["KernelArg", "ParamBinding", "KernelInfo", "Translation", "translate", "kernel_functions", "MslSyntaxError",
+           "ARGS_PARAM", "FAULT_PARAM"]
 
 _PARAM_QUALIFIERS = frozenset({"device", "constant", "threadgroup", "thread", "const", "volatile", "restrict",
                                "__restrict", "__restrict__", "struct"})
@@ -53,9 +57,14 @@ class KernelArg:
 
 @dataclass(frozen=True)
 class ParamBinding:
-    """How one ``KernelArg`` reaches OpenCL: the names of its buffer and byte-offset parameters, whether the kernel
-    may write through it, ``align``: the bytes its offset must be a multiple of (the element's scalar size, as
-    Metal requires, METAL.md §1), ``nbytes``: the bytes a ``constant`` variable reads (0 when unknown: a struct)."""
+    """How one ``KernelArg`` reaches OpenCL: the name of its buffer parameter (``base``), the OpenCL expression of
+    its byte offset from that base (``off``: a slot of the kernel's argument block, ``__mtl_args[3 * slot]``),
+    whether the kernel may write through it, ``align``: the bytes its offset must be a multiple of (the element's
+    scalar size, as Metal requires, METAL.md §1), ``nbytes``: the bytes a ``constant`` variable reads (0 when
+    unknown: a struct), ``elem``: bytes per element of its type (0 when unknown) and ``slot``: its position among
+    the kernel's bindings, which indexes the argument block (``ARGS_PARAM``: per binding the offset, the bytes of
+    the MTLBuffer before the base pointer, and the MTLBuffer's length; the last two bound its accesses,
+    ``msl_guard``)."""
 
     arg: KernelArg
     base: str
@@ -63,12 +72,15 @@ class ParamBinding:
     writable: bool
     align: int
     nbytes: int
+    elem: int = 0
+    slot: int = 0
 
 
 @dataclass(frozen=True)
 class KernelInfo:
     """One kernel function of the translated source: its bound parameters (``bindings``, in MSL order; the
-    OpenCL parameters are each binding's base then offset, in that order), whether it uses barriers or
+    OpenCL parameters are each binding's base, then the argument block ``__mtl_args`` (three ulongs per binding:
+    ``ParamBinding``) and the fault buffer ``__mtl_fault`` (``msl_guard``)), whether it uses barriers or
     threadgroup memory (then OpenCL's work-group must be exactly Metal's threadgroup), and the
     ``[[max_total_threads_per_threadgroup(n)]]`` it declares (``None`` if none)."""
 
@@ -92,20 +104,24 @@ class Translation:
     kernels: dict[str, KernelInfo] = field(default_factory=dict)
 
 
-def translate(msl: str, fp16: bool = False) -> Translation:
+def translate(msl: str, fp16: bool = False, *, bounds_checks: bool = True) -> Translation:
     """Translate the MSL library ``msl`` (every function in it, as Metal compiles a library whole) to OpenCL C.
 
-    ``fp16``: the OpenCL device has cl_khr_fp16 (else ``half`` is refused). Raises ``UnsupportedKernelError``
+    ``fp16``: the OpenCL device has cl_khr_fp16 (else ``half`` is refused). ``bounds_checks``: every access
+    through a buffer pointer is checked against its MTLBuffer (``msl_guard``; the kernel runner always translates
+    with them); False gives the same kernels without the checks, for reading a translation only. Raises ``UnsupportedKernelError``
     (``.construct`` names the first construct it cannot translate, with its line and column in the message),
     ``MslSyntaxError`` (a ``KernelCompileError``) for source that is not MSL at the token level, and
     ``KernelCompileError`` for a kernel signature Metal would reject (duplicate or out-of-range buffer index)."""
     ts = tokenize(msl)
     _refuse_unsupported(ts)
     prelude = Prelude(fp16=fp16)
-    ctx = Ctx(prelude, callables=_defined_functions(ts))
+    items = _items(ts)
+    ctx = Ctx(prelude, callables=_defined_functions(ts), name_rule=guard_name, checks=bounds_checks,
+              type_names=_struct_names(ts, items), buffer_names=_buffer_names(ts, items) if bounds_checks else set())
     out: list[Token] = []
     kernels: dict[str, KernelInfo] = {}
-    for kind, start, end in _items(ts):
+    for kind, start, end in items:
         if kind == "kernel":
             info, toks = _translate_kernel(ts, start, end, ctx)
             if info.function in kernels:
@@ -114,6 +130,8 @@ def translate(msl: str, fp16: bool = False) -> Translation:
             out += toks
         elif kind == "struct":
             out += _translate_struct(ts, start, end, ctx)
+        elif kind == "function":
+            out += _translate_function(ts, start, end, ctx)
         else:
             ctx.scope, ctx.depth = ("function" if kind == "function" else "program"), 0
             out += rewrite(ts, ctx, start, end)
@@ -205,6 +223,77 @@ def _defined_functions(ts: list[Token]) -> set[str]:
     return names
 
 
+def _struct_names(ts: list[Token], items: list[tuple[str, int, int]]) -> set[str]:
+    """The names of the structs the source defines (type names in casts)."""
+    return {ts[k + 1].text for kind, start, end in items if kind == "struct" for k in range(start, end - 1)
+            if ts[k].text == "struct" and ts[k + 1].kind == ID}
+
+
+def _buffer_names(ts: list[Token], items: list[tuple[str, int, int]]) -> set[str]:
+    """The names of every kernel's ``device``/``constant`` parameters (a top-level macro naming one is refused: its
+    accesses could not be bounds-checked)."""
+    names: set[str] = set()
+    for kind, start, end in items:
+        k = next((j for j in range(start, end) if ts[j].text == "("), None) if kind == "kernel" else None
+        if k is None:
+            continue
+        for p in _split_params(ts, k + 1, group_end(ts, k)):
+            cut = next((j for j in range(len(p) - 1) if p[j].text == "[" and p[j + 1].text == "["), len(p))
+            ids = [t.text for t in p[:cut] if t.kind == ID]
+            if ids and {"device", "constant"} & set(ids):
+                names.add(ids[-1])
+    return names
+
+
+def _translate_function(ts: list[Token], start: int, end: int, ctx: Ctx) -> list[Token]:
+    """A helper function: rewritten like code, with a Guard of its own. Each ``device``/``constant`` pointer
+    parameter becomes a tracked pointer whose bounds come in three extra parameters after it, and the fault buffer
+    comes last (``msl_guard.helper_bound_params``); calls pass them (``msl_guard``)."""
+    ctx.scope, ctx.depth = "function", 0
+    if not ctx.checks:
+        return rewrite(ts, ctx, start, end)
+    ctx.guard = Guard()
+    try:
+        open_ = next((j for j in range(start, end) if ts[j].kind == PUNCT and ts[j].text == "("), None)
+        if open_ is None or open_ == start or ts[open_ - 1].kind != ID:
+            return rewrite(ts, ctx, start, end)
+        close = group_end(ts, open_)
+        spans = _param_spans(ts, open_, close)
+        extra = helper_bound_params(ts, spans, ctx)
+        if not extra:
+            return rewrite(ts, ctx, start, end)
+        out = rewrite(ts, ctx, start, open_ + 1)
+        for n, (a, b) in enumerate(spans):
+            if n:
+                out.append(ts[a - 1])  # the comma
+            out += rewrite(ts, ctx, a, b)
+            if n in extra:
+                out.append(tok(extra[n], RAW))
+        out.append(tok(f", __global uint* {FAULT_PARAM}", RAW))
+        out += rewrite(ts, ctx, close, end)
+        ctx.helpers[ts[open_ - 1].text] = tuple(sorted(extra))  # calls after its definition pass the bounds
+        return out
+    finally:
+        ctx.guard = None
+
+
+def _param_spans(ts: list[Token], open_: int, close: int) -> list[tuple[int, int]]:
+    """The ``(start, end)`` token spans of the parameters between the brackets at ``open_`` and ``close``."""
+    spans: list[tuple[int, int]] = []
+    j = a = open_ + 1
+    while j < close:
+        if ts[j].kind == PUNCT and ts[j].text in ("(", "["):
+            j = group_end(ts, j) + 1
+            continue
+        if ts[j].kind == PUNCT and ts[j].text == ",":
+            spans.append((a, j))
+            a = j + 1
+        j += 1
+    if close > open_ + 1:
+        spans.append((a, close))
+    return spans
+
+
 def _translate_struct(ts: list[Token], start: int, end: int, ctx: Ctx) -> list[Token]:
     """``struct S { ... };`` -> the same with its members rewritten, then ``typedef struct S S;`` (MSL, being
     C++, names a struct without ``struct``; C needs the typedef)."""
@@ -255,23 +344,28 @@ def _translate_kernel(ts: list[Token], start: int, end: int, ctx: Ctx) -> tuple[
     cl_params: list[str] = []
     prologue: list[str] = []
     indices: dict[int, str] = {}
+    ctx.guard = Guard() if ctx.checks else None
     for p in params:
         if p.attr in POSITIONS or p.attr in POSITIONS_LINEAR:
             prologue.append(_position_local(p, ctx))
             continue
-        binding, decl, line = _buffer_param(p, len(bindings), used, ctx)
+        binding, decl, lines = _buffer_param(p, len(bindings), used, ctx)
         if binding.arg.index in indices:
             raise KernelCompileError(f"MSL {p.name.where()}: kernel {name!r}: parameters {indices[binding.arg.index]!r}"
                                      f" and {p.name.text!r} both use buffer index {binding.arg.index}")
         indices[binding.arg.index] = p.name.text
         bindings.append(binding)
         cl_params += decl
-        prologue.append(line)
+        prologue += lines
+    cl_params += [f"__global const ulong* {ARGS_PARAM}", f"__global uint* {FAULT_PARAM}"]
     ctx.scope, ctx.depth, ctx.uses_barrier, ctx.threadgroup_vars = "kernel", 1, False, []
-    body = rewrite(ts, ctx, close + 2, end - 1)
+    try:
+        body = rewrite(ts, ctx, close + 2, end - 1)
+    finally:
+        ctx.guard = None
     head = f"__kernel void {name}({', '.join(cl_params)}) {{"
-    lines = "".join(f"\n  {line}" for line in prologue)
-    toks = [tok(head + lines, RAW, ts[start].space), *body, ts[end - 1]]
+    text = "".join(f"\n  {line}" for line in prologue)
+    toks = [tok(head + text, RAW, ts[start].space), *body, ts[end - 1]]
     info = KernelInfo(name, tuple(bindings), ctx.uses_barrier, tuple(ctx.threadgroup_vars), max_threads)
     return info, toks
 
@@ -341,8 +435,11 @@ def _unique(name: str, used: set[str]) -> str:
     return name
 
 
-def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[ParamBinding, list[str], str]:
-    """A buffer or ``constant T&`` parameter: its binding, its OpenCL parameters and its prologue line."""
+def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[ParamBinding, list[str], list[str]]:
+    """A buffer or ``constant T&`` parameter: its binding, its OpenCL parameter and its prologue lines. Its offset
+    and bounds come from slot ``position`` of the argument block. A pointer becomes a tracked pointer of the
+    kernel's Guard; a struct read through ``constant S&`` (whose size the translator does not know) is a checked
+    access (``msl_guard``)."""
     words = [t.text for t in p.tokens]
     what = f"{render(p.tokens).strip()} {p.name.text}"
     if p.attr not in (None, "buffer"):
@@ -379,16 +476,28 @@ def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[P
     writable = space == "device" and pointer and "const" not in words
     const = "" if writable else "const "
     name = cl_name(p.name.text)
-    base, off = _unique(f"{name}_base", used), _unique(f"{name}_off", used)
-    decl = [f"__global {const}uchar* {base}", f"ulong {off}"]
+    base = _unique(f"{name}_base", used)
+    off, before, length = (f"{ARGS_PARAM}[{3 * position + k}]" for k in range(3))
     ptr = f"__global {const}{cl_elem}*"
+    known = elem in SCALARS or elem in VECTORS
+    bound = Bound(f"__mtl_s_{name}", f"__mtl_n_{name}", str(position))
+    lines: list[str] = []
+    if (pointer or not known) and ctx.guard is not None:
+        lines.append(f"const ulong {bound.start} = (ulong){base} - {before}, {bound.length} = {length};")
     if pointer:
-        line = f"{ptr} {name} = ({ptr})({base} + {off});"
+        lines.append(f"{ptr} {name} = ({ptr})({base} + {off});")
+        if ctx.guard is not None:
+            ctx.guard.ptrs[p.name.text] = bound
+    elif not known and ctx.guard is not None:
+        read = render(guarded_access([tok(f"({ptr})({base} + {off})", RAW)], bound, False, ctx)).strip()
+        lines.append(f"const {SCALARS.get(elem, elem)} {name} = {read};")
     else:
-        line = f"const {SCALARS.get(elem, elem)} {name} = *(({ptr})({base} + {off}));"
+        lines.append(f"const {SCALARS.get(elem, elem)} {name} = *(({ptr})({base} + {off}));")
     arg = KernelArg(p.name.text, "buffer" if pointer else "constant", index, dtype_name(elem))
-    nbytes = 0 if pointer or (elem not in SCALARS and elem not in VECTORS) else _value_size(elem)
-    return ParamBinding(arg, base, off, writable, scalar_size(elem), nbytes), decl, line
+    nbytes = 0 if pointer or not known else _value_size(elem)
+    size = _value_size(elem) if known and elem != "void" else 0
+    return (ParamBinding(arg, base, off, writable, scalar_size(elem), nbytes, size, position),
+            [f"__global {const}uchar* {base}"], lines)
 
 
 def _value_size(msl_type: str) -> int:

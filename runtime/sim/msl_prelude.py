@@ -32,6 +32,29 @@ _UNSIGNED = ("uchar", "ushort", "uint", "ulong")
 _CTOR_SCALARS = ("bool",) + _SIGNED + _UNSIGNED + _FLOATS
 
 
+# The bounds check of a buffer access (msl_guard): ``a`` is in range when ``[a, a + size)`` lies inside the
+# MTLBuffer ``[start, start + length)`` (unsigned arithmetic: an address below ``start`` wraps to a huge ``d``).
+# Out of range: the first such access records ``code`` (2 * parameter position + 1 for a read, + 2 for a write),
+# the size and the byte offset ``d`` in the fault words ``f[0..3]``, and the access goes to the scratch area after
+# the 16 fault words instead (kernels.py allocates both).
+_BOUNDS_CHECK = [
+    "static __attribute__((noinline)) __global uchar* __mtl_out_of_bounds(ulong size, ulong d, __global uint* f, "
+    "uint code) {",
+    "  if (f[0] == 0u && atomic_cmpxchg((volatile __global uint*)f, 0u, code) == 0u) {",
+    "    f[1] = (uint)size; f[2] = (uint)d; f[3] = (uint)(d >> 32);",
+    "  }",
+    "  return (__global uchar*)(f + 16);",
+    "}",
+    "static inline __global uchar* __mtl_chk(__global uchar* a, ulong size, ulong start, ulong length, "
+    "__global uint* f, uint code) {",
+    "  ulong d = (ulong)a - start;",
+    "  return __builtin_expect(d <= length && size <= length - d, 1) ? a : __mtl_out_of_bounds(size, d, f, code);",
+    "}",
+    "#define __MTL_CHK(a, start, length, code) \\",
+    "  ((__typeof__(a))__mtl_chk((__global uchar*)(a), sizeof(*(a)), start, length, __mtl_fault, code))",
+]
+
+
 def unaligned_name(vector: str) -> str:
     """The under-aligned alias of a vector type: ``float4`` -> ``__mtl_float4_u``."""
     return f"__mtl_{vector}_u"
@@ -58,6 +81,7 @@ class Prelude:
     unaligned: set[str] = field(default_factory=set)
     makers: set[str] = field(default_factory=set)
     helpers: set[str] = field(default_factory=set)
+    bounds_check: bool = False
 
     def need_unaligned(self, vector: str) -> str:
         """Ask for the under-aligned alias of ``vector`` (``float4``); returns its name."""
@@ -73,6 +97,10 @@ class Prelude:
         """Ask for the overload set standing for the MSL builtin ``builtin`` (abs, fract, saturate)."""
         self.helpers.add(builtin)
         return helper_name(builtin)
+
+    def need_bounds_check(self) -> None:
+        """Ask for ``__mtl_chk``, the bounds check of every buffer access (``msl_guard``)."""
+        self.bounds_check = True
 
     def _floats(self) -> tuple[str, ...]:
         return _FLOATS if self.fp16 else ("float",)
@@ -91,6 +119,8 @@ class Prelude:
             out += self._render_maker(v)
         for h in sorted(self.helpers):
             out += getattr(self, f"_render_{h}")()
+        if self.bounds_check:
+            out += _BOUNDS_CHECK
         return "\n".join(out) + "\n" if out else ""
 
     def _render_maker(self, vector: str) -> list[str]:

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from mtlir.runtime.errors import UnsupportedKernelError
 from mtlir.runtime.sim.msl_lex import EOF, ID, NUM, PP, PUNCT, MslSyntaxError, Token, render, tokenize
 from mtlir.runtime.sim.msl_names import (HELPER_BUILTINS, KEYWORDS, OPENCL_ONLY_KEYWORDS, RENAMED_BUILTINS,
                                           SAME_BUILTINS, SCALARS, VECTORS, cl_name)
 from mtlir.runtime.sim.msl_prelude import Prelude
+
+if TYPE_CHECKING:
+    from mtlir.runtime.sim.msl_guard import Guard
 
 __all__ = ["Ctx", "Match", "Rule", "RULES", "rewrite", "refuse", "group_end", "type_end", "need_half", "QUALIFIERS"]
 
@@ -33,7 +36,13 @@ class Ctx:
     """State shared by the rules of one translation: the ``prelude`` they add to, the names of the functions
     and function-like macros the source defines (``callables``), where the tokens being rewritten are
     (``scope``: ``program``, ``function`` or ``kernel``; ``depth``: braces open inside the function body, 1 at
-    its outermost block) and what the current kernel uses (barriers, threadgroup variables)."""
+    its outermost block) and what the current kernel uses (barriers, threadgroup variables).
+
+    Bounds checks (``msl_guard``, when ``checks``): ``guard`` holds the buffer pointers of the function being translated (None
+    outside functions), ``name_rule`` is the rule ``rewrite`` tries first on every identifier while a guard is
+    active, ``helpers`` maps each helper function taking buffer pointers to the positions of those parameters,
+    ``type_names`` are the struct names (for telling casts from parenthesised expressions) and ``buffer_names``
+    the buffer parameter names of every kernel (a top-level macro naming one is refused)."""
 
     prelude: Prelude
     callables: set[str] = field(default_factory=set)
@@ -41,6 +50,12 @@ class Ctx:
     depth: int = 0
     uses_barrier: bool = False
     threadgroup_vars: list[str] = field(default_factory=list)
+    checks: bool = True
+    guard: Guard | None = None
+    name_rule: Rule | None = None
+    helpers: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    type_names: set[str] = field(default_factory=set)
+    buffer_names: set[str] = field(default_factory=set)
 
 
 Rule = Callable[[list[Token], int, Ctx], "Match | None"]
@@ -123,6 +138,14 @@ def rewrite(ts: list[Token], ctx: Ctx, start: int = 0, end: int | None = None) -
         t = ts[i]
         if t.kind == PUNCT and t.text in ("{", "}"):
             ctx.depth += 1 if t.text == "{" else -1
+        if t.kind == ID and ctx.guard is not None and ctx.name_rule is not None:
+            m = ctx.name_rule(ts, i, ctx)
+            if m is not None:
+                n, repl = m
+                out.append(repl[0].with_space(pending + t.space))
+                out.extend(repl[1:])
+                pending, i = "", i + n
+                continue
         for rule in RULES.get(t.text if t.kind != PP else "", []) + RULES.get("<" + t.kind + ">", []):
             m = rule(ts, i, ctx)
             if m is not None:
@@ -389,6 +412,11 @@ def directive(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
         return 1, []
     if word == "define":
         body = tokenize(text[1:])
+        named = sorted({t.text for t in body[2:] if t.kind == ID} & ctx.buffer_names) if ctx.guard is None else []
+        if named:
+            refuse(ts[i], f"#define {at(body, 1).text}", f"the macro names the buffer parameter `{named[0]}` "
+                   "outside the kernel: the simulated device bounds-checks buffer accesses where the kernel makes "
+                   "them and cannot follow them through a macro defined outside it")
         head = 2
         ctx.callables.add(at(body, 1).text)  # a macro may stand for a function: `#define F sqrt` ... F(x)
         if at(body, 2).text == "(" and at(body, 2).space == "":
