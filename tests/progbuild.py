@@ -107,10 +107,13 @@ kernel void add1(device float* out, device float* inp, constant int& n, uint3 gi
   if (i < n) out[i] = inp[i] + 1.0f;
 }
 """
+# add1 with a bug: it writes out[i + n], past the end of a 64-float buffer for n > 32 (Metal: a GPU address fault)
+OVERRUN_MSL = COPY_MSL.replace("out[i] = inp[i]", "out[i + n] = inp[i]")
 
 
 def submit_program(target: str = "arm64", *, kernels: int = 2, residency_set: bool = True, family: str = "Apple7",
-                   symbolic: bool = True, nbytes: int = 256, grid_minus: int | None = None) -> Program:
+                   symbolic: bool = True, nbytes: int = 256, grid_minus: int | None = None,
+                   msl: str = COPY_MSL) -> Program:
     """A submit of ``kernels`` ICB commands over two buffers, shaped like METAL.md §1: commandBuffer,
     computeCommandEncoder, waitForFence:, useResources (without a residency set), the warm-up (before Apple9),
     the symbolic sizes on icb[0] (grid = ceil(n / 4)), executeCommandsInBuffer:withRange:, updateFence:,
@@ -118,10 +121,11 @@ def submit_program(target: str = "arm64", *, kernels: int = 2, residency_set: bo
     Variables:
     ``n`` (elements, 1..64, written to the variables buffer) and ``timeline``. ``grid_minus``: icb[0]'s grid is
     ``n - grid_minus`` in uint64 instead, which wraps to 2**64 - k below ``grid_minus`` (a size expression gone
-    below 1, as a lowering bug would make it)."""
+    below 1, as a lowering bug would make it). ``msl``: the library of kernel ``add1`` (another body with the same
+    signature, e.g. one that writes past its buffer)."""
     dev = DeviceSpec(family, residency_set=residency_set)
     p = PB(target, dev)
-    kern = Kernel("add1", "add1", COPY_MSL, (KernelParam(None, 0), KernelParam(None, 1), KernelParam("n", 2, "int32")))
+    kern = Kernel("add1", "add1", msl, (KernelParam(None, 0), KernelParam(None, 1), KernelParam("n", 2, "int32")))
     pipe = Obj("pipeline", "pipeline:add1", (kern,))
     bufs = (Obj("buffer", "buffer:0", (nbytes,)), Obj("buffer", "buffer:1", (nbytes,)), Obj("varbuf", "varbuf", (256,)))
     cmds = tuple(IcbCommand(pipe.name, ((bufs[i % 2].name, 0, 0), (bufs[(i + 1) % 2].name, 0, 1), ("varbuf", 0, 2)),

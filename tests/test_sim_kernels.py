@@ -190,3 +190,45 @@ def test_direct_path_threadgroup_set_per_submit_is_checked_by_the_strict_device(
         assert dev.live_objects().get("MTLCommandBuffer", 0) == 0
     finally:
         dev.close()
+
+
+# --- a kernel that reaches past its buffer: never a crash of the process; a PageFault (faithful) or a validation
+# error naming the kernel, the parameter and the element (strict) ---
+
+def test_out_of_bounds_write_faults_the_command_buffer_in_faithful_mode(runner: KernelRunner) -> None:
+    from progbuild import OVERRUN_MSL
+    program = submit_program("x86_64", kernels=1, msl=OVERRUN_MSL)
+    dev = SimDevice("x86_64", family="Apple7", strict=False, kernel_runner=runner)
+    try:
+        with Session(program, dev, timeout_s=5.0) as s:
+            s.submit(n=40)  # out[i + 40] for i < 40: elements 64..79 of a 64-float buffer
+            with pytest.raises(GPUExecutionError) as e:
+                s.wait(timeout_s=5.0)
+            assert e.value.code == MTL.ErrorPageFault and e.value.name == "PageFault"
+            assert ("kernel 'add1' wrote 4 bytes out of bounds through parameter 'out' (buffer index 0) at "
+                    "element 64") in str(e.value)
+            s.submit(n=8)  # in bounds: the device and the session go on
+            s.wait(timeout_s=5.0)
+            assert np.frombuffer(s.read("buffer:0"), np.float32)[8:16].tolist() == [1.0] * 8
+        assert dev.live_objects() == {}
+    finally:
+        dev.close()
+
+
+def test_out_of_bounds_write_is_a_validation_error_in_strict_mode(runner: KernelRunner) -> None:
+    from progbuild import OVERRUN_MSL
+    program = submit_program("arm64", kernels=1, msl=OVERRUN_MSL)
+    dev = SimDevice("arm64", family="Apple7", kernel_runner=runner)
+    try:
+        with Session(program, dev, timeout_s=5.0) as s:
+            s.submit(n=40)
+            with pytest.raises(MetalValidationError, match=r"ICB command 0 .*kernel 'add1' wrote 4 bytes out of bounds "
+                                                           r"through parameter 'out' \(buffer index 0\) at element 64"):
+                s.wait(timeout_s=5.0)  # raised at the next message to the device after the GPU saw it
+            with pytest.raises(GPUExecutionError, match="PageFault"):
+                s.wait(timeout_s=5.0)  # and the command buffer itself ended in status Error, PageFault
+            s.submit(n=8)
+            s.wait(timeout_s=5.0)
+        assert dev.live_objects() == {}
+    finally:
+        dev.close()

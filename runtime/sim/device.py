@@ -117,6 +117,7 @@ class SimDevice:
         self._runner = kernel_runner
         self._gpu_va = 0x3_0000_0000
         self.leaked_autoreleased = 0
+        self._deferred: Exception | None = None
         self.gpu = GPU(self)
         self.device = self._register(Device())
 
@@ -224,6 +225,18 @@ class SimDevice:
         elif isinstance(obj, NSError):
             self._release_internal(obj.description)
 
+    def defer_error(self, error: Exception) -> None:
+        """Raise ``error`` at the host's next message or C call to the device (once): how strict mode reports what
+        only the GPU sees, such as a kernel's out-of-bounds access, after the call that caused it has returned. The
+        first error waiting wins."""
+        if self._deferred is None:
+            self._deferred = error
+
+    def _raise_deferred(self) -> None:
+        error, self._deferred = self._deferred, None
+        if error is not None:
+            raise error
+
     def _make_error(self, code: int, description: str, domain: str = "MTLCommandBufferErrorDomain") -> NSError:
         """A new NSError (+1, the caller owns it) with its localizedDescription."""
         text = self._register(NSString(description))
@@ -268,6 +281,8 @@ class SimDevice:
         """Call a C function of mtlir.metal.C_FUNCTIONS: MTLCreateSystemDefaultDevice (the device, +1),
         sel_registerName/objc_getClass (a C string pointer), objc_autoreleasePoolPush/Pop. Raises
         ``BridgeError`` for another function, a prototype that differs from the table, a wrong argument count."""
+        if self._deferred is not None:
+            self._raise_deferred()
         expected = C_FUNCTIONS.get(fn)
         if expected is None:
             raise BridgeError(f"unknown C function {fn!r}: the simulated device offers {', '.join(C_FUNCTIONS)}")
@@ -321,7 +336,10 @@ class SimDevice:
         Raises ``BridgeError`` for an unknown SEL or selector, a prototype other than
         ``abi_prototype(selector, target)``, a wrong argument count, a value that does not fit its type, an
         unknown, truncated or deallocated object, a selector the receiver's class does not answer; and
-        ``MetalValidationError`` for broken rules of METAL.md §3 (strict mode, and asserts in both modes)."""
+        ``MetalValidationError`` for broken rules of METAL.md §3 (strict mode, and asserts in both modes), and for
+        an error the GPU found since the last message (``defer_error``: strict mode's out-of-bounds accesses)."""
+        if self._deferred is not None:
+            self._raise_deferred()
         if len(args) < 2:
             raise BridgeError(f"objc_msgSend needs (self, _cmd, ...), got {len(args)} arguments")
         sel = args[1]

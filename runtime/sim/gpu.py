@@ -11,7 +11,9 @@ What the GPU checks while it runs (both modes; strict mode has refused most of t
 rule 8 (range past the ICB, commands past 16,384, unbound buffer indices), 10 (residency), 13 (dispatch dropped),
 14 (released buffers), 16 (warm-up on pre-Apple9), and the dispatch limits of ``checks.size_problem``: nothing
 reaches the kernel runner with 2**32 threads or more on a grid axis (a wrapped size), which ends the command
-buffer in Error, Timeout (2). Rule 9: the commands between two barriers run in reverse
+buffer in Error, Timeout (2); a kernel access outside its buffers (skipped by the translator's bounds checks,
+``KernelAccessError``) ends it in Error, PageFault (3), and strict mode also raises ``MetalValidationError`` at the
+host's next message to the device (``SimDevice.defer_error``). Rule 9: the commands between two barriers run in reverse
 order, which exposes a race a program hides by relying on program order. Rule 6: a failed command buffer skips
 its remaining event signals. A fault ends the command buffer in status Error with the MTLCommandBufferError code
 and an NSError saying what happened; fence updates of a failed command buffer are released so later work does
@@ -29,6 +31,7 @@ import numpy as np
 
 from mtlir.dtypes import dtypes
 from mtlir.metal import MTL
+from mtlir.runtime.errors import KernelAccessError, MetalValidationError
 from mtlir.runtime.sim.checks import size_problem
 from mtlir.runtime.sim.objects import (ICB, Binding, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute,
                                        Gate, ICBSlot, Pipeline, SharedEvent, SignalStep, WaitStep)
@@ -377,6 +380,12 @@ class GPU:
         try:
             with self.kernel_lock:
                 p.kernel.run(bindings, grid, threadgroup)
+        except KernelAccessError as e:  # the bounds checks skipped an access outside a buffer: a GPU address fault
+            if self.dev.strict:
+                self.dev.defer_error(MetalValidationError(
+                    f"{what}: {e} (Metal's shader validation reports an out-of-bounds access; the command buffer "
+                    "ends in status Error, PageFault)"))
+            raise GPUFault(MTL.ErrorPageFault, f"{what}: {e}") from e
         except Exception as e:  # a kernel that crashes the runner fails its command buffer, never the worker
             self.last_exception = e
             raise GPUFault(1, f"{what}: kernel {p.label} raised {type(e).__name__}: {e}") from e
