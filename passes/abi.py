@@ -187,6 +187,8 @@ class Abi(Pass):
     selector missing from the table or arguments that do not fit its signature (count, dtype)."""
 
     name = "abi"
+    takes = ("messages",)
+    produces = "calls"
     target: str
 
     def __post_init__(self) -> None:

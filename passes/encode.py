@@ -347,6 +347,8 @@ class Encode(Pass):
     ``executeCommandsInBuffer:withRange:`` (Apple's maximum, 16,384; smaller values exercise the chunking)."""
 
     name = "encode"
+    takes = ("queue",)
+    produces = "messages"
     max_range: int = MTL.MAX_ICB_RANGE
 
     def __post_init__(self) -> None:

@@ -321,6 +321,8 @@ class Linearize(Pass):
     in the pipeline (else read from the prototypes; arm64 when nothing says)."""
 
     name = "linearize"
+    takes = ("calls",)
+    produces = "program"
 
     def apply(self, graph: UOp, ctx: PassContext) -> Program:
         """The Program of ``graph`` for the abi pass's target. Raises ``LinearizeError`` naming the node."""

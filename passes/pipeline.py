@@ -5,6 +5,12 @@ is written ``encode,lower-timeline,symbolic,abi{target=arm64},linearize``: passe
 braces as ``key=value`` separated by spaces (option names kebab-case; values: words, integers, ``true``/``false``).
 ``str(Pipeline.parse(text))`` prints it back: options that differ from their defaults, and required options,
 always. After every pass its verifier (``passes.verify``) checks the graph for that stage.
+
+Stages: a graph goes from a queue graph (``"queue"``: SUBMITs) through typed messages (``"messages"``: MSGs, after
+``encode``) and C calls (``"calls"``: CALLs, after ``abi``) to a ``Program`` (``"program"``, after ``linearize``).
+Each pass declares the stages it ``takes`` and the one it ``produces``, and a pipeline is checked when it is built:
+``encode,encode``, ``symbolic,encode``, ``linearize`` alone or ``encode,linearize`` raise ``PipelineError`` naming
+the pass, what it needs and which passes must come first.
 """
 from __future__ import annotations
 
@@ -21,7 +27,14 @@ from typing import Any, ClassVar, TextIO
 from mtlir.program import Program
 from mtlir.uop import UOp
 
-__all__ = ["Pass", "PassContext", "PipelineError", "Pipeline", "PASSES", "register", "Lowered", "PassTiming"]
+__all__ = ["Pass", "PassContext", "PipelineError", "Pipeline", "PASSES", "register", "Lowered", "PassTiming",
+           "STAGES", "graph_stage"]
+
+# the stages of a lowering, in order, and how messages name them
+STAGES = ("queue", "messages", "calls", "program")
+_STAGE_TEXT = {"queue": "a queue graph (SUBMIT)", "messages": "typed messages (MSG, what encode produces)",
+               "calls": "C calls (CALL, what abi produces)", "program": "a Program (what linearize produces)"}
+_ADVANCE = {"queue": "encode", "messages": "abi{target=...}", "calls": "linearize"}  # stage -> the pass leaving it
 
 
 class PipelineError(ValueError):
@@ -50,6 +63,8 @@ class Pass:
     implement ``apply`` (the transformation) and ``verify`` (the checks on its result)."""
 
     name: ClassVar[str] = ""
+    takes: ClassVar[tuple[str, ...]] = ("queue", "messages", "calls")  # the stages (STAGES) it can run on
+    produces: ClassVar[str | None] = None                               # the stage it leaves; None: unchanged
 
     def apply(self, graph: UOp, ctx: PassContext) -> UOp | Program:
         """The transformed graph (or the Program, for ``linearize``)."""
@@ -113,57 +128,139 @@ def _convert(text: str, typ: Any, where: str) -> Any:
     return text
 
 
-_ITEM = re.compile(r"\s*([A-Za-z0-9_-]+)\s*(?:\{([^{}]*)\})?\s*")
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _options(name: str, cls: type[Pass], body: str, at: int) -> dict[str, Any]:
+    """The options of pass ``name`` written in ``body`` (the text between its braces, from character ``at``)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for item in body.replace(",", " ").split():
+        key, eq, val = item.partition("=")
+        attr = key.replace("-", "_")
+        if not eq or not val:
+            raise PipelineError(f"pass {name!r}: option {item!r} must be written key=value")
+        if attr not in fields:
+            raise PipelineError(f"pass {name!r} has no option {key!r} (options: "
+                                f"{', '.join(k.replace('_', '-') for k in fields) or 'none'})")
+        if attr in kwargs:
+            raise PipelineError(f"pass {name!r}: option {key!r} is given twice (in the braces at character {at})")
+        kwargs[attr] = _convert(val, fields[attr].type, f"pass {name!r} option {key!r}")
+    missing = [k for k, f in fields.items() if k not in kwargs and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise PipelineError(f"pass {name!r} needs option {', '.join(k.replace('_', '-') for k in missing)} (e.g. "
+                            f"{name}{{{missing[0].replace('_', '-')}=...}})")
+    return kwargs
+
+
+def _skip(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _check_order(passes: tuple[Pass, ...], start: str) -> None:
+    """Check each pass gets a stage it takes (module docstring). Raises ``PipelineError`` naming the pass, what it
+    needs, what it would get, and the passes that must come before it."""
+    stage = start
+    for i, p in enumerate(passes):
+        if stage == "program":
+            raise PipelineError(f"pass {p.name!r} (pass {i + 1} of the pipeline) comes after linearize, which already "
+                                "produced the Program")
+        if stage not in p.takes:
+            needs = " or ".join(_STAGE_TEXT[t] for t in p.takes)
+            first = min(STAGES.index(t) for t in p.takes)
+            if STAGES.index(stage) < first:
+                todo = [_ADVANCE[t] for t in STAGES[STAGES.index(stage):first]]
+                hint = f"run {', '.join(todo)} before it"
+            else:
+                hint = f"it must come before the pass that left {_STAGE_TEXT[stage].split(' (')[0]}"
+            raise PipelineError(f"pass {p.name!r} (pass {i + 1} of the pipeline) takes {needs}, but it would get "
+                                f"{_STAGE_TEXT[stage]}: {hint}")
+        stage = p.produces or stage
+
+
+def graph_stage(graph: UOp) -> str:
+    """The stage (``STAGES``) a graph is in: ``"queue"`` when it holds a SUBMIT (the root, or anywhere),
+    ``"messages"`` when it holds an MSG, an MSGS or any other node but CALLs, ``"calls"`` when its messages are all
+    CALLs already."""
+    from mtlir.ops import Ops
+    if graph.op is Ops.SUBMIT:
+        return "queue"
+    ops = {u.op for u in graph.toposort()}
+    if Ops.SUBMIT in ops:
+        return "queue"
+    if ops & {Ops.MSG, Ops.MSGS}:
+        return "messages"
+    return "calls" if ops & {Ops.CALL, Ops.CALLS} else "messages"
 
 
 @dataclass(frozen=True)
 class Pipeline:
-    """An ordered tuple of passes. ``Pipeline.parse(text)`` reads a pipeline string; ``str(p)`` prints it."""
+    """An ordered tuple of passes run on a graph of stage ``start`` (``STAGES``; a queue graph by default).
+    ``Pipeline.parse(text)`` reads a pipeline string; ``str(p)`` prints it.
+
+    Raises ``PipelineError`` when a pass does not get a stage it takes (module docstring)."""
 
     passes: tuple[Pass, ...]
+    start: str = "queue"
+
+    def __post_init__(self) -> None:
+        if self.start not in STAGES[:-1]:
+            raise PipelineError(f"a pipeline starts from one of {', '.join(STAGES[:-1])}, not {self.start!r}")
+        _check_order(self.passes, self.start)
 
     @staticmethod
-    def parse(text: str) -> Pipeline:
-        """Parse ``text`` (module docstring). Raises ``PipelineError`` naming the unknown pass, option or value."""
+    def parse(text: str, start: str = "queue") -> Pipeline:
+        """Parse ``text`` (module docstring) into a pipeline run on a graph of stage ``start``.
+
+        Raises ``PipelineError`` naming the unknown pass, option or value, the character of a brace or comma out of
+        place, an option given twice, a missing required option, or a pass in the wrong place."""
         if not isinstance(text, str) or not text.strip():
             raise PipelineError("empty pipeline: expected e.g. 'encode,lower-timeline,symbolic,abi{target=arm64},"
                                 "linearize'")
         passes: list[Pass] = []
         pos = 0
         while pos < len(text):
-            m = _ITEM.match(text, pos)
-            if m is None or m.end() == pos:
-                raise PipelineError(f"pipeline {text!r}: cannot read a pass at character {pos}: {text[pos:pos + 20]!r}")
-            name, body = m.group(1), m.group(2)
+            pos = _skip(text, pos)
+            m = _NAME.match(text, pos)
+            if m is None:
+                what = f"unexpected {text[pos]!r}" if pos < len(text) and text[pos] in "{}" else "cannot read a pass"
+                raise PipelineError(f"pipeline {text!r}: {what} at character {pos}: {text[pos:pos + 20]!r}")
+            name = m.group(0)
             cls = PASSES.get(name)
             if cls is None:
                 raise PipelineError(f"unknown pass {name!r} in pipeline {text!r}: known passes are "
                                     f"{', '.join(sorted(PASSES))}")
-            fields = {f.name: f for f in dataclasses.fields(cls)}
-            kwargs: dict[str, Any] = {}
-            for item in (body or "").replace(",", " ").split():
-                key, eq, val = item.partition("=")
-                attr = key.replace("-", "_")
-                if not eq or not val:
-                    raise PipelineError(f"pass {name!r}: option {item!r} must be written key=value")
-                if attr not in fields:
-                    raise PipelineError(f"pass {name!r} has no option {key!r} (options: "
-                                        f"{', '.join(k.replace('_', '-') for k in fields) or 'none'})")
-                kwargs[attr] = _convert(val, fields[attr].type, f"pass {name!r} option {key!r}")
+            pos = _skip(text, m.end())
+            body, at = "", pos
+            if pos < len(text) and text[pos] == "{":
+                close, inner = text.find("}", pos + 1), text.find("{", pos + 1)
+                if 0 <= inner and (close < 0 or inner < close):
+                    if not text[pos + 1:inner].strip():
+                        raise PipelineError(f"pipeline {text!r}: unexpected '{{' at character {inner} (pass {name!r}: "
+                                            "options are written {key=value ...}, one pair of braces)")
+                    raise PipelineError(f"pipeline {text!r}: unclosed '{{' at character {pos} (the options of pass "
+                                        f"{name!r}): another '{{' opens at character {inner} before a '}}'")
+                if close < 0:
+                    raise PipelineError(f"pipeline {text!r}: unclosed '{{' at character {pos} (the options of pass "
+                                        f"{name!r})")
+                body, pos = text[pos + 1:close], _skip(text, close + 1)
             try:
-                passes.append(cls(**kwargs))
-            except TypeError as e:
+                passes.append(cls(**_options(name, cls, body, at)))
+            except (TypeError, ValueError) as e:
+                if isinstance(e, PipelineError):
+                    raise
                 raise PipelineError(f"pass {name!r}: {e}") from None
-            except ValueError as e:
-                raise PipelineError(f"pass {name!r}: {e}") from None
-            pos = m.end()
             if pos < len(text):
                 if text[pos] != ",":
-                    raise PipelineError(f"pipeline {text!r}: expected ',' at character {pos}")
+                    what = f"unexpected {text[pos]!r}" if text[pos] in "{}" else "expected ','"
+                    raise PipelineError(f"pipeline {text!r}: {what} at character {pos}")
                 pos += 1
-                if pos == len(text):
+                if _skip(text, pos) == len(text):
                     raise PipelineError(f"pipeline {text!r}: ends with ','")
-        return Pipeline(tuple(passes))
+        return Pipeline(tuple(passes), start)
 
     def __str__(self) -> str:
         return ",".join(str(p) for p in self.passes)
@@ -195,7 +292,7 @@ class Pipeline:
         cur: UOp | Program = graph
         stream = out if out is not None else sys.stderr
         for p in self.passes:
-            if not isinstance(cur, UOp):
+            if not isinstance(cur, UOp):  # a Pipeline built around __post_init__'s check
                 raise PipelineError(f"pass {p.name!r} comes after linearize, which already produced the Program")
             t0 = time.perf_counter()
             nxt = p.apply(cur, ctx)

@@ -163,6 +163,7 @@ class Symbolic(Pass):
     """Constant folding and simplification of integer arithmetic everywhere in the graph (module docstring)."""
 
     name = "symbolic"
+    takes = ("messages", "calls")
 
     def apply(self, graph: UOp, ctx: PassContext) -> UOp:
         """``graph`` with its integer arithmetic folded and simplified (``SYMBOLIC``, to a fixed point)."""

@@ -59,6 +59,7 @@ class LowerTimeline(Pass):
     """Host reads of the timeline -> ``signaledValue`` messages (module docstring)."""
 
     name = "lower-timeline"
+    takes = ("messages",)
 
     def apply(self, graph: UOp, ctx: PassContext) -> UOp:
         """``graph`` with every host read of the timeline made a ``signaledValue`` message."""

@@ -22,10 +22,10 @@ from mtlir.uop import UOp
     "encode,lower-timeline,symbolic,abi{target=x86_64},linearize",
     "encode{max-range=4},symbolic,abi{target=arm64},linearize",
     "encode",
-    "symbolic,symbolic",
 ])
 def test_pipeline_strings_print_back_identically(text: str) -> None:
     assert str(Pipeline.parse(text)) == text
+    assert str(Pipeline.parse("symbolic,symbolic", start="messages")) == "symbolic,symbolic"
 
 
 def test_parse_builds_the_passes_with_their_options() -> None:
@@ -55,6 +55,28 @@ def test_registry_names_every_pass() -> None:
     ("encode,,symbolic", "cannot read a pass"),
     ("encode;symbolic", "expected ','"),
     ("encode,", "ends with ','"),
+    # braces: where the problem is, not an error from deep inside a pass's constructor
+    ("abi{target=arm64,linearize", "unclosed '{' at character 3 (the options of pass 'abi')"),
+    ("encode,abi{target=arm64", "unclosed '{' at character 10"),
+    ("abi{{target=x86_64}}", "unexpected '{' at character 4"),
+    ("encode{max-range=4,lower-timeline,symbolic,abi{target=arm64},linearize",
+     "unclosed '{' at character 6 (the options of pass 'encode'): another '{' opens at character 46"),
+    ("encode},symbolic", "unexpected '}' at character 6"),
+    ("{target=arm64}", "unexpected '{' at character 0"),
+    ("abi{target=x86_64 target=arm64}", "pass 'abi': option 'target' is given twice"),
+    ("abi", "pass 'abi' needs option target (e.g. abi{target=...})"),
+    # each pass gets the stage it takes
+    ("encode,encode", "pass 'encode' (pass 2 of the pipeline) takes a queue graph (SUBMIT), but it would get typed "
+                      "messages"),
+    ("symbolic,encode,abi{target=arm64},linearize", "pass 'symbolic' (pass 1 of the pipeline) takes typed messages "
+                                                    "(MSG, what encode produces) or C calls (CALL, what abi produces), "
+                                                    "but it would get a queue graph (SUBMIT): run encode before it"),
+    ("linearize", "pass 'linearize' (pass 1 of the pipeline) takes C calls (CALL, what abi produces), but it would get "
+                  "a queue graph (SUBMIT): run encode, abi{target=...} before it"),
+    ("encode,linearize", "pass 'linearize' (pass 2 of the pipeline) takes C calls"),
+    ("encode,abi{target=arm64},lower-timeline", "pass 'lower-timeline' (pass 3 of the pipeline) takes typed messages"),
+    ("encode,abi{target=arm64},abi{target=arm64}", "it must come before the pass that left C calls"),
+    (DEFAULT_PIPELINE + ",symbolic", "pass 'symbolic' (pass 6 of the pipeline) comes after linearize"),
 ])
 def test_bad_pipelines_are_refused_clearly(text: str, message: str) -> None:
     with pytest.raises(PipelineError) as e:
@@ -106,6 +128,27 @@ def test_a_partial_pipeline_has_no_program() -> None:
         lowered.program
     with pytest.raises(PipelineError, match="comes after linearize"):
         lower(small_queue(DeviceSpec("Apple9")), pipeline=DEFAULT_PIPELINE + ",symbolic")
+
+
+def test_the_graph_stage_is_where_the_pipeline_starts() -> None:
+    from mtlir.passes import graph_stage, timeline_read_program
+    from mtlir.passes.timeline import timeline_read
+    g = small_queue(DeviceSpec("Apple9"))
+    encoded = lower(g, pipeline="encode").result
+    assert isinstance(encoded, UOp)
+    assert graph_stage(g) == "queue" and graph_stage(encoded) == "messages"
+    assert graph_stage(timeline_read(DeviceSpec())) == "messages"
+    calls = lower(encoded, pipeline="abi{target=arm64}").result  # a string is parsed for the graph's stage
+    assert isinstance(calls, UOp) and graph_stage(calls) == "calls"
+    assert isinstance(lower(calls).result, Program)  # the default pipeline from calls: symbolic, linearize
+    assert lower(encoded, target="x86_64").program.target == "x86_64"
+    with pytest.raises(PipelineError, match="takes typed messages .* but it would get C calls"):
+        lower(calls, pipeline="abi{target=arm64},linearize")
+    with pytest.raises(PipelineError, match="starts from stage 'queue', but the graph is at stage 'messages'"):
+        lower(encoded, pipeline=default_pipeline("arm64"))
+    with pytest.raises(PipelineError, match="takes a queue graph"):
+        Pipeline((Abi("arm64"), Encode()), start="messages")
+    assert "timeline" in timeline_read_program(DeviceSpec("Apple7"), "x86_64").results
 
 
 @register
