@@ -434,3 +434,24 @@ def test_run_json_writes_exactly_one_object_to_fd_1(noisy: bool) -> None:
     assert proc.stdout.count("\n") == 1 and proc.stdout.endswith("}\n")
     if noisy:
         assert "native noise on fd 1" in proc.stderr and "python noise on stdout" in proc.stderr
+
+
+@pytest.mark.parametrize("faithful", [False, True], ids=["strict", "faithful"])
+def test_a_kernel_writing_far_past_its_buffer_is_a_gpu_error_not_a_crash(tmp_path: Path, faithful: bool) -> None:
+    """The newcomer's kernel (a loop writing 10**8 floats into its first buffer) used to kill the process with
+    SIGSEGV and print nothing, even with --json; in a child process so that a regression cannot take pytest down."""
+    import re
+
+    def overrun(d: dict[str, Any]) -> None:
+        prog = next(iter(d["programs"].values()))
+        first = re.search(r"device float\* (\w+)", prog["msl"]).group(1)  # type: ignore[union-attr]
+        prog["msl"] = prog["msl"].replace(") {", f") {{ for (int i = 0; i < 100000000; i++) *({first}+i) = 1.0f;", 1)
+    proc = subprocess.run([sys.executable, "-m", "mtlir.cli", "run", _bad_trace(tmp_path, overrun), "--device", "sim",
+                           "--json", *(["--faithful"] if faithful else [])], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    doc = one_json(proc.stdout)
+    assert doc["error_type"] == ("GPUExecutionError" if faithful else "MetalValidationError")
+    assert "wrote 4 bytes out of bounds through parameter" in doc["error"]
+    assert "(buffer index 0) at element" in doc["error"]
+    assert proc.stderr.count("\n") == 1 and ("MTLCommandBufferError 3 (PageFault)" in proc.stderr) == faithful

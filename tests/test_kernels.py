@@ -367,3 +367,12 @@ for body in ["for (int i = 0; i < 100000000; i++) *(data0_1+i) = 1.0f;", "data0_
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[:3] == ["data0_1 1", "data1_32 100000000", "data0_1 1"]
+
+
+def test_after_a_fault_loops_stop_so_a_runaway_kernel_ends(runner: KernelRunner) -> None:
+    """1024 threads each storing 10**8 floats into a 4-byte buffer: every loop also ends once an access has been
+    skipped (the command buffer fails anyway), so the dispatch ends instead of running 10**11 checks."""
+    a, b = np.zeros(4, np.uint8), np.zeros(128, np.uint8)
+    e = oob(runner, "for (int j = 0; j < 100000000; j++) *(data0_1 + j) = 1.0f;", {0: (a, 0), 1: (b, 0)},
+            grid=(4, 1, 1), threadgroup=(256, 1, 1))
+    assert e.param == "data0_1" and e.write

@@ -548,3 +548,22 @@ def test_every_trace_kernel_translates_with_the_checks() -> None:
                 continue
             src = translate(prog["msl"]).source
             assert "__MTL_CHK(" in src, key
+
+
+def test_loops_end_after_a_fault_unless_they_hold_a_barrier() -> None:
+    msl = """float twice(float x) { return 2.0f * x; }
+    kernel void k(device float* a, uint i [[thread_position_in_grid]]) {
+      threadgroup float t[4];
+      for (int j = 0; j < 4; j++) a[j] = 1.0f;
+      int n = 4;
+      while (n > 0) n--;
+      do { n++; } while (n < 2);
+      for (;;) { break; }
+      for (int j = 0; j < 4; j++) { t[j] = 0.0f; threadgroup_barrier(mem_flags::mem_threadgroup); }
+      for (int j = 0; j < 4; j++) a[j] = twice(a[j]);
+    }"""
+    src = translate(HEAD + msl).source
+    assert "for (int j = 0; (j < 4) && !__MTL_FAULTED; j++)" in src
+    assert "while ((n > 0) && !__MTL_FAULTED) n--;" in src and "while ((n < 2) && !__MTL_FAULTED);" in src
+    assert "for (; !__MTL_FAULTED;)" in src
+    assert src.count("for (int j = 0; j < 4; j++)") == 2  # a barrier in it, a call of the source's function

@@ -252,7 +252,7 @@ def _translate_function(ts: list[Token], start: int, end: int, ctx: Ctx) -> list
     ctx.scope, ctx.depth = "function", 0
     if not ctx.checks:
         return rewrite(ts, ctx, start, end)
-    ctx.guard = Guard()
+    ctx.guard = Guard(fault=False)
     try:
         open_ = next((j for j in range(start, end) if ts[j].kind == PUNCT and ts[j].text == "("), None)
         if open_ is None or open_ == start or ts[open_ - 1].kind != ID:
@@ -262,6 +262,7 @@ def _translate_function(ts: list[Token], start: int, end: int, ctx: Ctx) -> list
         extra = helper_bound_params(ts, spans, ctx)
         if not extra:
             return rewrite(ts, ctx, start, end)
+        ctx.guard.fault = True
         out = rewrite(ts, ctx, start, open_ + 1)
         for n, (a, b) in enumerate(spans):
             if n:

@@ -50,6 +50,7 @@ _BOUNDS_CHECK = [
     "  ulong d = (ulong)a - start;",
     "  return __builtin_expect(d <= length && size <= length - d, 1) ? a : __mtl_out_of_bounds(size, d, f, code);",
     "}",
+    "#define __MTL_FAULTED (__mtl_fault[0] != 0u)",
     "#define __MTL_CHK(a, start, length, code) \\",
     "  ((__typeof__(a))__mtl_chk((__global uchar*)(a), sizeof(*(a)), start, length, __mtl_fault, code))",
 ]
