@@ -232,3 +232,24 @@ def test_out_of_bounds_write_is_a_validation_error_in_strict_mode(runner: Kernel
         assert dev.live_objects() == {}
     finally:
         dev.close()
+
+
+def test_a_failed_submit_leaves_the_device_and_the_session_usable(runner: KernelRunner) -> None:
+    """The newcomer's sequence: a timeline value below the last one is refused at encodeSignalEvent:value: (rule 12,
+    strict) after the encoder waited on and updated the fence; the command buffer is released uncommitted, so the
+    next submit must not wait for that update (it used to fail after 2 s: the GPU watchdog, rule 11)."""
+    program = submit_program("x86_64", kernels=2)
+    dev = SimDevice("x86_64", family="Apple7", kernel_runner=runner)
+    try:
+        s = Session(program, dev, initial={"buffer:1": bytes(256)}, timeout_s=5.0)
+        s.submit(n=5, timeline=5)
+        s.wait()
+        with pytest.raises(MetalValidationError, match=r"3 is below 5.*rule 12"):
+            s.submit(n=5, timeline=3)
+        s.submit(n=5)  # timeline 6
+        s.wait(timeout_s=5)
+        assert s.timeline_value() == 6
+        s.close()
+        assert dev.live_objects() == {}
+    finally:
+        dev.close()

@@ -467,6 +467,31 @@ def test_rule11_fence_orders_work_across_queues(scenes: list[Scene], strict: boo
     assert s.send(producer, "GPUEndTime") <= s.send(consumer, "GPUEndTime")
 
 
+@pytest.mark.parametrize("strict", MODES)
+def test_rule11_a_command_buffer_released_uncommitted_never_blocks_a_fence(scenes: list[Scene], strict: bool) -> None:
+    """Its encoder waited on and updated the fence but never ran (Metal discards an uncommitted command buffer):
+    the next encoder waits for the update before it, not for one that will never happen."""
+    s = scene(scenes, strict)
+    icb, out, var = fill_icb(s)
+    s.residency(out, var)
+    first = s.send(s.queue, "commandBuffer")
+    s.send(first, "retain")
+    s.encode_icb(first, icb, 0, 1, fence=True)
+    s.send(first, "commit")  # a real update, still pending: the GPU is held
+    dropped = s.send(s.queue, "commandBuffer")
+    s.send(dropped, "retain")
+    s.encode_icb(dropped, icb, 0, 1, fence=True)
+    s.send(dropped, "release")
+    s.send(dropped, "release")  # deallocated uncommitted
+    nxt = s.send(s.queue, "commandBuffer")
+    s.send(nxt, "retain")
+    s.encode_icb(nxt, icb, 0, 1, fence=True)
+    s.send(nxt, "commit")
+    s.dev.run_until_idle()
+    assert s.status(first) == s.status(nxt) == MTL.StatusCompleted  # no watchdog Timeout
+    assert s.send(first, "GPUEndTime") <= s.send(nxt, "GPUEndTime")  # it did wait for the committed update
+
+
 # ---------------------------------------------------------------------------- rule 12: shared events
 @pytest.mark.parametrize("strict", MODES)
 def test_rule12_event_value_only_increases(scenes: list[Scene], strict: bool) -> None:
@@ -484,6 +509,33 @@ def test_rule12_event_value_only_increases(scenes: list[Scene], strict: bool) ->
     assert s.send(s.event, "signaledValue") == 5
     assert s.send(s.event, "waitUntilSignaledValue:timeoutMS:", 4, 10) is True  # wakes when value >= target
     assert s.send(s.event, "waitUntilSignaledValue:timeoutMS:", 6, 10) is False
+
+
+@pytest.mark.parametrize("strict", MODES)
+def test_rule12_a_value_not_above_the_last_one(scenes: list[Scene], strict: bool) -> None:
+    """docs/simulator.md: strict refuses a value below the event's or equal to one already encoded; a value encoded
+    in a command buffer released uncommitted will never be signaled, so it may be encoded again."""
+    s = scene(scenes, strict)
+    cb = s.send(s.queue, "commandBuffer")
+    s.send(cb, "encodeSignalEvent:value:", s.event, 5)
+    if strict:
+        with pytest.raises(MetalValidationError, match=r"5 is not above 5.*rule 12"):
+            s.send(cb, "encodeSignalEvent:value:", s.event, 5)
+    s.send(cb, "commit")
+    s.dev.run_until_idle()
+    if strict:
+        with pytest.raises(MetalValidationError, match=r"5 is not above 5.*rule 12"):
+            s.send(s.send(s.queue, "commandBuffer"), "encodeSignalEvent:value:", s.event, 5)
+    dropped = s.send(s.queue, "commandBuffer")
+    s.send(dropped, "retain")
+    s.send(dropped, "encodeSignalEvent:value:", s.event, 6)
+    s.send(dropped, "release")
+    s.send(dropped, "release")  # deallocated uncommitted: 6 is never signaled
+    cb = s.send(s.queue, "commandBuffer")
+    s.send(cb, "encodeSignalEvent:value:", s.event, 6)
+    s.send(cb, "commit")
+    s.dev.run_until_idle()
+    assert s.send(s.event, "signaledValue") == 6
 
 
 # ---------------------------------------------------------------------------- rule 13: threadgroup size

@@ -29,7 +29,7 @@ from mtlir.runtime.sim.checks import check_buffer_write, check_release
 from mtlir.runtime.sim.gpu import GPU, clock
 from mtlir.runtime.sim.memory import HostMemory
 from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, Device, Encoder, NSError, NSString,
-                                       Pipeline, SimObject)
+                                       Pipeline, SignalStep, SimObject)
 from mtlir.runtime.sim.resources import CLASSES
 from mtlir.runtime.sim.rules import assertion
 
@@ -62,6 +62,24 @@ class _Plan:
         self.lo = tuple(dtypes.min(dt) if k == _WORD else 0 for dt, k in zip(args, self.kinds))
         self.hi = tuple((dtypes.max(dt) if dt.kind != "ptr" else (1 << 64) - 1) if k == _WORD else 0
                         for dt, k in zip(args, self.kinds))
+
+
+def _discard_uncommitted(cb: CommandBuffer) -> None:
+    """A command buffer released without commit never runs (what Metal does with it): its encoders' fence updates
+    never happen, so a fence updated last by one of them goes back to its previous updater and a wait already
+    encoded on one of them does not block (``done``); its encoded signals are forgotten (rule 12 checks values
+    that will really be signaled)."""
+    for step in cb.steps:
+        if isinstance(step, Encoder):
+            step.discarded = step.done = True
+            for fence in step.fence_updates:
+                if fence.last_update is step:
+                    prev = step.fence_prev.get(fence)
+                    while prev is not None and prev.discarded:
+                        prev = prev.fence_prev.get(fence)
+                    fence.last_update = prev
+        elif isinstance(step, SignalStep):
+            step.event.settled(step.value, committed=False)
 
 
 def host_target() -> str:
@@ -213,6 +231,7 @@ class SimDevice:
         elif isinstance(obj, CommandBuffer):
             if obj.status < MTL.StatusCommitted:
                 obj.queue.live.discard(obj)
+                _discard_uncommitted(obj)
                 self._cv.notify_all()
             if obj.error is not None:
                 self._release_internal(obj.error)

@@ -74,11 +74,12 @@ def _encode_signal(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: in
     if cb.open_encoder is not None:
         raise assertion(3, call, "encodeSignalEvent:value: with uncommitted encoder")
     highest = max(ev.value, ev.highest_encoded)
-    if dev.strict and value < highest:
-        raise violation(12, call, f"{value} is below {highest}, a value {ev.describe()} already has or was given "
-                                  "by an earlier signal: an event's value only increases, Metal ignores the smaller "
-                                  "one")
-    ev.highest_encoded = max(ev.highest_encoded, value)
+    if dev.strict and highest > 0 and value <= highest:
+        relation = "below" if value < highest else "not above"
+        raise violation(12, call, f"{value} is {relation} {highest}, a value {ev.describe()} already has or was "
+                                  "given by an earlier signal: an event's value only increases, Metal ignores a "
+                                  "value that is not above it")
+    ev.encoded(value)
     cb.steps.append(SignalStep(ev, value))
 
 
@@ -102,6 +103,9 @@ def _commit(dev: SimDevice, cb: CommandBuffer) -> None:
     if dev.strict:
         check_commit(dev, cb, call)
     cb.status = MTL.StatusCommitted
+    for step in cb.steps:
+        if isinstance(step, SignalStep):
+            step.event.settled(step.value, committed=True)
     dev.retain(cb)  # the GPU holds it until it finishes
     collect_reads(dev, cb)
     dev.gpu.submit(cb)
@@ -165,6 +169,7 @@ def _wait_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
 def _update_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
     if _open(dev, enc, Call("updateFence:", enc, fence)):
         enc.fence_updates.append(fence)
+        enc.fence_prev.setdefault(fence, fence.last_update)
         fence.last_update = enc
 
 

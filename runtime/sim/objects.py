@@ -152,7 +152,8 @@ class Encoder(SimObject):
     the fence updates it waits for at its start (``fence_waits``: the encoders whose update it waits for),
     the fences it updates at its end, the resources of useResources:count:usage:, the pipelines bound with
     setComputePipelineState: (rule 16), its current pipeline and direct-path bindings. ``done`` turns True when
-    the GPU reached its end (its fence updates are visible then)."""
+    the GPU reached its end (its fence updates are visible then), or when its command buffer is released
+    uncommitted (``discarded``: it never runs, so nothing may wait for its fence updates)."""
 
     objc_class = "MTLComputeCommandEncoder"
 
@@ -168,6 +169,8 @@ class Encoder(SimObject):
         self.pipeline: Pipeline | None = None
         self.bindings: dict[int, Binding | bytes] = {}
         self.done = False
+        self.fence_prev: dict[Fence, Encoder | None] = {}  # each fence's previous updater, for a discarded encoder
+        self.discarded = False  # its command buffer was released uncommitted: it never runs
 
 
 class CommandBuffer(SimObject):
@@ -219,16 +222,38 @@ class Fence(SimObject):
 
 
 class SharedEvent(SimObject):
-    """An MTLSharedEvent: ``value`` (signaledValue, only increases) and ``highest_encoded`` (the largest value any
-    encodeSignalEvent:value: named so far, for the strict check of rule 12)."""
+    """An MTLSharedEvent: ``value`` (signaledValue, only increases) and, for the strict check of rule 12, the values
+    encodeSignalEvent:value: named: ``committed_highest`` (the largest in a committed command buffer) and
+    ``uncommitted`` (value -> how many signals of that value command buffers not yet committed hold; a command buffer
+    released uncommitted takes its own away: they will never be signaled)."""
 
     objc_class = "MTLSharedEvent"
 
     def __init__(self) -> None:
         super().__init__()
         self.value = 0
-        self.highest_encoded = 0
+        self.committed_highest = 0
+        self.uncommitted: dict[int, int] = {}
         self.skipped: list[tuple[int, CommandBuffer]] = []
+
+    @property
+    def highest_encoded(self) -> int:
+        """The largest value encoded in a signal of a committed command buffer or of a live uncommitted one."""
+        return max(self.committed_highest, max(self.uncommitted, default=0))
+
+    def encoded(self, value: int) -> None:
+        """A signal of ``value`` was encoded in an uncommitted command buffer."""
+        self.uncommitted[value] = self.uncommitted.get(value, 0) + 1
+
+    def settled(self, value: int, committed: bool) -> None:
+        """The command buffer holding an encoded signal of ``value`` was committed (or released uncommitted)."""
+        left = self.uncommitted.get(value, 0) - 1
+        if left > 0:
+            self.uncommitted[value] = left
+        else:
+            self.uncommitted.pop(value, None)
+        if committed:
+            self.committed_highest = max(self.committed_highest, value)
 
 
 class Buffer(SimObject):
