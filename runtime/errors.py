@@ -1,8 +1,10 @@
 """Errors the runtime and the devices raise."""
 from __future__ import annotations
 
+import re
+
 __all__ = ["BridgeError", "MetalValidationError", "GPUExecutionError", "UnsupportedKernelError", "LinkError",
-           "KernelCompileError", "KernelBuildError", "KernelAccessError"]
+           "KernelCompileError", "KernelBuildError", "KernelAccessError", "locate"]
 
 
 class BridgeError(RuntimeError):
@@ -41,18 +43,82 @@ class KernelBuildError(KernelCompileError):
     """OpenCL could not build the translation of MSL ``kernels``: the simulated device cannot run them. Either the
     MSL is invalid or it uses something the translator does not handle; from the translation alone the two cannot
     be told apart, so the simulated device raises this (the CLI exits with 4) rather than answer as Metal would.
-    ``log`` is OpenCL's build log, ``source`` the translated OpenCL C; ``summary`` is one line for the CLI."""
+
+    ``log`` is OpenCL's whole build log and ``source`` the translated OpenCL C; ``errors`` the compiler's errors
+    as ``(line, column, text)`` in the translation (line and column None when the log gives none). The message is
+    one line saying what failed (``summary``, what the CLI prints), then the first errors (at most
+    ``SHOWN_ERRORS``), each with its line of the translated source."""
+
+    SHOWN_ERRORS = 3
 
     def __init__(self, kernels: tuple[str, ...], log: str, source: str) -> None:
         self.kernels, self.log, self.source = tuple(kernels), log, source
-        first = next((line.strip() for line in log.splitlines() if "error" in line.lower()), log.strip()[:200])
+        self.errors = _build_errors(log)
         names = ", ".join(self.kernels) or "(none)"
+        first = (_error_text(*self.errors[0]) if self.errors
+                 else " ".join(log.split())[:200] or "no build log")
+        more = len(self.errors) - 1
         self.summary = (f"the simulated device could not build the OpenCL translation of kernel(s) {names}: the MSL "
-                        f"may be invalid or use something the translator does not handle (docs/kernels.md): "
-                        f"{' '.join(first.split())}")
-        numbered = "\n".join(f"{n + 1:4d}  {line}" for n, line in enumerate(source.splitlines()))
-        super().__init__(f"OpenCL could not build the translation of kernels {names} (the MSL may be invalid or use "
-                         f"something the translator does not handle):\n{log}\n--- translated source ---\n{numbered}")
+                        f"may be invalid or use something the translator does not handle (docs/kernels.md): {first}"
+                        + (f" (and {more} more error{'s' if more > 1 else ''})" if more > 0 else ""))
+        lines = source.splitlines()
+        shown = []
+        for line, col, text in self.errors[:self.SHOWN_ERRORS]:
+            shown.append(f"  {_error_text(line, col, text)}")
+            if line is not None and 0 < line <= len(lines):
+                shown.append(f"    {line:4d} | {_around(lines[line - 1], col or 1)}")
+        if len(self.errors) > self.SHOWN_ERRORS:
+            shown.append(f"  ... {len(self.errors) - self.SHOWN_ERRORS} more")
+        super().__init__("\n".join([self.summary, *shown,
+                                     "  (the whole build log is in .log, the translated source in .source)"]))
+
+
+_BUILD_ERROR = re.compile(r"^(?:(?:fatal )?error:\s*)?\S*?:(\d+):(\d+):\s*(?:(?:fatal )?error:\s*)?(.*)$")
+
+
+def _build_errors(log: str) -> list[tuple[int | None, int | None, str]]:
+    """The compiler errors of an OpenCL build log as ``(line, column, text)``: Clang's ``path:L:C: error: text``
+    and PoCL's ``error: path:L:C: text`` lines; other lines saying ``error`` without a place as ``(None, None,
+    text)`` (the API's own ``clBuildProgram failed`` lines are not errors of the source)."""
+    out: list[tuple[int | None, int | None, str]] = []
+    for raw in log.splitlines():
+        line = raw.strip()
+        if "error" not in line.lower() or "clBuildProgram failed" in line or re.fullmatch(r"\d+ errors? generated\.",
+                                                                                          line):
+            continue
+        m = _BUILD_ERROR.match(line)
+        if m:
+            out.append((int(m.group(1)), int(m.group(2)), m.group(3).strip()))
+        elif line.lower().startswith(("error", "fatal error")):
+            out.append((None, None, line.split(":", 1)[-1].strip()))
+    return out
+
+
+def _around(text: str, col: int, width: int = 100) -> str:
+    """At most ``width`` characters of a source line around 1-based column ``col``, ``...`` where cut."""
+    if len(text) <= width:
+        return text.rstrip()
+    start = max(0, min(col - 1 - width * 2 // 3, len(text) - width))
+    cut = text[start:start + width]
+    return ("..." if start else "") + cut + ("..." if start + width < len(text) else "")
+
+
+def _error_text(line: int | None, col: int | None, text: str) -> str:
+    return f"line {line}, column {col} of the translation: {text}" if line is not None else text
+
+
+def locate(error: BaseException, where: str) -> BaseException:
+    """Prefix ``error``'s message (and its one-line ``summary``, if any) with ``where`` (e.g. ``program 'k',
+    kernel function 'k'``), once; sets ``error.where``. Returns ``error`` for ``raise``."""
+    if getattr(error, "where", None):
+        return error
+    setattr(error, "where", where)
+    if error.args:
+        error.args = (f"{where}: {error.args[0]}", *error.args[1:])
+    summary = getattr(error, "summary", None)
+    if isinstance(summary, str):
+        setattr(error, "summary", f"{where}: {summary}")
+    return error
 
 
 class KernelAccessError(RuntimeError):

@@ -38,7 +38,7 @@ from mtlir.dtypes import dtypes
 from mtlir.metal import MTL, Kernel, Obj, abi_prototype, c_prototype
 from mtlir.program import IcbCommand, IcbSpec, Program
 from mtlir.runtime.bridge import Bridge
-from mtlir.runtime.errors import LinkError
+from mtlir.runtime.errors import KernelCompileError, LinkError, UnsupportedKernelError, locate
 from mtlir.runtime.interpreter import prepare_registers
 
 __all__ = ["link", "Linked", "icb_commands", "collect_objects"]
@@ -430,9 +430,12 @@ class _Linker:
         if not isinstance(kernel, Kernel):
             raise LinkError(f"{o.name}: the payload is not a Kernel: {o.payload!r}")
         key = kernel.key
-        lib = self.keep(f"library:{key}", self.with_error(f"library of {o.name}", device,
-                                                          "newLibraryWithSource:options:error:",
-                                                          self.nsstring(kernel.msl), 0))
+        try:
+            lib = self.keep(f"library:{key}", self.with_error(f"library of {o.name}", device,
+                                                              "newLibraryWithSource:options:error:",
+                                                              self.nsstring(kernel.msl), 0))
+        except (UnsupportedKernelError, KernelCompileError) as e:  # the simulated device's translator or build
+            raise locate(e, f"program {key!r}, kernel function {kernel.function!r}")
         fn = self.keep(f"function:{key}", self.checked(self.send(lib, "newFunctionWithName:",
                                                                  self.nsstring(kernel.function)),
                                                        f"{o.name}: function {kernel.function!r} of its library"))

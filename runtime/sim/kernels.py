@@ -16,10 +16,16 @@ offset passed in the kernel's offset parameter (the translator adds one per buff
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import re
+import sys
+import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,12 +217,18 @@ class KernelRunner:
         got = self._programs.get(msl)
         if got is None:
             translation = translate(msl, fp16=self.fp16)
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    program = cl.Program(self.context, translation.source).build(options=BUILD_OPTIONS)
-            except cl.Error as e:
-                raise KernelBuildError(tuple(translation.kernels), str(e), translation.source) from None
+            failed: str | None = None
+            with _native_stderr() as captured:
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        program = cl.Program(self.context, translation.source).build(options=BUILD_OPTIONS)
+                except cl.Error as e:
+                    failed = str(e)
+            if failed is not None:
+                log = failed + ("\n" + captured.text if captured.text.strip() else "")
+                raise KernelBuildError(tuple(translation.kernels), log, translation.source)
+            _pass_on(captured.text)
             got = self._programs[msl] = (translation, program)
         return got
 
@@ -335,6 +347,44 @@ def _access_error(ck: CompiledKernel, views: tuple[View, ...], bindings: dict[in
     return KernelAccessError(message, function=ck.function, param=b.arg.name, index=b.arg.index, write=write,
                              offset=offset, element=element, size=size, buffer_bytes=storage.nbytes,
                              view_offset=view.offset)
+
+
+class _Captured:
+    text = ""
+
+
+@contextlib.contextmanager
+def _native_stderr() -> Iterator[_Captured]:
+    """Capture what native code writes to file descriptor 2 meanwhile (PoCL's compiler prints ``1 error
+    generated.`` there itself, past Python): the text is in the yielded object's ``text`` afterwards. Nothing is
+    captured when fd 2 cannot be redirected."""
+    got = _Captured()
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield got
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield got
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            got.text = tmp.read().decode("utf-8", "replace")
+
+
+def _pass_on(text: str) -> None:
+    """Write captured stderr text back, without the compiler's ``N errors generated.`` lines (the text may hold
+    other threads' output of the same moment)."""
+    keep = [line for line in text.splitlines(keepends=True) if not _GENERATED.fullmatch(line.strip())]
+    if keep:
+        sys.stderr.write("".join(keep))
+
+
+_GENERATED = re.compile(r"\d+ (?:errors?|warnings?)(?: and \d+ (?:errors?|warnings?))? generated\.")
 
 
 def _first_device() -> Any:
