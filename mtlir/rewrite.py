@@ -200,6 +200,7 @@ class _Rewriter:
             if r is None:  # first visit: its sources first, if any is not done
                 state[n] = _BUSY
                 todo = []
+                done: list[UOp] = []  # the sources' results, when all are done (post then needs no lookups)
                 for s in n.src:
                     rs = lookup(s)
                     if rs is None:
@@ -207,11 +208,15 @@ class _Rewriter:
                     elif rs is _BUSY:
                         raise self.loop_error(s if s in pending else None, None,
                                               "a rule's result contains the node it replaces")
+                    elif not todo:
+                        done.append(rs)  # a UOp: not None, not _BUSY
                 if todo:
                     push(n)
                     stack.extend(reversed(todo))
                 else:
-                    post(n, None, stack)
+                    src = n.src
+                    new_src = tuple(done)
+                    post(n, n if new_src == src else UOp(n.op, n.dtype, new_src, n.arg, n.tag), stack)
                 continue
             if r is not _BUSY:
                 continue
