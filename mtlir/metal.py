@@ -213,6 +213,13 @@ class Prototype:
     ret: DType
     args: tuple[DType, ...]
 
+    def __hash__(self) -> int:
+        # computed once: every CALLS node hashes the Prototype of each of its calls when it is built
+        h: int | None = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((self.ret, self.args))
+        return h
+
     def __repr__(self) -> str:
         return f"{self.ret.name}({', '.join(a.name for a in self.args)})"
 

@@ -124,55 +124,46 @@ def lower_msg(ctx: _AbiCtx, m: UOp) -> UOp:
 
 def lower_msgs(ctx: _AbiCtx, m: UOp) -> UOp:
     """An MSGS (void messages as data) -> a CALLS of objc_msgSend, each message as ``lower_msg`` makes it; each
-    distinct (operand, declared type) is converted once. Raises ``AbiError`` naming selector and argument."""
-    if m.src[0].dtype is not dtypes.id:
-        raise AbiError(f"MSGS: the receiver must be an object (id), got a {m.src[0].dtype.name}")
-    src = list(m.src)
-    index: dict[UOp, int] = {}
+    distinct (operand, declared type) is converted once, a repeated message once. The CALLS's sources are the
+    receiver, then every operand a call uses in first-use order (an MTLSize STRUCT that arm64 passes as its copy is
+    not one). Raises ``AbiError`` naming selector and argument."""
+    recv, msrc = m.src[0], m.src
+    if recv.dtype is not dtypes.id:
+        raise AbiError(f"MSGS: the receiver must be an object (id), got a {recv.dtype.name}")
+    src: list[UOp] = [recv]
+    index: dict[UOp, int] = {recv: 0}
     protos, converted = ctx.protos, ctx.converted
     calls: list[tuple[str, str, Prototype, tuple[int, ...]]] = []
-
-    def ref(u: UOp) -> int:
-        i = index.get(u)
-        if i is None:
-            i = index[u] = len(src)
-            src.append(u)
-        return i
-
-    for i, u in enumerate(m.src):  # the operands keep their places (a converted one may be another operand)
-        index.setdefault(u, i)
     done: dict[tuple[str, tuple[int, ...]], tuple[str, str, Prototype, tuple[int, ...]]] = {}
     for entry in m.arg:
         call = done.get(entry)
-        if call is not None:  # the same message again (a pipeline, a binding, sizes): converted once per batch
-            calls.append(call)
-            continue
-        selector, refs = entry
-        got = protos.get(selector)
-        if got is None:
-            sig = _signature(selector, len(refs))
-            if sig.ret is not dtypes.void:
-                raise AbiError(f"{selector}: returns {sig.ret.name}; an MSGS holds void messages only")
-            got = protos[selector] = (sig, abi_prototype(selector, ctx.target), sel(selector))
-        sig, proto, sel_node = got
-        if len(refs) != len(sig.args):
-            _signature(selector, len(refs))
-        args = [0, ref(sel_node)]
-        for i, (r, want) in enumerate(zip(refs, sig.args)):
-            a = src[r]
-            words = converted.get((a, want))
-            if words is None:
-                words = converted[(a, want)] = _lower_arg(ctx, selector, i, a, want)
-            args += [ref(w) for w in words]
-        call = done[entry] = ("objc_msgSend", selector, proto, tuple(args))
+        if call is None:  # a message not met before in this batch (a repeated pipeline, binding or size is reused)
+            selector, refs = entry
+            got = protos.get(selector)
+            if got is None:
+                sig = _signature(selector, len(refs))
+                if sig.ret is not dtypes.void:
+                    raise AbiError(f"{selector}: returns {sig.ret.name}; an MSGS holds void messages only")
+                got = protos[selector] = (sig, abi_prototype(selector, ctx.target), sel(selector))
+            sig, proto, sel_node = got
+            if len(refs) != len(sig.args):
+                _signature(selector, len(refs))
+            words: list[UOp] = [sel_node]
+            for i, (r, want) in enumerate(zip(refs, sig.args)):
+                a = msrc[r]
+                got_words = converted.get((a, want))
+                if got_words is None:
+                    got_words = converted[(a, want)] = _lower_arg(ctx, selector, i, a, want)
+                words += got_words
+            args = [0]
+            for w in words:
+                j = index.get(w)
+                if j is None:
+                    j = index[w] = len(src)
+                    src.append(w)
+                args.append(j)
+            call = done[entry] = ("objc_msgSend", selector, proto, tuple(args))
         calls.append(call)
-    # keep only the operands the calls use (an MTLSize on arm64 travels as its copy, not the STRUCT), in order
-    used = sorted({r for c in done.values() for r in c[3]})
-    if len(used) < len(src):
-        new_index = {r: i for i, r in enumerate(used)}
-        src = [src[r] for r in used]
-        renum = {c: (c[0], c[1], c[2], tuple([new_index[r] for r in c[3]])) for c in done.values()}
-        calls = [renum[c] for c in calls]
     return UOp(Ops.CALLS, dtypes.void, tuple(src), CallList(calls), m.tag)
 
 
@@ -202,14 +193,18 @@ class Abi(Pass):
         return graph_rewrite(graph, ABI, ctx=_AbiCtx(self.target, ctx, {}), name=f"abi{{target={self.target}}}")
 
     def verify(self, result: UOp | Program) -> None:
-        """The common checks, and on arm64 no MTLSize passed by value. Raises ``VerifyError``."""
-        super().verify(result)
-        if self.target == "arm64" and isinstance(result, UOp):
-            from mtlir.passes.verify import VerifyError
-            for u in result.toposort():
-                if u.op is Ops.CALL and any(s.dtype is dtypes.MTLSize for s in u.src):
-                    raise VerifyError(self.name, u, f"{u.arg[1]!r} passes an MTLSize by value, which arm64 passes "
-                                                    "by pointer")
-                if u.op is Ops.CALLS and any(s.dtype is dtypes.MTLSize for s in u.src):
-                    raise VerifyError(self.name, u, "a call of the CALLS passes an MTLSize by value, which arm64 "
-                                                    "passes by pointer")
+        """The common checks, and on arm64 no MTLSize passed by value, in one walk. Raises ``VerifyError``."""
+        from mtlir.passes.pipeline import PipelineError
+        from mtlir.passes.verify import verify_graph
+        if not isinstance(result, UOp):
+            raise PipelineError(f"pass {self.name!r} produced a {type(result).__name__}, not a graph")
+        verify_graph(result, self.name, _no_mtlsize_by_value if self.target == "arm64" else None)
+
+
+def _no_mtlsize_by_value(u: UOp, root: UOp) -> str | None:
+    """arm64 passes an MTLSize by pointer (AAPCS64: composites over 16 bytes go by reference)."""
+    if u.op is Ops.CALL and any(s.dtype is dtypes.MTLSize for s in u.src):
+        return f"{u.arg[1]!r} passes an MTLSize by value, which arm64 passes by pointer"
+    if u.op is Ops.CALLS and any(s.dtype is dtypes.MTLSize for s in u.src):
+        return "a call of the CALLS passes an MTLSize by value, which arm64 passes by pointer"
+    return None

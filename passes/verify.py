@@ -373,13 +373,17 @@ STAGE_CHECKS: dict[str, Callable[[UOp, UOp], str | None]] = {
 }
 
 
-def verify_graph(root: UOp, pass_name: str) -> None:
-    """Check every node of ``root`` against ``SPEC`` and the postcondition of ``pass_name`` (if it has one).
+def verify_graph(root: UOp, pass_name: str, extra: Callable[[UOp, UOp], str | None] | None = None) -> None:
+    """Check every node of ``root`` against ``SPEC``, the postcondition of ``pass_name`` (if it has one) and
+    ``extra`` (a pass's own check, e.g. abi's per target), in one walk.
 
     Inside ``checked_once()`` (a pipeline run) a node that passed ``SPEC`` after an earlier pass is not checked
     against it again (nodes are immutable): only the postcondition, an op test, runs on it.
     Raises ``VerifyError`` naming the pass and the first bad node (in toposort order)."""
     stage = STAGE_CHECKS.get(pass_name)
+    if extra is not None:
+        first = stage
+        stage = extra if first is None else (lambda u, r: first(u, r) or extra(u, r))
     done = _CHECKED[-1] if _CHECKED else set()
     add, spec = done.add, SPEC.problem
     for u in root.toposort():
