@@ -6,7 +6,8 @@ Part 1 lowers queues of 10, 1k, 10k and 100k commands (8 kernels, 16 buffers, a 
 run-time variable as a kernel argument: no two EXECs alike) through the default pipeline for Apple7 without a
 residency set (the longest message chain), on each path: ``icb``, ``direct`` (a device without ICB support),
 ``icb+ts`` and ``direct+ts`` (a timestamp after every command: one command buffer per command, a loop on the ICB
-path, unrolled on the direct path; ``direct+ts`` stops at 10k commands, it costs far more per command). It prints
+path, unrolled on the direct path), ``icb+sig`` (a signal after every second command: a command buffer per two
+commands); ``direct+ts`` and ``icb+sig`` stop at 10k commands, they cost far more per command. It prints
 the best of ``--repeat`` runs in µs per command and the ratio 100k / 1k: flat lowering keeps it near 1 (the aim:
 about 5 µs per command on the ICB path, under ~50 on the direct path). Building the queue graph is not counted.
 "x toposort" divides the lowering time by one ``toposort()`` of the same queue graph measured in the same run: a
@@ -32,9 +33,10 @@ BUFFERS = [buffer(f"b{i}", 1 << 31) for i in range(16)]
 N = UOp.variable("n", 1, 1 << 20)
 
 
-def build(ncmds: int, device: DeviceSpec, timestamps: bool = False) -> UOp:
+def build(ncmds: int, device: DeviceSpec, timestamps: bool = False, signal_every: int = 0) -> UOp:
     """A queue of ``ncmds`` commands, every EXEC different (its own view offset), then a signal; ``timestamps``: a
-    timestamp after every command (a profiled submit)."""
+    timestamp after every command (a profiled submit); ``signal_every``: a signal after every that many commands
+    (a command buffer each)."""
     q = Queue(device)
     for i in range(ncmds):
         out = view(BUFFERS[i % 16], 256 * (i // 16 % 100_000), 4096)
@@ -42,13 +44,15 @@ def build(ncmds: int, device: DeviceSpec, timestamps: bool = False) -> UOp:
                grid=(1 + i % 7, 2), threadgroup=(32,))
         if timestamps:
             q.timestamp(i)
+        if signal_every and (i + 1) % signal_every == 0 and i + 1 < ncmds:
+            q.signal(q.timeline, i + 1)
     q.signal(q.timeline, timeline_value())
     return q.submit()
 
 
-# path -> (ICB support, timestamps, the largest queue measured)
-PATHS = {"icb": (True, False, 10**9), "direct": (False, False, 10**9), "icb+ts": (True, True, 10**9),
-         "direct+ts": (False, True, 10_000)}
+# path -> (ICB support, timestamps, a signal every that many commands (0: none), the largest queue measured)
+PATHS = {"icb": (True, False, 0, 10**9), "direct": (False, False, 0, 10**9), "icb+ts": (True, True, 0, 10**9),
+         "direct+ts": (False, True, 0, 10_000), "icb+sig": (True, False, 2, 10_000)}
 
 
 def messages(program: Program) -> int:
@@ -66,7 +70,7 @@ def messages(program: Program) -> int:
 
 def cost_per_command(sizes: list[int], repeat: int, path: str = "icb") -> dict[int, float]:
     """Lower a queue of each size on ``path`` (``PATHS``); print and return the best µs per command."""
-    icb, stamps, largest = PATHS[path]
+    icb, stamps, every, largest = PATHS[path]
     device = DeviceSpec("Apple7", residency_set=False, icb=icb)
     out: dict[int, float] = {}
     print(f"\n{path}:\n{'commands':>9} {'µs/command':>11} {'total ms':>9} {'x toposort':>10}   per pass (µs/command)")
@@ -74,7 +78,7 @@ def cost_per_command(sizes: list[int], repeat: int, path: str = "icb") -> dict[i
         if n > largest:
             print(f"{n:>9} {'(skipped)':>11}")
             continue
-        graph = build(n, device, stamps)
+        graph = build(n, device, stamps, every)
         best, timings = float("inf"), []
         for _ in range(repeat if n < 100_000 else max(repeat - 1, 1)):
             gc.collect()

@@ -62,6 +62,33 @@ def u64(v: int) -> UOp:
 
 
 _new = tuple.__new__  # builds a NamedTuple at C speed (its generated __new__ is Python code)
+_RW = MTL.ResourceUsageRead | MTL.ResourceUsageWrite
+
+
+class _Batch:
+    """Void messages to one receiver, collected as data for one MSGS node: each operand once (its index in the
+    node's sources, 0 being the receiver), the messages in order."""
+
+    __slots__ = ("operands", "msgs")
+
+    def __init__(self) -> None:
+        self.operands: dict[UOp, int] = {}
+        self.msgs: list[tuple[str, tuple[int, ...]]] = []
+
+    def ref(self, u: UOp) -> int:
+        """The index of operand ``u`` in the MSGS's sources (added on first use)."""
+        i = self.operands.get(u)
+        if i is None:
+            i = self.operands[u] = len(self.operands) + 1
+        return i
+
+    def send(self, selector: str, *args: UOp) -> None:
+        """Append the message ``selector`` with ``args`` (typed by ``SELECTORS`` when abi lowers the MSGS)."""
+        self.msgs.append((selector, tuple([self.ref(a) for a in args])))
+
+    def node(self, recv: UOp) -> UOp:
+        """The MSGS of every message sent, to ``recv``."""
+        return UOp(Ops.MSGS, dtypes.void, (recv, *self.operands), MessageList(self.msgs))
 
 
 @dataclass
@@ -74,15 +101,20 @@ class _Builder:
     fence: UOp = field(default_factory=lambda: placeholder("fence", "fence"))
     icb: UOp | None = None
     contents: UOp | None = None
-    inputs_table: UOp | None = None
+    inputs: dict[int, tuple[UOp, UOp]] = field(default_factory=dict)  # plan.first -> its encoder's inputs (array,
+    #                                                                   count) for useResources, when it binds any
+    input_patches: list[UOp] = field(default_factory=list)             # STOREs of the handles into those arrays
     cbslots: UOp | None = None
     varbuf: UOp | None = None
     direct_memo: dict[tuple[tuple[str, int, int], bool], tuple[str, tuple[UOp, ...]]] = field(default_factory=dict)
+    loop_offsets: dict[int, UOp] = field(default_factory=dict)        # plan.first -> table of input offsets
 
     def slot_ptr(self, slot: int) -> UOp:
         """The host address of variables-buffer slot ``slot`` (uint8*)."""
         assert self.contents is not None
-        return self.contents.index(UOp.const(dtypes.int64, slot * VAR_SLOT))
+        # slot 0 is the pointer itself: an INDEX by 0 would be folded by symbolic, which then rebuilds every node
+        # after it in the message chain (the whole submit)
+        return self.contents.index(UOp.const(dtypes.int64, slot * VAR_SLOT)) if slot else self.contents
 
     # ---- link-time placeholders
 
@@ -113,12 +145,58 @@ class _Builder:
                 if c.symbolic:
                     patches.append(msg("concurrentDispatchThreadgroups:threadsPerThreadgroup:", cmd, c.grid.node,
                                        c.threadgroup.node))
-            if not e.device.residency_set:
-                if e.inputs:
-                    self.inputs_table = placeholder("scratch", "scratch:inputs", (8 * len(e.inputs),), dtypes.id.ptr())
-                    for var, pos in e.inputs.items():
-                        patches.append(self.inputs_table.index(UOp.const(dtypes.int64, pos)).store(var))
         return patches
+
+    def command_inputs(self, c: Command) -> tuple[UOp, ...]:
+        """The buffer variables command ``c`` binds, each once, in parameter order."""
+        binds = self.e.binds
+        return tuple(dict.fromkeys(b.base for b in (binds[a] for a in c.args[:len(c.kernel.buffers)])
+                                   if b.name is None))
+
+    def input_arrays(self, plans: list[CommandBufferPlan]) -> None:
+        """Per encoder of the ICB path without a residency set, the buffer variables its commands bind, for a
+        second ``useResources:count:usage:``: a ``scratch`` array of their handles STOREd by every submit
+        (``scratch:inputs`` for an encoder that runs the whole submit, ``scratch:inputs:F`` for one whose first
+        command is F); none when the encoder binds none. In a profiled loop whose iterations bind different ones,
+        one array holds each distinct list once and two link-time tables indexed by the counter give the
+        iteration's offset into it and its count (0 for an iteration that binds none)."""
+        cmds = self.e.cmds
+        for p in plans:
+            if not p.ncmds:
+                continue
+            if not p.loop:
+                names: dict[UOp, None] = {}
+                for c in cmds[p.first:p.first + p.ncmds]:
+                    names.update(dict.fromkeys(self.command_inputs(c)))
+                if names:
+                    whole = p.first == 0 and p.ncmds == len(cmds)
+                    arr = self.input_array("scratch:inputs" if whole else f"scratch:inputs:{p.first}", tuple(names))
+                    self.inputs[p.first] = (arr, u64(len(names)))
+                continue
+            lists = [self.command_inputs(c) for c in cmds[p.first:p.first + p.ncmds]]
+            if not any(lists):
+                continue
+            if len(set(lists)) == 1:
+                self.inputs[p.first] = (self.input_array(f"scratch:inputs:{p.first}", lists[0]), u64(len(lists[0])))
+                continue
+            at: dict[tuple[UOp, ...], int] = {}   # each distinct list -> its offset (in handles) in the one array
+            for lst in lists:
+                if lst and lst not in at:
+                    at[lst] = sum(len(k) for k in at)
+            arr = self.input_array(f"scratch:inputs:{p.first}", tuple(u for lst in at for u in lst))
+            offsets = placeholder("table", f"table:input-offsets:{p.first}",
+                                  TableEntries(at.get(lst, 0) for lst in lists), dtypes.uint64.ptr())
+            counts = placeholder("table", f"table:input-counts:{p.first}", TableEntries(len(lst) for lst in lists),
+                                 dtypes.uint64.ptr())
+            self.inputs[p.first] = (arr, counts)  # indexed per iteration in command_buffer (see loop_inputs)
+            self.loop_offsets[p.first] = offsets
+
+    def input_array(self, name: str, handles: tuple[UOp, ...]) -> UOp:
+        """A per-submit host array of ``handles`` (buffer variables), STOREd before the first command buffer."""
+        arr = placeholder("scratch", name, (8 * len(handles),), dtypes.id.ptr())
+        for i, var in enumerate(handles):
+            self.input_patches.append((arr.index(UOp.const(dtypes.int64, i)) if i else arr).store(var))
+        return arr
 
     def icb_spec(self) -> IcbSpec:
         """The ICB payload: every command as data (``IcbCommand``), the pipelines and buffers it names."""
@@ -139,7 +217,7 @@ class _Builder:
 
     # ---- the message chain
 
-    def warmup(self, enc: list[UOp], first: int, count: int) -> None:
+    def warmup(self, enc: _Batch, first: int, count: int) -> None:
         """setComputePipelineState: + a zero-size dispatch per distinct pipeline of the commands, first use first."""
         zero = UOp.struct(dtypes.MTLSize, 0, 0, 0)
         cmds = self.e.cmds
@@ -148,10 +226,10 @@ class _Builder:
         else:
             pipes = list(dict.fromkeys(cmds[c].kernel.pipeline for c in range(first, first + count)))
         for pipe in pipes:
-            self.send(enc, "setComputePipelineState:", pipe)
-            self.send(enc, "dispatchThreadgroups:threadsPerThreadgroup:", zero, zero)
+            enc.send("setComputePipelineState:", pipe)
+            enc.send("dispatchThreadgroups:threadsPerThreadgroup:", zero, zero)
 
-    def loop_warmup(self, enc: list[UOp], plan: CommandBufferPlan, counter: UOp) -> None:
+    def loop_warmup(self, enc: _Batch, plan: CommandBufferPlan, counter: UOp) -> None:
         """The warm-up of iteration ``counter`` of a profiled loop: the pipeline of that iteration's command only
         (METAL.md §3 rule 16 needs the pipeline the encoder's command uses), read from a link-time table of the
         run's pipelines indexed by the counter; the pipeline itself when the run uses one."""
@@ -163,8 +241,8 @@ class _Builder:
             table = placeholder("table", f"table:pipelines:{plan.first}", TableEntries(p.arg for p in pipes),
                                 dtypes.id.ptr())
             pipe = table.index(counter).load()
-        self.send(enc, "setComputePipelineState:", pipe)
-        self.send(enc, "dispatchThreadgroups:threadsPerThreadgroup:", zero, zero)
+        enc.send("setComputePipelineState:", pipe)
+        enc.send("dispatchThreadgroups:threadsPerThreadgroup:", zero, zero)
 
     def resource_names(self, first: int, count: int) -> tuple[str, ...]:
         """The buffers commands ``first .. first+count-1`` bind, each once in first-use order (a view counts as
@@ -204,31 +282,14 @@ class _Builder:
                              TableEntries(len(o.payload) for o in per_iteration), dtypes.uint64.ptr())
         return table.index(counter).load(), counts.index(counter).load()
 
-    def send(self, chain: list[UOp], selector: str, *args: UOp) -> UOp:
-        """Send ``selector`` to ``chain[0]`` after the message ``chain[1]`` (if any); the chain moves on."""
-        recv = chain[0] if len(chain) == 1 else chain[0].after(chain[1])
-        m = msg(selector, recv, *args)
-        chain[1:] = [m]
-        return m
-
-    def direct_commands(self, enc: list[UOp], first: int, count: int) -> None:
-        """The direct path's messages for ``count`` commands from ``first`` on encoder chain ``enc``, as one MSGS
-        node (the messages as data: a node per message cost ~60 µs per message over the later passes)."""
-        e = self.e
-        operands: dict[UOp, int] = {}   # operand node -> its index in the MSGS node's src (0: the receiver)
-        memo = self.direct_memo         # per binding triple / size pair: the message entry, shared across batches
-        msgs: list[tuple[str, tuple[int, ...]]] = []
-
-        def ref(u: UOp) -> int:
-            i = operands.get(u)
-            if i is None:
-                i = operands[u] = len(operands) + 1
-            return i
-
-        add = msgs.append
-        for c in e.cmds[first:first + count]:
+    def direct_commands(self, enc: _Batch, first: int, count: int) -> None:
+        """The direct path's messages for ``count`` commands from ``first``, into the encoder's batch (the messages
+        as data: a node per message cost ~60 µs per message over the later passes)."""
+        memo = self.direct_memo         # per binding triple / size pair: the message, shared across encoders
+        send = enc.send
+        for c in self.e.cmds[first:first + count]:
             k = c.kernel
-            add(("setComputePipelineState:", (ref(k.pipeline),)))
+            send("setComputePipelineState:", k.pipeline)
             nb = len(k.buffers)
             for j, t in enumerate(c.icb_binds):
                 key = (t, j < nb)
@@ -237,11 +298,8 @@ class _Builder:
                     got = self.direct_binding(c, j, t, nb)
                     if t[0]:
                         memo[key] = got
-                add((got[0], tuple([ref(u) for u in got[1]])))
-            add(("dispatchThreadgroups:threadsPerThreadgroup:", (ref(c.grid.node), ref(c.threadgroup.node))))
-        recv = enc[0] if len(enc) == 1 else enc[0].after(enc[1])
-        batch = UOp(Ops.MSGS, dtypes.void, (recv, *operands), MessageList(msgs))
-        enc[1:] = [batch]
+                send(got[0], *got[1])
+            send("dispatchThreadgroups:threadsPerThreadgroup:", c.grid.node, c.threadgroup.node)
 
     def direct_binding(self, c: Command, j: int, t: tuple[str, int, int], nb: int) -> tuple[str, tuple[UOp, ...]]:
         """The direct path's message binding parameter ``j`` of command ``c`` (binding triple ``t``): a buffer
@@ -256,20 +314,31 @@ class _Builder:
     def command_buffer(self, deps: list[UOp], plan: CommandBufferPlan, slot: UOp, first: UOp | None,
                        counter: UOp | None = None) -> UOp:
         """One command buffer of ``plan``; in a profiled loop ``first`` is the command this iteration executes (a
-        node) and ``counter`` the loop counter (0 .. plan.ncmds-1). Returns its ``commit``."""
+        node) and ``counter`` the loop counter (0 .. plan.ncmds-1). Returns its last node (the MSGS that commits).
+
+        Three messages return a value and are MSG nodes (``commandBuffer``, ``retain``, ``computeCommandEncoder``);
+        the void ones are data: one MSGS on the encoder (``waitForFence:`` through ``endEncoding``) and one on the
+        command buffer (``encodeSignalEvent:value:``, ``commit``), so a command buffer costs a few nodes, not one
+        per message, in every later pass."""
         assert self.cbslots is not None
         cb = msg("commandBuffer", self.queue.after(*deps))
-        keep = self.cbslots.index(slot).store(msg("retain", cb))
-        chain = [cb, keep]
+        at = self.cbslots if slot.op is Ops.CONST and slot.arg == 0 else self.cbslots.index(slot)  # see slot_ptr
+        done = at.store(msg("retain", cb))
         if plan.ncmds:
-            enc = [msg("computeCommandEncoder", cb.after(keep))]
-            self.send(enc, "waitForFence:", self.fence)
+            enc = _Batch()
+            enc.send("waitForFence:", self.fence)
             if self.icb_path and not self.e.device.residency_set:
-                self.send(enc, "useResources:count:usage:", *self.resources(plan, counter),
-                          u64(MTL.ResourceUsageRead | MTL.ResourceUsageWrite))
-            if self.inputs_table is not None:
-                self.send(enc, "useResources:count:usage:", self.inputs_table, u64(len(self.e.inputs)),
-                          u64(MTL.ResourceUsageRead | MTL.ResourceUsageWrite))
+                arr, count = self.resources(plan, counter)
+                if count.op is not Ops.CONST or count.arg:  # an encoder whose commands bind only buffer variables
+                    enc.send("useResources:count:usage:", arr, count, u64(_RW))
+                inputs = self.inputs.get(plan.first)
+                if inputs is not None:
+                    arr, count = inputs
+                    offsets = self.loop_offsets.get(plan.first)
+                    if offsets is not None:  # a profiled loop whose iterations bind different inputs
+                        assert counter is not None
+                        arr, count = arr.index(offsets.index(counter).load()), count.index(counter).load()
+                    enc.send("useResources:count:usage:", arr, count, u64(_RW))
             if self.icb_path:
                 if self.e.device.needs_warmup and counter is not None:
                     self.loop_warmup(enc, plan, counter)
@@ -277,21 +346,23 @@ class _Builder:
                     self.warmup(enc, plan.first, plan.ncmds)
                 assert self.icb is not None
                 if first is not None:
-                    self.send(enc, "executeCommandsInBuffer:withRange:", self.icb,
-                              UOp.struct(dtypes.NSRange, first, u64(1)))
+                    enc.send("executeCommandsInBuffer:withRange:", self.icb, UOp.struct(dtypes.NSRange, first, u64(1)))
                 else:
                     end = plan.first + plan.ncmds
                     for j in range(plan.first, end, self.e.max_range):
-                        self.send(enc, "executeCommandsInBuffer:withRange:", self.icb,
-                                  UOp.struct(dtypes.NSRange, j, min(self.e.max_range, end - j)))
+                        enc.send("executeCommandsInBuffer:withRange:", self.icb,
+                                 UOp.struct(dtypes.NSRange, j, min(self.e.max_range, end - j)))
             else:
                 self.direct_commands(enc, plan.first, plan.ncmds)
-            self.send(enc, "updateFence:", self.fence)
-            chain[1] = self.send(enc, "endEncoding")
+            enc.send("updateFence:", self.fence)
+            enc.send("endEncoding")
+            done = enc.node(msg("computeCommandEncoder", cb.after(done)))
+        tail = _Batch()
         if plan.signal is not None:
             assert self.e.timeline is not None
-            self.send(chain, "encodeSignalEvent:value:", self.e.timeline, plan.signal)
-        return self.send(chain, "commit")
+            tail.send("encodeSignalEvent:value:", self.e.timeline, plan.signal)
+        tail.send("commit")
+        return tail.node(cb.after(done))
 
     def build(self) -> UOp:
         """The lowered graph: the patches, then every command buffer's messages, under a SINK of the device."""
@@ -302,6 +373,9 @@ class _Builder:
         ncbs = sum(p.ncmds if p.loop else 1 for p in plans)
         self.cbslots = placeholder("cbslots", "cbslots", (ncbs, stamps), dtypes.id.ptr())
         deps = self.placeholders()
+        if self.icb_path and not e.device.residency_set and e.inputs:
+            self.input_arrays(plans)
+            deps += self.input_patches
         slot = 0
         for p in plans:
             if p.loop:

@@ -46,7 +46,7 @@ class KernelInfo(NamedTuple):
     buffers: tuple[tuple[int, int], ...]        # (parameter index, element size in bytes)
     vars: tuple[tuple[int, DType], ...]         # (parameter index, dtype)
     pids: tuple[int, ...]                       # ids of (index, element size, bytes needed) per buffer and
-    #                                             (index, dtype) per variable: buffers then vars
+    #                                             (index, dtype, 0) per variable: buffers then vars
     var_names: tuple[tuple[str, int], ...]      # (variable name, parameter index)
     nsrc: int                                   # sources of its EXEC: 3 + buffers + variables
 
@@ -114,9 +114,9 @@ class SubmitReader:
     tg_hi: list[int] = field(default_factory=lambda: [1, 1, 1])
     binds: dict[UOp, Binding] = field(default_factory=dict)
     base_names: dict[UOp, str | None] = field(default_factory=dict)   # BUFFER / buffer variable -> placeholder
-    pids: dict[tuple[int, int | DType] | tuple[int, int, int], int] = field(default_factory=dict)  # parameter -> id
+    pids: dict[tuple[int, int | DType, int], int] = field(default_factory=dict)  # parameter (KernelInfo.pids) -> id
     memos: list[dict[UOp, tuple[str, int, int]]] = field(default_factory=list)  # per pid: node -> ICB binding
-    param_of: dict[int, tuple[int, int | DType] | tuple[int, int, int]] = field(default_factory=dict)
+    param_of: dict[int, tuple[int, int | DType, int]] = field(default_factory=dict)
     buffers: dict[str, UOp] = field(default_factory=dict)      # placeholder name -> OBJECT, first-use order
     inputs: dict[UOp, int] = field(default_factory=dict)       # buffer variable -> position
     slots: dict[tuple[UOp, DType], int] = field(default_factory=dict)     # (value node, dtype) -> slot
@@ -210,10 +210,9 @@ class SubmitReader:
 
     def check_bind(self, b: UOp, pid: int, i: int, k: KernelInfo) -> tuple[str, int, int]:
         """The ICB binding of argument ``b`` for parameter ``pid`` (an id of (index, element size, bytes the
-        parameter needs) or (index, variable dtype)), read and checked once per (node, parameter); an offset too far
-        for an ICB is checked again at every use."""
-        key = self.param_of[pid]
-        index, kind = key[0], key[1]
+        parameter needs) or (index, variable dtype, 0)), read and checked once per (node, parameter); an offset too
+        far for an ICB is checked again at every use."""
+        index, kind, need = self.param_of[pid]
         if isinstance(kind, DType):
             slot = self.slots.get((b, kind))
             if slot is None:
@@ -221,7 +220,6 @@ class SubmitReader:
             triple = self.memos[pid][b] = ("varbuf", slot * VAR_SLOT, index)
             return triple
         bind = self.binds.get(b) or self.read_buffer(b, (i, k, index, "buffer"))
-        need = key[2]  # type: ignore[misc]
         if need:
             have = b.arg[1] if b.op in (Ops.BUFFER, Ops.BUFFER_VIEW) else None
             if have is not None and have < need:
@@ -252,6 +250,7 @@ class SubmitReader:
         try:
             bufs = tuple((p.index, param_dtype(p.dtype).itemsize or 1) for p in kernel.buffer_params)
             vars_ = tuple((p.index, var_dtype(kernel, p, f"command {i}")) for p in kernel.var_params)
+            var_keys = tuple((index, dt, 0) for index, dt in vars_)
             needs = tuple((index, elem, (p.elements or 0) * elem)  # bytes a buffer parameter's `elements` need
                           for (index, elem), p in zip(bufs, kernel.buffer_params))
         except QueueError as e:
@@ -260,7 +259,7 @@ class SubmitReader:
             raise EncodeError(f"command {i} ({kernel.key}): buffer indices go up to {MTL.MAX_BUFFER_BIND - 1}")
         pipe = placeholder("pipeline", f"pipeline:{kernel.key}", (kernel,))
         names = tuple((p.var or "", p.index) for p in kernel.var_params)
-        pids = tuple(self.pids.setdefault(p, len(self.pids)) for p in needs + vars_)
+        pids = tuple(self.pids.setdefault(p, len(self.pids)) for p in needs + var_keys)
         self.memos += [{} for _ in range(len(self.pids) - len(self.memos))]
         self.param_of = {pid: p for p, pid in self.pids.items()}
         k = self.kernels[node] = KernelInfo(kernel, pipe, bufs, vars_, pids, names, 3 + len(bufs) + len(vars_))

@@ -51,7 +51,7 @@ def _operand(p: Program, r: int) -> str:
     if obj is not None:
         if obj.kind == "struct":
             return "[" + ",".join(map(str, obj.payload)) + "]"
-        if obj.kind == "scratch" and obj.name != "scratch:inputs":
+        if obj.kind == "scratch" and not obj.name.startswith("scratch:inputs"):
             return "*"
         return obj.name
     name = p.names.get(r, "")

@@ -176,6 +176,39 @@ def test_rebound_inputs_are_bound_per_submit() -> None:
     assert "inp" in p.variables and p.variables["inp"][1:] == (1, 2**64 - 1)
 
 
+def test_each_encoder_lists_only_the_buffer_variables_its_commands_bind() -> None:
+    """The second useResources:count:usage: of an encoder lists the buffer variables its own commands bind, not
+    every one of the submit: per command buffer its own array; in a profiled loop whose iterations bind different
+    ones, one array of the distinct lists and two tables (offset, count) indexed by the counter."""
+    inp, inp2, x = buffer_variable("inp"), buffer_variable("inp2"), buffer("x", 4096)
+    q = Queue(DeviceSpec("Apple7", residency_set=False))
+    q.exec(SCALE, [inp, x]).signal(q.timeline, 1).exec(SCALE, [x, x]).signal(q.timeline, 2)
+    q.exec(SCALE, [x, inp2]).exec(SCALE, [inp2, inp]).signal(q.timeline, 3)
+    p = lower(q.submit()).program
+    uses = [line for line in message_lines(p) if "useResources" in line]
+    assert uses == ["encoder useResources:count:usage: resources:0 1 3",          # x
+                    "encoder useResources:count:usage: scratch:inputs:0 1 3",     # inp
+                    "encoder useResources:count:usage: resources:1 1 3",          # x; no buffer variable
+                    "encoder useResources:count:usage: resources:2 1 3",
+                    "encoder useResources:count:usage: scratch:inputs:2 2 3"]     # inp2, inp
+    assert {o.name: o.payload for o in objects(p, "scratch")} == {"scratch:inputs:0": (8,), "scratch:inputs:2": (16,)}
+    stores = [ins for ins in p.instrs[:p.patch_end()] if ins[0] == "STORE"]
+    assert len(stores) == 3 and not any(o.name == "scratch:inputs" for o in objects(p, "scratch"))
+
+    q = Queue(DeviceSpec("Apple7", residency_set=False))
+    q.timestamp(0).exec(SCALE, [x, x]).exec(SCALE, [inp, x]).exec(SCALE, [x, inp2]).exec(SCALE, [inp, inp2])
+    q.signal(q.timeline, 1)
+    p = lower(q.submit()).program
+    tables = {o.name: tuple(o.payload) for o in objects(p, "table")}
+    assert tables == {"table:input-offsets:0": (0, 0, 1), "table:input-counts:0": (0, 1, 1)}
+    assert {o.name: o.payload for o in objects(p, "scratch") if "inputs" in o.name} == {
+        "scratch:inputs:0": (16,), "scratch:inputs:3": (16,)}  # the loop's [inp, inp2]; the last command's
+    lines = message_lines(p)
+    assert "encoder useResources:count:usage: * * 3" in lines[lines.index("for 3"):lines.index("end")]
+    assert "encoder useResources:count:usage: resources:3 0 3" not in lines  # it binds buffer variables only
+    assert lines[-8] == "encoder useResources:count:usage: scratch:inputs:3 2 3"
+
+
 @pytest.mark.parametrize("build, message", [
     (lambda q, x: q.exec(SCALE, [view(x, 2, 16), x]), "command 0 (scale): buffer parameter 0 is bound at byte offset 2, "
                                                        "not a multiple of its element size 4"),
@@ -308,13 +341,16 @@ def test_direct_path_commands_travel_as_data() -> None:
     device = DeviceSpec("Apple7", residency_set=False, icb=False)
     graphs = [lower(_queue(n, device, [SCALE, SAXPY]), pipeline="encode").result for n in (2, 50, 500)]
     assert len({len(g.toposort()) for g in graphs}) == 1
-    (batch,) = [u for u in graphs[2].toposort() if u.op is Ops.MSGS]
-    assert len(batch.arg) == 500 // 2 * (4 + 5)  # scale: pipeline, 2 buffers, dispatch; saxpy: + setBytes
-    assert batch.arg[0] == ("setComputePipelineState:", (1,)) and batch.src[1].arg.name == "pipeline:scale"
+    batch, tail = [u for u in graphs[2].toposort() if u.op is Ops.MSGS]  # the encoder's, the command buffer's
+    # waitForFence; scale: pipeline, 2 buffers, dispatch; saxpy: + setBytes; updateFence, endEncoding
+    assert len(batch.arg) == 1 + 500 // 2 * (4 + 5) + 2
+    assert batch.arg[0] == ("waitForFence:", (1,)) and batch.src[1].arg.name == "fence"
+    assert batch.arg[1] == ("setComputePipelineState:", (2,)) and batch.src[2].arg.name == "pipeline:scale"
+    assert [m[0] for m in tail.arg] == ["encodeSignalEvent:value:", "commit"] and tail.src[0].src[1] is batch
     abi = lower(_queue(50, device, [SCALE, SAXPY]), pipeline="encode,symbolic,abi{target=arm64}").result
     assert not any(u.op in (Ops.MSG, Ops.MSGS) for u in abi.toposort())
-    (calls,) = [u for u in abi.toposort() if u.op is Ops.CALLS]
-    assert len(calls.arg) == 25 * 9 and all(c[0] == "objc_msgSend" for c in calls.arg)
+    calls, _ = [u for u in abi.toposort() if u.op is Ops.CALLS]
+    assert len(calls.arg) == 25 * 9 + 3 and all(c[0] == "objc_msgSend" for c in calls.arg)
 
 
 @pytest.mark.parametrize("target", ["arm64", "x86_64"])

@@ -154,12 +154,12 @@ def test_the_graph_stage_is_where_the_pipeline_starts() -> None:
 @register
 @dataclass(frozen=True)
 class _BreakOneMessage(Pass):
-    """A test pass that gives the first encodeSignalEvent:value: message a non-object receiver."""
+    """A test pass that gives the first computeCommandEncoder message a non-object receiver."""
 
     name = "test-break-receiver"
 
     def apply(self, graph: UOp, ctx: PassContext) -> UOp:
-        bad = next(u for u in graph.toposort() if u.op is Ops.MSG and u.arg == "encodeSignalEvent:value:")
+        bad = next(u for u in graph.toposort() if u.op is Ops.MSG and u.arg == "computeCommandEncoder")
         broken = bad.replace(src=(UOp.const(dtypes.uint64, 7), *bad.src[1:]))
         return graph.substitute({bad: broken}) if hasattr(graph, "substitute") else _substitute(graph, bad, broken)
 
@@ -176,9 +176,9 @@ def test_verifier_names_the_pass_and_the_node() -> None:
     with pytest.raises(VerifyError) as e:
         lower(small_queue(DeviceSpec("Apple9")), pipeline="encode,test-break-receiver")
     assert e.value.pass_name == "test-break-receiver"
-    assert e.value.node is not None and e.value.node.arg == "encodeSignalEvent:value:"
+    assert e.value.node is not None and e.value.node.arg == "computeCommandEncoder"
     text = str(e.value)
-    assert text.startswith("after pass 'test-break-receiver': the receiver of 'encodeSignalEvent:value:' is a uint64")
+    assert text.startswith("after pass 'test-break-receiver': the receiver of 'computeCommandEncoder' is a uint64")
     assert "<-- here" in text  # the neighbourhood is reprinted with the node marked
 
 
