@@ -46,7 +46,7 @@ def test_loop_invariant_work_stays_outside_the_loop() -> None:
 
 
 def test_a_linearized_loop_runs_on_the_interpreter() -> None:
-    runtime = pytest.importorskip("mtlir.runtime")
+    import mtlir.runtime as runtime
     from mtlir.runtime.interpreter import Interpreter, prepare_registers
     p = linearize(_loop_sum(), "x86_64")
     bridge = runtime.RecordingBridge(target="x86_64")
@@ -120,7 +120,7 @@ def test_timeline_read_program() -> None:
 
 
 def test_timeline_read_runs_on_the_recording_device() -> None:
-    runtime = pytest.importorskip("mtlir.runtime")
+    import mtlir.runtime as runtime
     bridge = runtime.RecordingBridge(target="arm64")
     submit = lower(small_queue(DEV), target="arm64").program
     read = timeline_read_program(DEV, "arm64")
