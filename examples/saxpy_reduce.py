@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
-from mtlir.metal import DeviceSpec, Kernel, KernelParam
+from mtlir.metal import FAMILIES, DeviceSpec, Kernel, KernelParam
 from mtlir.passes import Lowered, lower
 from mtlir.queue import Queue, buffer, timeline_value, view
 from mtlir.uop import UOp
@@ -120,10 +121,27 @@ def run(lowered: Lowered, ns: list[int]) -> bool:
     return ok
 
 
+def family(text: str) -> str:
+    """``--family``: a GPU family in any case (``apple7``, ``Apple7``); an argparse error (exit 2) otherwise."""
+    for name in FAMILIES:
+        if name.lower() == text.lower():
+            return name
+    raise argparse.ArgumentTypeError(f"unknown GPU family {text!r}: expected one of {', '.join(FAMILIES)}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Lower the queue for the device the options describe, print it, draw it, run it; the exit status."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--family", default="apple7", help="GPU family: apple7, apple8, apple9, mac2")
+    """Lower the queue for the device the options describe, print it, draw it, run it; the exit status (2 for a
+    bad option, as argparse says in one line)."""
+    ap = _Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", default="Apple7", type=family,
+                    help="GPU family: apple7, apple8, apple9, mac2 (any case)")
     ap.add_argument("--target", default="arm64", choices=("arm64", "x86_64"), help="the ABI to lower for")
     ap.add_argument("--no-residency-set", action="store_true", help="a device without residency sets")
     ap.add_argument("--no-icb", action="store_true", help="a device without ICB support: the direct path")

@@ -21,12 +21,16 @@ Bad input is the error family of the front end: every ``ValueError`` subclass de
 ``KernelCompileError``, ``GraphvizNotFoundError`` and ``OSError``. Errors are one line on stderr; ``--debug`` adds
 the traceback. With ``--json`` an error still writes one object to stdout:
 ``{"error": message, "error_type": name, "exit_code": code}``; while a ``--json`` command runs, file descriptor 1
-points at stderr, so nothing but that object (not even a native library's output) reaches stdout.
+points at stderr, so nothing but that object (not even a native library's output) reaches stdout. A stdout that
+cannot be written (``> /dev/full``) is one line on stderr and exit 2; a kernel that never ends fails the run at
+``--timeout`` (exit 3) and the program then leaves with ``os._exit`` (``main``). ``--arch`` takes any case;
+``--repeat`` and ``--timeout`` are checked by argparse; only the trace variables the Program has are bound.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import math
 import os
@@ -51,8 +55,43 @@ class UsageError(ValueError):
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse that raises ``UsageError`` (exit 2, one line) carrying the usage line of the (sub)command that
+    failed, instead of printing and exiting."""
+
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message}")
+        usage = " ".join(self.format_usage().split())
+        raise UsageError(f"{self.prog}: {message} ({usage})")
+
+
+def _arch(text: str) -> str:
+    """``--arch`` in any case (``apple7``, ``Apple7`` as traces and DeviceSpec spell it, ``MAC2``)."""
+    key = text.lower()
+    if key not in ARCHS:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(sorted(ARCHS))}, any "
+                                         "case)")
+    return key
+
+
+def _positive_seconds(text: str) -> float:
+    """``--timeout``: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the timeout must be a finite number of seconds above 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """``--repeat``: an int of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: at least one submit")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,13 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("trace", type=Path, help="a recorded kernel queue (JSON, examples/traces/*.json)")
-        sp.add_argument("--arch", choices=sorted(ARCHS), help="GPU family (default: the trace's arch)")
+        sp.add_argument("--arch", type=_arch, metavar="{apple7,apple8,apple9,mac2}",
+                        help="GPU family, any case (default: the trace's arch)")
         sp.add_argument("--target", choices=["arm64", "x86_64"], help="ABI of objc_msgSend (default: this machine's)")
         sp.add_argument("--viz", type=Path, metavar="DIR", help="write one SVG per stage into DIR")
         sp.add_argument("--json", action="store_true", help="one JSON object on stdout, everything else on stderr")
         sp.add_argument("--debug", action="store_true", help="show the traceback of an error")
         sp.add_argument("--executor", choices=["compiled", "interpreter"], default="compiled",
-                        help="how the Program runs (default: compiled replay)")
+                        help="how the Program runs: compiled (one generated Python function per Program, the "
+                             "default) or interpreter (a loop over its instructions); both send the same messages")
         sp.add_argument("--no-residency-set", action="store_true",
                         help="a device without MTLResidencySet (macOS < 15): useResources:count:usage: instead")
         sp.add_argument("--no-icb", action="store_true",
@@ -87,8 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="auto: metal on macOS with Metal, else the simulated device")
     run.add_argument("--faithful", action="store_true",
                      help="simulated device: behave as Metal without its validation layer (default: strict)")
-    run.add_argument("--repeat", type=int, default=1, metavar="N", help="number of submits (default 1)")
-    run.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds to wait for the GPU")
+    run.add_argument("--repeat", type=_positive_int, default=1, metavar="N", help="number of submits (default 1)")
+    run.add_argument("--timeout", type=_positive_seconds, default=60.0, metavar="S",
+                     help="seconds to wait for the GPU (default 60); past it the run fails with exit 3")
     run.set_defaults(func=cmd_run, pipeline=None, print_after_all=False)
     return p
 
@@ -130,7 +172,10 @@ def _lower(args: argparse.Namespace, log: TextIO, target: str, caps: Any = None)
     (e.g. a batch moved to the direct path) go to ``log`` as notes."""
     from mtlir.metal import DeviceSpec
     from mtlir.trace import load_trace
-    trace = load_trace(args.trace)
+    try:
+        trace = load_trace(args.trace)
+    except UnicodeDecodeError as e:  # a binary file: load_trace reads text
+        raise UsageError(f"{args.trace}: not a JSON trace: byte {e.start} is not UTF-8 text ({e.reason})") from None
     residency_set = not args.no_residency_set and (caps is None or caps.residency_sets)
     icb = not args.no_icb and (caps is None or caps.icb)
     device = DeviceSpec(ARCHS[args.arch] if args.arch else trace.arch, residency_set=residency_set, icb=icb)
@@ -174,11 +219,43 @@ def format_message(m: dict[str, Any]) -> str:
     return f"[{m['receiver']} {m['selector']}{' ' + args if args else ''}]"
 
 
-def record_one_submit(program: Any, values: dict[str, int], target: str) -> list[dict[str, Any]]:
-    """The messages one submit of ``program`` sends, recorded on a standalone ``RecordingBridge``."""
+def record_one_submit(program: Any, values: dict[str, int], target: str,
+                      executor: str = "compiled") -> list[dict[str, Any]]:
+    """The messages one submit of ``program`` sends, recorded on a standalone ``RecordingBridge`` (run by
+    ``executor``: both kinds send the same messages)."""
     from mtlir.runtime import RecordingBridge, Session
-    with Session(program, RecordingBridge(target=target)) as s:
+    with Session(program, RecordingBridge(target=target), executor=executor) as s:
         return s.record_submit(**values)
+
+
+def program_values(program: Any, trace: Any, log: TextIO) -> dict[str, int]:
+    """The trace's variable values that ``program`` has (a variable no dispatch uses is not in the Program; each
+    such one is a note on ``log``)."""
+    values = dict(trace.values)
+    unused = [name for name in values if name not in program.variables]
+    for name in unused:
+        print(f"mtlir: note: the trace's variable {name!r} is used by no dispatch: it is not bound", file=log)
+        del values[name]
+    return values
+
+
+def _path(program: Any) -> str:
+    """How the Program encodes its commands: ``ICB``, or ``direct path`` (saying so when the device has ICBs: the
+    lowering fell back to it, see its note)."""
+    if any(o.kind == "icb" for o in program.objects.values()):
+        return "ICB"
+    return "direct path (the device has ICBs)" if program.device.icb else "direct path, no ICB"
+
+
+def _listing(program: Any) -> str:
+    """The Program's listing, its first header line saying which path the lowering took (``_path``)."""
+    text = program.listing() if hasattr(program, "listing") else "\n".join(map(repr, program.instrs))
+    first, sep, rest = text.partition("\n")
+    if first.startswith("; "):
+        dev = program.device
+        first = (f"; {dev.family}, {'residency set' if dev.residency_set else 'no residency set'}, {_path(program)}, "
+                 f"{program.target}: {len(program.instrs)} instructions, {program.nregs} registers")
+    return first + sep + rest
 
 
 # ---- commands
@@ -190,14 +267,15 @@ def cmd_lower(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
     trace, lowered = _lower(args, log, target)
     program = lowered.program
     if args.json:
-        messages = record_one_submit(program, trace.values, target)
+        messages = record_one_submit(program, program_values(program, trace, log), target, args.executor)
         doc = {"messages": messages, "count": len(messages), "workload": trace.workload,
                "arch": program.device.family, "target": target, "residency_set": program.device.residency_set,
-               "icb": program.device.icb, "kernels": len(trace.dispatches), "pipeline": str(lowered.pipeline)}
+               "icb": program.device.icb, "path": _path(program), "kernels": len(trace.dispatches),
+               "pipeline": str(lowered.pipeline)}
         json.dump(doc, out, allow_nan=False)
         out.write("\n")
     else:
-        print(program.listing() if hasattr(program, "listing") else "\n".join(map(repr, program.instrs)), file=out)
+        print(_listing(program), file=out)
     return EXIT_MATCH
 
 
@@ -283,8 +361,9 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
     metal, caps = _open_metal(log) if kind == "metal" else (None, None)
     trace, lowered = _lower(args, log, target, caps)
     program = lowered.program
-    values = trace.values
-    messages = record_one_submit(program, values, target)  # what one submit sends, as `lower --json` records it
+    values = program_values(program, trace, log)
+    # what one submit sends, as `lower --json` records it
+    messages = record_one_submit(program, values, target, args.executor)
     bridge, device_name = _make_bridge(kind, target, args.faithful, program, metal)
     o = trace.output
     try:
@@ -298,6 +377,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
         close = getattr(bridge, "close", None)
         if close is not None:
             close()
+        # a kernel that never ends (past --timeout) keeps its OpenCL queue: main() then leaves with os._exit
+        args.kernel_stuck = bool(getattr(bridge, "kernel_running", False))
     gpu = [t for rec in s.completed for t in rec.gpu_times]
     host_s = s.host_s_per_submit
     cmp = compare_output(got, o.expected_array())
@@ -305,7 +386,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
     listing = log if args.json else out
     dev = program.device
     print(f"; one submit of {trace.workload} ({dev.family}, {target}, {device_name}"
-          f"{'' if dev.residency_set else ', no residency set'}{'' if dev.icb else ', no ICB'}): "
+          f"{'' if dev.residency_set else ', no residency set'}, {_path(program)}): "
           f"{len(messages)} messages", file=listing)
     for m in messages:
         print(format_message(m), file=listing)
@@ -318,7 +399,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
         doc = {"match": cmp.match, "max_abs_err": cmp.json_error(), "mismatches": cmp.mismatches,
                "nan_mismatches": cmp.nan_mismatches, "kernels": kernels, "messages_per_submit": len(messages),
                "submits": s.submits, "workload": trace.workload, "arch": dev.family, "target": target,
-               "residency_set": dev.residency_set, "icb": dev.icb, "device": device_name,
+               "residency_set": dev.residency_set, "icb": dev.icb, "path": _path(program), "device": device_name,
                "executor": args.executor, "host_s_per_submit": host_s,
                "gpu_s_per_submit": (sum(e - b for b, e in gpu) / len(s.completed)) if s.completed else None,
                "lower_s": lowered.seconds}
@@ -341,6 +422,8 @@ def exit_code(e: BaseException) -> int | None:
     from mtlir.runtime.errors import (BridgeError, GPUExecutionError, KernelBuildError, KernelCompileError, LinkError,
                                       MetalValidationError, UnsupportedKernelError)
     from mtlir.viz import GraphvizNotFoundError
+    if isinstance(e, UsageError):  # also when this module runs as __main__ (python -m mtlir.cli)
+        return EXIT_BAD_INPUT
     if isinstance(e, (UnsupportedKernelError, KernelBuildError)):
         return EXIT_UNSUPPORTED
     if isinstance(e, (GPUExecutionError, MetalValidationError, TimeoutError)):
@@ -395,44 +478,91 @@ def _stdout_for_json(out: TextIO) -> Iterator[TextIO]:
                 json_out.close()
             except BrokenPipeError:  # the reader went away: main has returned 141 already
                 pass
+            except OSError as e:
+                if not _output_error(e):
+                    raise
+                with contextlib.suppress(OSError):
+                    json_out.close()  # the buffer is dropped now; main reports the write error once
+
+
+def _output_error(e: BaseException) -> bool:
+    """True for a failed write to stdout (``> /dev/full``: ENOSPC; EIO, EFBIG, EDQUOT, EBADF): an ``OSError``
+    without a file name (errors of the files mtlir opens by name carry it)."""
+    return (isinstance(e, OSError) and getattr(e, "filename", None) is None
+            and e.errno in (errno.ENOSPC, errno.EIO, errno.EFBIG, errno.EDQUOT, errno.EBADF))
+
+
+def _silence_stdout() -> None:
+    """Point file descriptor 1 at /dev/null, so the interpreter's last flush of what stdout still buffers cannot
+    fail a second time after the error has been reported."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextIO | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code (module docstring).
-    ``out``/``log`` default to stdout/stderr."""
+    ``out``/``log`` default to stdout/stderr.
+
+    Called with ``argv=None`` it is the program itself (the ``mtlir`` console script, ``python -m mtlir.cli``): when
+    a kernel is still running on the simulated device after the run (one that never ends, past ``--timeout``), it
+    flushes stdout and stderr and leaves with ``os._exit`` instead of returning, since the process could not
+    release that kernel's OpenCL queue and would wait for it."""
+    program = argv is None
     out = out or sys.stdout
     log = log or sys.stderr
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     json_mode = "--json" in argv
-    with contextlib.ExitStack() as stack:
-        try:
-            if json_mode:
-                out = stack.enter_context(_stdout_for_json(out))
-            args = build_parser().parse_args(argv)
-            code = int(args.func(args, out, log))
-            out.flush()  # a closed stdout shows here, inside the handlers below
-            return code
-        except KeyboardInterrupt:
-            print("mtlir: interrupted", file=log)
-            return 130
-        except BrokenPipeError:  # stdout closed early (`mtlir lower ... | head`): stop quietly, as a SIGPIPE would
-            if out is sys.stdout:
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 141
-        except Exception as e:  # every error becomes one line and an exit code
-            expected = exit_code(e)
-            if debug:
-                traceback.print_exc(file=log)
-            text = _one_line(e)
-            print(f"mtlir: internal error: {type(e).__name__}: {text}" if expected is None
-                  else f"mtlir: error: {text}", file=log)
-            failed = EXIT_INTERNAL if expected is None else expected
-            if json_mode:  # the one JSON object stdout promises, saying what went wrong
-                json.dump({"error": text, "error_type": type(e).__name__, "exit_code": failed}, out)
-                out.write("\n")
-            return failed
-    return EXIT_INTERNAL  # not reached: the with block returns
+    args: Any = None
+    code = EXIT_INTERNAL
+    try:
+        with contextlib.ExitStack() as stack:
+            try:
+                if json_mode:
+                    out = stack.enter_context(_stdout_for_json(out))
+                args = build_parser().parse_args(argv)
+                code = int(args.func(args, out, log))
+                out.flush()  # a closed or full stdout shows here, inside the handlers below
+            except KeyboardInterrupt:
+                print("mtlir: interrupted", file=log)
+                code = 130
+            except BrokenPipeError:  # stdout closed early (`mtlir lower ... | head`): stop quietly, as SIGPIPE would
+                if out is sys.stdout:
+                    _silence_stdout()
+                code = 141
+            except Exception as e:  # every error becomes one line and an exit code
+                code = _report(e, debug, json_mode, out, log)
+    except OSError as e:  # --json: the object could not be written through the saved stdout
+        if not _output_error(e):
+            raise
+        print(f"mtlir: error: cannot write the output to stdout: {e}", file=log)
+        code = EXIT_BAD_INPUT
+    if program and getattr(args, "kernel_stuck", False):
+        for stream in (sys.stdout, sys.stderr, out, log):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    return code
+
+
+def _report(e: Exception, debug: bool, json_mode: bool, out: TextIO, log: TextIO) -> int:
+    """Print ``e`` as one line on ``log`` (and with --json as the one object on ``out``); its exit code."""
+    if _output_error(e):  # stdout itself failed: say so once, write nothing more there
+        print(f"mtlir: error: cannot write the output to stdout: {e}", file=log)
+        if out is sys.stdout:
+            _silence_stdout()
+        return EXIT_BAD_INPUT
+    expected = exit_code(e)
+    if debug:
+        traceback.print_exc(file=log)
+    text = _one_line(e)
+    print(f"mtlir: internal error: {type(e).__name__}: {text}" if expected is None else f"mtlir: error: {text}",
+          file=log)
+    failed = EXIT_INTERNAL if expected is None else expected
+    if json_mode:  # the one JSON object stdout promises, saying what went wrong
+        json.dump({"error": text, "error_type": type(e).__name__, "exit_code": failed}, out)
+        out.write("\n")
+    return failed
 
 
 if __name__ == "__main__":

@@ -318,10 +318,11 @@ class _Linker:
         by_kind: dict[str, list[Obj]] = {}
         for o in objs.values():
             by_kind.setdefault(o.kind, []).append(o)
-        for name in self.initial:
+        for name, data in self.initial.items():
             if name not in objs or objs[name].kind not in ("buffer", "varbuf"):
                 raise LinkError(f"initial data for {name!r}, which is not a buffer of the Program "
                                 f"(buffers: {', '.join(o.name for o in by_kind.get('buffer', []))})")
+            _check_initial(name, data)
         pool = self.b.c_call("objc_autoreleasePoolPush", c_prototype("objc_autoreleasePoolPush"), ())
         try:
             self.make_all(by_kind)
@@ -410,8 +411,11 @@ class _Linker:
         nbytes = int(o.payload[0]) if o.payload else 0
         if nbytes <= 0:
             raise LinkError(f"{o.name}: a buffer of {nbytes} bytes")
-        buf = self.keep(o.name, self.checked(self.send(device, "newBufferWithLength:options:", nbytes,
-                                                       self.buffer_options), f"{o.name} ({nbytes} bytes)"))
+        try:
+            made = self.send(device, "newBufferWithLength:options:", nbytes, self.buffer_options)
+        except MemoryError:  # the device's (or a recording's) host memory for it could not be allocated
+            raise LinkError(f"{o.name} ({nbytes} bytes): not enough memory to create it") from None
+        buf = self.keep(o.name, self.checked(made, f"{o.name} ({nbytes} bytes)"))
         contents = self.checked(self.send(buf, "contents"), f"contents of {o.name}")
         self.out.buffers[o.name] = (buf, contents, nbytes)
         if o.kind == "varbuf" and len(o.payload) > 1:  # constant variable values: (byte offset, dtype name, value)
@@ -555,6 +559,20 @@ class _Linker:
             self.send(self.out.handles[o.name], "addResidencySet:", rset)
 
 
+def _check_initial(name: str, data: Any) -> None:
+    """``initial[name]`` must be bytes-like, or ``(offset, bytes-like)`` with an int offset: ``TypeError`` naming
+    the buffer otherwise (before anything is created)."""
+    blob = (bytes, bytearray, memoryview)
+    if isinstance(data, blob):
+        return
+    if (isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], int) and not isinstance(data[0], bool)
+            and isinstance(data[1], blob)):
+        return
+    shown = repr(data) if len(repr(data)) <= 40 else repr(data)[:37] + "..."
+    raise TypeError(f"initial data for {name!r} must be bytes (or a tuple (byte offset, bytes)), got "
+                    f"{type(data).__name__} {shown}")
+
+
 def link(program: Program, bridge: Bridge, *, initial: Mapping[str, Any] | None = None,
          max_command_buffers: int = 1024, buffer_options: int = MTL.ResourceStorageModeShared) -> Linked:
     """Create every device object ``program`` needs through ``bridge``, once; returns a ``Linked``.
@@ -564,8 +582,10 @@ def link(program: Program, bridge: Bridge, *, initial: Mapping[str, Any] | None 
     buffer (shared storage by default: the CPU writes them through ``contents``). When ``bridge`` has
     ``name_object`` (a ``RecordingBridge``), every object is named there too.
 
-    Raises ``LinkError`` naming the object when Metal returns nil (with the NSError's localizedDescription where
-    the call has an error out-parameter), for initial data that names no buffer or does not fit, a constant
+    Raises ``TypeError`` for initial data that is not bytes (or ``(offset, bytes)``), naming the buffer;
+    ``LinkError`` naming the object when Metal returns nil (with the NSError's localizedDescription where
+    the call has an error out-parameter) or the host memory for a buffer cannot be allocated, for initial data that
+    names no buffer or does not fit, a constant
     threadgroup (of an ICB command or a direct dispatch) above its pipeline's ``maxTotalThreadsPerThreadgroup``,
     or an ICB offset above 32 bits; everything created so far
     is released first. Whatever the Bridge raises (``BridgeError``, ``UnsupportedKernelError``, ...) passes

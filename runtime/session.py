@@ -21,6 +21,8 @@ commands from the CPU, which races with a command buffer still reading them (MET
 from __future__ import annotations
 
 import collections
+import math
+import operator
 import struct
 import time
 from collections.abc import Mapping
@@ -64,13 +66,15 @@ class Session:
     wait timeout in seconds. ``serialize``: wait for the previous submit before the next (METAL.md §3 rule 15).
     ``keep_completed``: how many completed Submissions ``completed`` keeps.
 
-    Raises what ``link`` raises; use as a context manager or call ``close()``."""
+    Raises ``TypeError``/``ValueError`` for a ``timeout_s`` that is not a positive finite number of seconds, and
+    what ``link`` raises (``TypeError`` for initial data that is not bytes, naming the buffer; ``LinkError``); use
+    as a context manager or call ``close()``."""
 
     def __init__(self, program: Program, bridge: Bridge, *, initial: Mapping[str, Any] | None = None,
                  executor: str = "compiled", timeline_var: str = DEFAULT_TIMELINE_VAR, timeout_s: float = 30.0,
                  serialize: bool = True, max_command_buffers: int = 1024, keep_completed: int = 64) -> None:
         self.program, self.bridge = program, bridge
-        self.timeout_s = timeout_s
+        self.timeout_s = _seconds(timeout_s, "Session(timeout_s=...)", zero=False)
         self.serialize = serialize
         self.timeline_var = timeline_var if timeline_var in program.variables else None
         self.linked: Linked = link(program, bridge, initial=initial, max_command_buffers=max_command_buffers)
@@ -142,7 +146,7 @@ class Session:
         if self.closed:
             raise RuntimeError("submit on a closed Session")
         if self.serialize and self.inflight:
-            self.wait(timeout_s=self.timeout_s)
+            self._wait(None, self.timeout_s)
         if self.timeline_var is not None and self.timeline_var not in values:
             values[self.timeline_var] = self.last_value + 1
         value = int(values[self.timeline_var]) if self.timeline_var is not None else None
@@ -240,8 +244,25 @@ class Session:
         submit will signal it: waiting would only time out), ``GPUExecutionError`` (``code``, ``name``) as soon as
         one of their command buffers is in status Error, and ``TimeoutError`` after ``timeout_s`` seconds
         (default: the session's) naming the value awaited, the timeline's current value and the statuses of the
-        command buffers still pending."""
-        timeout = self.timeout_s if timeout_s is None else timeout_s
+        command buffers still pending. ``timeout_s`` must be a finite number of seconds >= 0 (0 polls once) and
+        ``value`` an int >= 0: ``TypeError``/``ValueError`` otherwise, as for a wait on a closed Session
+        (``RuntimeError``)."""
+        if self.closed:
+            raise RuntimeError("wait on a closed Session")
+        return self._wait(value, timeout_s)
+
+    def _wait(self, value: int | None, timeout_s: float | None) -> list[Submission]:
+        timeout = self.timeout_s if timeout_s is None else _seconds(timeout_s, "wait(timeout_s=...)")
+        if value is not None:
+            try:
+                if isinstance(value, bool):
+                    raise TypeError
+                value = operator.index(value)
+            except TypeError:
+                raise TypeError(f"wait(value={value!r}): a timeline value is an int (or None: everything "
+                                f"submitted), got {type(value).__name__}") from None
+            if value < 0:
+                raise ValueError(f"wait({value}): timeline values are >= 0")
         if value is not None and int(value) > self.highest_value:
             why = (f"the highest timeline value submitted is {self.highest_value}" if self.timeline_var is not None
                    else "this Program signals no timeline value")
@@ -345,7 +366,7 @@ class Session:
         self.closed = True
         try:
             if self.inflight:
-                self.wait(timeout_s=timeout_s)
+                self._wait(None, timeout_s)
         finally:
             while self.inflight:
                 rec = self.inflight.popleft()
@@ -362,7 +383,22 @@ class Session:
         if exc[0] is None:
             self.close()
         else:
+            # After an error, wait a little for what is in flight so it can be released cleanly; not at all after a
+            # wait that timed out: the GPU is stuck, waiting again would only delay the error.
+            stuck = isinstance(exc[1], TimeoutError)
             try:
-                self.close(timeout_s=min(self.timeout_s, 5.0))
+                self.close(timeout_s=0.0 if stuck else min(self.timeout_s, 5.0))
             except Exception:  # do not hide the original error
                 pass
+
+
+def _seconds(value: Any, what: str, *, zero: bool = True) -> float:
+    """``value`` as seconds: a finite real number, >= 0 (> 0 unless ``zero``). ``TypeError`` for anything else
+    than a number (a str, a bool), ``ValueError`` for a negative, zero (when not allowed), infinite or NaN one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what}: seconds are a number, got {type(value).__name__} {value!r}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero):
+        need = ">= 0" if zero else "> 0"
+        raise ValueError(f"{what}: {value!r} seconds: a finite number {need} is needed (nothing waits forever)")
+    return seconds

@@ -460,3 +460,124 @@ def test_a_kernel_writing_far_past_its_buffer_is_a_gpu_error_not_a_crash(tmp_pat
     assert "wrote 4 bytes out of bounds through parameter" in doc["error"]
     assert "(buffer index 0) at element" in doc["error"]
     assert proc.stderr.count("\n") == 1 and ("MTLCommandBufferError 3 (PageFault)" in proc.stderr) == faithful
+
+
+# ---- numbers, spellings, usage lines, the path in the header, traces that are odd but valid, output errors
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--timeout", "0"], "argument --timeout: '0': the timeout must be a finite number of seconds above 0"),
+    (["--timeout", "-1"], "argument --timeout: '-1': the timeout must be"),
+    (["--timeout", "nan"], "argument --timeout: 'nan': the timeout must be"),
+    (["--timeout", "inf"], "argument --timeout: 'inf': the timeout must be"),
+    (["--timeout", "soon"], "argument --timeout: 'soon' is not a number of seconds"),
+    (["--repeat", "0"], "argument --repeat: 0: at least one submit"),
+    (["--repeat", "x"], "argument --repeat: 'x' is not an integer"),
+])
+def test_run_numbers_are_checked_by_argparse(flags: list[str], match: str) -> None:
+    code, out, log = mtlir("run", MLP7, "--device", "sim", *flags)
+    assert code == 2 and out == "" and log.count("\n") == 1
+    assert match in log and "(usage: mtlir run [-h]" in log  # the usage line of the subcommand
+
+
+def test_arch_is_accepted_in_any_case() -> None:
+    for spelling in ("Apple9", "APPLE9", "apple9"):
+        code, out, log = mtlir("lower", MLP7, "--arch", spelling, "--target", "x86_64")
+        assert code == 0, log
+        assert out.startswith("; Apple9, residency set, ICB, x86_64:")
+    code, out, log = mtlir("lower", MLP7, "--arch", "Apple5")
+    assert code == 2 and "argument --arch: invalid choice: 'Apple5'" in log and "(usage: mtlir lower [-h]" in log
+
+
+def test_executor_is_documented_in_the_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("run", "lower"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "--executor {compiled,interpreter}" in text and "interpreter (a loop over its instructions)" in text
+
+
+def _far_view(d: dict[str, Any]) -> None:
+    """A view at a byte offset above 0xFFFFFFFF: an ICB command cannot hold it, the submit goes on the direct path."""
+    arg = d["dispatches"][0]["args"][0]
+    d["buffers"][str(arg["buffer"])]["size"] = 2**33
+    arg["offset"] = 2**32 + 256
+
+
+def test_the_listing_header_says_when_the_lowering_fell_back_to_the_direct_path(tmp_path: Path) -> None:
+    code, out, log = mtlir("lower", _bad_trace(tmp_path, _far_view), "--target", "x86_64")
+    assert code == 0, log
+    assert out.startswith("; Apple7, residency set, direct path (the device has ICBs), x86_64:")
+    assert "the submit is lowered on the direct path" in log
+    code, out, log = mtlir("lower", MLP7, "--target", "x86_64", "--no-icb")
+    assert out.startswith("; Apple7, residency set, direct path, no ICB, x86_64:")
+    code, out, log = mtlir("lower", MLP7, "--target", "x86_64", "--no-icb", "--json")
+    assert code == 0 and one_json(out)["path"] == "direct path, no ICB" and not one_json(out)["icb"]
+
+
+def test_a_trace_variable_no_dispatch_uses_is_a_note_not_an_internal_error(tmp_path: Path) -> None:
+    path = _bad_trace(tmp_path, lambda d: d.__setitem__("variables", {"start_pos": {"value": 3, "min": 1, "max": 8}}))
+    code, out, log = mtlir("run", path, "--device", "sim", "--json")
+    assert code == 0, log
+    assert one_json(out)["match"] is True
+    assert "mtlir: note: the trace's variable 'start_pos' is used by no dispatch: it is not bound" in log
+    code, out, log = mtlir("lower", path, "--json")
+    assert code == 0 and one_json(out)["count"] > 0
+
+
+def test_a_binary_trace_file_is_bad_input_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    path.write_bytes(b"\xff\xfe{\x00" + bytes(range(256)))
+    code, out, log = mtlir("run", str(path), "--json")
+    assert code == 2 and log.count("\n") == 1
+    assert f"{path}: not a JSON trace: byte 0 is not UTF-8 text" in log and one_json(out)["exit_code"] == 2
+
+
+def test_a_buffer_too_big_for_this_machine_is_bad_input_naming_it(tmp_path: Path) -> None:
+    """A 32 GiB buffer (under load_trace's 64 GiB limit): a MemoryError, exit 5, before. In a child process with its
+    address space limited to 6 GiB, so the test never really allocates it."""
+    path = _bad_trace(tmp_path, lambda d: d["buffers"]["1"].__setitem__("size", 2**35))
+    limit = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30)); "
+             "from mtlir import cli; sys.exit(cli.main())")
+    proc = subprocess.run([sys.executable, "-c", limit, "run", path, "--device", "sim", "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and "buffer:1 (34359738368 bytes): not enough memory to create it" in \
+        proc.stderr
+    assert one_json(proc.stdout)["error_type"] == "LinkError"
+
+
+@pytest.mark.parametrize("flags", [["--json"], []], ids=["json", "listing"])
+def test_a_stdout_that_cannot_be_written_is_one_line_on_stderr(flags: list[str]) -> None:
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "mtlir.cli", "lower", MLP7, *flags], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2
+    assert proc.stderr == "mtlir: error: cannot write the output to stdout: [Errno 28] No space left on device\n"
+
+
+_STUCK = """
+import os, sys
+real = os._exit
+def exit_now(code):
+    sys.stderr.write(f"os._exit({code})\\n")
+    sys.stderr.flush()
+    real(code)
+os._exit = exit_now
+from mtlir import cli
+sys.exit(cli.main())
+"""
+
+
+def test_a_kernel_that_never_ends_exits_3_at_once_through_os_exit(tmp_path: Path) -> None:
+    """The wait times out, the error is printed and the process leaves with os._exit: nothing waits for the OpenCL
+    queue of a kernel that cannot be stopped (it used to end 8 s after the message)."""
+    def endless(d: dict[str, Any]) -> None:
+        prog = next(iter(d["programs"].values()))
+        prog["msl"] = prog["msl"].replace(") {", ") { while (1) { }", 1)
+    proc = subprocess.run([sys.executable, "-c", _STUCK, "run", _bad_trace(tmp_path, endless), "--device", "sim",
+                           "--timeout", "1", "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.splitlines()[-2:] == [proc.stderr.splitlines()[-2], "os._exit(3)"]
+    assert "timed out after 1 s waiting for timeline value 1" in proc.stderr
+    assert one_json(proc.stdout)["error_type"] == "TimeoutError"

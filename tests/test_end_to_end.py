@@ -198,3 +198,19 @@ def test_a_grid_that_wrapped_never_reaches_opencl(strict: bool) -> None:
         s.submit(n=9)
         s.wait(timeout_s=30)
         assert not s.inflight
+
+
+def test_the_example_script_says_what_is_wrong_with_an_option_in_one_line() -> None:
+    """examples/saxpy_reduce.py --family bogus printed a ValueError traceback; now argparse's one line, exit 2, and a
+    family in any case is taken."""
+    import subprocess
+    import sys
+    script = TRACES.parent / "saxpy_reduce.py"
+    proc = subprocess.run([sys.executable, str(script), "--family", "bogus"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == ("saxpy_reduce.py: error: argument --family: unknown GPU family 'bogus': expected one of "
+                           "Apple7, Apple8, Apple9, Mac2\n")
+    proc = subprocess.run([sys.executable, str(script), "--family", "APPLE9", "--target", "x86_64"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("; Apple9, residency set, ICB, x86_64:"), proc.stderr

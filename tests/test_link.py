@@ -2,6 +2,7 @@
 replay, wait and error reporting, against RecordingBridge fakes (the simulated device is in test_end_to_end)."""
 from __future__ import annotations
 
+import re
 import struct
 from typing import Any
 
@@ -435,3 +436,60 @@ def test_direct_path_constant_threadgroup_above_the_pipeline_limit(target: str) 
     link(direct_program(target, threadgroup=(8, 1, 1)), NilBridge("", max_threads=8, target=target)).release()
     # a threadgroup set per submit is the device's to check (the simulated device raises in strict mode)
     link(direct_program(target, threadgroup=None), NilBridge("", max_threads=8, target=target)).release()
+
+
+# ---- what the API says about bad arguments (each a clear TypeError/ValueError/RuntimeError, never a hang)
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda s: s.wait(timeout_s=-1), ValueError, r"wait\(timeout_s=...\): -1 seconds: a finite number >= 0"),
+    (lambda s: s.wait(timeout_s=float("nan")), ValueError, r"nan seconds"),
+    (lambda s: s.wait(timeout_s="1"), TypeError, r"seconds are a number, got str '1'"),
+    (lambda s: s.wait(-1), ValueError, r"wait\(-1\): timeline values are >= 0"),
+    (lambda s: s.wait("x"), TypeError, r"wait\(value='x'\): a timeline value is an int"),
+    (lambda s: s.wait(True), TypeError, r"a timeline value is an int"),
+])
+def test_wait_refuses_bad_arguments(call: Any, error: type[Exception], match: str) -> None:
+    s = Session(submit_program(), RecordingBridge())
+    s.submit(n=1)
+    with pytest.raises(error, match=match):
+        call(s)
+    assert [r.value for r in s.wait(1)] == [1]  # nothing was lost
+    s.close()
+
+
+def test_wait_on_a_closed_session_says_so() -> None:
+    s = Session(submit_program(), RecordingBridge())
+    s.close()
+    with pytest.raises(RuntimeError, match="wait on a closed Session"):
+        s.wait()
+    with pytest.raises(RuntimeError, match="submit on a closed Session"):
+        s.submit(n=1)
+
+
+@pytest.mark.parametrize("timeout", [0, -2.5, float("inf")])
+def test_session_timeout_must_be_positive_seconds(timeout: float) -> None:
+    with pytest.raises(ValueError, match=r"Session\(timeout_s=...\)"):
+        Session(submit_program(), RecordingBridge(), timeout_s=timeout)
+
+
+@pytest.mark.parametrize("data, shown", [("hello", "str 'hello'"), ([1, 2], "list [1, 2]"), ((-0.5, b"x"), "tuple")])
+def test_initial_data_must_be_bytes_naming_the_buffer(data: Any, shown: str) -> None:
+    b = RecordingBridge()
+    with pytest.raises(TypeError, match=r"initial data for 'buffer:1' must be bytes \(or a tuple \(byte offset, "
+                                        rf"bytes\)\), got {re.escape(shown)}"):
+        Session(submit_program(), b, initial={"buffer:1": data})
+    assert not any(m["selector"] == "newBufferWithLength:options:" for m in b.messages)  # refused before anything
+
+
+def test_a_buffer_the_host_cannot_allocate_is_a_link_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A huge buffer of a trace (here 1 GiB, refused) was a MemoryError: exit 5 in the CLI instead of 2."""
+    b = RecordingBridge()
+    real = b._fake.mem.malloc
+
+    def tight(nbytes: int) -> int:
+        if nbytes > 1 << 20:
+            raise MemoryError
+        return real(nbytes)
+    monkeypatch.setattr(b._fake.mem, "malloc", tight)
+    with pytest.raises(LinkError, match=r"buffer:0 \(1073741824 bytes\): not enough memory to create it"):
+        link(submit_program(nbytes=1 << 30), b)

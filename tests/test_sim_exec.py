@@ -213,3 +213,34 @@ def test_strict_race_check_costs_nothing_with_barriers(s: Scene) -> None:
     runs = sum(len(k.runs) for k in s.dev.kernel_runner.kernels.values()) - runs_before
     assert s.status(cb) == MTL.StatusCompleted and runs == 4  # no dry runs: every command has a barrier
     assert np.array_equal(s.floats(out)[:16], np.repeat([1, 2, 3, 4], 4))
+
+
+def test_a_kernel_that_does_not_end_delays_neither_the_error_nor_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a wait timed out, leaving the Session does not wait again, and SimDevice.close() does not wait for the
+    kernel still running (OpenCL cannot stop one): `mtlir run --timeout 3` on an endless kernel ended at 11.6 s."""
+    from progbuild import submit_program
+
+    from mtlir.runtime import Session
+    from mtlir.runtime.sim import PyKernel, PyKernelArg, PyKernelRunner, SimDevice
+
+    release = threading.Event()
+    params = (PyKernelArg("out", "buffer", 0), PyKernelArg("inp", "buffer", 1), PyKernelArg("n", "constant", 2, "int32"))
+    runner = PyKernelRunner([PyKernel("add1", params, lambda a, g, t: release.wait(60))])
+    dev = SimDevice("x86_64", family="Apple7", kernel_runner=runner)
+    waits: list[float | None] = []
+    real = Session._wait
+    monkeypatch.setattr(Session, "_wait", lambda self, v, t: (waits.append(t), real(self, v, t))[1])
+    try:
+        with pytest.raises(TimeoutError):
+            with Session(submit_program("x86_64"), dev, timeout_s=5.0) as s:
+                s.submit(n=4)
+                s.wait(timeout_s=0.05)
+        assert waits == [0.05, 0.0]  # the exit polled once instead of waiting again
+        dev.close()
+        assert dev.kernel_running  # close returned while the kernel runs
+    finally:
+        release.set()
+    deadline = time.monotonic() + 30
+    while dev.kernel_running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not dev.kernel_running

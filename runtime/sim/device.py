@@ -562,8 +562,16 @@ class SimDevice:
             return out
 
     def close(self) -> None:
-        """Stop the GPU worker thread (committed work that has not run stays unrun)."""
+        """Stop the GPU worker thread (committed work that has not run stays unrun). It does not wait for a kernel
+        that is still running (``kernel_running``): OpenCL cannot stop one, and one past its timeout may never end."""
         self.gpu.stop()
+
+    @property
+    def kernel_running(self) -> bool:
+        """True while a kernel runs on the simulated GPU: after ``close()``, one that is stuck (an endless loop).
+        Its OpenCL queue cannot be released while it runs: a program that must end then should leave with
+        ``os._exit`` after flushing its output (the CLI does)."""
+        return self.gpu.in_kernel
 
     def __enter__(self) -> SimDevice:
         return self

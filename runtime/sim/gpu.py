@@ -138,6 +138,7 @@ class GPU:
         self.kernel_lock = threading.Lock()
         self.kernels_run = 0
         self.last_exception: BaseException | None = None
+        self.in_kernel = False  # a kernel is running (on the worker thread, the device lock released)
 
     # ---------------------------------------------------------------- scheduling
     def submit(self, cb: CommandBuffer) -> None:
@@ -227,13 +228,20 @@ class GPU:
                     cv.wait(0.005 if self.pending() else 0.1)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the worker thread (called without the lock held)."""
+        """Stop the worker thread (called without the lock held): it ends after the operation it is running. When
+        that is a kernel that is not finishing (one past its timeout, which OpenCL cannot stop) it is left running
+        on its daemon thread instead of being waited for."""
         with self.dev._cv:
             self.stopping = True
             thread = self.thread
             self.dev._cv.notify_all()
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
+            deadline = clock() + timeout_s
+            while thread.is_alive() and clock() < deadline:
+                thread.join(0.05)
+                if self.in_kernel:
+                    thread.join(0.2)  # a kernel that ends now still gets its command buffer finished
+                    return
 
     # ---------------------------------------------------------------- execution
     def _execute(self, cb: CommandBuffer) -> Iterator[Gate | None]:
@@ -379,7 +387,11 @@ class GPU:
         lock.release()
         try:
             with self.kernel_lock:
-                p.kernel.run(bindings, grid, threadgroup)
+                self.in_kernel = True
+                try:
+                    p.kernel.run(bindings, grid, threadgroup)
+                finally:
+                    self.in_kernel = False
         except KernelAccessError as e:  # the bounds checks skipped an access outside a buffer: a GPU address fault
             if self.dev.strict:
                 self.dev.defer_error(MetalValidationError(
