@@ -163,7 +163,7 @@ def _skip(text: str, pos: int) -> int:
 def _check_order(passes: tuple[Pass, ...], start: str) -> None:
     """Check each pass gets a stage it takes (module docstring). Raises ``PipelineError`` naming the pass, what it
     needs, what it would get, and the passes that must come before it."""
-    stage = start
+    stage, producer = start, ""
     for i, p in enumerate(passes):
         if stage == "program":
             raise PipelineError(f"pass {p.name!r} (pass {i + 1} of the pipeline) comes after linearize, which already "
@@ -175,10 +175,11 @@ def _check_order(passes: tuple[Pass, ...], start: str) -> None:
                 todo = [_ADVANCE[t] for t in STAGES[STAGES.index(stage):first]]
                 hint = f"run {', '.join(todo)} before it"
             else:
-                hint = f"it must come before the pass that left {_STAGE_TEXT[stage].split(' (')[0]}"
+                hint = f"it must come before {producer}" if producer else "the graph is past it"
             raise PipelineError(f"pass {p.name!r} (pass {i + 1} of the pipeline) takes {needs}, but it would get "
                                 f"{_STAGE_TEXT[stage]}: {hint}")
-        stage = p.produces or stage
+        if p.produces and p.produces != stage:
+            stage, producer = p.produces, f"pass {i + 1} ({p})"
 
 
 def graph_stage(graph: UOp) -> str:

@@ -67,7 +67,7 @@ def test_registry_names_every_pass() -> None:
     ("abi", "pass 'abi' needs option target (e.g. abi{target=...})"),
     # each pass gets the stage it takes
     ("encode,encode", "pass 'encode' (pass 2 of the pipeline) takes a queue graph (SUBMIT), but it would get typed "
-                      "messages"),
+                      "messages (MSG, what encode produces): it must come before pass 1 (encode)"),
     ("symbolic,encode,abi{target=arm64},linearize", "pass 'symbolic' (pass 1 of the pipeline) takes typed messages "
                                                     "(MSG, what encode produces) or C calls (CALL, what abi produces), "
                                                     "but it would get a queue graph (SUBMIT): run encode before it"),
@@ -75,7 +75,7 @@ def test_registry_names_every_pass() -> None:
                   "a queue graph (SUBMIT): run encode, abi{target=...} before it"),
     ("encode,linearize", "pass 'linearize' (pass 2 of the pipeline) takes C calls"),
     ("encode,abi{target=arm64},lower-timeline", "pass 'lower-timeline' (pass 3 of the pipeline) takes typed messages"),
-    ("encode,abi{target=arm64},abi{target=arm64}", "it must come before the pass that left C calls"),
+    ("encode,abi{target=arm64},abi{target=arm64}", "it must come before pass 2 (abi{target=arm64})"),
     (DEFAULT_PIPELINE + ",symbolic", "pass 'symbolic' (pass 6 of the pipeline) comes after linearize"),
 ])
 def test_bad_pipelines_are_refused_clearly(text: str, message: str) -> None:
@@ -142,7 +142,8 @@ def test_the_graph_stage_is_where_the_pipeline_starts() -> None:
     assert isinstance(calls, UOp) and graph_stage(calls) == "calls"
     assert isinstance(lower(calls).result, Program)  # the default pipeline from calls: symbolic, linearize
     assert lower(encoded, target="x86_64").program.target == "x86_64"
-    with pytest.raises(PipelineError, match="takes typed messages .* but it would get C calls"):
+    with pytest.raises(PipelineError, match="takes typed messages .* but it would get C calls .*: the graph is past "
+                                            "it"):
         lower(calls, pipeline="abi{target=arm64},linearize")
     with pytest.raises(PipelineError, match="starts from stage 'queue', but the graph is at stage 'messages'"):
         lower(encoded, pipeline=default_pipeline("arm64"))
