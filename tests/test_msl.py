@@ -523,6 +523,7 @@ def test_a_guarded_load_in_a_ternary_is_only_checked_when_taken(runner: KernelRu
     ("device float* q; q[0] = 1.0f;", "q", "used before it is initialised or assigned from a buffer"),
     ("device float *q = a, *r = b; q[0] = r[0];", "q", "one device pointer per declaration"),
     ("device float* q = a; q = b; q[0] = 1.0f;", "q", "a pointer into another buffer"),
+    ("ulong x = (ulong)(device float*)(i * 4u); a[0] = x;", "(device T*)", "a cast to a device or constant pointer"),
 ])
 def test_a_buffer_pointer_the_translator_cannot_follow_is_refused(body: str, construct: str, why: str) -> None:
     err = refused(f"kernel void k(device float* a, device float* b, uint i [[thread_position_in_grid]]) {{ {body} }}")
@@ -536,9 +537,17 @@ def test_macros_structs_and_prototypes_that_hide_buffer_pointers_are_refused() -
     assert err.construct == "device T*"
     err = refused("#define AT(p, k) p[k]\nkernel void k(device float* a) { AT(a, 0) = 1.0f; }")
     assert err.construct == "a" and "cannot follow this use" in str(err)
+    err = refused("device float* at(ulong x) { return (device float*)x; }\n"
+                  "kernel void k(device float* a) { *at(0) = 1.0f; }")
+    assert err.construct == "at()" and "returning a device or constant pointer" in str(err)
     # without the checks (reading a translation only) the same source translates
     assert "FIRST" in translate(HEAD + "#define FIRST a[0]\nkernel void k(device float* a) { FIRST = 1.0f; }",
                                 bounds_checks=False).source
+
+
+def test_an_attribute_closed_but_never_opened_is_a_syntax_error() -> None:
+    with pytest.raises(MslSyntaxError, match="`]]` closes no `\\[\\[` attribute"):
+        translate(HEAD + "kernel void k(device float* a, uint3 lid [;[thread_position_in_threadgroup]]) { a[0] = 1; }")
 
 
 def test_every_trace_kernel_translates_with_the_checks() -> None:

@@ -257,6 +257,10 @@ def _translate_function(ts: list[Token], start: int, end: int, ctx: Ctx) -> list
         open_ = next((j for j in range(start, end) if ts[j].kind == PUNCT and ts[j].text == "("), None)
         if open_ is None or open_ == start or ts[open_ - 1].kind != ID:
             return rewrite(ts, ctx, start, end)
+        head = [t for t in ts[start:open_] if t.kind in (ID, PUNCT)]
+        if any(t.text in ("device", "constant") for t in head) and any(t.text == "*" for t in head):
+            refuse(ts[open_ - 1], f"{ts[open_ - 1].text}()", "a function returning a device or constant pointer: "
+                   "the accesses made through it could not be bounds-checked")
         close = group_end(ts, open_)
         spans = _param_spans(ts, open_, close)
         extra = helper_bound_params(ts, spans, ctx)
@@ -398,7 +402,10 @@ def _parse_param(p: list[Token], kernel: str) -> _Param:
     """Split one kernel parameter into its type tokens, name and ``[[attribute(arg)]]``."""
     attr = attr_arg = None
     if len(p) >= 2 and p[-1].text == "]" and p[-2].text == "]":
-        k = max(j for j in range(len(p) - 1) if p[j].text == "[" and p[j + 1].text == "[")
+        opens = [j for j in range(len(p) - 1) if p[j].text == "[" and p[j + 1].text == "["]
+        if not opens:
+            raise MslSyntaxError(f"MSL {p[-1].where()}: kernel {kernel!r}: `]]` closes no `[[` attribute")
+        k = opens[-1]
         inner = p[k + 2:-2]
         if not inner or inner[0].kind != ID:
             raise MslSyntaxError(f"MSL {p[k].where()}: kernel {kernel!r}: malformed attribute")

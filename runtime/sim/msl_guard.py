@@ -440,6 +440,23 @@ def helper_bound_params(ts: list[Token], params: list[tuple[int, int]], ctx: Ctx
     return extra
 
 
+def device_cast(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+    """A cast to a ``device``/``constant`` pointer type, ``(device float4*)x``: ``x`` must come from a tracked
+    buffer pointer (a pointer made from an integer could reach anything: refused). Declines in every case; the
+    other rules translate the tokens."""
+    if ctx.guard is None or not _is_cast(ts, i, ctx):
+        return None
+    close = group_end(ts, i)
+    inner = ts[i + 1:close]
+    if not any(t.kind == ID and t.text in _SPACES for t in inner) or not any(t.text == "*" for t in inner):
+        return None
+    end = _operand_end(ts, close + 1, ctx)
+    if not _pointer_names(ts, close + 1, end, ctx):
+        refuse(ts[i], "(device T*)", "a cast to a device or constant pointer of a value that does not come from a "
+                                     f"buffer pointer: its accesses could not be bounds-checked ({_HOW})")
+    return None
+
+
 _FAULTED = "__MTL_FAULTED"  # the prelude's test of the fault record: a bounds check has failed in this run
 
 
@@ -535,6 +552,7 @@ def _split_on(ts: list[Token], open_: int, close: int, sep: str) -> list[tuple[i
 # Registered ahead of the address-space rules (pointer_declaration only records, then declines) and of nothing
 # else on ``*``.
 RULES.setdefault("*", []).insert(0, deref)
+RULES.setdefault("(", []).insert(0, device_cast)
 for _loop in ("for", "while"):
     RULES.setdefault(_loop, []).insert(0, loop_guard)
 for _space in sorted(_SPACES):
