@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 import graphviz
 
 from mtlir.ops import GroupOp, Ops
+from mtlir.metal import Obj
+from mtlir.program import CallList, MessageList
 from mtlir.render import short_arg
 from mtlir.uop import UOp
 
@@ -54,12 +56,22 @@ def _html(text: str) -> str:
     return html.escape(text, quote=True)
 
 
+_MAX_ROWS = 16  # messages of an MSGS/CALLS node shown in its label, one per row (their source positions after)
 _SELECTOR = re.compile(r"[A-Za-z_]\w*:(?:[A-Za-z_]\w*:)*")
 
 
 def _arg_rows(arg: object, width: int) -> list[str]:
     """The arg as label rows: an Objective-C selector longer than ``width`` is broken after its colons (never
-    cut, it is what a reader looks for); anything else is one row of ``short_arg``."""
+    cut, it is what a reader looks for); the messages of an MSGS/CALLS node one per row, with the source positions
+    of their arguments; a placeholder (``Obj``) by its name, as listings and --json name it;
+    anything else is one row of ``short_arg``."""
+    if isinstance(arg, (MessageList, CallList)):
+        sels = [entry[0] if isinstance(arg, MessageList) else entry[1] for entry in arg]
+        rows = [f"{sel} ({', '.join(map(str, entry[-1]))})" for sel, entry in zip(sels[:_MAX_ROWS], arg)]
+        return rows + ([f"… {len(sels) - _MAX_ROWS} more"] if len(sels) > _MAX_ROWS else [])
+    if isinstance(arg, Obj):
+        name = arg.name if arg.name.split(":")[0].split("[")[0] == arg.kind else f"{arg.kind} {arg.name}"
+        return [name if len(name) <= width else name[:width - 1] + "…"]
     if isinstance(arg, str) and len(arg) + 2 > width and _SELECTOR.fullmatch(arg):
         rows = [""]
         for piece in re.findall(r"[^:]*:", f"'{arg}"):
