@@ -132,7 +132,9 @@ class OutputSpec:
 class Trace:
     """A loaded trace. ``kernels`` by program key; ``buffers`` by id; ``variables`` by name; ``dispatches`` in
     queue order; ``arch`` the GPU family the kernels were rendered for (``Apple7``, ``Apple9``).
-    ``unused_variables``: variables no dispatch uses (as a size or a kernel argument): accepted, noted here."""
+    ``unused_variables``: variables no dispatch uses (as a size or a kernel argument); ``unused_buffers``: buffer ids
+    no dispatch binds and the output does not name. Both are accepted and noted here; unused buffers get no initial
+    data (nothing would read it)."""
 
     workload: str
     arch: str
@@ -144,6 +146,7 @@ class Trace:
     made_with: str = ""
     source: str = ""
     unused_variables: tuple[str, ...] = ()
+    unused_buffers: tuple[str, ...] = ()
     _queue_cache: dict[DeviceSpec, UOp] = field(default_factory=dict, repr=False)
 
     @property
@@ -161,8 +164,9 @@ class Trace:
         which ``runtime.link`` writes at that offset into a buffer it created zeroed, so nothing buffer-sized is
         allocated here. Buffers without recorded bytes are left out (they start as zeros) in both forms."""
         out: dict[str, Any] = {}
-        for b in self.buffers.values():
-            if b.init is None:
+        unused = set(self.unused_buffers)
+        for bid, b in self.buffers.items():
+            if b.init is None or bid in unused:
                 continue
             if not full:
                 out[b.placeholder] = (b.init_offset, b.init)
@@ -294,10 +298,12 @@ def parse_trace(data: Any, source: str = "") -> Trace:
     output = _output(r, r.get(data, "output", "", dict), buffers)
     used = {e for d in dispatches for e in (*d.grid_expr, *d.threadgroup_expr) if isinstance(e, str)}
     used |= {p.var for d in dispatches for p in kernels[d.kernel].var_params if p.var is not None}
+    bound = {a.buffer for d in dispatches for a in d.args} | {output.buffer}
     return Trace(workload=workload, arch=DeviceSpec(arch).family, kernels=kernels, buffers=buffers,
                  variables=variables, dispatches=dispatches, output=output,
                  made_with=r.get(data, "made_with", "", str, optional=True) or "", source=source,
-                 unused_variables=tuple(name for name in variables if name not in used))
+                 unused_variables=tuple(name for name in variables if name not in used),
+                 unused_buffers=tuple(bid for bid in buffers if bid not in bound))
 
 
 def _variables(r: _Reader, raw: dict[str, Any]) -> dict[str, TraceVariable]:
@@ -451,7 +457,8 @@ def _size_expr(r: _Reader, d: Any, key: str, path: str, sizes: tuple[int, int, i
     for j, (e, s) in enumerate(zip(raw, sizes)):
         r.check(e, f"{epath}[{j}]", (int, str))
         if isinstance(e, str) and e not in variables:
-            raise r.fail(f"{epath}[{j}]", f"unknown variable {e!r}")
+            raise r.fail(f"{epath}[{j}]", f"{e!r} is not a variable of the trace: an entry is an int or the name of "
+                                          f"a variable ({', '.join(map(repr, variables)) or 'there are none'})")
         if isinstance(e, str) and variables[e].min < 1:
             raise r.fail(f"{epath}[{j}]", f"variable {e!r} can be {variables[e].min}, a size below 1")
         at = variables[e].value if isinstance(e, str) else e

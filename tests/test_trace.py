@@ -121,7 +121,7 @@ CASES: list[tuple[str, Callable[[dict], None], str, str]] = [
     ("bad base64 output", _set(["output", "expected_b64"], "@@"), "output.expected_b64", "bad base64"),
     ("init past the end", _set(["buffers", "2", "size"], 16), "buffers.2.init", "run past the end"),
     ("grid_expr names an unknown variable", _set(["dispatches", 0, "grid_expr", 0], "pos"),
-     "dispatches[0].grid_expr[0]", "unknown variable 'pos'"),
+     "dispatches[0].grid_expr[0]", "'pos' is not a variable of the trace: an entry is an int or the name"),
     ("grid_expr disagrees with grid", _set(["dispatches", 0, "grid", 0], 12), "dispatches[0].grid_expr[0]",
      "'start_pos' is 11"),
     ("unknown arch", _set(["arch"], "Apple5"), "arch", "unknown GPU family"),
@@ -198,6 +198,17 @@ def test_a_variable_no_dispatch_uses_is_accepted_and_noted() -> None:
     t = parse_trace(raw)
     assert t.unused_variables == ("spare",) and t.values["spare"] == 3
     assert t.queue().src[0].op is Ops.EXEC
+
+
+def test_a_buffer_no_dispatch_binds_is_accepted_noted_and_gets_no_initial_data() -> None:
+    """Recorded bytes of a buffer nothing binds would reach link as data for a buffer the Program does not have."""
+    assert load_trace(TRACES / "symbolic_kv.apple7.json").unused_buffers == ()
+    raw = copy.deepcopy(KV)
+    raw["buffers"]["9"] = {"size": 64, "init": {"offset": 0, "b64": "AAAA"}}
+    t = parse_trace(raw)
+    assert t.unused_buffers == ("9",)
+    assert "buffer:9" not in t.initial_data() and "buffer:9" not in t.initial_data(full=False)
+    assert "buffer:1" in t.initial_data()
 
 
 def test_big_buffers_are_not_materialized() -> None:
