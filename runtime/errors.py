@@ -129,14 +129,15 @@ class KernelAccessError(RuntimeError):
     ``element`` that offset in elements of the parameter's type (None when the element size is unknown),
     ``size`` the bytes accessed, ``buffer_bytes`` the MTLBuffer's length and ``view_offset`` where the view
     starts in it. Metal reports such an access as a GPU fault (PageFault) or, within the allocation's pages, not
-    at all."""
+    at all. ``memory`` is ``buffer``, or ``threadgroup``/``thread`` for an access past one of the kernel's own
+    fixed-size arrays (then ``param`` names the array, ``index`` is -1 and ``offset`` counts from its start)."""
 
     def __init__(self, message: str, *, function: str, param: str, index: int, write: bool, offset: int,
-                 element: int | None, size: int, buffer_bytes: int, view_offset: int) -> None:
+                 element: int | None, size: int, buffer_bytes: int, view_offset: int, memory: str = "buffer") -> None:
         super().__init__(message)
         self.function, self.param, self.index, self.write = function, param, index, write
         self.offset, self.element, self.size = offset, element, size
-        self.buffer_bytes, self.view_offset = buffer_bytes, view_offset
+        self.buffer_bytes, self.view_offset, self.memory = buffer_bytes, view_offset, memory
 
 
 class LinkError(RuntimeError):

@@ -386,3 +386,50 @@ def test_after_a_fault_loops_stop_so_a_runaway_kernel_ends(runner: KernelRunner)
     e = oob(runner, "for (int j = 0; j < 100000000; j++) *(data0_1 + j) = 1.0f;", {0: (a, 0), 1: (b, 0)},
             grid=(4, 1, 1), threadgroup=(256, 1, 1))
     assert e.param == "data0_1" and e.write
+
+
+def test_threadgroup_and_thread_arrays_are_checked_too(runner: KernelRunner) -> None:
+    """tinygrad's kernels keep partial sums in `float buf0[1]` and `threadgroup float buf1[16]`: an index gone wrong
+    there reached the stack or PoCL's local memory (a crash) as surely as one past a buffer."""
+    msl = HEAD + """kernel void k(device float* out, constant int& j, uint l [[thread_position_in_threadgroup]]) {
+      float acc[4];
+      threadgroup float part[16];
+      part[l] = (float)l;
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      acc[0] = *(part + (j & 15));
+      out[l] = acc[0] + part[j >> 4];
+    }"""
+    kernel = runner.compile(msl, "k")
+    out, var = np.zeros(64, np.uint8), np.zeros(4, np.uint8)
+    put(var, 0, np.int32([3]))
+    kernel.run({0: (out, 0), 1: (var, 0)}, (1, 1, 1), (16, 1, 1))
+    np.testing.assert_array_equal(f32(out, 0, 16), np.full(16, 3.0))
+    put(var, 0, np.int32([16 * 100000000]))
+    with pytest.raises(KernelAccessError) as info:
+        kernel.run({0: (out, 0), 1: (var, 0)}, (1, 1, 1), (16, 1, 1))
+    e = info.value
+    assert (e.memory, e.param, e.index, e.write, e.element) == ("threadgroup", "part", -1, False, 100000000)
+    assert "kernel 'k' read 4 bytes out of bounds of its threadgroup array 'part' at element 100000000" in str(e)
+    private = HEAD + """kernel void k(device float* out, constant int& j, uint l [[thread_position_in_grid]]) {
+      float acc[4];
+      for (int k = 0; k < 4; k++) acc[k] = (float)k;
+      acc[j] = 1.0f;
+      out[l] = acc[3];
+    }"""
+    put(var, 0, np.int32([-100000000]))
+    with pytest.raises(KernelAccessError) as info:
+        runner.compile(private, "k").run({0: (out, 0), 1: (var, 0)}, (1, 1, 1), (1, 1, 1))
+    assert (info.value.memory, info.value.param, info.value.write, info.value.element) == ("thread", "acc", True,
+                                                                                             -100000000)
+
+
+def test_more_threadgroup_memory_than_metal_gives_is_a_compile_error(runner: KernelRunner) -> None:
+    """PoCL aborts the whole process when a kernel's __local arrays exceed its limit; Metal refuses the pipeline."""
+    msl = HEAD + """kernel void k(device float* out, uint l [[thread_position_in_threadgroup]]) {
+      threadgroup float big[16384];
+      big[l] = 1.0f;
+      out[l] = big[l];
+    }"""
+    with pytest.raises(KernelCompileError, match=r"kernel 'k' declares 65536 bytes of threadgroup memory, more than "
+                                                 r"the 32768 bytes Metal gives a threadgroup"):
+        runner.compile(msl, "k")

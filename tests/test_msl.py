@@ -485,24 +485,30 @@ def test_malformed_msl_is_a_compile_error() -> None:
 
 # --- bounds checks (msl_guard): every access through a buffer pointer is checked; what cannot be followed is refused
 
-def test_each_access_form_is_checked_and_private_and_threadgroup_ones_are_not() -> None:
+def test_each_access_form_is_checked() -> None:
     msl = """kernel void k(device float* a, device const float* b, uint i [[thread_position_in_grid]]) {
       float buf0[2];
       threadgroup float t[4];
       *(buf0+0) = b[i];
       t[i] = *(b + i);
       *((device float2*)(a + 2 * i)) = *((device const float2*)((b + i)));
-      a[i] += buf0[0] + t[0];
+      a[i] += buf0[0] + t[0] + buf0[i];
     }"""
     src = translate(HEAD + msl).source
+    # b[i]: a read of binding 1 (code 2 * 1 + 1); a private array's constant element in bounds stays as it was
     assert "*(buf0+0) = (*({ __auto_type __mtl_a0 = (b + (i)); __MTL_CHK(__mtl_a0, __mtl_s_b, __mtl_n_b, 3u); }));" \
-        in src  # b[i]: a read of binding 1 (code 2 * 1 + 1); the private array as it was
-    assert "t[i] = (*({ __auto_type __mtl_a1 = ((b + i)); __MTL_CHK(__mtl_a1, __mtl_s_b, __mtl_n_b, 3u); }));" in src
-    assert ("(*({ __auto_type __mtl_a2 = (((__global __mtl_float2_u*)(a + 2 * i))); __MTL_CHK(__mtl_a2, __mtl_s_a, "
-            "__mtl_n_a, 2u); })) = ") in src  # a store through a vector cast: code 2 * 0 + 2
-    assert "(*({ __auto_type __mtl_a4 = (a + (i)); __MTL_CHK(__mtl_a4, __mtl_s_a, __mtl_n_a, 2u); })) += buf0[0] + t[0];" \
         in src
+    # a threadgroup array: checked against its own bytes, code 2 * (2 bindings + array 1) + 2 for a write
+    assert ("(*({ __auto_type __mtl_a1 = (t + (i)); __MTL_CHK_L(__mtl_a1, (ulong)t, sizeof(t), 8u); })) = "
+            "(*({ __auto_type __mtl_a2 = ((b + i)); __MTL_CHK(__mtl_a2, __mtl_s_b, __mtl_n_b, 3u); }));") in src
+    assert ("(*({ __auto_type __mtl_a3 = (((__global __mtl_float2_u*)(a + 2 * i))); __MTL_CHK(__mtl_a3, __mtl_s_a, "
+            "__mtl_n_a, 2u); })) = ") in src  # a store through a vector cast: code 2 * 0 + 2
+    assert ("+= buf0[0] + t[0] + (*({ __auto_type __mtl_a6 = (buf0 + (i)); __MTL_CHK_P(__mtl_a6, (ulong)buf0, "
+            "sizeof(buf0), 5u); }));") in src  # a private array at a run-time index: checked
     assert "const ulong __mtl_s_a = (ulong)a_base - __mtl_args[1], __mtl_n_a = __mtl_args[2];" in src
+    assert "__local uchar __mtl_lscratch[256]" in src and "uchar __mtl_pscratch[256]" in src
+    arrays = translate(HEAD + msl).kernels["k"].arrays
+    assert [(x.name, x.memory, x.elem) for x in arrays] == [("buf0", "thread", 4), ("t", "threadgroup", 4)]
 
 
 def test_a_guarded_load_in_a_ternary_is_only_checked_when_taken(runner: KernelRunner) -> None:

@@ -334,13 +334,25 @@ def _access_error(ck: CompiledKernel, views: tuple[View, ...], bindings: dict[in
     offset_in_buffer = int(words[2]) | int(words[3]) << 32
     if offset_in_buffer >= 1 << 63:
         offset_in_buffer -= 1 << 64
+    verb = "wrote" if write else "read"
+    if position >= len(ck.info.bindings):  # one of the kernel's threadgroup or thread arrays
+        array = ck.info.arrays[position - len(ck.info.bindings)]
+        element = offset_in_buffer // array.elem if array.elem else None
+        at = (f"element {element} (byte offset {offset_in_buffer})" if element is not None
+              else f"byte offset {offset_in_buffer}")
+        message = (f"kernel {ck.function!r} {verb} {size} bytes out of bounds of its {array.memory} array "
+                   f"{array.name!r} at {at}: the simulated device skipped the access (on Metal: undefined, "
+                   f"another thread's or threadgroup's memory, or a GPU fault)")
+        return KernelAccessError(message, function=ck.function, param=array.name, index=-1, write=write,
+                                 offset=offset_in_buffer, element=element, size=size, buffer_bytes=0,
+                                 view_offset=0, memory=array.memory)
     b: ParamBinding = ck.info.bindings[position]
     view = views[position]
     storage = bindings[b.arg.index][0]
     offset = offset_in_buffer - view.offset
     element = offset // b.elem if b.elem else None
     at = f"element {element} (byte offset {offset})" if element is not None else f"byte offset {offset}"
-    message = (f"kernel {ck.function!r} {'wrote' if write else 'read'} {size} bytes out of bounds through parameter "
+    message = (f"kernel {ck.function!r} {verb} {size} bytes out of bounds through parameter "
                f"{b.arg.name!r} (buffer index {b.arg.index}) at {at} of its view at offset {view.offset} of a "
                f"{storage.nbytes}-byte buffer: the simulated device skipped the access (on Metal: a GPU address "
                "fault, or a silent access within the allocation's pages)")

@@ -35,12 +35,15 @@ from mtlir.runtime.sim.msl_guard import ARGS_PARAM, FAULT_PARAM, Bound, Guard, g
 from mtlir.runtime.sim.msl_prelude import Prelude
 from mtlir.runtime.sim.msl_rules import Ctx, at, group_end, need_half, refuse, rewrite, tok
 
-__all__ = ["KernelArg", "ParamBinding", "KernelInfo", "Translation", "translate", "kernel_functions", "MslSyntaxError",
+__all__ = ["KernelArg", "ParamBinding", "KernelInfo", "LocalArray", "Translation", "translate", "kernel_functions", "MslSyntaxError",
            "ARGS_PARAM", "FAULT_PARAM"]
 
 _PARAM_QUALIFIERS = frozenset({"device", "constant", "threadgroup", "thread", "const", "volatile", "restrict",
                                "__restrict", "__restrict__", "struct"})
 MAX_BUFFER_INDEX = 30  # [[buffer(n)]]: n in 0..30 (MSL spec §5.2.1; Metal binds at most 31 buffers)
+# maxThreadgroupMemoryLength of every Apple GPU family (Metal feature set tables): 32 KiB. PoCL offers more (2 MiB
+# here) and aborts the whole process when a kernel's __local arrays exceed its own limit.
+MAX_THREADGROUP_MEMORY = 32768
 
 
 @dataclass(frozen=True)
@@ -77,18 +80,31 @@ class ParamBinding:
 
 
 @dataclass(frozen=True)
+class LocalArray:
+    """A fixed-size array a kernel declares (``threadgroup float buf1[16];``, ``float buf0[4];``), whose accesses
+    are bounds-checked like a buffer's: its ``name``, ``memory`` (``threadgroup`` or ``thread``) and ``elem``:
+    bytes per element (0 when unknown: a struct)."""
+
+    name: str
+    memory: str
+    elem: int
+
+
+@dataclass(frozen=True)
 class KernelInfo:
     """One kernel function of the translated source: its bound parameters (``bindings``, in MSL order; the
     OpenCL parameters are each binding's base, then the argument block ``__mtl_args`` (three ulongs per binding:
     ``ParamBinding``) and the fault buffer ``__mtl_fault`` (``msl_guard``)), whether it uses barriers or
     threadgroup memory (then OpenCL's work-group must be exactly Metal's threadgroup), and the
-    ``[[max_total_threads_per_threadgroup(n)]]`` it declares (``None`` if none)."""
+    ``[[max_total_threads_per_threadgroup(n)]]`` it declares (``None`` if none), and the fixed-size threadgroup
+    and thread arrays whose accesses are checked (``arrays``: their fault codes follow the bindings')."""
 
     function: str
     bindings: tuple[ParamBinding, ...]
     uses_barrier: bool
     threadgroup_vars: tuple[str, ...]
     max_total_threads_per_threadgroup: int | None = None
+    arrays: tuple[LocalArray, ...] = ()
 
     @property
     def args(self) -> tuple[KernelArg, ...]:
@@ -364,14 +380,30 @@ def _translate_kernel(ts: list[Token], start: int, end: int, ctx: Ctx) -> tuple[
         prologue += lines
     cl_params += [f"__global const ulong* {ARGS_PARAM}", f"__global uint* {FAULT_PARAM}"]
     ctx.scope, ctx.depth, ctx.uses_barrier, ctx.threadgroup_vars = "kernel", 1, False, []
+    guard = ctx.guard
+    if guard is not None:
+        guard.first_array_code = len(bindings)
     try:
         body = rewrite(ts, ctx, close + 2, end - 1)
     finally:
         ctx.guard = None
+    arrays: tuple[LocalArray, ...] = ()
+    if guard is not None:
+        arrays = tuple(LocalArray(n, "threadgroup" if sp == "local" else "thread",
+                                  _value_size(t) if t in SCALARS or t in VECTORS else 0) for n, sp, t in guard.arrays)
+        shared = sum(a.elem * guard.counts.get(a.name, 0) for a in arrays if a.memory == "threadgroup")
+        if shared > MAX_THREADGROUP_MEMORY:
+            raise KernelCompileError(f"MSL {ts[i + 2].where()}: kernel {name!r} declares {shared} bytes of threadgroup "
+                                     f"memory, more than the {MAX_THREADGROUP_MEMORY} bytes Metal gives a threadgroup "
+                                     "(maxThreadgroupMemoryLength): Metal refuses such a pipeline")
+        if "local" in guard.scratch:  # where a skipped access to a threadgroup / thread array lands
+            prologue.append("__local uchar __mtl_lscratch[256] __attribute__((aligned(16)));")
+        if "private" in guard.scratch:
+            prologue.append("uchar __mtl_pscratch[256] __attribute__((aligned(16)));")
     head = f"__kernel void {name}({', '.join(cl_params)}) {{"
     text = "".join(f"\n  {line}" for line in prologue)
     toks = [tok(head + text, RAW, ts[start].space), *body, ts[end - 1]]
-    info = KernelInfo(name, tuple(bindings), ctx.uses_barrier, tuple(ctx.threadgroup_vars), max_threads)
+    info = KernelInfo(name, tuple(bindings), ctx.uses_barrier, tuple(ctx.threadgroup_vars), max_threads, arrays)
     return info, toks
 
 

@@ -61,6 +61,7 @@ class Bound:
     start: str
     length: str
     code: str
+    space: str = "global"  # "global" (a buffer), "local" (a threadgroup array), "private" (a thread array)
 
 
 @dataclass
@@ -69,12 +70,18 @@ class Guard:
     yet assigned from a buffer), the tokens of tracked names that may stand as plain pointer values because an
     enclosing rule accounted for them (``allowed``: id -> token, the token kept alive so its id stays unique), and
     a counter for the names of the generated temporaries; ``fault``: the function has the fault record parameter
-    (a kernel, a helper taking buffer pointers)."""
+    (a kernel, a helper taking buffer pointers). A kernel's fixed-size threadgroup and thread arrays are tracked
+    too (``arrays``, in declaration order: their fault codes follow the bindings', from ``first_array_code``);
+    ``scratch`` says which spaces' scratch areas their checks need."""
 
     ptrs: dict[str, Bound | None] = field(default_factory=dict)
     allowed: dict[int, Token] = field(default_factory=dict)
     counter: int = 0
     fault: bool = True
+    arrays: list[tuple[str, str, str]] = field(default_factory=list)  # (MSL name, space, element type)
+    counts: dict[str, int] = field(default_factory=dict)  # array name -> its element count, when a literal
+    first_array_code: int = 0  # fault codes of arrays follow the kernel's bindings
+    scratch: set[str] = field(default_factory=set)  # spaces whose scratch area the kernel must declare
 
     def allow(self, tokens: list[Token]) -> None:
         """Let these tracked-name tokens pass as plain pointer values."""
@@ -251,9 +258,60 @@ def guarded_access(pointer: list[Token], bound: Bound, write: bool, ctx: Ctx) ->
     a = f"__mtl_a{n}"
     code = (f"{2 * int(bound.code) + 1 + int(write)}u" if bound.code.isdigit()
             else f"{bound.code} * 2u + {int(write) + 1}u")
+    macro = {"global": "__MTL_CHK", "local": "__MTL_CHK_L", "private": "__MTL_CHK_P"}[bound.space]
+    if bound.space != "global":
+        ctx.guard.scratch.add(bound.space)
     head = tok(f"(*({{ __auto_type {a} = (", RAW)
-    tail = tok(f"); __MTL_CHK({a}, {bound.start}, {bound.length}, {code}); }}))", RAW)
+    tail = tok(f"); {macro}({a}, {bound.start}, {bound.length}, {code}); }}))", RAW)
     return [head, *pointer, tail]
+
+
+def _array_declaration(ts: list[Token], i: int, ctx: Ctx) -> None:
+    """``float buf0[16];`` / ``threadgroup float buf1[16];`` (a type at ``i``, then a name and one ``[size]``
+    followed by ``;`` or ``=``) in a kernel: the array becomes a tracked name bounded by its own bytes."""
+    g = ctx.guard
+    assert g is not None
+    name = at(ts, i + 1)
+    close = group_end(ts, i + 2)
+    if at(ts, close + 1).text not in (";", "=") or ctx.scope != "kernel" or not g.fault:
+        return
+    k = i - 1
+    while k >= 0 and not (ts[k].kind == PUNCT and ts[k].text in (";", "{", "}")):
+        k -= 1
+    space = "local" if any(t.kind == ID and t.text == "threadgroup" for t in ts[k + 1:i]) else "private"
+    cl = cl_name(name.text)
+    g.ptrs[name.text] = Bound(f"(ulong){cl}", f"sizeof({cl})", str(g.first_array_code + len(g.arrays)), space)
+    g.arrays.append((name.text, space, ts[i].text))
+    if close == i + 4 and ts[i + 3].kind == NUM and _literal(ts[i + 3].text) is not None:
+        g.counts[name.text] = _literal(ts[i + 3].text)  # type: ignore[assignment]
+    g.allow([name])
+
+
+def _literal(text: str) -> int | None:
+    """The value of a decimal or hex integer literal (``16``, ``0x10``, ``4u``); None for anything else."""
+    try:
+        return int(text.rstrip("uUlL"), 0)
+    except ValueError:
+        return None
+
+
+def _constant_element(ts: list[Token], a: int, b: int, ctx: Ctx) -> bool:
+    """True when ``ts[a:b]`` is ``name``, ``name + K`` or ``name[K]`` (parenthesised or not) for an array of a
+    literal size and a literal ``K`` inside it: an access the translator checks itself (tinygrad's private
+    accumulators ``*(buf0+0)``), so the kernel keeps it plain and the compiler keeps the array in registers."""
+    assert ctx.guard is not None
+    while b - a >= 2 and ts[a].text == "(" and group_end(ts, a) == b - 1:
+        a, b = a + 1, b - 1
+    texts = [t.text for t in ts[a:b]]
+    count = ctx.guard.counts.get(texts[0]) if texts else None
+    if count is None:
+        return False
+    if len(texts) == 1:
+        return True
+    if len(texts) == 3 and texts[1] == "+" or len(texts) == 4 and texts[1] == "[" and texts[3] == "]":
+        k = _literal(texts[2])
+        return k is not None and 0 <= k < count
+    return False
 
 
 # --- the rules (msl_rules.rewrite calls guard_name for identifiers when a Guard is active) ---
@@ -273,6 +331,8 @@ def deref(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
         return None
     bound = _bound_of(ts, names, ctx, ts[i], "this dereference")
     ctx.guard.allow([ts[j] for j in names])
+    if bound.space != "global" and _constant_element(ts, i + 1, end, ctx):
+        return None  # in bounds by the translator's own check: the tokens pass as they are
     pointer = rewrite(ts, ctx, i + 1, end)
     return end - i, guarded_access(pointer, bound, _is_write(ts, i, end), ctx)
 
@@ -289,6 +349,10 @@ def guard_name(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     nxt = at(ts, i + 1).text
     if name in ctx.helpers and nxt == "(" and not _member(ts, i):
         return _helper_call(ts, i, ctx)
+    if ((name in SCALARS or name in VECTORS or name in ctx.type_names) and at(ts, i + 1).kind == ID
+            and at(ts, i + 2).text == "["):
+        _array_declaration(ts, i, ctx)
+        return None
     if name not in g.ptrs or _member(ts, i):
         return None
     out = tok(cl_name(name), ID)
@@ -299,6 +363,8 @@ def guard_name(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
         if bound is None:
             refuse(t, name, f"the pointer variable `{name}` is used before it is initialised or assigned from a "
                             f"buffer, so its accesses cannot be bounds-checked ({_HOW})")
+        if nxt == "[" and bound.space != "global" and _constant_element(ts, i, group_end(ts, i + 1) + 1, ctx):
+            return 1, [out]  # name[K] within a literal-size array: checked here, the tokens pass as they are
         if nxt == "[":
             close = group_end(ts, i + 1)
             index = rewrite(ts, ctx, i + 2, close)
@@ -321,6 +387,8 @@ def guard_name(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
         return 1, [out]
     if nxt in ("+=", "-=", "++", "--") or (i > 0 and ts[i - 1].text in ("++", "--")):
         return 1, [out]
+    if bound is not None and bound.space != "global":
+        return 1, [out]  # a threadgroup or thread array as a pointer (passed on, ...): its accesses are not checked
     refuse(t, name, f"the simulated device bounds-checks every access to a buffer and cannot follow this use of the "
                     f"buffer pointer `{name}` ({_HOW})")
 
