@@ -14,7 +14,8 @@ from mtlir.runtime.link import Linked, link
 from mtlir.runtime.session import Session, Submission
 
 __all__ = ["Bridge", "HostMemory", "Message", "RecordingBridge", "BridgeError", "GPUExecutionError",
-           "KernelCompileError", "KernelBuildError", "KernelAccessError", "LinkError", "MetalValidationError", "UnsupportedKernelError",
+           "KernelCompileError", "KernelBuildError", "KernelAccessError", "LinkError", "MetalValidationError",
+           "UnsupportedKernelError",
            "EXECUTORS",
            "CompiledReplay", "Executor", "Interpreter", "ProgramError", "make_executor", "prepare_registers",
            "Linked", "link", "Session", "Submission"]

@@ -192,7 +192,8 @@ def test_compile_errors(runner: KernelRunner, capfd: pytest.CaptureFixture[str])
     assert isinstance(err, KernelCompileError) and err.kernels == ("k",) and "undefined_name" in err.log
     assert "\n" not in err.summary and "may be invalid or use something the translator does not handle" in \
         err.summary and "could not build the OpenCL translation of kernel(s) k" in err.summary
-    assert [text for _, _, text in err.errors] == ["expected expression", "use of undeclared identifier 'undefined_name'"]
+    assert [text for _, _, text in err.errors] == ["expected expression",
+                                                   "use of undeclared identifier 'undefined_name'"]
     lines = str(err).splitlines()  # a short first line, the first errors with their line of the translation
     assert lines[0] == err.summary and "(and 1 more error)" in lines[0] and "tempfile" not in str(err)
     line, col, _ = err.errors[0]

@@ -224,7 +224,8 @@ def test_a_kernel_that_does_not_end_delays_neither_the_error_nor_close(monkeypat
     from mtlir.runtime.sim import PyKernel, PyKernelArg, PyKernelRunner, SimDevice
 
     release = threading.Event()
-    params = (PyKernelArg("out", "buffer", 0), PyKernelArg("inp", "buffer", 1), PyKernelArg("n", "constant", 2, "int32"))
+    params = (PyKernelArg("out", "buffer", 0), PyKernelArg("inp", "buffer", 1),
+              PyKernelArg("n", "constant", 2, "int32"))
     runner = PyKernelRunner([PyKernel("add1", params, lambda a, g, t: release.wait(60))])
     dev = SimDevice("x86_64", family="Apple7", kernel_runner=runner)
     waits: list[float | None] = []

@@ -31,11 +31,13 @@ from mtlir.runtime.errors import KernelCompileError
 from mtlir.runtime.sim.msl_lex import ID, NUM, PP, PUNCT, RAW, MslSyntaxError, Token, render, tokenize
 from mtlir.runtime.sim.msl_names import (POSITIONS, POSITIONS_LINEAR, SCALARS, TEMPLATES, VECTORS, cl_name,
                                           dtype_name, refused_construct, scalar_size)
-from mtlir.runtime.sim.msl_guard import ARGS_PARAM, FAULT_PARAM, Bound, Guard, guard_name, guarded_access, helper_bound_params
+from mtlir.runtime.sim.msl_guard import (ARGS_PARAM, FAULT_PARAM, Bound, Guard, guard_name, guarded_access,
+                                         helper_bound_params)
 from mtlir.runtime.sim.msl_prelude import Prelude
 from mtlir.runtime.sim.msl_rules import Ctx, at, group_end, need_half, refuse, rewrite, tok
 
-__all__ = ["KernelArg", "ParamBinding", "KernelInfo", "LocalArray", "Translation", "translate", "kernel_functions", "MslSyntaxError",
+__all__ = ["KernelArg", "ParamBinding", "KernelInfo", "LocalArray", "Translation", "translate", "kernel_functions",
+           "MslSyntaxError",
            "ARGS_PARAM", "FAULT_PARAM"]
 
 _PARAM_QUALIFIERS = frozenset({"device", "constant", "threadgroup", "thread", "const", "volatile", "restrict",
@@ -124,11 +126,13 @@ def translate(msl: str, fp16: bool = False, *, bounds_checks: bool = True) -> Tr
     """Translate the MSL library ``msl`` (every function in it, as Metal compiles a library whole) to OpenCL C.
 
     ``fp16``: the OpenCL device has cl_khr_fp16 (else ``half`` is refused). ``bounds_checks``: every access
-    through a buffer pointer is checked against its MTLBuffer (``msl_guard``; the kernel runner always translates
-    with them); False gives the same kernels without the checks, for reading a translation only. Raises ``UnsupportedKernelError``
-    (``.construct`` names the first construct it cannot translate, with its line and column in the message),
-    ``MslSyntaxError`` (a ``KernelCompileError``) for source that is not MSL at the token level, and
-    ``KernelCompileError`` for a kernel signature Metal would reject (duplicate or out-of-range buffer index)."""
+    through a buffer pointer, and to a kernel's own fixed-size arrays, is checked against its memory
+    (``msl_guard``; the kernel runner always translates with them); False gives the same kernels without the
+    checks, for reading a translation only. Raises ``UnsupportedKernelError`` (``.construct`` names the first
+    construct it cannot translate, with its line and column in the message; also a buffer pointer the checks
+    cannot follow), ``MslSyntaxError`` (a ``KernelCompileError``) for source that is not MSL at the token level, and
+    ``KernelCompileError`` for a kernel signature Metal would reject (duplicate or out-of-range buffer index) or
+    more than 32 KiB of threadgroup arrays."""
     ts = tokenize(msl)
     _refuse_unsupported(ts)
     prelude = Prelude(fp16=fp16)

@@ -25,8 +25,14 @@ What the translator cannot follow it refuses with ``UnsupportedKernelError`` nam
 unchecked: a buffer pointer used in any other way (compared, converted to an integer, passed to a macro, stored
 in a variable that is not a ``device``/``constant`` pointer), a dereference whose pointer mixes two buffers or
 comes from no buffer at all (``*((device float*)(x))``), a pointer variable used before it is assigned from a
-buffer, ``device`` pointers in structs or function prototypes, a top-level ``#define`` naming a buffer parameter.
-Helper functions with ``device T*`` parameters get the bounds as hidden extra parameters, passed at each call.
+buffer, a cast of an integer to a ``device`` pointer, a function returning one, ``device`` pointers in structs or
+prototypes, a top-level ``#define`` naming a buffer parameter. Helper functions with ``device T*`` parameters get
+the bounds as hidden extra parameters, passed at each call.
+
+A kernel's own fixed-size arrays (``float buf0[16];``, ``threadgroup float buf1[16];``) are tracked the same way,
+bounded by their own bytes (``__MTL_CHK_L``/``__MTL_CHK_P`` with scratch areas of their address space); an
+element the translator can check itself (``*(buf0+0)``) stays plain. Once an access has been skipped, every loop
+without a barrier also ends (``loop_guard``), so a runaway loop does not keep the dispatch busy.
 """
 from __future__ import annotations
 
