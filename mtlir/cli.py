@@ -183,6 +183,8 @@ def _lower(args: argparse.Namespace, log: TextIO, target: str, caps: Any = None)
                           log=log, keep_stages=args.viz is not None)
     for d in lowered.diagnostics:
         print(f"mtlir: note: {d}", file=log)
+    for bid in getattr(trace, "unused_buffers", ()):
+        print(f"mtlir: note: the trace's buffer {bid} is bound by no dispatch: it is not created", file=log)
     if args.viz is not None:
         _write_pictures(lowered.stages, args.viz, log)
     return trace, lowered

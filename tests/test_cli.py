@@ -523,6 +523,10 @@ def test_a_trace_variable_no_dispatch_uses_is_a_note_not_an_internal_error(tmp_p
     assert "mtlir: note: the trace's variable 'start_pos' is used by no dispatch: it is not bound" in log
     code, out, log = mtlir("lower", path, "--json")
     assert code == 0 and one_json(out)["count"] > 0
+    path = _bad_trace(tmp_path, lambda d: d["buffers"].__setitem__("77", {"size": 64, "init": None}))
+    code, out, log = mtlir("run", path, "--device", "sim", "--json")
+    assert code == 0 and one_json(out)["match"] is True
+    assert "mtlir: note: the trace's buffer 77 is bound by no dispatch: it is not created" in log
 
 
 def test_a_binary_trace_file_is_bad_input_naming_the_file(tmp_path: Path) -> None:
