@@ -40,9 +40,10 @@ class Ctx:
 
     Bounds checks (``msl_guard``, when ``checks``): ``guard`` holds the buffer pointers and arrays of the function
     being translated (None outside functions), ``name_rule`` is the rule ``rewrite`` tries first on every
-    identifier while a guard is active, ``helpers`` maps each helper function taking buffer pointers to the positions of those parameters,
-    ``type_names`` are the struct names (for telling casts from parenthesised expressions) and ``buffer_names``
-    the buffer parameter names of every kernel (a top-level macro naming one is refused)."""
+    identifier while a guard is active, ``helpers`` maps each helper function taking buffer pointers to the
+    positions of those parameters, ``type_names`` are the struct names (for telling casts from parenthesised
+    expressions) and ``buffer_names`` the buffer parameter names of every kernel (a top-level macro naming one is
+    refused)."""
 
     prelude: Prelude
     callables: set[str] = field(default_factory=set)
