@@ -749,7 +749,8 @@ def test_rule16_icb_pipeline_not_bound_first(scenes: list[Scene], strict: bool, 
     icb, out, var = fill_icb(s)
     s.residency(out, var)
     if strict:
-        with pytest.raises(MetalValidationError, match=rf"not bound on this encoder with setComputePipelineState: "
+        with pytest.raises(MetalValidationError, match=rf"used by ICB command 0 but was not bound on this encoder with "
+                                                       rf"setComputePipelineState: "
                                                        rf"first \({family} faults.*rule 16"):
             s.submit_icb(icb, 0, 1)
     else:

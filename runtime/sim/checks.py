@@ -65,7 +65,7 @@ class RangeInfo:
     them, that bind a common buffer: rule 9 candidates)."""
 
     buffers: dict[Buffer, tuple[int, int]] = field(default_factory=dict)
-    pipelines: set[Pipeline] = field(default_factory=set)
+    pipelines: dict[Pipeline, int] = field(default_factory=dict)  # pipeline -> first command using it, in order
     problems: list[tuple[int, str]] = field(default_factory=list)
     shared_groups: list[list[int]] = field(default_factory=list)
 
@@ -112,7 +112,7 @@ def analyze_range(dev: SimDevice, icb: ICB, first: int, count: int) -> RangeInfo
         if slot is None or slot.grid is None:
             continue
         if slot.pipeline is not None:
-            info.pipelines.add(slot.pipeline)
+            info.pipelines.setdefault(slot.pipeline, i)
         info.problems += slot_problems(dev, icb, i)
         for buf, off in slot.bindings.values():
             lo = info.buffers.get(buf)
@@ -150,9 +150,9 @@ def check_execute(dev: SimDevice, enc: Encoder, icb: ICB, first: int, count: int
         rule, message = info.problems[0]
         raise violation(rule, call, message)
     if dev.spec.needs_warmup:
-        for p in info.pipelines:
+        for p, i in info.pipelines.items():  # the first offending command, whatever the hashes of the pipelines
             if p not in enc.bound_pipelines:
-                raise violation(16, call, f"{p.describe()} is used by an ICB command but was not bound on this "
+                raise violation(16, call, f"{p.describe()} is used by ICB command {i} but was not bound on this "
                                           f"encoder with setComputePipelineState: first ({dev.spec.family} faults "
                                           "with InvalidResource)")
 
