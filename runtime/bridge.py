@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import mmap
 import struct
 import time
 from typing import Any, Protocol, runtime_checkable
@@ -79,23 +80,36 @@ class Bridge(Protocol):
 
 
 class HostMemory:
-    """Host memory of a fake device: one growing arena of bytes at addresses from ``BASE`` (above 2**32, so a
-    value cut to 32 bits is caught). Allocations are 16-byte aligned and never reused; ``free`` only checks.
+    """Host memory of a fake device: blocks of bytes at increasing addresses from ``BASE`` (above 2**32, so a value
+    cut to 32 bits is caught). Allocations are 16-byte aligned and never reused; ``free`` only checks. A block of
+    ``BIG`` bytes or more is an anonymous memory map, whose pages the OS only provides when they are touched: a
+    trace's 4 GiB buffer costs no memory until something writes it.
 
-    Raises ``BridgeError`` for an access outside the arena or a ``free`` of an address ``malloc`` did not give."""
+    Raises ``BridgeError`` for an access outside one allocation or a ``free`` of an address ``malloc`` did not give,
+    ``MemoryError`` when the memory cannot be had."""
 
     BASE = 0x20_0000_0000
+    BIG = 1 << 20
 
     def __init__(self) -> None:
-        self.mem = bytearray()
+        self.starts: list[int] = []                       # block addresses, increasing
+        self.blocks: list[bytearray | mmap.mmap] = []
+        self.next = self.BASE
         self.live: dict[int, int] = {}
 
     def malloc(self, nbytes: int) -> int:
         """``nbytes`` zeroed bytes, 16-byte aligned, at a fresh address; ``BridgeError`` for a negative size."""
         if nbytes < 0:
             raise BridgeError(f"malloc of a negative size ({nbytes} bytes)")
-        addr = self.BASE + len(self.mem)
-        self.mem.extend(bytes((max(nbytes, 1) + 15) & ~15))
+        size = (max(nbytes, 1) + 15) & ~15
+        try:
+            block: bytearray | mmap.mmap = mmap.mmap(-1, size) if size >= self.BIG else bytearray(size)
+        except (OSError, OverflowError) as e:  # the OS refused the map: out of memory, as for a bytearray
+            raise MemoryError(f"malloc of {nbytes} bytes: {e}") from None
+        addr = self.next
+        self.starts.append(addr)
+        self.blocks.append(block)
+        self.next = addr + size
         self.live[addr] = nbytes
         return addr
 
@@ -105,45 +119,48 @@ class HostMemory:
         if self.live.pop(addr, None) is None:
             raise BridgeError(f"free of 0x{addr:x}: not an address malloc returned (or freed twice)")
 
-    def _off(self, addr: int, nbytes: int) -> int:
-        off = addr - self.BASE
-        if off < 0 or off + nbytes > len(self.mem):
-            raise BridgeError(f"host access of {nbytes} bytes at 0x{addr:x} is outside host memory")
-        return off
+    def _at(self, addr: int, nbytes: int) -> tuple[bytearray | mmap.mmap, int]:
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i >= 0:
+            block, off = self.blocks[i], addr - self.starts[i]
+            if off + nbytes <= len(block):
+                return block, off
+        raise BridgeError(f"host access of {nbytes} bytes at 0x{addr:x} is outside host memory")
 
     def read(self, addr: int, nbytes: int) -> bytes:
-        """``nbytes`` bytes at ``addr``; ``BridgeError`` outside the arena."""
-        off = self._off(addr, nbytes)
-        return bytes(self.mem[off:off + nbytes])
+        """``nbytes`` bytes at ``addr``; ``BridgeError`` outside an allocation."""
+        block, off = self._at(addr, nbytes)
+        return bytes(block[off:off + nbytes])
 
     def write(self, addr: int, data: bytes) -> None:
-        """Copy ``data`` to ``addr``; ``BridgeError`` outside the arena."""
-        off = self._off(addr, len(data))
-        self.mem[off:off + len(data)] = data
+        """Copy ``data`` to ``addr``; ``BridgeError`` outside an allocation."""
+        block, off = self._at(addr, len(data))
+        block[off:off + len(data)] = data
 
     def load(self, addr: int, dtype: DType) -> Any:
         """One ``dtype`` value at ``addr`` (a struct dtype loads as a tuple)."""
-        v = struct.unpack_from("<" + dtype.fmt, self.mem, self._off(addr, dtype.itemsize))
+        block, off = self._at(addr, dtype.itemsize)
+        v = struct.unpack_from("<" + dtype.fmt, block, off)
         return v[0] if len(v) == 1 else v
 
     def store(self, addr: int, dtype: DType, value: Any) -> None:
         """Write one ``dtype`` value at ``addr``: integers wrap to the dtype's width, a struct takes a tuple."""
+        block, off = self._at(addr, dtype.itemsize)
         if dtype.is_word and dtype.kind != "bool":
             value = int(value) & ((1 << dtype.bits) - 1)
-            fmt = "<" + {1: "B", 2: "H", 4: "I", 8: "Q"}[dtype.itemsize]
-            struct.pack_into(fmt, self.mem, self._off(addr, dtype.itemsize), value)
+            struct.pack_into("<" + {1: "B", 2: "H", 4: "I", 8: "Q"}[dtype.itemsize], block, off, value)
         elif isinstance(value, tuple):
-            struct.pack_into("<" + dtype.fmt, self.mem, self._off(addr, dtype.itemsize), *value)
+            struct.pack_into("<" + dtype.fmt, block, off, *value)
         else:
-            struct.pack_into("<" + dtype.fmt, self.mem, self._off(addr, dtype.itemsize), value)
+            struct.pack_into("<" + dtype.fmt, block, off, value)
 
     def read_cstring(self, addr: int) -> str:
-        """The NUL-terminated UTF-8 string at ``addr``; ``BridgeError`` without a terminator."""
-        off = self._off(addr, 1)
-        end = self.mem.find(0, off)
+        """The NUL-terminated UTF-8 string at ``addr``; ``BridgeError`` without a terminator in its allocation."""
+        block, off = self._at(addr, 1)
+        end = block.find(b"\x00", off)
         if end < 0:
             raise BridgeError(f"string at 0x{addr:x} has no NUL terminator in host memory")
-        return self.mem[off:end].decode()
+        return bytes(block[off:end]).decode()
 
 
 _NAMED_RESULTS = {"commandBuffer": "cmdbuf", "computeCommandEncoder": "encoder"}
