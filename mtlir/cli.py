@@ -5,12 +5,8 @@
 With ``--json`` it prints one JSON object, ``{"messages": [...], ...}``: the messages one submit sends, in order,
 recorded by running the Program against a ``RecordingBridge`` (loops unrolled, no link-time messages, no waits).
 
-``mtlir run TRACE.json [--device auto|sim|metal] [--arch ...] [--no-residency-set] [--no-icb] [--target ...]
-[--faithful] [--viz DIR] [--repeat N] [--json]`` lowers, links, submits N times, reads the output and compares it
-with the trace's expected output as float32 (rtol 1e-4, atol 1e-5). With ``--device metal`` the device is probed
-first (``mtlir.runtime.probe``) and the submit lowered for what it offers (residency sets, ICBs); the flags can
-only turn them off. ``--json``: one object ``{"match", "max_abs_err", "kernels", "messages_per_submit", "submits",
-...}`` on stdout, everything else on stderr (``max_abs_err`` is null when the error is not a finite number).
+``mtlir run TRACE.json [--device auto|sim|metal] ...`` (the main job) lowers, links, submits ``--repeat`` times and
+compares the output with the trace's; ``mtlir.cli_run`` describes it.
 
 Exit codes (``exit_code``): 0 match (or a successful ``lower``), 1 mismatch, 2 bad input, 3 GPU execution error (a
 command buffer in status Error, a Metal validation error, a wait past its timeout), 4 a kernel the simulated

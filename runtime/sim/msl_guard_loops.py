@@ -3,7 +3,7 @@ condition of every loop that cannot meet at a barrier, so a runaway loop does no
 """
 from __future__ import annotations
 
-from mtlir.runtime.sim.msl_guard_scan import group_start
+from mtlir.runtime.sim.msl_guard_scan import _split_on, group_start
 from mtlir.runtime.sim.msl_lex import ID, PUNCT, RAW, Token
 from mtlir.runtime.sim.msl_rules import Ctx, Match, at, group_end, rewrite, tok
 
@@ -81,21 +81,3 @@ def _may_meet_at_a_barrier(ts: list[Token], a: int, b: int, ctx: Ctx) -> bool:
         if t.kind == "pp":
             return True
     return False
-
-
-def _split_on(ts: list[Token], open_: int, close: int, sep: str) -> list[tuple[int, int]]:
-    """The spans between top-level ``sep`` tokens inside the brackets at ``open_``/``close`` (separators excluded:
-    a span ``(a, b)`` is followed by the separator at ``b``, the last one by ``close``)."""
-    spans: list[tuple[int, int]] = []
-    j = a = open_ + 1
-    while j < close:
-        t = ts[j]
-        if t.kind == PUNCT and t.text in ("(", "[", "{"):
-            j = group_end(ts, j) + 1
-            continue
-        if t.kind == PUNCT and t.text == sep:
-            spans.append((a, j))
-            a = j + 1
-        j += 1
-    spans.append((a, close))
-    return spans

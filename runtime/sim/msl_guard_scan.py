@@ -182,20 +182,25 @@ def _expression_end(ts: list[Token], j: int) -> int:
     return j
 
 
-def _split_args(ts: list[Token], open_: int, close: int) -> list[tuple[int, int]]:
-    """The ``(start, end)`` spans of the comma-separated arguments between the brackets at ``open_`` and
-    ``close``."""
+def _split_on(ts: list[Token], open_: int, close: int, sep: str) -> list[tuple[int, int]]:
+    """The spans between top-level ``sep`` tokens inside the brackets at ``open_``/``close`` (separators excluded:
+    a span ``(a, b)`` is followed by the separator at ``b``, the last one by ``close``)."""
     spans: list[tuple[int, int]] = []
-    j = start = open_ + 1
+    j = a = open_ + 1
     while j < close:
         t = ts[j]
         if t.kind == PUNCT and t.text in ("(", "[", "{"):
             j = group_end(ts, j) + 1
             continue
-        if t.kind == PUNCT and t.text == ",":
-            spans.append((start, j))
-            start = j + 1
+        if t.kind == PUNCT and t.text == sep:
+            spans.append((a, j))
+            a = j + 1
         j += 1
-    if close > open_ + 1:
-        spans.append((start, close))
+    spans.append((a, close))
     return spans
+
+
+def _split_args(ts: list[Token], open_: int, close: int) -> list[tuple[int, int]]:
+    """The ``(start, end)`` spans of the comma-separated arguments between the brackets at ``open_`` and
+    ``close`` (none for empty brackets)."""
+    return [] if close == open_ + 1 else _split_on(ts, open_, close, ",")
