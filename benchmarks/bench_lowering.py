@@ -24,8 +24,8 @@ import time
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
 from mtlir.passes import lower
 from mtlir.program import Program
-from mtlir.queue import Queue, buffer, timeline_value, view
-from mtlir.uop import UOp
+from mtlir.frontend.queue import Queue, buffer, timeline_value, view
+from mtlir.ir.uop import UOp
 
 KERNELS = [Kernel(f"k{i}", f"k{i}", "", (KernelParam(None, 0), KernelParam(None, 1), KernelParam(None, 2),
                                         KernelParam("n", 3, "int32"))) for i in range(8)]

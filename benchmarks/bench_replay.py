@@ -21,7 +21,7 @@ from mtlir.metal import Prototype
 from mtlir.passes import default_pipeline
 from mtlir.program import Program
 from mtlir.runtime import CompiledReplay, Interpreter, RecordingBridge, Session, link
-from mtlir.trace import load_trace
+from mtlir.frontend.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

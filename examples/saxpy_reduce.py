@@ -18,8 +18,8 @@ import numpy as np
 
 from mtlir.metal import FAMILIES, DeviceSpec, Kernel, KernelParam
 from mtlir.passes import Lowered, lower
-from mtlir.queue import Queue, buffer, timeline_value, view
-from mtlir.uop import UOp
+from mtlir.frontend.queue import Queue, buffer, timeline_value, view
+from mtlir.ir.uop import UOp
 
 BLOCK = 64        # threads per threadgroup, elements per partial sum
 MAX_N = 4096      # elements the buffers hold

@@ -5,12 +5,12 @@ The IR core lives here: ``UOp`` (nodes), ``Ops``/``GroupOp`` (what a node is), `
 ``PatternMatcher`` (rules), ``graph_rewrite`` (passes), ``render``/``parse``/``listing`` (text) and ``to_dot``/
 ``to_networkx``/``write_picture`` (pictures). The passes are in ``mtlir.passes``, the devices in ``mtlir.runtime``.
 """
-from mtlir.dtypes import DType, PtrDType, StructDType, dtypes
-from mtlir.ops import GroupOp, Ops
-from mtlir.render import ParseError, listing, parse, register_arg_type, render
-from mtlir.rewrite import RewriteLoopError, RewriteStep, RewriteTrace, graph_rewrite
-from mtlir.uop import UOp
-from mtlir.upat import PatternMatcher, Rule, RuleError, UPat
+from mtlir.ir.dtypes import DType, PtrDType, StructDType, dtypes
+from mtlir.ir.ops import GroupOp, Ops
+from mtlir.ir.render import ParseError, listing, parse, register_arg_type, render
+from mtlir.ir.rewrite import RewriteLoopError, RewriteStep, RewriteTrace, graph_rewrite
+from mtlir.ir.uop import UOp
+from mtlir.ir.upat import PatternMatcher, Rule, RuleError, UPat
 from mtlir.viz import GraphvizNotFoundError, to_dot, to_networkx, write_picture
 
 __all__ = ["UOp", "Ops", "GroupOp", "dtypes", "DType", "PtrDType", "StructDType", "UPat", "PatternMatcher", "Rule",

@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtlir.dtypes import DType, PtrDType, dtypes
+from mtlir.ir.dtypes import DType, PtrDType, dtypes
 
 __all__ = ["DeviceSpec", "Kernel", "KernelParam", "Obj", "Signature", "Prototype", "SELECTORS", "C_FUNCTIONS",
            "abi_prototype", "c_prototype", "TARGETS", "FAMILIES", "MTL", "AbiError", "element_dtype", "ELEMENT_TYPES"]

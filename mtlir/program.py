@@ -295,10 +295,10 @@ class Program:
 
 
 def _register_arg_types() -> None:
-    """Make the payload types printable by ``mtlir.render`` (its hook takes frozen dataclasses; the tuple types
+    """Make the payload types printable by ``mtlir.ir.render`` (its hook takes frozen dataclasses; the tuple types
     register once it accepts them)."""
     try:
-        from mtlir.render import register_arg_type
+        from mtlir.ir.render import register_arg_type
     except ImportError:
         return
     for cls in (IcbSpec, IcbCommand, CommandList, Stamp, MessageList, CallList, TableEntries):

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 import graphviz
 
-from mtlir.ops import GroupOp, Ops
+from mtlir.ir.ops import GroupOp, Ops
 from mtlir.metal import Obj
 from mtlir.program import CallList, MessageList
-from mtlir.render import short_arg
-from mtlir.uop import UOp
+from mtlir.ir.render import short_arg
+from mtlir.ir.uop import UOp
 
 if TYPE_CHECKING:
     import networkx as nx

@@ -4,7 +4,7 @@
 and returns a ``Lowered`` (``.program``, ``.stages``, ``.timings``, ``.diagnostics``). ``PASSES`` maps each pass
 name to its class; ``Pipeline.parse(text)`` reads a pipeline string. docs/lowering.md describes every pass.
 
->>> from mtlir.trace import load_trace
+>>> from mtlir.frontend.trace import load_trace
 >>> trace = load_trace("examples/traces/mlp.apple7.json")
 >>> print(lower(trace.queue(), target="arm64").program.listing())
 """
@@ -14,14 +14,14 @@ from typing import TextIO
 
 from mtlir.metal import TARGETS
 from mtlir.passes.abi import Abi, AbiError
-from mtlir.passes.encode import Encode, EncodeError
+from mtlir.passes.encode.encode import Encode, EncodeError
 from mtlir.passes.linearize import Linearize, LinearizeError
 from mtlir.passes.pipeline import (PASSES, STAGES, Lowered, Pass, PassContext, PassTiming, Pipeline, PipelineError,
                                    graph_stage, register)
 from mtlir.passes.symbolic import Symbolic, simplify
 from mtlir.passes.timeline import LowerTimeline, timeline_read_program
 from mtlir.passes.verify import VerifyError
-from mtlir.uop import UOp
+from mtlir.ir.uop import UOp
 
 __all__ = ["lower", "default_pipeline", "DEFAULT_PIPELINE", "Lowered", "Pipeline", "Pass", "PassContext", "PASSES",
            "PassTiming", "register", "PipelineError", "VerifyError", "EncodeError", "AbiError", "LinearizeError",

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mtlir.dtypes import DType, PtrDType, dtypes
+from mtlir.ir.dtypes import DType, PtrDType, dtypes
 from mtlir.metal import SELECTORS, TARGETS, AbiError, Obj, Prototype, Signature, abi_prototype
-from mtlir.ops import Ops
+from mtlir.ir.ops import Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
 from mtlir.program import CallList, Program
-from mtlir.rewrite import graph_rewrite
-from mtlir.upat import PatternMatcher, UPat
-from mtlir.uop import UOp
+from mtlir.ir.rewrite import graph_rewrite
+from mtlir.ir.upat import PatternMatcher, UPat
+from mtlir.ir.uop import UOp
 
 __all__ = ["Abi", "AbiError", "sel", "lower_msg", "lower_msgs"]
 

@@ -25,12 +25,12 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mtlir.dtypes import PtrDType, dtypes
+from mtlir.ir.dtypes import PtrDType, dtypes
 from mtlir.metal import DeviceSpec
-from mtlir.ops import GroupOp, Ops
+from mtlir.ir.ops import GroupOp, Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
 from mtlir.program import Instr, Program
-from mtlir.uop import UOp
+from mtlir.ir.uop import UOp
 
 __all__ = ["Linearize", "LinearizeError", "linearize", "schedule"]
 

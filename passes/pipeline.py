@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar, TextIO
 
 from mtlir.program import Program
-from mtlir.uop import UOp
+from mtlir.ir.uop import UOp
 
 __all__ = ["Pass", "PassContext", "PipelineError", "Pipeline", "PASSES", "register", "Lowered", "PassTiming",
            "STAGES", "graph_stage"]
@@ -186,7 +186,7 @@ def graph_stage(graph: UOp) -> str:
     """The stage (``STAGES``) a graph is in: ``"queue"`` when it holds a SUBMIT (the root, or anywhere),
     ``"messages"`` when it holds an MSG, an MSGS or any other node but CALLs, ``"calls"`` when its messages are all
     CALLs already."""
-    from mtlir.ops import Ops
+    from mtlir.ir.ops import Ops
     if graph.op is Ops.SUBMIT:
         return "queue"
     ops = {u.op for u in graph.toposort()}

@@ -1,6 +1,6 @@
 """``symbolic``: constant folding and simplification of index and size arithmetic.
 
-Integer arithmetic has C semantics wrapped to the node's dtype (``mtlir.evaluate``): integers form a ring modulo
+Integer arithmetic has C semantics wrapped to the node's dtype (``mtlir.ir.evaluate``): integers form a ring modulo
 2**bits, so re-associating constant adds and multiplies keeps every value. Only integer (and bool) nodes are
 folded; division or shift by a constant that C leaves undefined (by 0, negative shifts) is left alone.
 
@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mtlir.dtypes import DType, PtrDType
-from mtlir.evaluate import ALU_FUNCS, wrap
-from mtlir.ops import GroupOp, Ops
+from mtlir.ir.dtypes import DType, PtrDType
+from mtlir.ir.evaluate import ALU_FUNCS, wrap
+from mtlir.ir.ops import GroupOp, Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
-from mtlir.rewrite import graph_rewrite
-from mtlir.upat import PatternMatcher, UPat
-from mtlir.uop import UOp
+from mtlir.ir.rewrite import graph_rewrite
+from mtlir.ir.upat import PatternMatcher, UPat
+from mtlir.ir.uop import UOp
 
 __all__ = ["Symbolic", "SYMBOLIC", "simplify", "fold"]
 

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mtlir.dtypes import dtypes
+from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec, Obj
-from mtlir.ops import Ops
+from mtlir.ir.ops import Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
 from mtlir.program import Program
-from mtlir.queue import timeline
-from mtlir.rewrite import graph_rewrite
-from mtlir.upat import PatternMatcher, UPat
-from mtlir.uop import UOp
+from mtlir.frontend.queue import timeline
+from mtlir.ir.rewrite import graph_rewrite
+from mtlir.ir.upat import PatternMatcher, UPat
+from mtlir.ir.uop import UOp
 
 __all__ = ["LowerTimeline", "TIMELINE", "timeline_read", "timeline_read_program"]
 

@@ -12,12 +12,12 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mtlir.dtypes import PtrDType, dtypes
+from mtlir.ir.dtypes import PtrDType, dtypes
 from mtlir.metal import SELECTORS, DeviceSpec, Obj, Prototype
-from mtlir.ops import GroupOp, Ops
+from mtlir.ir.ops import GroupOp, Ops
 from mtlir.program import CallList, MessageList, Program
-from mtlir.upat import UPat
-from mtlir.uop import UOp
+from mtlir.ir.upat import UPat
+from mtlir.ir.uop import UOp
 
 __all__ = ["VerifyError", "verify_graph", "verify_program", "verify_queue", "node_line", "graph_text", "stage_text",
            "SPEC", "QUEUE_SPEC", "Checks", "checked_once",
@@ -75,12 +75,12 @@ def graph_text(root: UOp, mark: UOp | None = None, limit: int = 400) -> str:
 
 
 def stage_text(stage: UOp | Program) -> str:
-    """A stage as text: the Program's listing, or the graph one node per line (``mtlir.render.listing``, args cut
+    """A stage as text: the Program's listing, or the graph one node per line (``mtlir.ir.render.listing``, args cut
     short: a 100,000-command ICB prints as its size), ``graph_text`` when the core printer is not there."""
     if isinstance(stage, Program):
         return stage.listing()
     try:
-        from mtlir.render import listing
+        from mtlir.ir.render import listing
     except ImportError:
         return graph_text(stage)
     return listing(stage, width=80).rstrip("\n")
@@ -280,7 +280,7 @@ def _check_submit(s: UOp) -> str | None:
 
 
 def _check_exec(e: UOp) -> str | None:
-    from mtlir.queue import QueueError, exec_parts
+    from mtlir.frontend.queue import QueueError, exec_parts
     try:
         exec_parts(e)
     except QueueError as err:

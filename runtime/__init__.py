@@ -3,14 +3,14 @@
 ``link`` makes a Program's device objects once; an executor (``Interpreter`` or ``CompiledReplay``) runs the
 Program through a ``Bridge``; a ``Session`` links once and replays ``submit``/``wait``; ``RecordingBridge`` records
 the messages a run sends (docs/runtime.md). The devices live in ``mtlir.runtime.sim`` (simulated) and
-``mtlir.runtime.metal`` (macOS).
+``mtlir.runtime.metal.bridge`` (macOS).
 """
-from mtlir.runtime.bridge import Bridge, HostMemory, Message, RecordingBridge
+from mtlir.runtime.bridge.bridge import Bridge, HostMemory, Message, RecordingBridge
 from mtlir.runtime.errors import (BridgeError, GPUExecutionError, KernelAccessError, KernelBuildError,
                                   KernelCompileError, LinkError, MetalValidationError, UnsupportedKernelError)
-from mtlir.runtime.interpreter import Executor, Interpreter, ProgramError, prepare_registers
-from mtlir.runtime.replay import EXECUTORS, CompiledReplay, make_executor
-from mtlir.runtime.link import Linked, link
+from mtlir.runtime.executors.interpreter import Executor, Interpreter, ProgramError, prepare_registers
+from mtlir.runtime.executors.replay import EXECUTORS, CompiledReplay, make_executor
+from mtlir.runtime.link.link import Linked, link
 from mtlir.runtime.session import Session, Submission
 
 __all__ = ["Bridge", "HostMemory", "Message", "RecordingBridge", "BridgeError", "GPUExecutionError",

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mtlir.dtypes import dtypes
+from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL, abi_prototype, c_prototype
-from mtlir.runtime.bridge import Bridge
+from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.errors import BridgeError, LinkError
 
 __all__ = ["DeviceCaps", "probe_device"]

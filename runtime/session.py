@@ -31,11 +31,11 @@ from typing import Any
 
 from mtlir.metal import MTL, abi_prototype, c_prototype
 from mtlir.program import Program
-from mtlir.runtime.bridge import Bridge, Message, RecordingBridge
+from mtlir.runtime.bridge.bridge import Bridge, Message, RecordingBridge
 from mtlir.runtime.errors import GPUExecutionError
-from mtlir.runtime.interpreter import Executor
-from mtlir.runtime.link import Linked, link
-from mtlir.runtime.replay import make_executor
+from mtlir.runtime.executors.interpreter import Executor
+from mtlir.runtime.link.link import Linked, link
+from mtlir.runtime.executors.replay import make_executor
 
 __all__ = ["Session", "Submission", "DEFAULT_TIMELINE_VAR"]
 

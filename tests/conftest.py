@@ -6,10 +6,10 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from mtlir.dtypes import DType, StructDType, dtypes
+from mtlir.ir.dtypes import DType, StructDType, dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj, Prototype, Signature
-from mtlir.ops import Ops
-from mtlir.uop import UOp
+from mtlir.ir.ops import Ops
+from mtlir.ir.uop import UOp
 
 ALL_DTYPES: list[DType] = [*dtypes.all, dtypes.voidptr, dtypes.float32.ptr(), dtypes.MTLSize.ptr(),
                            dtypes.int8.ptr().ptr(), StructDType("Pair", ("first", "second")),

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mtlir.dtypes import dtypes
+from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
 from mtlir.program import Program
-from mtlir.queue import Queue, buffer, timeline_value, view
-from mtlir.uop import UOp
+from mtlir.frontend.queue import Queue, buffer, timeline_value, view
+from mtlir.ir.uop import UOp
 
 TRACES = Path(__file__).resolve().parents[1] / "examples" / "traces"
 

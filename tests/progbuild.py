@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mtlir.dtypes import DType, dtypes
+from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj, abi_prototype, c_prototype
-from mtlir.ops import Ops
+from mtlir.ir.ops import Ops
 from mtlir.program import Program
 from mtlir.program import CommandList, IcbCommand, IcbSpec
 

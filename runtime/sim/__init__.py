@@ -2,8 +2,8 @@
 rules of METAL.md §3 in strict or faithful mode, and runs the kernels through OpenCL (``kernels``, ``msl``)."""
 from mtlir.runtime.sim.device import SimDevice, host_target
 from mtlir.runtime.sim.gpu import GPUFault
-from mtlir.runtime.sim.pykernels import PyKernel, PyKernelArg, PyKernelRunner
-from mtlir.runtime.sim.rules import RULES
+from mtlir.runtime.sim.kernels.pyrunner import PyKernel, PyKernelArg, PyKernelRunner
+from mtlir.runtime.sim.rules.rule import RULES
 
 SimBridge = SimDevice  # docs/internals.md names the Bridge of the simulated device SimBridge: it is the device
 

@@ -20,18 +20,18 @@ from typing import Any
 
 import numpy as np
 
-from mtlir.dtypes import DType, PtrDType, dtypes
+from mtlir.ir.dtypes import DType, PtrDType, dtypes
 from mtlir.metal import C_FUNCTIONS, MTL, SELECTORS, TARGETS, DeviceSpec, Prototype, abi_prototype
 from mtlir.runtime.errors import BridgeError
-from mtlir.runtime.sim import encoding, icb, resources  # noqa: F401  (they register the selectors' handlers)
-from mtlir.runtime.sim.abi import Method, check_prototype, decode_size, decode_word, lookup_method
-from mtlir.runtime.sim.checks import check_buffer_write, check_release
+from mtlir.runtime.sim.methods import encoding, icb, resources  # noqa: F401  (they register the selectors' handlers)
+from mtlir.runtime.sim.msgsend import Method, check_prototype, decode_size, decode_word, lookup_method
+from mtlir.runtime.sim.rules.checks import check_buffer_write, check_release
 from mtlir.runtime.sim.gpu import GPU, clock
 from mtlir.runtime.sim.memory import HostMemory
 from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, Device, Encoder, NSError, NSString,
                                        Pipeline, SignalStep, SimObject)
-from mtlir.runtime.sim.resources import CLASSES
-from mtlir.runtime.sim.rules import assertion
+from mtlir.runtime.sim.methods.resources import CLASSES
+from mtlir.runtime.sim.rules.rule import assertion
 
 __all__ = ["SimDevice", "host_target"]
 
@@ -99,7 +99,7 @@ class SimDevice:
     ``autorun``: True runs committed work on a worker thread; False holds the GPU until ``step()`` or
     ``run_until_idle()``. ``timeout_s``: the longest any CPU-side wait blocks (then ``TimeoutError``).
     ``gpu_timeout_s``: the GPU watchdog: a command buffer blocked on a fence or event that long ends in Error,
-    Timeout (2). ``kernel_runner``: compiles MSL (default: ``mtlir.runtime.sim.kernels.KernelRunner``).
+    Timeout (2). ``kernel_runner``: compiles MSL (default: ``mtlir.runtime.sim.kernels.runner.KernelRunner``).
     ``constant_align``: the offset alignment required of ``constant`` buffer bindings in bytes (METAL.md §1).
 
     ``bridge`` is the device itself. Raises ``ValueError`` for an unknown target or family.
@@ -153,7 +153,7 @@ class SimDevice:
     def kernel_runner(self) -> Any:
         """The MSL compiler/runner (created at first use: building an OpenCL context takes a moment)."""
         if self._runner is None:
-            from mtlir.runtime.sim.kernels import KernelRunner
+            from mtlir.runtime.sim.kernels.runner import KernelRunner
             self._runner = KernelRunner()
         return self._runner
 

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mtlir.dtypes import dtypes
+from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
 from mtlir.runtime.errors import KernelAccessError, MetalValidationError
-from mtlir.runtime.sim.checks import size_problem
+from mtlir.runtime.sim.rules.checks import size_problem
 from mtlir.runtime.sim.objects import (ICB, Binding, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute,
                                        Gate, ICBSlot, Pipeline, SharedEvent, SignalStep, WaitStep)
-from mtlir.runtime.sim.rules import rule_text
+from mtlir.runtime.sim.rules.rule import rule_text
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mtlir.dtypes import DType
+from mtlir.ir.dtypes import DType
 from mtlir.runtime.errors import BridgeError
 
 __all__ = ["HostMemory", "Region", "HOST_BASE", "PAGE"]

@@ -1,0 +1,173 @@
+"""``mtlir lower`` and the steps ``mtlir run`` shares with it: the target, loading and lowering the trace, the
+pictures of ``--viz``, the messages of one submit, the listing.
+
+``mtlir lower TRACE.json [--arch apple7|apple8|apple9|mac2] [--no-residency-set] [--no-icb] [--target arm64|x86_64]
+[--pipeline P] [--print-after-all] [--viz DIR] [--json]`` lowers a recorded kernel queue and prints the Program.
+With ``--json`` it prints one JSON object, ``{"messages": [...], ...}``: the messages one submit sends, in order,
+recorded by running the Program against a ``RecordingBridge`` (loops unrolled, no link-time messages, no waits).
+
+``lower_trace`` is looked up on ``mtlir.cli.main`` when that module is loaded (``cli_hook``): replacing it there
+replaces it for both commands.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from mtlir.cli.report import EXIT_MATCH, UsageError
+
+__all__ = ["ARCHS", "lower_trace", "format_message", "record_one_submit", "program_values", "cmd_lower",
+           "cli_hook"]
+
+ARCHS = {"apple7": "Apple7", "apple8": "Apple8", "apple9": "Apple9", "mac2": "Mac2"}
+
+
+def cli_hook(name: str, default: Any) -> Any:
+    """``mtlir.cli.main``'s attribute ``name`` when that module is loaded, else ``default``: the steps the commands
+    share are re-exported there, and one replaced there (as the tests do) is replaced for the commands too."""
+    cli = sys.modules.get("mtlir.cli.main")
+    return getattr(cli, name, default) if cli is not None else default
+
+
+def _target(args: argparse.Namespace) -> str:
+    """``--target``, else the pipeline's abi target, else this machine's ABI."""
+    from mtlir.passes.pipeline import Pipeline
+    if args.pipeline:
+        ptarget = Pipeline.parse(args.pipeline).option("abi", "target")
+        if args.target and ptarget and ptarget != args.target:
+            raise UsageError(f"--pipeline has abi{{target={ptarget}}} but --target is {args.target}")
+        if not args.target and ptarget:
+            return str(ptarget)
+    if args.target:
+        return str(args.target)
+    from mtlir.runtime.metal.bridge import host_target
+    t = host_target()
+    if t is None:
+        raise UsageError("cannot tell this machine's ABI (neither arm64 nor x86_64): give --target")
+    return t
+
+
+def lower_trace(trace: Any, device: Any, target: str, *, pipeline: str | None = None, print_after_all: bool = False,
+                log: TextIO | None = None, keep_stages: bool = True) -> Any:
+    """Lower a loaded trace (``mtlir.frontend.trace.Trace``) for ``device`` (a ``DeviceSpec``) and ``target``: the
+    ``Lowered`` of ``pipeline`` (default: ``mtlir.passes.default_pipeline(target)``). Raises what the passes
+    raise."""
+    from mtlir.passes import lower
+    return lower(trace.queue(device), target=target, pipeline=pipeline, print_after_all=print_after_all, out=log,
+                 keep_stages=keep_stages)
+
+
+def _lower(args: argparse.Namespace, log: TextIO, target: str, caps: Any = None) -> tuple[Any, Any]:
+    """Load the trace and lower it for ``target``: (trace, Lowered). The device has residency sets and ICBs unless
+    a flag turns them off or ``caps`` (a probed ``DeviceCaps``) says it lacks them. The lowering's diagnostics
+    (e.g. a batch moved to the direct path) go to ``log`` as notes."""
+    from mtlir.metal import DeviceSpec
+    from mtlir.frontend.trace import load_trace
+    try:
+        trace = load_trace(args.trace)
+    except UnicodeDecodeError as e:  # a binary file: load_trace reads text
+        raise UsageError(f"{args.trace}: not a JSON trace: byte {e.start} is not UTF-8 text ({e.reason})") from None
+    residency_set = not args.no_residency_set and (caps is None or caps.residency_sets)
+    icb = not args.no_icb and (caps is None or caps.icb)
+    device = DeviceSpec(ARCHS[args.arch] if args.arch else trace.arch, residency_set=residency_set, icb=icb)
+    lower = cli_hook("lower_trace", lower_trace)
+    lowered = lower(trace, device, target, pipeline=args.pipeline, print_after_all=args.print_after_all, log=log,
+                    keep_stages=args.viz is not None)
+    for d in lowered.diagnostics:
+        print(f"mtlir: note: {d}", file=log)
+    for bid in getattr(trace, "unused_buffers", ()):
+        print(f"mtlir: note: the trace's buffer {bid} is bound by no dispatch: it is not created", file=log)
+    if args.viz is not None:
+        _write_pictures(lowered.stages, args.viz, log)
+    return trace, lowered
+
+
+def _write_pictures(stages: list[tuple[str, Any]], outdir: Path, log: TextIO) -> None:
+    """One SVG per stage: ``00-input.svg``, ``01-encode.svg``, ...; a Program is drawn as its instruction chain."""
+    from mtlir.ir.uop import UOp
+    from mtlir.viz import to_dot, write_picture
+    outdir.mkdir(parents=True, exist_ok=True)
+    for i, (name, stage) in enumerate(stages):
+        dot = to_dot(stage, name=name) if isinstance(stage, UOp) else _program_dot(stage, name)
+        path = write_picture(dot, outdir / f"{i:02d}-{name}.svg")
+        print(f"mtlir: wrote {path}", file=log)
+
+
+def _program_dot(program: Any, name: str) -> Any:
+    """A picture of a Program: its listing lines as a chain of boxes (loops as back edges)."""
+    import graphviz
+    dot = graphviz.Digraph(name, graph_attr={"rankdir": "TB"}, node_attr={"shape": "box", "fontname": "monospace"})
+    for pc in range(len(program.instrs)):
+        label = program.format(pc) if hasattr(program, "format") else repr(program.instrs[pc])
+        dot.node(f"i{pc}", f"{pc}: {label}".replace("\\", "\\\\"))
+        if pc:
+            dot.edge(f"i{pc - 1}", f"i{pc}")
+        if program.instrs[pc][0] == "END":
+            dot.edge(f"i{pc}", f"i{program.instrs[pc][3] + 1}", style="dashed", constraint="false")
+    return dot
+
+
+def format_message(m: dict[str, Any]) -> str:
+    """A recorded message as one line: ``[encoder executeCommandsInBuffer:withRange: icb, [0, 5]]``."""
+    args = ", ".join(json.dumps(a) if not isinstance(a, str) else a for a in m["args"])
+    return f"[{m['receiver']} {m['selector']}{' ' + args if args else ''}]"
+
+
+def record_one_submit(program: Any, values: dict[str, int], target: str,
+                      executor: str = "compiled") -> list[dict[str, Any]]:
+    """The messages one submit of ``program`` sends, recorded on a standalone ``RecordingBridge`` (run by
+    ``executor``: both kinds send the same messages)."""
+    from mtlir.runtime import RecordingBridge, Session
+    with Session(program, RecordingBridge(target=target), executor=executor) as s:
+        return s.record_submit(**values)
+
+
+def program_values(program: Any, trace: Any, log: TextIO) -> dict[str, int]:
+    """The trace's variable values that ``program`` has (a variable no dispatch uses is not in the Program; each
+    such one is a note on ``log``)."""
+    values = dict(trace.values)
+    unused = [name for name in values if name not in program.variables]
+    for name in unused:
+        print(f"mtlir: note: the trace's variable {name!r} is used by no dispatch: it is not bound", file=log)
+        del values[name]
+    return values
+
+
+def _path(program: Any) -> str:
+    """How the Program encodes its commands: ``ICB``, or ``direct path`` (saying so when the device has ICBs: the
+    lowering fell back to it, see its note)."""
+    if any(o.kind == "icb" for o in program.objects.values()):
+        return "ICB"
+    return "direct path (the device has ICBs)" if program.device.icb else "direct path, no ICB"
+
+
+def _listing(program: Any) -> str:
+    """The Program's listing, its first header line saying which path the lowering took (``_path``)."""
+    text = program.listing() if hasattr(program, "listing") else "\n".join(map(repr, program.instrs))
+    first, sep, rest = text.partition("\n")
+    if first.startswith("; "):
+        dev = program.device
+        first = (f"; {dev.family}, {'residency set' if dev.residency_set else 'no residency set'}, {_path(program)}, "
+                 f"{program.target}: {len(program.instrs)} instructions, {program.nregs} registers")
+    return first + sep + rest
+
+
+def cmd_lower(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
+    """``mtlir lower``: the listing (or with --json the messages) of one submit."""
+    target = _target(args)
+    trace, lowered = _lower(args, log, target)
+    program = lowered.program
+    if args.json:
+        messages = record_one_submit(program, program_values(program, trace, log), target, args.executor)
+        doc = {"messages": messages, "count": len(messages), "workload": trace.workload,
+               "arch": program.device.family, "target": target, "residency_set": program.device.residency_set,
+               "icb": program.device.icb, "path": _path(program), "kernels": len(trace.dispatches),
+               "pipeline": str(lowered.pipeline)}
+        json.dump(doc, out, allow_nan=False)
+        out.write("\n")
+    else:
+        print(_listing(program), file=out)
+    return EXIT_MATCH

@@ -1,0 +1,180 @@
+"""The command line: ``mtlir lower`` (the listing of one submit) and ``mtlir run`` (the main job).
+
+``mtlir lower TRACE.json [--arch apple7|apple8|apple9|mac2] [--no-residency-set] [--no-icb] [--target arm64|x86_64]
+[--pipeline P] [--print-after-all] [--viz DIR] [--json]`` lowers a recorded kernel queue and prints the Program.
+With ``--json`` it prints one JSON object, ``{"messages": [...], ...}``: the messages one submit sends, in order,
+recorded by running the Program against a ``RecordingBridge`` (loops unrolled, no link-time messages, no waits).
+
+``mtlir run TRACE.json [--device auto|sim|metal] ...`` (the main job) lowers, links, submits ``--repeat`` times and
+compares the output with the trace's; ``mtlir.cli.run`` describes it.
+
+Exit codes (``exit_code``): 0 match (or a successful ``lower``), 1 mismatch, 2 bad input, 3 GPU execution error (a
+command buffer in status Error, a Metal validation error, a wait past its timeout), 4 a kernel the simulated
+device cannot run (the translator refuses it, or OpenCL does not build its translation), 5 an internal error.
+Bad input is the error family of the front end: every ``ValueError`` subclass defined in ``mtlir`` outside
+``mtlir.runtime`` (``TraceError``, ``QueueError``, ``PipelineError``, ``VerifyError``, ``EncodeError``,
+``AbiError``, ``LinearizeError``, ``UsageError``, ...), plus ``LinkError``, ``BridgeError``,
+``KernelCompileError``, ``GraphvizNotFoundError`` and ``OSError``. Errors are one line on stderr; ``--debug`` adds
+the traceback. With ``--json`` an error still writes one object to stdout:
+``{"error": message, "error_type": name, "exit_code": code}``; while a ``--json`` command runs, file descriptor 1
+points at stderr, so nothing but that object (not even a native library's output) reaches stdout. A stdout that
+cannot be written (``> /dev/full``) is one line on stderr and exit 2; a kernel that never ends fails the run at
+``--timeout`` (exit 3) and the program then leaves with ``os._exit`` (``main``). ``--arch`` takes any case;
+``--repeat`` and ``--timeout`` are checked by argparse; only the trace variables the Program has are bound.
+
+This module holds the parser and ``main``. The commands are in ``mtlir.cli.lower`` (with the steps both share) and
+``mtlir.cli.run``; errors, exit codes and the stdout of ``--json`` are in ``mtlir.cli.report``. Their names are
+re-exported here.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+# re-exported: the names of the old single module; lower_trace and _make_bridge replaced here reach the commands
+from mtlir.cli.report import (EXIT_BAD_INPUT, EXIT_GPU_ERROR, EXIT_INTERNAL, EXIT_MATCH, EXIT_MISMATCH,
+                              EXIT_UNSUPPORTED, UsageError, _output_error, _report, _silence_stdout, _stdout_for_json,
+                              exit_code)
+from mtlir.cli.lower import (ARCHS, _lower, _target, cmd_lower, format_message, lower_trace, program_values,
+                             record_one_submit)
+from mtlir.cli.run import ATOL, RTOL, Comparison, _make_bridge, cmd_run, compare_output
+
+__all__ = ["main", "build_parser", "format_message", "lower_trace", "record_one_submit", "compare_output",
+           "Comparison", "exit_code", "EXIT_MATCH", "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_GPU_ERROR",
+           "EXIT_UNSUPPORTED", "EXIT_INTERNAL"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ``UsageError`` (exit 2, one line) carrying the usage line of the (sub)command that
+    failed, instead of printing and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        usage = " ".join(self.format_usage().split())
+        raise UsageError(f"{self.prog}: {message} ({usage})")
+
+
+def _arch(text: str) -> str:
+    """``--arch`` in any case (``apple7``, ``Apple7`` as traces and DeviceSpec spell it, ``MAC2``)."""
+    key = text.lower()
+    if key not in ARCHS:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(sorted(ARCHS))}, any "
+                                         "case)")
+    return key
+
+
+def _positive_seconds(text: str) -> float:
+    """``--timeout``: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the timeout must be a finite number of seconds above 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """``--repeat``: an int of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: at least one submit")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of ``mtlir`` with its two commands."""
+    p = _Parser(prog="mtlir", description="Lower GPU queue operations to the Objective-C messages of Apple Metal "
+                                          "and run them on real or simulated Metal.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("trace", type=Path, help="a recorded kernel queue (JSON, examples/traces/*.json)")
+        sp.add_argument("--arch", type=_arch, metavar="{apple7,apple8,apple9,mac2}",
+                        help="GPU family, any case (default: the trace's arch)")
+        sp.add_argument("--target", choices=["arm64", "x86_64"], help="ABI of objc_msgSend (default: this machine's)")
+        sp.add_argument("--viz", type=Path, metavar="DIR", help="write one SVG per stage into DIR")
+        sp.add_argument("--json", action="store_true", help="one JSON object on stdout, everything else on stderr")
+        sp.add_argument("--debug", action="store_true", help="show the traceback of an error")
+        sp.add_argument("--executor", choices=["compiled", "interpreter"], default="compiled",
+                        help="how the Program runs: compiled (one generated Python function per Program, the "
+                             "default) or interpreter (a loop over its instructions); both send the same messages")
+        sp.add_argument("--no-residency-set", action="store_true",
+                        help="a device without MTLResidencySet (macOS < 15): useResources:count:usage: instead")
+        sp.add_argument("--no-icb", action="store_true",
+                        help="a device without indirect command buffers (paravirtual Metal): the direct path")
+
+    lo = sub.add_parser("lower", help="print the Program (or the messages) of one submit")
+    common(lo)
+    lo.add_argument("--pipeline", metavar="P", help="the pass pipeline (default: the standard one for --target)")
+    lo.add_argument("--print-after-all", action="store_true", help="print every stage to stderr")
+    lo.set_defaults(func=cmd_lower)
+
+    run = sub.add_parser("run", help="lower, link, submit, and check the output against the trace")
+    common(run)
+    run.add_argument("--device", choices=["auto", "sim", "metal"], default="auto",
+                     help="auto: metal on macOS with Metal, else the simulated device")
+    run.add_argument("--faithful", action="store_true",
+                     help="simulated device: behave as Metal without its validation layer (default: strict)")
+    run.add_argument("--repeat", type=_positive_int, default=1, metavar="N", help="number of submits (default 1)")
+    run.add_argument("--timeout", type=_positive_seconds, default=60.0, metavar="S",
+                     help="seconds to wait for the GPU (default 60); past it the run fails with exit 3")
+    run.set_defaults(func=cmd_run, pipeline=None, print_after_all=False)
+    return p
+
+
+def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextIO | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code (module docstring).
+    ``out``/``log`` default to stdout/stderr.
+
+    Called with ``argv=None`` it is the program itself (the ``mtlir`` console script, ``python -m mtlir.cli.main``): when
+    a kernel is still running on the simulated device after the run (one that never ends, past ``--timeout``), it
+    flushes stdout and stderr and leaves with ``os._exit`` instead of returning, since the process could not
+    release that kernel's OpenCL queue and would wait for it."""
+    program = argv is None
+    out = out or sys.stdout
+    log = log or sys.stderr
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    json_mode = "--json" in argv
+    args: Any = None
+    code = EXIT_INTERNAL
+    try:
+        with contextlib.ExitStack() as stack:
+            try:
+                if json_mode:
+                    out = stack.enter_context(_stdout_for_json(out))
+                args = build_parser().parse_args(argv)
+                code = int(args.func(args, out, log))
+                out.flush()  # a closed or full stdout shows here, inside the handlers below
+            except KeyboardInterrupt:
+                print("mtlir: interrupted", file=log)
+                code = 130
+            except BrokenPipeError:  # stdout closed early (`mtlir lower ... | head`): stop quietly, as SIGPIPE would
+                if out is sys.stdout:
+                    _silence_stdout()
+                code = 141
+            except Exception as e:  # every error becomes one line and an exit code
+                code = _report(e, debug, json_mode, out, log)
+    except OSError as e:  # --json: the object could not be written through the saved stdout
+        if not _output_error(e):
+            raise
+        print(f"mtlir: error: cannot write the output to stdout: {e}", file=log)
+        code = EXIT_BAD_INPUT
+    if program and getattr(args, "kernel_stuck", False):
+        for stream in (sys.stdout, sys.stderr, out, log):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

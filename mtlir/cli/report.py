@@ -1,0 +1,136 @@
+"""Errors and exit codes of the command line (``mtlir.cli.main``), and the stdout of a ``--json`` command.
+
+Exit codes (``exit_code``): 0 match (or a successful ``lower``), 1 mismatch, 2 bad input, 3 GPU execution error (a
+command buffer in status Error, a Metal validation error, a wait past its timeout), 4 a kernel the simulated
+device cannot run (the translator refuses it, or OpenCL does not build its translation), 5 an internal error.
+Errors are one line on stderr (``_report``; ``--debug`` adds the traceback); with ``--json`` an error still writes
+one object to stdout, and while a ``--json`` command runs file descriptor 1 points at stderr (``_stdout_for_json``).
+A stdout that cannot be written (``> /dev/full``) is one line on stderr and exit 2 (``_output_error``).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from typing import TextIO
+
+__all__ = ["UsageError", "exit_code", "EXIT_MATCH", "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_GPU_ERROR",
+           "EXIT_UNSUPPORTED", "EXIT_INTERNAL"]
+
+EXIT_MATCH, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_GPU_ERROR, EXIT_UNSUPPORTED, EXIT_INTERNAL = range(6)
+
+
+class UsageError(ValueError):
+    """A bad flag or a flag combination that cannot work (exit code 2)."""
+
+
+def exit_code(e: BaseException) -> int | None:
+    """The exit code of an expected error (module docstring); None for an internal error (a bug).
+
+    4: ``UnsupportedKernelError``, ``KernelBuildError`` (the simulated device cannot run the kernel). 3:
+    ``GPUExecutionError``, ``MetalValidationError``, ``TimeoutError``. 2 (bad input): the front end's error family,
+    every ``ValueError`` subclass defined in ``mtlir`` outside ``mtlir.runtime`` (trace, queue, pipeline,
+    verifier, encode, abi, linearize, flags), and ``LinkError``, ``BridgeError``, ``KernelCompileError`` (invalid
+    MSL), ``GraphvizNotFoundError`` (``--viz`` without Graphviz), ``OSError`` (a file)."""
+    from mtlir.runtime.errors import (BridgeError, GPUExecutionError, KernelBuildError, KernelCompileError, LinkError,
+                                      MetalValidationError, UnsupportedKernelError)
+    from mtlir.viz import GraphvizNotFoundError
+    if isinstance(e, UsageError):  # a bad flag
+        return EXIT_BAD_INPUT
+    if isinstance(e, (UnsupportedKernelError, KernelBuildError)):
+        return EXIT_UNSUPPORTED
+    if isinstance(e, (GPUExecutionError, MetalValidationError, TimeoutError)):
+        return EXIT_GPU_ERROR
+    if isinstance(e, (LinkError, BridgeError, KernelCompileError, GraphvizNotFoundError, OSError)):
+        return EXIT_BAD_INPUT
+    if isinstance(e, ValueError) and _front_end_error(type(e)):
+        return EXIT_BAD_INPUT
+    return None
+
+
+def _front_end_error(cls: type) -> bool:
+    """A ValueError subclass of the front end (``mtlir.*``, ``mtlir.passes.*``; not the runtime's, whose
+    ProgramError is a malformed Program: a bug of the lowering)."""
+    return any(c is not ValueError and issubclass(c, ValueError) and c.__module__.startswith("mtlir.")
+               and not c.__module__.startswith("mtlir.runtime") for c in cls.__mro__)
+
+
+def _one_line(e: BaseException) -> str:
+    """The error as one line: its ``summary`` when it has one (a ``KernelBuildError``), else its message with
+    the whitespace collapsed, else its type's name."""
+    summary = getattr(e, "summary", None)
+    return summary if isinstance(summary, str) and summary else " ".join(str(e).split()) or type(e).__name__
+
+
+@contextlib.contextmanager
+def _stdout_for_json(out: TextIO) -> Iterator[TextIO]:
+    """While a ``--json`` command runs on the process's real stdout, file descriptor 1 points at stderr, so a
+    native library writing to stdout (PoCL, a stray print) cannot add to the one JSON object; the object goes to
+    the original stdout through the stream this yields. Any other ``out`` is yielded unchanged."""
+    if out is not sys.stdout or out.closed:
+        yield out
+        return
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError):  # not a real file (replaced by a test harness): nothing native can reach it
+        yield out
+        return
+    out.flush()
+    saved = os.dup(fd)
+    os.dup2(sys.stderr.fileno(), fd)
+    json_out = os.fdopen(os.dup(saved), "w", encoding="utf-8", closefd=True)
+    try:
+        yield json_out
+    finally:
+        try:
+            out.flush()
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+            try:
+                json_out.close()
+            except BrokenPipeError:  # the reader went away: main has returned 141 already
+                pass
+            except OSError as e:
+                if not _output_error(e):
+                    raise
+                with contextlib.suppress(OSError):
+                    json_out.close()  # the buffer is dropped now; main reports the write error once
+
+
+def _output_error(e: BaseException) -> bool:
+    """True for a failed write to stdout (``> /dev/full``: ENOSPC; EIO, EFBIG, EDQUOT, EBADF): an ``OSError``
+    without a file name (errors of the files mtlir opens by name carry it)."""
+    return (isinstance(e, OSError) and getattr(e, "filename", None) is None
+            and e.errno in (errno.ENOSPC, errno.EIO, errno.EFBIG, errno.EDQUOT, errno.EBADF))
+
+
+def _silence_stdout() -> None:
+    """Point file descriptor 1 at /dev/null, so the interpreter's last flush of what stdout still buffers cannot
+    fail a second time after the error has been reported."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _report(e: Exception, debug: bool, json_mode: bool, out: TextIO, log: TextIO) -> int:
+    """Print ``e`` as one line on ``log`` (and with --json as the one object on ``out``); its exit code."""
+    if _output_error(e):  # stdout itself failed: say so once, write nothing more there
+        print(f"mtlir: error: cannot write the output to stdout: {e}", file=log)
+        if out is sys.stdout:
+            _silence_stdout()
+        return EXIT_BAD_INPUT
+    expected = exit_code(e)
+    if debug:
+        traceback.print_exc(file=log)
+    text = _one_line(e)
+    print(f"mtlir: internal error: {type(e).__name__}: {text}" if expected is None else f"mtlir: error: {text}",
+          file=log)
+    failed = EXIT_INTERNAL if expected is None else expected
+    if json_mode:  # the one JSON object stdout promises, saying what went wrong
+        json.dump({"error": text, "error_type": type(e).__name__, "exit_code": failed}, out)
+        out.write("\n")
+    return failed

@@ -1,0 +1,154 @@
+"""``mtlir run``: lower, link, submit ``--repeat`` times, read the output and compare it with the trace's.
+
+``mtlir run TRACE.json [--device auto|sim|metal] [--arch ...] [--no-residency-set] [--no-icb] [--target ...]
+[--faithful] [--viz DIR] [--repeat N] [--json]`` lowers, links, submits N times, reads the output and compares it
+with the trace's expected output as float32 (rtol 1e-4, atol 1e-5). With ``--device metal`` the device is probed
+first (``mtlir.runtime.probe``) and the submit lowered for what it offers (residency sets, ICBs); the flags can
+only turn them off. ``--json``: one object ``{"match", "max_abs_err", "kernels", "messages_per_submit", "submits",
+...}`` on stdout, everything else on stderr (``max_abs_err`` is null when the error is not a finite number).
+
+``_make_bridge`` is looked up on ``mtlir.cli.main`` when that module is loaded (``cli_hook``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from mtlir.cli.report import EXIT_MATCH, EXIT_MISMATCH, UsageError
+from mtlir.cli.lower import _lower, _path, _target, cli_hook, format_message, program_values, record_one_submit
+
+__all__ = ["compare_output", "Comparison", "cmd_run"]
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _device_kind(kind: str, target: str, faithful: bool) -> str:
+    """``--device`` resolved (auto: metal on macOS with Metal, else sim) and checked against the other flags."""
+    from mtlir.runtime.metal import bridge as mtl
+    if kind == "auto":
+        kind = "metal" if mtl.metal_available() else "sim"
+    if kind == "metal":
+        if not mtl.metal_available():
+            raise UsageError(f"--device metal: {mtl.NOT_AVAILABLE}")
+        if faithful:
+            raise UsageError("--faithful is a mode of the simulated device (--device sim)")
+        if target != mtl.host_target():
+            raise UsageError(f"--device metal runs this machine's ABI ({mtl.host_target()}), not --target {target}")
+    return kind
+
+
+def _open_metal(log: TextIO) -> tuple[Any, Any]:
+    """The MetalBridge and what its device offers (``probe_device``); each missing capability is a note on
+    ``log``, since the submit is then lowered without it."""
+    from mtlir.runtime.metal import bridge as mtl
+    from mtlir.runtime.probe import probe_device
+    bridge = mtl.MetalBridge()
+    caps = probe_device(bridge)
+    for note in caps.notes:
+        print(f"mtlir: note: {note}: lowering without it", file=log)
+    return bridge, caps
+
+
+def _make_bridge(kind: str, target: str, faithful: bool, program: Any, metal: Any = None) -> tuple[Any, str]:
+    """The Bridge to run ``program`` on and the device's name: ``metal`` (the bridge ``_open_metal`` made) for
+    ``kind == "metal"``, else a SimDevice for the device ``program`` was lowered for."""
+    if kind == "metal":
+        return metal, "metal"
+    from mtlir.runtime.sim.device import SimDevice
+    dev = program.device
+    return (SimDevice(target, strict=not faithful, family=dev.family, residency_sets=dev.residency_set, icb=dev.icb),
+            "sim (faithful)" if faithful else "sim")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The output against the expected one (float32): ``match`` (``numpy.allclose`` with rtol 1e-4, atol 1e-5, NaN
+    equal to NaN), ``max_abs_err`` (inf where one side is NaN or infinite and the other not; NaN never hides an
+    error), ``mismatches`` (elements outside the tolerance) and ``nan_mismatches`` (positions where exactly one
+    side is NaN)."""
+
+    match: bool
+    max_abs_err: float
+    mismatches: int
+    nan_mismatches: int
+
+    def json_error(self) -> float | None:
+        """``max_abs_err`` for JSON, which has no NaN or infinity: the number when finite, else None (null)."""
+        return self.max_abs_err if math.isfinite(self.max_abs_err) else None
+
+
+def compare_output(got: Any, expected: Any) -> Comparison:
+    """Compare two float arrays of one shape as float32 (``Comparison``): a NaN on one side only is a mismatch
+    with an infinite error, NaN against NaN and equal infinities agree."""
+    import numpy as np
+    a, b = np.asarray(got, np.float32), np.asarray(expected, np.float32)
+    close = np.isclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True)
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    err[(nan_a & nan_b) | (a == b)] = 0.0  # agreeing NaNs and equal infinities (inf - inf is NaN)
+    err[np.isnan(err)] = math.inf  # NaN against a number, or inf against -inf
+    return Comparison(bool(close.all()), float(err.max()) if err.size else 0.0, int((~close).sum()),
+                      int((nan_a != nan_b).sum()))
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
+    """``mtlir run``: lower, link, submit ``--repeat`` times, compare the output with the trace's."""
+    import numpy as np
+
+    from mtlir.runtime import Session
+    if args.repeat < 1:
+        raise UsageError(f"--repeat {args.repeat}: at least one submit")
+    target = _target(args)
+    kind = _device_kind(args.device, target, args.faithful)
+    metal, caps = _open_metal(log) if kind == "metal" else (None, None)
+    trace, lowered = _lower(args, log, target, caps)
+    program = lowered.program
+    values = program_values(program, trace, log)
+    # what one submit sends, as `lower --json` records it
+    messages = record_one_submit(program, values, target, args.executor)
+    bridge, device_name = cli_hook("_make_bridge", _make_bridge)(kind, target, args.faithful, program, metal)
+    o = trace.output
+    try:
+        with Session(program, bridge, initial=trace.initial_data(), executor=args.executor,
+                     timeout_s=args.timeout) as s:
+            for _ in range(args.repeat):
+                s.submit(**values)
+            s.wait(timeout_s=args.timeout)
+            got = np.frombuffer(s.read(o.placeholder, o.offset, o.nbytes), dtype=np.float32).reshape(o.shape)
+    finally:
+        close = getattr(bridge, "close", None)
+        if close is not None:
+            close()
+        # a kernel that never ends (past --timeout) keeps its OpenCL queue: main() then leaves with os._exit
+        args.kernel_stuck = bool(getattr(bridge, "kernel_running", False))
+    gpu = [t for rec in s.completed for t in rec.gpu_times]
+    host_s = s.host_s_per_submit
+    cmp = compare_output(got, o.expected_array())
+    kernels = len(trace.dispatches)
+    listing = log if args.json else out
+    dev = program.device
+    print(f"; one submit of {trace.workload} ({dev.family}, {target}, {device_name}"
+          f"{'' if dev.residency_set else ', no residency set'}, {_path(program)}): "
+          f"{len(messages)} messages", file=listing)
+    for m in messages:
+        print(format_message(m), file=listing)
+    nan_text = f", {cmp.nan_mismatches} NaN positions differ" if cmp.nan_mismatches else ""
+    result = "match" if cmp.match else f"MISMATCH in {cmp.mismatches} of {got.size} elements"
+    print(f"kernels: {kernels}, messages per submit: {len(messages)}, submits: {s.submits}, "
+          f"host time per submit: {host_s * 1e6:.1f} us ({args.executor}), "
+          f"result: {result} (max abs err {cmp.max_abs_err:.3g}{nan_text})", file=listing)
+    if args.json:
+        doc = {"match": cmp.match, "max_abs_err": cmp.json_error(), "mismatches": cmp.mismatches,
+               "nan_mismatches": cmp.nan_mismatches, "kernels": kernels, "messages_per_submit": len(messages),
+               "submits": s.submits, "workload": trace.workload, "arch": dev.family, "target": target,
+               "residency_set": dev.residency_set, "icb": dev.icb, "path": _path(program), "device": device_name,
+               "executor": args.executor, "host_s_per_submit": host_s,
+               "gpu_s_per_submit": (sum(e - b for b, e in gpu) / len(s.completed)) if s.completed else None,
+               "lower_s": lowered.seconds}
+        json.dump(doc, out, allow_nan=False)
+        out.write("\n")
+    return EXIT_MATCH if cmp.match else EXIT_MISMATCH

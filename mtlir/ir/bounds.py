@@ -1,0 +1,187 @@
+"""Value ranges: the smallest and largest value an integer expression can take over its variables' bounds.
+
+``bounds(node)`` walks an expression of CONST, DEFINE_VAR, CAST, BITCAST, AFTER and ALU nodes once and returns
+``(vmin, vmax)``, inclusive, with the C semantics of ``mtlir.ir.evaluate``: integers wrap to the node's dtype (a result
+interval that does not fit the dtype becomes the dtype's whole range, which is where a wrap can land), IDIV and MOD
+truncate toward zero, comparisons and bool are 0/1. The range is sound (every value the expression takes at any
+variable values inside their bounds lies in it) but not always tight: variables are treated as independent, so
+``n - n`` gives ``[lo - hi, hi - lo]``, not ``[0, 0]``.
+
+``expr_text(node)`` prints such an expression in infix form for error messages (``(n + 31) // 32``).
+
+Used by the queue builder and ``encode`` to refuse dispatch sizes that can fall below 1 or exceed 2**32-1
+(``mtlir.frontend.queue.check_size``); reusable by simplification rules (``UOp.vmin`` / ``UOp.vmax``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from mtlir.ir.dtypes import DType, dtypes
+from mtlir.ir.evaluate import c_idiv
+from mtlir.ir.ops import GroupOp, Ops
+from mtlir.ir.uop import UOp
+
+__all__ = ["bounds", "expr_text", "variable_bounds", "BoundsError"]
+
+
+class BoundsError(ValueError):
+    """An expression whose range cannot be computed (a node that is not integer arithmetic); names the node."""
+
+
+def _full(dt: DType) -> tuple[int, int]:
+    return (0, 1) if dt.kind == "bool" else (dtypes.min(dt), dtypes.max(dt))
+
+
+def _fit(dt: DType, lo: int, hi: int) -> tuple[int, int]:
+    """``[lo, hi]`` as the dtype holds it: unchanged when it fits, else the whole range (a wrap can land anywhere)."""
+    if dt.kind == "bool":
+        if lo > 0 or hi < 0:
+            return (1, 1)
+        return (0, 0) if lo == hi == 0 else (0, 1)
+    mn, mx = _full(dt)
+    return (lo, hi) if mn <= lo and hi <= mx else (mn, mx)
+
+
+def _corners(fn: Any, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    vals = [fn(x, y) for x in a for y in b]
+    return min(vals), max(vals)
+
+
+def _idiv(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
+    """C division over a divisor range; a divisor of 0 is undefined (left out); None when only 0 is possible."""
+    parts = [p for p in ((b[0], min(b[1], -1)), (max(b[0], 1), b[1])) if p[0] <= p[1]]
+    if not parts:
+        return None
+    # truncating division is monotonic in each argument on a divisor range of one sign: the corners bound it
+    ranges = [_corners(c_idiv, a, p) for p in parts]
+    return min(r[0] for r in ranges), max(r[1] for r in ranges)
+
+
+def _mod(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
+    """C remainder: the dividend's sign, magnitude below the divisor's."""
+    m = max(abs(b[0]), abs(b[1])) - 1
+    if m < 0:
+        return None  # only a divisor of 0: undefined
+    if b[0] == b[1] and a[0] >= 0 and a[1] - a[0] < b[0] and a[0] % b[0] <= a[1] % b[0]:
+        return a[0] % b[0], a[1] % b[0]  # a positive constant divisor and no wrap-around inside the range
+    return (0 if a[0] >= 0 else max(a[0], -m)), (0 if a[1] <= 0 else min(a[1], m))
+
+
+def _bitwise(op: Ops, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
+    if a[0] < 0 or b[0] < 0:
+        return None
+    if op is Ops.AND:
+        return 0, min(a[1], b[1])
+    return 0, (1 << max(a[1], b[1]).bit_length()) - 1
+
+
+def _compare(op: Ops, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    if op is Ops.CMPLT:
+        sure, never = a[1] < b[0], a[0] >= b[1]
+    elif op is Ops.CMPLE:
+        sure, never = a[1] <= b[0], a[0] > b[1]
+    else:
+        same = a[0] == a[1] == b[0] == b[1]
+        disjoint = a[1] < b[0] or b[1] < a[0]
+        sure, never = (same, disjoint) if op is Ops.CMPEQ else (disjoint, same)
+    return (1, 1) if sure else (0, 0) if never else (0, 1)
+
+
+def _alu(u: UOp, r: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """The exact interval of ``u``'s operation on its sources' intervals (before fitting), or None: anything."""
+    op = u.op
+    if op is Ops.NEG:
+        return -r[0][1], -r[0][0]
+    if op is Ops.WHERE:
+        c, a, b = r
+        return a if c[0] >= 1 else b if c[1] <= 0 else (min(a[0], b[0]), max(a[1], b[1]))
+    a, b = r
+    if op is Ops.ADD:
+        return a[0] + b[0], a[1] + b[1]
+    if op is Ops.SUB:
+        return a[0] - b[1], a[1] - b[0]
+    if op is Ops.MUL:
+        return _corners(lambda x, y: x * y, a, b)
+    if op is Ops.IDIV:
+        return _idiv(a, b)
+    if op is Ops.MOD:
+        return _mod(a, b)
+    if op is Ops.MAX:
+        return max(a[0], b[0]), max(a[1], b[1])
+    if op is Ops.MIN:
+        return min(a[0], b[0]), min(a[1], b[1])
+    if op in (Ops.SHL, Ops.SHR):
+        if b[0] < 0 or b[1] >= max(u.dtype.bits, 1):
+            return None  # C leaves the shift undefined
+        return _corners((lambda x, y: x << y) if op is Ops.SHL else (lambda x, y: x >> y), a, b)
+    if op in (Ops.AND, Ops.OR, Ops.XOR):
+        return _bitwise(op, a, b)
+    return _compare(op, a, b)
+
+
+def bounds(node: UOp) -> tuple[int, int]:
+    """``(vmin, vmax)`` of the integer expression ``node`` over the bounds of its DEFINE_VARs (module docstring).
+
+    Bool results are 0/1. Raises ``BoundsError`` naming the node for anything that is not integer arithmetic
+    (a float, a LOAD, a buffer)."""
+    memo: dict[UOp, tuple[int, int]] = {}
+    for u in node.toposort():
+        dt = u.dtype
+        if not dt.is_word:
+            raise BoundsError(f"the range of {u.op.name}<{dt.name}> cannot be computed: only integer arithmetic")
+        op = u.op
+        if op is Ops.CONST:
+            v = int(u.arg) if not isinstance(u.arg, str) else None
+            if v is None:
+                raise BoundsError(f"the range of CONST<{dt.name}> {u.arg!r} cannot be computed")
+            memo[u] = _fit(dt, v, v)
+        elif op is Ops.DEFINE_VAR:
+            memo[u] = _fit(dt, int(u.arg[1]), int(u.arg[2]))
+        elif op in (Ops.CAST, Ops.BITCAST, Ops.AFTER):
+            if not u.src or not u.src[0].dtype.is_word:
+                raise BoundsError(f"the range of {op.name}<{dt.name}> of a non-integer cannot be computed")
+            lo, hi = memo[u.src[0]]
+            memo[u] = _fit(dt, lo, hi)
+        elif op in GroupOp.ALU:
+            got = _alu(u, [memo[s] for s in u.src])
+            memo[u] = _full(dt) if got is None else _fit(dt, *got)
+        else:
+            raise BoundsError(f"the range of {op.name}<{dt.name}> cannot be computed: only integer arithmetic")
+    return memo[node]
+
+
+def variable_bounds(node: UOp) -> str:
+    """The variables of ``node`` with their bounds, for messages: ``n in [1, 32], m in [0, 7]``."""
+    return ", ".join(f"{v.arg[0]} in [{v.arg[1]}, {v.arg[2]}]" for v in node.variables())
+
+
+_INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.SHL: "<<", Ops.SHR: ">>",
+          Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==", Ops.CMPNE: "!="}
+
+
+def expr_text(node: UOp) -> str:
+    """An expression in infix form (``(n + 31) // 32``): variables by name, casts left out, other ops by name.
+
+    Iterative, so a deep expression cannot exhaust the recursion limit."""
+    text: dict[UOp, str] = {}
+    for u in node.toposort():
+        s = [text[x] for x in u.src]
+        if u.op is Ops.CONST:
+            text[u] = str(u.arg)
+        elif u.op is Ops.DEFINE_VAR:
+            text[u] = str(u.arg[0])
+        elif u.op in (Ops.CAST, Ops.BITCAST, Ops.AFTER) and s:
+            text[u] = s[0]
+        elif u.op in _INFIX and len(s) == 2:
+            text[u] = f"({s[0]} {_INFIX[u.op]} {s[1]})"
+        elif u.op is Ops.NEG and s:
+            text[u] = f"-{s[0]}"
+        elif u.op is Ops.WHERE and len(s) == 3:
+            text[u] = f"({s[0]} ? {s[1]} : {s[2]})"
+        else:
+            text[u] = f"{u.op.name.lower()}({', '.join(s)})"
+    root = node
+    while root.op in (Ops.CAST, Ops.BITCAST, Ops.AFTER) and root.src:
+        root = root.src[0]
+    out = text[node]
+    return out[1:-1] if root.op in _INFIX or root.op is Ops.WHERE else out

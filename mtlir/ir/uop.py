@@ -1,0 +1,461 @@
+"""UOp: the immutable, hash-consed node of the mtlir IR.
+
+Building the same node twice returns the same object (``is``), so structural equality is identity and "did this
+pass change anything" is ``new is old``. The intern table holds weak references only: a node nobody references is
+freed and leaves the table. Args are keyed by type and value (``_argkey``): ``-0.0`` and ``0.0`` are different
+constants, every NaN is one constant, and ``1``, ``True`` and ``1.0`` never merge.
+"""
+from __future__ import annotations
+
+import dataclasses
+import struct
+import weakref
+from collections.abc import Iterator
+from enum import Enum
+from typing import Any
+
+from mtlir.ir.dtypes import DType, PtrDType, dtypes, wrap
+from mtlir.ir.ops import GroupOp, Ops
+
+__all__ = ["UOp", "argkey", "live_nodes"]
+
+# arg types keyed as (type, value): Python's == already tells their values apart and they hash deterministically
+_ATOMS = frozenset({str, int, bool, type(None), bytes, Ops})
+_NONE_KEY = (type(None), None)
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # dataclass type -> its field names (dataclasses.fields is slow)
+
+
+def argkey(arg: Any) -> Any:
+    """A hashable key for ``arg`` that tells apart values Python's ``==`` merges.
+
+    Floats are keyed by their bits (``-0.0`` is not ``0.0``; every NaN is one key), every value by its type
+    (``1``, ``True`` and ``1.0`` differ), recursively inside tuples, NamedTuples, frozensets and frozen
+    dataclasses. Any other hashable value (e.g. a tuple subclass holding a big payload, which opts out of the
+    per-element keying for speed) is keyed by its type and Python's ``==``.
+    Raises ``TypeError`` for an arg that is not hashable (a list, a dict, a mutable dataclass)."""
+    t = type(arg)
+    if t in _ATOMS:
+        return (t, arg)
+    if t is float:
+        return (float, "nan") if arg != arg else (float, struct.pack("<d", arg))
+    if t is tuple or (isinstance(arg, tuple) and hasattr(t, "_fields")):  # tuples and NamedTuples
+        return (t, tuple([argkey(a) for a in arg]))
+    if isinstance(arg, (Enum, DType)):
+        return (t, arg)
+    if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
+        if not t.__dataclass_params__.frozen:
+            raise TypeError(f"a {t.__name__} is a mutable dataclass: only frozen dataclasses can be args")
+        # the key is kept on the instance (outside its fields: eq, hash and repr do not see it), so a Prototype or
+        # a placeholder used by thousands of nodes is keyed once
+        cache = getattr(arg, "__dict__", None)
+        if cache is not None and (key := cache.get("_mtlir_argkey")) is not None:
+            return key
+        names = _FIELD_NAMES.get(t)
+        if names is None:
+            names = _FIELD_NAMES[t] = tuple(f.name for f in dataclasses.fields(arg))
+        key = (t, tuple([argkey(getattr(arg, n)) for n in names]))
+        if cache is not None:
+            cache["_mtlir_argkey"] = key
+        return key
+    if t is frozenset:
+        return (frozenset, frozenset([argkey(a) for a in arg]))
+    try:
+        hash(arg)
+    except TypeError:
+        raise TypeError(f"a {t.__name__} is not hashable: args and tags must be immutable values") from None
+    return (t, arg)
+
+
+# the intern table: node key -> weak reference; a node removes its own entry when it is freed (UOp.__del__)
+_table: dict[tuple[Any, ...], weakref.ReferenceType[UOp]] = {}
+
+
+def live_nodes() -> int:
+    """How many UOps are alive (the size of the intern table); freed nodes leave it at once."""
+    return len(_table)
+
+
+def _const_cast(dtype: DType, value: Any) -> Any:
+    if dtype.kind == "bool":
+        return bool(value)
+    if dtype.kind == "float":
+        return float(value)
+    if dtype.is_word:
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise ValueError(f"constant {value!r} is not an integer, cannot be a {dtype.name}")
+            value = int(value)
+        return wrap(dtype, int(value))  # as a C conversion: two's complement, pointers/ids/SELs 64-bit unsigned
+    return value
+
+
+def _check_fields(op: Any, dtype: Any, src: tuple[Any, ...]) -> int:
+    """Validate a new node's fields; return its rank (1 + the largest rank of its sources, 0 for a leaf)."""
+    if type(op) is not Ops:
+        raise TypeError(f"UOp: op {op!r} is not an Ops member")
+    if not isinstance(dtype, DType):
+        raise TypeError(f"UOp({op!r}): dtype {dtype!r} is not a DType")
+    rank = 0
+    for i, s in enumerate(src):
+        if type(s) is not UOp:
+            raise TypeError(f"UOp({op!r}): source {i} is a {type(s).__name__} ({s!r:.80}), not a UOp")
+        if s._rank >= rank:
+            rank = s._rank + 1
+    return rank
+
+
+class _Slots:
+    """The storage of a UOp. A new node is filled as a ``_Filling`` (plain slot stores, no guard) and then becomes
+    a ``UOp`` (``__class__`` assignment between classes of one layout): four times cheaper than
+    ``object.__setattr__`` per field, and node creation is the hot path of every pass."""
+
+    __slots__ = ("op", "dtype", "src", "arg", "tag", "_key", "_rank", "__weakref__")
+    op: Ops
+    dtype: DType
+    src: tuple[UOp, ...]
+    arg: Any
+    tag: Any
+    _key: tuple[Any, ...]
+    _rank: int
+
+
+class _Filling(_Slots):
+    __slots__ = ()
+
+
+class UOp(_Slots):
+    """A node: ``op`` (Ops), ``dtype`` (DType), ``src`` (tuple of UOps), ``arg`` (hashable), ``tag`` (hashable).
+
+    Construct with ``UOp(op, dtype, src, arg, tag)`` or the builders (``UOp.const``, ``UOp.variable``,
+    ``x.index(i).load()``, arithmetic operators). Building the same node twice returns the same object. Raises
+    ``TypeError`` when ``op`` is not an Ops, ``dtype`` not a DType, ``src`` holds a non-UOp or ``arg``/``tag`` is
+    not hashable. ``_rank`` is the length of the longest path down to a leaf (0 for a leaf), so every node's
+    sources have a smaller rank.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None,
+                tag: Any = None) -> UOp:
+        if type(src) is not tuple:
+            if isinstance(src, UOp) or not hasattr(src, "__iter__"):
+                raise TypeError(f"UOp({op!r}): src must be a tuple of UOps, got a {type(src).__name__}")
+            src = tuple(src)
+        try:
+            key = (op, dtype, src, _NONE_KEY if arg is None else argkey(arg), None if tag is None else argkey(tag))
+            ref = _table.get(key)
+        except TypeError as e:
+            raise TypeError(f"UOp({op!r}, {dtype!r}): {e}") from None
+        if ref is not None and (found := ref()) is not None:
+            return found
+        rank = _check_fields(op, dtype, src)
+        new = object.__new__(_Filling)
+        new.op, new.dtype, new.src, new.arg, new.tag, new._key, new._rank = op, dtype, src, arg, tag, key, rank
+        new.__class__ = UOp  # type: ignore[assignment]
+        node: UOp = new  # type: ignore[assignment]
+        wr = weakref.ref(node)
+        if (old := _table.setdefault(key, wr)) is not wr:  # another thread built it first, or a dead entry
+            if (other := old()) is not None:
+                return other
+            _table[key] = wr
+        return node
+
+    def __del__(self) -> None:
+        try:
+            ref = _table.get(self._key)
+            if ref is not None and ref() in (None, self):
+                del _table[self._key]
+        except (AttributeError, TypeError, KeyError):  # interpreter shutdown, half-built node
+            pass
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError("UOp is immutable: use replace()")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (UOp, (self.op, self.dtype, self.src, self.arg, self.tag))
+
+    def __copy__(self) -> UOp:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> UOp:
+        return self
+
+    # identity semantics: hash-consing makes structural equality identity
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        from mtlir.ir.render import render
+        if self._rank > 200:
+            return f"<UOp {self.op.name} {self.dtype.name} rank={self._rank}: use mtlir.ir.render/listing to print>"
+        text = render(self)
+        return text if len(text) < 4000 else text[:4000] + " ..."
+
+    def replace(self, **kwargs: Any) -> UOp:
+        """A node like this one with the given fields (``op``, ``dtype``, ``src``, ``arg``, ``tag``) changed; this
+        very node when nothing changes. Raises ``TypeError`` for another keyword."""
+        if not _REPLACEABLE.issuperset(kwargs):
+            raise TypeError(f"replace(): unknown field(s) {sorted(set(kwargs) - _REPLACEABLE)}")
+        return UOp(kwargs.get("op", self.op), kwargs.get("dtype", self.dtype), kwargs.get("src", self.src),
+                   kwargs.get("arg", self.arg), kwargs.get("tag", self.tag))
+
+    # ---- traversal
+
+    def toposort(self) -> list[UOp]:
+        """Every node reachable from this one, each after all of its sources: depth-first post-order, sources
+        left to right, so the order is the same in every run.
+
+        Iterative: a 100,000-node chain and a 20,000-wide sink work at the default recursion limit."""
+        order: list[UOp] = []
+        placed: dict[UOp, bool] = {}  # False: sources being visited, True: in ``order``
+        stack = [self]
+        push, pop, get, append = stack.append, stack.pop, placed.get, order.append
+        while stack:
+            node = pop()
+            state = get(node)
+            if state is None:
+                src = node.src
+                if src:
+                    placed[node] = False
+                    push(node)
+                    for s in reversed(src):
+                        if s not in placed:
+                            push(s)
+                    continue
+            elif state:
+                continue
+            placed[node] = True
+            append(node)
+        return order
+
+    def walk(self) -> Iterator[UOp]:
+        """Iterate over ``toposort()``."""
+        return iter(self.toposort())
+
+    # ---- builders
+
+    @staticmethod
+    def const(dtype: DType, value: Any) -> UOp:
+        """A constant of ``dtype``; ``value`` is converted as C converts it: to the dtype's Python type (int, float,
+        bool), integers wrapped to the dtype's width (``const(dtypes.uint32, -1).arg == 4294967295``,
+        ``const(dtypes.int8, 300).arg == 44``; pointers, ids and SELs are 64-bit unsigned).
+
+        Raises ``ValueError`` for a non-integral float given to an integer dtype."""
+        return UOp(Ops.CONST, dtype, (), _const_cast(dtype, value))
+
+    @staticmethod
+    def variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.int32) -> UOp:
+        """A value bound at run time (DEFINE_VAR) of ``dtype`` with inclusive bounds ``[min_val, max_val]``.
+
+        Raises ``TypeError`` for a name that is not a str or bounds that are not ints (``1.5`` is not silently cut
+        to 1) and ``ValueError`` for an empty name, ``min_val > max_val``, or bounds outside the range of an
+        integer ``dtype`` (``variable("m", 1, 2**40)`` is not an int32)."""
+        if not isinstance(name, str):
+            raise TypeError(f"variable {name!r}: the name is a str, got {type(name).__name__}")
+        if not name:
+            raise ValueError("variable: the name must be a non-empty string")
+        for what, b in (("min", min_val), ("max", max_val)):
+            if type(b) is not int:
+                raise TypeError(f"variable {name!r}: {what} bound {b!r} is a {type(b).__name__}, not an int")
+        if min_val > max_val:
+            raise ValueError(f"variable {name!r}: min {min_val} > max {max_val}")
+        if dtype.is_word and (min_val < dtypes.min(dtype) or max_val > dtypes.max(dtype)):
+            raise ValueError(f"variable {name!r}: bounds [{min_val}, {max_val}] do not fit its dtype {dtype.name} "
+                             f"[{dtypes.min(dtype)}, {dtypes.max(dtype)}]")
+        return UOp(Ops.DEFINE_VAR, dtype, (), (name, min_val, max_val))
+
+    @staticmethod
+    def sink(*srcs: UOp, arg: Any = None) -> UOp:
+        """A SINK keeping ``srcs`` (side effects, results) alive."""
+        return UOp(Ops.SINK, dtypes.void, srcs, arg)
+
+    def _ufix(self, x: UOp | int | float | bool, op: Ops | None = None) -> UOp:
+        """``x`` as an operand next to ``self``: a UOp as it is, a Python number as a constant of ``self``'s dtype
+        (an int of a pointer's: int64). Raises ``TypeError`` for anything else, or a float next to an integer."""
+        if isinstance(x, UOp):
+            return x
+        what = f"{op.name} of {self.dtype.name}" if op is not None else f"an operand next to {self.dtype.name}"
+        if not isinstance(x, (int, float)):
+            raise TypeError(f"{what}: operand {x!r} is a {type(x).__name__}, not a UOp, int or float")
+        dt = self.dtype if not isinstance(self.dtype, PtrDType) else dtypes.int64
+        if isinstance(x, float) and not dt.is_float:
+            raise TypeError(f"{what}: the float constant {x!r} does not mix with an integer expression (cast one side "
+                            f"first, e.g. x.cast(dtypes.float32))")
+        if dt.is_word and isinstance(x, int) and not isinstance(x, bool) and dt.kind != "bool" \
+                and not dtypes.min(dt) <= x <= dtypes.max(dt):
+            raise TypeError(f"{what}: the constant {x} does not fit {dt.name} [{dtypes.min(dt)}, {dtypes.max(dt)}] "
+                            f"(cast first, e.g. x.cast(dtypes.int64))")
+        return UOp.const(dt, x)
+
+    def alu(self, op: Ops, *srcs: UOp | int | float) -> UOp:
+        """An ALU node ``op(self, *srcs)``; Python numbers become constants of ``self``'s dtype; comparisons are
+        bool; WHERE has its branches' dtype.
+
+        Raises ``TypeError`` for an operand that is not a UOp or a number, and for operands whose dtypes do not
+        mix: an integer with a float (a constant or a node; the shift amount of SHL/SHR is not checked), an int
+        constant outside ``self``'s integer dtype, WHERE branches of two dtypes. Operators only build nodes; they
+        never convert a value (the result has ``self``'s dtype)."""
+        src = (self, *(self._ufix(s, op) for s in srcs))
+        if op is Ops.WHERE:
+            if src[1].dtype is not src[2].dtype:
+                raise TypeError(f"WHERE: the branches are {src[1].dtype.name} and {src[2].dtype.name}; they must have "
+                                "one dtype")
+            dtype = src[1].dtype
+        else:
+            others = src[1:2] if op not in (Ops.SHL, Ops.SHR) else ()
+            for s in others:
+                if s.dtype.is_float != self.dtype.is_float:
+                    raise TypeError(f"{op.name}: the operands are {self.dtype.name} and {s.dtype.name}; an integer and "
+                                    f"a float do not mix: cast one side first (x.cast(dtypes.{self.dtype.name}))")
+            dtype = dtypes.bool if op in GroupOp.Comparison else self.dtype
+        return UOp(op, dtype, src)
+
+    def __add__(self, x: UOp | int) -> UOp: return self.alu(Ops.ADD, x)
+    def __radd__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.ADD, self)
+    def __sub__(self, x: UOp | int) -> UOp: return self.alu(Ops.SUB, x)
+    def __rsub__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.SUB, self)
+    def __mul__(self, x: UOp | int) -> UOp: return self.alu(Ops.MUL, x)
+    def __rmul__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.MUL, self)
+    def __floordiv__(self, x: UOp | int) -> UOp: return self.alu(Ops.IDIV, x)
+    def __rfloordiv__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.IDIV, self)
+    def __mod__(self, x: UOp | int) -> UOp: return self.alu(Ops.MOD, x)
+    def __rmod__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.MOD, self)
+    def __lshift__(self, x: UOp | int) -> UOp: return self.alu(Ops.SHL, x)
+    def __rshift__(self, x: UOp | int) -> UOp: return self.alu(Ops.SHR, x)
+    def __and__(self, x: UOp | int) -> UOp: return self.alu(Ops.AND, x)
+    def __rand__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.AND, self)
+    def __or__(self, x: UOp | int) -> UOp: return self.alu(Ops.OR, x)
+    def __ror__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.OR, self)
+    def __xor__(self, x: UOp | int) -> UOp: return self.alu(Ops.XOR, x)
+    def __rxor__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.XOR, self)
+    def __neg__(self) -> UOp: return self.alu(Ops.NEG)
+    def __lt__(self, x: UOp | int) -> UOp: return self.alu(Ops.CMPLT, x)
+    def __le__(self, x: UOp | int) -> UOp: return self.alu(Ops.CMPLE, x)
+    def __gt__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.CMPLT, self)
+    def __ge__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.CMPLE, self)
+
+    def eq(self, x: UOp | int) -> UOp:
+        """``self == x`` as a CMPEQ node (``==`` itself is identity)."""
+        return self.alu(Ops.CMPEQ, x)
+
+    def ne(self, x: UOp | int) -> UOp:
+        """``self != x`` as a CMPNE node."""
+        return self.alu(Ops.CMPNE, x)
+
+    def maximum(self, x: UOp | int) -> UOp:
+        """The larger of ``self`` and ``x`` (MAX)."""
+        return self.alu(Ops.MAX, x)
+
+    def minimum(self, x: UOp | int) -> UOp:
+        """The smaller of ``self`` and ``x`` (MIN)."""
+        return self.alu(Ops.MIN, x)
+
+    def where(self, a: UOp | int, b: UOp | int) -> UOp:
+        """``self ? a : b``; ``a`` and ``b`` take their dtype from each other when one is an int."""
+        a2 = a if isinstance(a, UOp) else (b._ufix(a, Ops.WHERE) if isinstance(b, UOp) else
+                                           UOp.const(dtypes.int32, 0)._ufix(a, Ops.WHERE))
+        b2 = b if isinstance(b, UOp) else a2._ufix(b, Ops.WHERE)
+        return self.alu(Ops.WHERE, a2, b2)
+
+    def cast(self, dtype: DType) -> UOp:
+        """Convert the value to ``dtype`` (CAST); this node itself when the dtype already matches."""
+        return self if self.dtype is dtype else UOp(Ops.CAST, dtype, (self,))
+
+    def bitcast(self, dtype: DType) -> UOp:
+        """Reinterpret the bits as ``dtype`` (BITCAST)."""
+        return self if self.dtype is dtype else UOp(Ops.BITCAST, dtype, (self,))
+
+    def index(self, i: UOp | int) -> UOp:
+        """The address of element ``i`` of the pointer ``self`` (INDEX, dtype: the same pointer)."""
+        idx = i if isinstance(i, UOp) else UOp.const(dtypes.int64, i)
+        return UOp(Ops.INDEX, self.dtype, (self, idx))
+
+    def load(self, *deps: UOp) -> UOp:
+        """Read the element at this address (LOAD); ``deps`` order the read after those side effects."""
+        base = self.dtype.base if isinstance(self.dtype, PtrDType) else self.dtype
+        return UOp(Ops.LOAD, base, (self, *deps))
+
+    def store(self, value: UOp | int | float) -> UOp:
+        """Write ``value`` at this address (STORE, a side effect of dtype void)."""
+        base = self.dtype.base if isinstance(self.dtype, PtrDType) else self.dtype
+        v = value if isinstance(value, UOp) else UOp.const(base, value)
+        return UOp(Ops.STORE, dtypes.void, (self, v))
+
+    def after(self, *deps: UOp) -> UOp:
+        """This value, ordered after the side effects ``deps`` (AFTER); this node when ``deps`` is empty."""
+        return UOp(Ops.AFTER, self.dtype, (self, *deps)) if deps else self
+
+    @staticmethod
+    def range(end: UOp | int, rid: int = 0, dtype: DType = dtypes.int64) -> UOp:
+        """A loop counter running ``0 .. end-1`` (RANGE); ``rid`` tells apart loops with the same bound."""
+        e = end if isinstance(end, UOp) else UOp.const(dtype, end)
+        return UOp(Ops.RANGE, dtype, (e,), rid)
+
+    def end(self, *effects: UOp) -> UOp:
+        """Close the loop ``self`` (a RANGE) after ``effects`` (END, a side effect)."""
+        if self.op is not Ops.RANGE:
+            raise TypeError(f"end() closes a RANGE, not {self.op!r}")
+        return UOp(Ops.END, dtypes.void, (self, *effects))
+
+    @staticmethod
+    def struct(dtype: DType, *fields: UOp | int) -> UOp:
+        """A struct value (``dtypes.MTLSize`` from 3 words, ``dtypes.NSRange`` from 2) built from its fields."""
+        n = len(getattr(dtype, "fields", ()))
+        if n == 0 or len(fields) != n:
+            raise ValueError(f"{dtype!r} takes {n} fields, got {len(fields)}")
+        src = tuple(f if isinstance(f, UOp) else UOp.const(dtypes.uint64, f) for f in fields)
+        return UOp(Ops.STRUCT, dtype, src)
+
+    def gep(self, i: int) -> UOp:
+        """Field ``i`` of a struct value (GEP, a uint64)."""
+        return UOp(Ops.GEP, dtypes.uint64, (self,), i)
+
+    # ---- queries
+
+    @property
+    def is_const(self) -> bool:
+        """True for a CONST node."""
+        return self.op is Ops.CONST
+
+    def const_value(self) -> Any:
+        """The value of a CONST; raises ``ValueError`` for any other op."""
+        if self.op is not Ops.CONST:
+            raise ValueError(f"{self.op!r} is not a constant")
+        return self.arg
+
+    def variables(self) -> list[UOp]:
+        """The DEFINE_VAR nodes this node depends on, in toposort order."""
+        return [u for u in self.toposort() if u.op is Ops.DEFINE_VAR]
+
+    @property
+    def vmin(self) -> int:
+        """The smallest value this integer expression can take over its variables' bounds (``mtlir.ir.bounds``).
+
+        Raises ``mtlir.ir.bounds.BoundsError`` for a node that is not integer arithmetic."""
+        from mtlir.ir.bounds import bounds
+        return bounds(self)[0]
+
+    @property
+    def vmax(self) -> int:
+        """The largest value this integer expression can take over its variables' bounds (``mtlir.ir.bounds``)."""
+        from mtlir.ir.bounds import bounds
+        return bounds(self)[1]
+
+    def evaluate(self, values: dict[str, int] | None = None) -> Any:
+        """The value of an ALU expression over constants and variables (``values`` by variable name).
+
+        Integer division and modulo truncate toward zero, as in C. Raises ``KeyError`` for an unbound variable
+        and ``ValueError`` for an op that is not arithmetic."""
+        from mtlir.ir.evaluate import evaluate
+        return evaluate(self, values or {})
+
+
+_REPLACEABLE = frozenset({"op", "dtype", "src", "arg", "tag"})

@@ -1,0 +1,409 @@
+"""Reading a SUBMIT for ``encode``: its commands checked and resolved to ICB bindings, and its command buffers.
+
+``SubmitReader.read(submit)`` visits each queue op once, and each distinct kernel, size, buffer, view and
+variable node once (memoized by node): per command it keeps the kernel, the sizes (constant, or set by each
+submit), the argument nodes and the ICB binding of each parameter — ``(placeholder name, byte offset, index)``, a
+variable as its 256-byte slot of the variables buffer. ``plans`` then cuts the submit into command buffers (a
+SIGNAL closes one; with TIMESTAMPs one per command, runs folded into loops) and ``stamps`` says which command
+buffer's GPU time each timestamp slot gets. Every problem raises ``EncodeError`` naming the command.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from mtlir.ir.dtypes import DType, dtypes
+from mtlir.metal import MTL, DeviceSpec, Kernel, Obj
+from mtlir.ir.ops import Ops
+from mtlir.passes.pipeline import PassContext
+from mtlir.passes.symbolic import simplify
+from mtlir.program import Stamp
+from mtlir.frontend.queue import (MAX_THREADS, QueueError, check_size, check_threads, check_var_value, param_dtype,
+                         placeholder_name, var_dtype)
+from mtlir.ir.uop import UOp
+
+__all__ = ["SubmitReader", "EncodeError", "KernelInfo", "Size", "Binding", "Command", "CommandBufferPlan",
+           "VAR_SLOT", "MAX_ICB_OFFSET", "placeholder"]
+
+VAR_SLOT = MTL.CONSTANT_OFFSET_ALIGN  # bytes per variable slot in the variables buffer (256: any family)
+MAX_ICB_OFFSET = 0xFFFFFFFF
+
+
+class EncodeError(ValueError):
+    """A queue graph encode cannot lower; the message names the command (its index in the queue) or queue op."""
+
+
+def placeholder(kind: str, name: str, payload: tuple[object, ...] = (), dtype: DType = dtypes.id) -> UOp:
+    """An OBJECT node standing for ``Obj(kind, name, payload)`` (dtype id unless given)."""
+    return UOp(Ops.OBJECT, dtype, (), Obj(kind, name, payload))
+
+
+class KernelInfo(NamedTuple):
+    """What encode needs of a kernel: its pipeline placeholder and parameter layout."""
+
+    kernel: Kernel
+    pipeline: UOp                               # OBJECT pipeline:KEY
+    buffers: tuple[tuple[int, int], ...]        # (parameter index, element size in bytes)
+    vars: tuple[tuple[int, DType], ...]         # (parameter index, dtype)
+    pids: tuple[int, ...]                       # ids of (index, element size, bytes needed) per buffer and
+    #                                             (index, dtype, 0) per variable: buffers then vars
+    var_names: tuple[tuple[str, int], ...]      # (variable name, parameter index)
+    nsrc: int                                   # sources of its EXEC: 3 + buffers + variables
+
+
+class Size(NamedTuple):
+    """A grid or threadgroup size: the simplified MTLSize STRUCT, its link-time entries, whether it varies, and
+    the range of each entry over the variables' bounds."""
+
+    node: UOp                                   # the simplified STRUCT<MTLSize>
+    link: tuple[int, int, int]                  # constant entries, 0 where set per submit
+    symbolic: bool
+    ranges: tuple[tuple[int, int], ...]         # per axis (lo, hi)
+
+
+class Binding(NamedTuple):
+    """A buffer argument: its buffer (or buffer variable), the byte offset, the placeholder name."""
+
+    base: UOp                                   # BUFFER or buffer variable
+    offset: int
+    name: str | None                            # placeholder name; None for a buffer variable
+
+
+class Command(NamedTuple):
+    """One EXEC as encode keeps it."""
+
+    kernel: KernelInfo
+    grid: Size
+    threadgroup: Size
+    args: tuple[UOp, ...]                       # the EXEC's buffer and variable sources
+    icb_binds: tuple[tuple[str, int, int], ...]  # per parameter: (placeholder name, offset, index); name "" for a
+    #                                             buffer variable (bound by each submit)
+    symbolic: bool                              # sizes set by each submit (concurrentDispatchThreadgroups)
+
+
+class CommandBufferPlan(NamedTuple):
+    """One command buffer of the submit (or a loop of one-command buffers)."""
+
+    first: int                                  # first command
+    ncmds: int                                  # commands (0: a command buffer that only signals)
+    signal: UOp | None                          # the value encodeSignalEvent:value: sends
+    loop: bool                                  # a RANGE over `ncmds` one-command buffers
+
+
+def where(i: int, k: KernelInfo, index: int, what: str) -> str:
+    """Where a problem is, for an error message: ``command 3 (E_5_8): buffer parameter 1``."""
+    return f"command {i} ({k.kernel.key}): {what} parameter {index}"
+
+
+_new = tuple.__new__  # builds a NamedTuple at C speed (its generated __new__ is Python code): per-command records
+
+
+@dataclass
+class SubmitReader:
+    """Reads one SUBMIT (module docstring): ``read(submit)``, then ``plans`` and ``stamps``."""
+
+    device: DeviceSpec
+    max_range: int
+    ctx: PassContext
+    cmds: list[Command] = field(default_factory=list)
+    kernels: dict[UOp, KernelInfo] = field(default_factory=dict)
+    keys: dict[str, Kernel] = field(default_factory=dict)
+    grids: dict[UOp, Size] = field(default_factory=dict)       # grid STRUCT -> Size
+    tgs: dict[UOp, Size] = field(default_factory=dict)         # threadgroup STRUCT -> Size
+    grid_hi: list[int] = field(default_factory=lambda: [1, 1, 1])  # per axis: the largest grid / threadgroup size
+    tg_hi: list[int] = field(default_factory=lambda: [1, 1, 1])
+    binds: dict[UOp, Binding] = field(default_factory=dict)
+    base_names: dict[UOp, str | None] = field(default_factory=dict)   # BUFFER / buffer variable -> placeholder
+    pids: dict[tuple[int, int | DType, int], int] = field(default_factory=dict)  # parameter (KernelInfo.pids) -> id
+    memos: list[dict[UOp, tuple[str, int, int]]] = field(default_factory=list)  # per pid: node -> ICB binding
+    param_of: dict[int, tuple[int, int | DType, int]] = field(default_factory=dict)
+    buffers: dict[str, UOp] = field(default_factory=dict)      # placeholder name -> OBJECT, first-use order
+    inputs: dict[UOp, int] = field(default_factory=dict)       # buffer variable -> position
+    slots: dict[tuple[UOp, DType], int] = field(default_factory=dict)     # (value node, dtype) -> slot
+    slot_values: list[tuple[UOp, DType]] = field(default_factory=list)    # slot -> (simplified value, dtype)
+    # signals and timestamps by the number of commands before them (the commands themselves are implicit, in order)
+    signals: list[tuple[int, UOp]] = field(default_factory=list)          # (position, value)
+    stamps_at: list[tuple[int, int, bool]] = field(default_factory=list)  # (position, slot, right after an EXEC)
+    timeline: UOp | None = None
+    too_far: str = ""
+
+    # ---- reading the queue graph
+
+    def read(self, submit: UOp) -> None:
+        """Parse and check every queue op. Raises ``EncodeError`` naming the command."""
+        cmds = self.cmds
+        after_exec = False
+        kernels, grids, tgs, memos, check = self.kernels, self.grids, self.tgs, self.memos, self.check_bind
+        exec_op = Ops.EXEC
+        for op in submit.src:
+            if op.op is exec_op:
+                after_exec = True
+                # the fast path: kernel and sizes seen before, so only the arguments are looked up (one memo
+                # lookup each: the ICB binding of that node for that parameter)
+                src = op.src
+                k = kernels.get(src[0])
+                if k is not None and len(src) == k.nsrc:
+                    grid, tg = grids.get(src[1]), tgs.get(src[2])
+                    if grid is not None and tg is not None:
+                        i = len(cmds)
+                        args = src[3:]
+                        binds = tuple([memos[p].get(b) or check(b, p, i, k) for b, p in zip(args, k.pids)])
+                        cmds.append(_new(Command, (k, grid, tg, args, binds, grid.symbolic or tg.symbolic)))
+                        continue
+                cmds.append(self.read_exec(op, len(cmds)))
+                continue
+            if op.op in (Ops.WAIT, Ops.SIGNAL):
+                what = "wait" if op.op is Ops.WAIT else "signal"
+                where = f"{what} after command {len(cmds)}"
+                if len(op.src) != 2 or not op.src[1].dtype.is_int:
+                    raise EncodeError(f"{where}: sources are (event, integer value)")
+                ev = op.src[0]
+                if ev.op is not Ops.OBJECT or not isinstance(ev.arg, Obj) or ev.arg.kind != "event" \
+                        or ev.arg.name != "event":
+                    raise EncodeError(f"{where}: only the queue's own timeline (the 'event' placeholder) can be "
+                                      f"used; cross-queue events come with multiple queues")
+                self.timeline = ev
+                if op.op is Ops.SIGNAL:
+                    self.signals.append((len(cmds), simplify(op.src[1].cast(dtypes.uint64))))
+            elif op.op is Ops.TIMESTAMP:
+                if type(op.arg) is not int or op.arg < 0:
+                    raise EncodeError(f"timestamp after command {len(cmds)}: the slot must be an int >= 0, "
+                                      f"got {op.arg!r}")
+                self.stamps_at.append((len(cmds), op.arg, after_exec))
+            else:
+                raise EncodeError(f"queue op after command {len(cmds)}: {op.op.name} is not a queue op (EXEC, WAIT, "
+                                  "SIGNAL, TIMESTAMP)")
+            after_exec = False
+        if not cmds and not self.signals:
+            raise EncodeError("the submit has no command and no signal: nothing to encode")
+        if any(g * t > MAX_THREADS for g, t in zip(self.grid_hi, self.tg_hi)):
+            self.check_threads()
+
+    def check_threads(self) -> None:
+        """Find the command whose grid x threadgroup can exceed 2**32-1 threads on an axis (``read`` calls this only
+        when the largest grid and threadgroup seen could) and raise ``EncodeError`` naming it."""
+        seen: set[tuple[int, int]] = set()
+        for i, c in enumerate(self.cmds):
+            if (id(c.grid), id(c.threadgroup)) in seen:
+                continue
+            seen.add((id(c.grid), id(c.threadgroup)))
+            try:
+                check_threads(c.grid.ranges, c.threadgroup.ranges, c.grid.node, c.threadgroup.node,
+                              f"command {i} ({c.kernel.kernel.key})")
+            except QueueError as e:
+                raise EncodeError(str(e)) from None
+
+    def read_exec(self, op: UOp, i: int) -> Command:
+        """Command ``i`` from its EXEC (the slow path: a kernel or size not met before, or a bad layout)."""
+        src = op.src
+        if len(src) < 3 or src[0].op is not Ops.KERNEL:
+            raise EncodeError(f"command {i}: an EXEC's sources are (KERNEL, grid, threadgroup, *buffers, *vars)")
+        k = self.kernels.get(src[0]) or self.read_kernel(src[0], i)
+        if len(src) != k.nsrc:
+            raise EncodeError(f"command {i} ({k.kernel.key}): the kernel takes {len(k.buffers)} buffers and "
+                              f"{len(k.vars)} variables, the EXEC has {len(src) - 3} buffer and variable sources")
+        grid = self.grids.get(src[1]) or self.read_size(src[1], f"command {i} ({k.kernel.key})", "grid")
+        tg = self.tgs.get(src[2]) or self.read_size(src[2], f"command {i} ({k.kernel.key})", "threadgroup")
+        args = src[3:]
+        binds = [self.memos[p].get(b) or self.check_bind(b, p, i, k) for b, p in zip(args, k.pids)]
+        return _new(Command, (k, grid, tg, args, tuple(binds), grid.symbolic or tg.symbolic))
+
+    def check_bind(self, b: UOp, pid: int, i: int, k: KernelInfo) -> tuple[str, int, int]:
+        """The ICB binding of argument ``b`` for parameter ``pid`` (an id of (index, element size, bytes the
+        parameter needs) or (index, variable dtype, 0)), read and checked once per (node, parameter); an offset too
+        far for an ICB is checked again at every use."""
+        index, kind, need = self.param_of[pid]
+        if isinstance(kind, DType):
+            slot = self.slots.get((b, kind))
+            if slot is None:
+                slot = self.read_var(b, kind, where(i, k, index, "variable"))
+            triple = self.memos[pid][b] = ("varbuf", slot * VAR_SLOT, index)
+            return triple
+        bind = self.binds.get(b) or self.read_buffer(b, (i, k, index, "buffer"))
+        if need:
+            have = b.arg[1] if b.op in (Ops.BUFFER, Ops.BUFFER_VIEW) else None
+            if have is not None and have < need:
+                raise EncodeError(f"{where(i, k, index, 'buffer')} takes {need} bytes (KernelParam.elements), but "
+                                  f"the {'view' if b.op is Ops.BUFFER_VIEW else 'buffer'} bound to it holds {have}")
+        offset = bind.offset
+        if offset % kind:
+            raise EncodeError(f"{where(i, k, index, 'buffer')} is bound at byte offset {offset}, not a multiple of its "
+                              f"element size {kind} (METAL.md §1)")
+        triple = (bind.name or "", offset, index)
+        if offset > MAX_ICB_OFFSET:
+            if not self.too_far:
+                self.too_far = (f"{where(i, k, index, 'buffer')} binds {bind.name or 'a buffer variable'} at byte "
+                                f"offset {offset}, above 0xFFFFFFFF, which an ICB command cannot hold (METAL.md §3 "
+                                "rule 8)")
+        else:
+            self.memos[pid][b] = triple
+        return triple
+
+    def read_kernel(self, node: UOp, i: int) -> KernelInfo:
+        """A KERNEL node's pipeline placeholder and parameter layout, checked once."""
+        kernel = node.arg
+        if not isinstance(kernel, Kernel):
+            raise EncodeError(f"command {i}: a KERNEL's arg is an mtlir.metal.Kernel, got {type(kernel).__name__}")
+        prev = self.keys.setdefault(kernel.key, kernel)
+        if prev != kernel:
+            raise EncodeError(f"command {i}: two different kernels share the program key {kernel.key!r}")
+        try:
+            bufs = tuple((p.index, param_dtype(p.dtype).itemsize or 1) for p in kernel.buffer_params)
+            vars_ = tuple((p.index, var_dtype(kernel, p, f"command {i}")) for p in kernel.var_params)
+            var_keys = tuple((index, dt, 0) for index, dt in vars_)
+            needs = tuple((index, elem, (p.elements or 0) * elem)  # bytes a buffer parameter's `elements` need
+                          for (index, elem), p in zip(bufs, kernel.buffer_params))
+        except QueueError as e:
+            raise EncodeError(str(e)) from None
+        if any(p.index >= MTL.MAX_BUFFER_BIND for p in kernel.params):
+            raise EncodeError(f"command {i} ({kernel.key}): buffer indices go up to {MTL.MAX_BUFFER_BIND - 1}")
+        pipe = placeholder("pipeline", f"pipeline:{kernel.key}", (kernel,))
+        names = tuple((p.var or "", p.index) for p in kernel.var_params)
+        pids = tuple(self.pids.setdefault(p, len(self.pids)) for p in needs + var_keys)
+        self.memos += [{} for _ in range(len(self.pids) - len(self.memos))]
+        self.param_of = {pid: p for p, pid in self.pids.items()}
+        k = self.kernels[node] = KernelInfo(kernel, pipe, bufs, vars_, pids, names, 3 + len(bufs) + len(vars_))
+        return k
+
+    def read_size(self, node: UOp, at: str, role: str) -> Size:
+        """A grid or threadgroup (``role``) STRUCT, checked and simplified once per role (a threadgroup has at most
+        1024 threads); ``at`` names the command."""
+        where = f"{at}: {role}"
+        if node.op is not Ops.STRUCT or node.dtype is not dtypes.MTLSize or len(node.src) != 3:
+            raise EncodeError(f"{where}: expected a STRUCT<MTLSize> of three sizes, got {node.op.name}")
+        try:
+            ranges = tuple(check_size(f, f"{where}.{axis}") for axis, f in zip("xyz", node.src))
+            if role == "threadgroup":
+                check_threads(((1, 1),) * 3, ranges, UOp.struct(dtypes.MTLSize, 1, 1, 1), node, at)
+        except QueueError as e:
+            raise EncodeError(str(e)) from None
+        top = self.grid_hi if role == "grid" else self.tg_hi
+        for a, (_, hi) in enumerate(ranges):
+            top[a] = max(top[a], hi)
+        simple = UOp.struct(dtypes.MTLSize, *(f.cast(dtypes.uint64) for f in node.src))
+        if any(f.op is not Ops.CONST for f in simple.src):
+            simple = simplify(simple)
+        for axis, f in zip("xyz", simple.src):
+            if f.op is Ops.CONST and f.arg < 1:
+                raise EncodeError(f"{where}.{axis}: size {f.arg} is below 1")
+        link = tuple(int(f.arg) if f.op is Ops.CONST else 0 for f in simple.src)
+        size = Size(simple, link, any(f.op is not Ops.CONST for f in simple.src), ranges)  # type: ignore[arg-type]
+        (self.grids if role == "grid" else self.tgs)[node] = size
+        return size
+
+    def read_buffer(self, node: UOp, at: tuple[int, KernelInfo, int, str]) -> Binding:
+        """A buffer argument (BUFFER, BUFFER_VIEW or buffer variable) as (base, byte offset, placeholder name)."""
+        base, offset = node, 0
+        if node.op is Ops.BUFFER_VIEW:
+            if len(node.src) != 1 or not isinstance(node.arg, tuple) or len(node.arg) != 2:
+                raise EncodeError(f"{where(*at)}: a BUFFER_VIEW has one source (its buffer) and arg (offset, nbytes)")
+            base, (offset, nbytes) = node.src[0], node.arg
+            if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 1:
+                raise EncodeError(f"{where(*at)}: view offset {offset!r} / size {nbytes!r}: expected ints, offset >= 0, "
+                                  "size >= 1")
+            if base.op is Ops.BUFFER and offset + nbytes > base.arg[1]:
+                raise EncodeError(f"{where(*at)}: view [{offset}, {offset + nbytes}) runs past the end of buffer "
+                                  f"{base.arg[0]!r} ({base.arg[1]} bytes)")
+        pname = self.base_names.get(base, "?")
+        if pname == "?":
+            pname = self.read_base(base, where(*at))
+        bind = self.binds[node] = _new(Binding, (base, offset, pname))
+        return bind
+
+    def read_base(self, base: UOp, where: str) -> str | None:
+        """The placeholder name of a BUFFER (its OBJECT made once), None for a buffer variable."""
+        if base.op is Ops.BUFFER:
+            name, nbytes = base.arg if isinstance(base.arg, tuple) and len(base.arg) == 2 else (None, None)
+            if not isinstance(name, str) or type(nbytes) is not int or nbytes < 1:
+                raise EncodeError(f"{where}: a BUFFER's arg is (name, nbytes >= 1), got {base.arg!r}")
+            bname = placeholder_name(base)
+            obj = self.buffers.get(bname)
+            if obj is None:
+                self.buffers[bname] = placeholder("buffer", bname, (nbytes,))
+            elif obj.arg.payload[0] != nbytes:
+                raise EncodeError(f"{where}: two buffers are named {name!r}, of {obj.arg.payload[0]} and {nbytes} "
+                                  "bytes")
+            pname: str | None = bname
+        elif base.op is Ops.DEFINE_VAR and base.dtype is dtypes.id:
+            self.inputs.setdefault(base, len(self.inputs))
+            pname = None
+        else:
+            raise EncodeError(f"{where}: {base.op.name}<{base.dtype.name}> is not a buffer (BUFFER, BUFFER_VIEW or a "
+                              "buffer variable)")
+        self.base_names[base] = pname
+        return pname
+
+    def read_var(self, v: UOp, dt: DType, where: str) -> int:
+        """The variables-buffer slot of value ``v`` as ``dt`` (one slot per distinct simplified value)."""
+        if not v.dtype.is_int:
+            raise EncodeError(f"{where}: a variable value is an integer, got a {v.dtype.name}")
+        try:
+            check_var_value(v, dt, where)
+        except QueueError as e:
+            raise EncodeError(str(e)) from None
+        value = simplify(v.cast(dt))
+        slot = self.slots.get((value, dt))
+        if slot is None:
+            slot = self.slots[(value, dt)] = len(self.slot_values)
+            self.slot_values.append((value, dt))
+        self.slots[(v, dt)] = slot
+        return slot
+
+    # ---- planning the command buffers
+
+    def plans(self, profiled: bool, loops: bool) -> list[CommandBufferPlan]:
+        """The command buffers of the submit (module docstring); ``loops``: fold runs of one-command buffers
+        without a signal into loops."""
+        n = len(self.cmds)
+        signals = self.signals
+        plans: list[CommandBufferPlan] = []
+        if not profiled:
+            start = 0
+            for pos, val in signals:
+                plans.append(CommandBufferPlan(start, pos - start, val, False))
+                start = pos
+            if start < n:
+                plans.append(CommandBufferPlan(start, n - start, None, False))
+            return plans
+        j = 0
+        for pos in range(n + 1):
+            while j < len(signals) and signals[j][0] == pos:
+                last = plans[-1] if plans else None
+                if last is not None and last.ncmds and last.signal is None and last.first + last.ncmds == pos:
+                    plans[-1] = last._replace(signal=signals[j][1])
+                else:
+                    plans.append(CommandBufferPlan(pos, 0, signals[j][1], False))
+                j += 1
+            if pos < n:
+                plans.append(CommandBufferPlan(pos, 1, None, False))
+        if not loops:
+            return plans
+        out: list[CommandBufferPlan] = []
+        for p in plans:
+            prev = out[-1] if out else None
+            if p.ncmds == 1 and p.signal is None and prev is not None and prev.signal is None and prev.ncmds >= 1 \
+                    and prev.first + prev.ncmds == p.first:
+                out[-1] = CommandBufferPlan(prev.first, prev.ncmds + 1, None, True)
+            else:
+                out.append(p)
+        return out
+
+    def stamps(self, plans: list[CommandBufferPlan]) -> tuple[Stamp, ...]:
+        """Which command buffer's GPU time each timestamp slot gets (``Queue.timestamp``): right after an EXEC its
+        end, else the start of the next command, else the end of the last one."""
+        n = len(self.cmds)
+        cb_of = [0] * n
+        slot = 0
+        for p in plans:
+            for c in range(p.first, p.first + p.ncmds):
+                cb_of[c] = slot + (c - p.first if p.loop else 0)
+            slot += p.ncmds if p.loop else 1
+        out = []
+        for pos, stamp_slot, after_exec in self.stamps_at:
+            if after_exec or (pos == n and n > 0):
+                out.append(Stamp(stamp_slot, cb_of[pos - 1], "GPUEndTime"))
+            elif pos < n:
+                out.append(Stamp(stamp_slot, cb_of[pos], "GPUStartTime"))
+            else:
+                raise EncodeError(f"timestamp slot {stamp_slot}: the submit has no command to time")
+        return tuple(out)

@@ -1,0 +1,378 @@
+"""Executors of a Program: the ``Executor`` interface, the plain ``Interpreter``, and what every executor shares.
+
+Every executor runs the instruction set of ``mtlir.program`` exactly, through a Bridge, on a register file
+prepared once (``prepare_registers``: constants, selectors resolved with ``sel_registerName``, device objects from
+``link``). A run binds the Program's variables by name and touches only the registers instructions write.
+
+- ``Interpreter``: a dispatch loop over pre-decoded instructions; the reference for the semantics.
+- ``CompiledReplay`` (``mtlir.runtime.executors.replay``): one generated Python function per Program, for speed.
+
+Arithmetic has C semantics: integers wrap to the dtype (two's complement), division truncates toward zero, a
+float32 result is rounded to float32 (``mtlir.ir.evaluate`` gives ``c_idiv``, ``c_mod``, ``wrap``).
+"""
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from mtlir.ir.dtypes import DType, dtypes
+from mtlir.ir.evaluate import ALU_FUNCS, wrap
+from mtlir.ir.ops import GroupOp, Ops
+from mtlir.program import Program
+from mtlir.runtime.bridge.bridge import Bridge
+from mtlir.runtime.errors import LinkError
+
+__all__ = ["Executor", "Interpreter", "prepare_registers", "ProgramError", "format_instr", "alu_fn", "cast_fn",
+           "bitcast_fn", "float_rounder", "check_program", "bind_variables", "REG_OPERANDS"]
+
+
+class ProgramError(ValueError):
+    """A Program that breaks the instruction set's rules (unknown opcode, a register out of range or read before
+    anything defines it, unmatched RANGE/END, an op the dtype does not have); the message names the instruction."""
+
+
+_FLOAT_FMT = {2: "e", 4: "f", 8: "d"}
+_UINT_FMT = {1: "B", 2: "H", 4: "I", 8: "Q"}
+
+
+def float_rounder(dtype: DType) -> Callable[[Any], Any]:
+    """float(x) rounded to ``dtype`` (float16/float32 round through their bytes; float64 is Python's float)."""
+    if dtype.itemsize == 8:
+        return float
+    st = struct.Struct("<" + dtype.fmt)
+
+    def rnd(x: Any) -> float:
+        x = float(x)
+        try:
+            return float(st.unpack(st.pack(x))[0])
+        except OverflowError:  # out of the float's range: inf with the sign, as a C conversion gives
+            return math.copysign(math.inf, x)
+    return rnd
+
+
+def cast_fn(dtype: DType) -> Callable[[Any], Any]:
+    """The C conversion to ``dtype``: floats round, integers wrap, float -> int truncates toward zero."""
+    if dtype.kind == "bool":
+        return bool
+    if dtype.is_float:
+        return float_rounder(dtype)
+    if dtype.is_word:
+        def to_int(x: Any) -> Any:
+            if isinstance(x, float):
+                if not math.isfinite(x):
+                    raise ValueError(f"cannot convert {x} to {dtype.name}")
+                x = int(x)  # truncates toward zero, as C
+            return wrap(dtype, int(x))
+        return to_int
+    raise ProgramError(f"no conversion to {dtype.name}")
+
+
+def bitcast_fn(dtype: DType) -> Callable[[Any], Any]:
+    """Reinterpret the bits as ``dtype``: ints and pointers keep their bits; int <-> float of the same size go
+    through their bytes (the source's size is taken to be the target's)."""
+    size = dtype.itemsize
+    if size not in _UINT_FMT:
+        raise ProgramError(f"no bitcast to {dtype.name}")
+    u = struct.Struct("<" + _UINT_FMT[size])
+    if dtype.is_float:
+        f = struct.Struct("<" + _FLOAT_FMT[size])
+
+        def to_float(x: Any) -> float:
+            return float(x) if isinstance(x, float) else f.unpack(u.pack(int(x) & ((1 << (8 * size)) - 1)))[0]
+        return to_float
+    ff = struct.Struct("<" + _FLOAT_FMT[size]) if size in _FLOAT_FMT else None
+
+    def to_word(x: Any) -> Any:
+        if isinstance(x, float):
+            if ff is None:
+                raise ValueError(f"cannot bitcast a float to the {size}-byte {dtype.name}")
+            x = u.unpack(ff.pack(x))[0]
+        return wrap(dtype, int(x))
+    return to_word
+
+
+def alu_fn(op: Ops, dtype: DType) -> Callable[..., Any]:
+    """``op`` with C semantics, its result wrapped (integers) or rounded (floats) to ``dtype``."""
+    fn = ALU_FUNCS.get(op)
+    if fn is None:
+        raise ProgramError(f"{op!r} is not an ALU op")
+    if op in GroupOp.Comparison:
+        return fn
+    if dtype.is_float:
+        if op in (Ops.IDIV, Ops.MOD, Ops.SHL, Ops.SHR, Ops.AND, Ops.OR, Ops.XOR):
+            raise ProgramError(f"{op!r} on {dtype.name}")
+        rnd = float_rounder(dtype)
+        return lambda *a: rnd(fn(*a))
+    if not (dtype.is_word or dtype.kind == "bool"):
+        raise ProgramError(f"{op!r} on {dtype.name}")
+    return lambda *a: wrap(dtype, fn(*a))
+
+
+def prepare_registers(program: Program, bridge: Bridge, objects: Mapping[int, Any] | None = None) -> list[Any]:
+    """The register file before any run: ``program.consts``, the selectors resolved through
+    ``bridge.sel_registerName`` (once per name), and ``objects`` (register -> handle or host address, from
+    ``link``). Raises ``LinkError`` when a placeholder register has no object (the Program needs ``link``)."""
+    regs: list[Any] = [None] * program.nregs
+    for r, v in program.consts.items():
+        regs[r] = v
+    sels: dict[str, int] = {}
+    for r, name in program.selectors.items():
+        if name not in sels:
+            sels[name] = bridge.sel_registerName(name)
+        regs[r] = sels[name]
+    objects = objects or {}
+    for r, obj in program.objects.items():
+        if r not in objects:
+            raise LinkError(f"register r{r} holds the placeholder {obj!r} but no object was linked to it: "
+                            "link the Program first (mtlir.runtime.link.link)")
+        regs[r] = objects[r]
+    return regs
+
+
+def format_instr(program: Program, pc: int) -> str:
+    """Instruction ``pc`` as one line of text (for error messages): ``pc: rD = OP operands`` with registers as
+    ``rN``, jump targets as ``@pc`` and selectors by name."""
+    ins = program.instrs[pc]
+    if not isinstance(ins, tuple) or len(ins) < 2:
+        return f"{pc}: {ins!r}"
+    regs = _REG_POSITIONS.get(ins[0], ())
+    variadic = ins[0] in ("ALU", "STRUCT", "CALL")  # registers from the first register position on
+    parts = []
+    for i, o in enumerate(ins[2:], start=2):
+        if i in regs or (variadic and i >= regs[0]):
+            name = program.selectors.get(o) if isinstance(o, int) else None
+            parts.append(f"r{o}" if name is None else f"r{o}({name})")
+        elif ins[0] in ("RANGE", "END") and i == 3:
+            parts.append(f"@{o}")
+        else:
+            parts.append(o.name if isinstance(o, Ops) else repr(o))
+    dst = f"r{ins[1]} = " if isinstance(ins[1], int) and ins[1] >= 0 else ""
+    return f"{pc}: {dst}{ins[0]} {', '.join(parts)}"
+
+
+_REG_POSITIONS: dict[str, tuple[int, ...]] = {
+    "ALU": (4,), "CAST": (3,), "BITCAST": (3,), "INDEX": (3, 4), "LOAD": (3,), "STORE": (3, 4), "STRUCT": (2,),
+    "GEP": (3,), "CALL": (4,), "RANGE": (2,), "END": (2,),
+}
+
+
+REG_OPERANDS: dict[str, Callable[[tuple[Any, ...]], tuple[int, ...]]] = {
+    "ALU": lambda i: tuple(i[4:]), "CAST": lambda i: (i[3],), "BITCAST": lambda i: (i[3],),
+    "INDEX": lambda i: (i[3], i[4]), "LOAD": lambda i: (i[3],), "STORE": lambda i: (i[3], i[4]),
+    "STRUCT": lambda i: tuple(i[2:]), "GEP": lambda i: (i[3],), "CALL": lambda i: tuple(i[4:]),
+    "RANGE": lambda i: (i[2],), "END": lambda i: (i[2],),
+}
+
+
+def check_program(program: Program, static: set[int]) -> dict[int, int]:
+    """Validate ``program``; returns RANGE pc -> END pc. ``static``: registers holding values before the run."""
+    defined = set(static) | {r for r, _, _ in program.variables.values()}
+    loops: dict[int, int] = {}
+    stack: list[int] = []
+    n = program.nregs
+    for pc, ins in enumerate(program.instrs):
+        where = f"instruction {format_instr(program, pc)}"
+        if not isinstance(ins, tuple) or len(ins) < 2 or ins[0] not in REG_OPERANDS:
+            raise ProgramError(f"{where}: unknown opcode or malformed instruction")
+        try:
+            reads = REG_OPERANDS[ins[0]](ins)
+        except IndexError:
+            raise ProgramError(f"{where}: missing operands") from None
+        for r in reads:
+            if not isinstance(r, int) or not 0 <= r < n:
+                raise ProgramError(f"{where}: operand {r!r} is not a register (0 <= r < nregs = {n})")
+            if r not in defined:
+                raise ProgramError(f"{where}: reads r{r}, which no constant, object, selector, variable or earlier "
+                                   "instruction defines")
+        dst = ins[1]
+        if dst != -1 and (not isinstance(dst, int) or not 0 <= dst < n):
+            raise ProgramError(f"{where}: destination {dst!r} is not a register")
+        if dst in static:
+            raise ProgramError(f"{where}: writes r{dst}, which holds a constant, object or selector")
+        if dst >= 0:
+            defined.add(dst)
+        if ins[0] == "RANGE":
+            if dst < 0:
+                raise ProgramError(f"{where}: RANGE needs a counter register")
+            stack.append(pc)
+        elif ins[0] == "END":
+            if not stack or ins[3] != stack[-1]:
+                raise ProgramError(f"{where}: END does not close the innermost open RANGE")
+            start = stack.pop()
+            if program.instrs[start][3] != pc or program.instrs[start][1] != ins[2]:
+                raise ProgramError(f"{where}: RANGE at {start} names end {program.instrs[start][3]} and counter "
+                                   f"r{program.instrs[start][1]}, not this END")
+            loops[start] = pc
+        elif ins[0] == "CALL" and not isinstance(ins[2], str):
+            raise ProgramError(f"{where}: CALL needs a function name")
+    if stack:
+        raise ProgramError(f"instruction {format_instr(program, stack[-1])}: RANGE without END")
+    return loops
+
+
+def bind_variables(program: Program, values: Mapping[str, Any]) -> list[int]:
+    """The variables' values in ``program.variables`` order; raises ``ValueError`` naming a missing, unknown or
+    out-of-bounds variable (with its bounds) and ``TypeError`` for a value that is not an integer."""
+    out: list[int] = []
+    for name, (_, lo, hi) in program.variables.items():
+        if name not in values:
+            raise ValueError(f"variable {name!r} has no value (bounds [{lo}, {hi}])")
+        v = values[name]
+        if isinstance(v, bool) or not hasattr(v, "__index__"):
+            raise TypeError(f"variable {name!r} = {v!r} is not an integer (bounds [{lo}, {hi}])")
+        v = int(v)
+        if not lo <= v <= hi:
+            raise ValueError(f"variable {name!r} = {v} is outside its bounds [{lo}, {hi}]")
+        out.append(v)
+    if len(values) != len(out):
+        unknown = sorted(set(values) - set(program.variables))
+        raise ValueError(f"unknown variable(s) {', '.join(map(repr, unknown))}: the Program has "
+                         f"{', '.join(map(repr, program.variables)) or 'no variables'}")
+    return out
+
+
+class Executor:
+    """Runs one Program through one Bridge on a prepared register file (``prepare_registers``; by default made
+    here, which works only for a Program without placeholders). ``run(**values)`` binds the variables by name
+    and executes the Program once; it returns the values of the ``results`` registers after the run (a tuple).
+    ``run(program, **values)`` is the same call with the Program named (docs/runtime.md): for the executor's own
+    Program it is ``run(**values)``; another Program gets an executor of the same kind on the same Bridge, made
+    once and kept, whose results are ``program.results`` (its registers come from ``prepare_registers``, so it
+    must hold no placeholder; one that does raises ``LinkError``: link it, then build its executor on
+    ``Linked.registers_for(program)``).
+
+    Raises ``ProgramError`` at construction for an ill-formed Program; ``ValueError``/``TypeError`` from
+    ``run`` for a missing, unknown or out-of-bounds variable; whatever the Bridge raises, with a note naming the
+    instruction that was running."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, program: Program, bridge: Bridge, registers: Sequence[Any] | None = None, *,
+                 results: Sequence[int] = ()) -> None:
+        self.program = program
+        self.bridge = bridge
+        self.registers: list[Any] = (list(registers) if registers is not None
+                                     else prepare_registers(program, bridge))
+        if len(self.registers) != program.nregs:
+            raise ProgramError(f"register file of {len(self.registers)} registers for a Program of {program.nregs}")
+        self.static = set(program.consts) | set(program.selectors) | set(program.objects)
+        self.loops = check_program(program, self.static)
+        self.results = tuple(results)
+        for r in self.results:
+            if not 0 <= r < program.nregs:
+                raise ProgramError(f"result register r{r} is out of range (nregs = {program.nregs})")
+
+    def run(self, program: Program | None = None, /, **values: Any) -> tuple[Any, ...]:
+        """Run the Program once with ``values`` (variables by name); the ``results`` registers after the run.
+        ``program``, when given, names the Program to run (class docstring)."""
+        raise NotImplementedError
+
+    def _other(self, program: Program) -> Executor:
+        """The executor of this kind for another Program on this Bridge, made at first use and kept (at most
+        ``_OTHERS`` of them, the oldest dropped first)."""
+        others = self.__dict__.setdefault("_others", {})
+        key = id(program)
+        got = others.get(key)
+        if got is None or got.program is not program:
+            if len(others) >= _OTHERS:
+                others.pop(next(iter(others)))
+            got = others[key] = type(self)(program, self.bridge, results=tuple(program.results.values()))
+        return got  # type: ignore[no-any-return]
+
+
+_OTHERS = 8  # executors kept for run(program, ...) of another Program
+
+# pre-decoded opcodes of the Interpreter, in the order its loop tests them
+_CALL, _MSG, _STORE, _LOAD, _INDEX, _ALU, _STRUCT, _GEP, _CAST, _RANGE, _END = range(11)
+
+
+class Interpreter(Executor):
+    """The plain executor: a loop over pre-decoded instructions (the semantics of ``mtlir.program``)."""
+
+    name = "interpreter"
+
+    def __init__(self, program: Program, bridge: Bridge, registers: Sequence[Any] | None = None, *,
+                 results: Sequence[int] = ()) -> None:
+        super().__init__(program, bridge, registers, results=results)
+        self.code = [self._decode(pc, ins) for pc, ins in enumerate(program.instrs)]
+
+    def _decode(self, pc: int, ins: tuple[Any, ...]) -> tuple[Any, ...]:
+        op, dst = ins[0], ins[1]
+        try:
+            if op == "CALL":
+                if ins[2] == "objc_msgSend":
+                    return (_MSG, dst, ins[3], tuple(ins[4:]))
+                return (_CALL, dst, ins[2], ins[3], tuple(ins[4:]))
+            if op == "STORE":
+                return (_STORE, dst, ins[2], ins[3], ins[4])
+            if op == "LOAD":
+                return (_LOAD, dst, ins[2], ins[3])
+            if op == "INDEX":
+                return (_INDEX, dst, ins[2], ins[3], ins[4])
+            if op == "ALU":
+                return (_ALU, dst, alu_fn(ins[2], ins[3]), tuple(ins[4:]))
+            if op == "STRUCT":
+                return (_STRUCT, dst, tuple(ins[2:]))
+            if op == "GEP":
+                return (_GEP, dst, ins[2], ins[3])
+            if op in ("CAST", "BITCAST"):
+                return (_CAST, dst, (cast_fn if op == "CAST" else bitcast_fn)(ins[2]), ins[3])
+            if op == "RANGE":
+                return (_RANGE, dst, ins[2], ins[3])
+            return (_END, dst, ins[2], ins[3], self.program.instrs[ins[3]][2])
+        except ProgramError as e:
+            raise ProgramError(f"instruction {format_instr(self.program, pc)}: {e}") from None
+
+    def run(self, program: Program | None = None, /, **values: Any) -> tuple[Any, ...]:
+        """Execute the Program once with ``values`` (variables by name); returns the ``results`` registers.
+        Raises ``ValueError``/``TypeError`` for a missing, unknown or out-of-bounds variable and whatever the
+        Bridge raises, noted with the instruction that was running. ``program``: see ``Executor``."""
+        if program is not None and program is not self.program:
+            return self._other(program).run(**values)
+        program, regs, code = self.program, self.registers, self.code
+        for (r, _, _), v in zip(program.variables.values(), bind_variables(program, values)):
+            regs[r] = v
+        b = self.bridge
+        msg_send, c_call, load, store = b.msg_send, b.c_call, b.load, b.store
+        pc, n = 0, len(code)
+        try:
+            while pc < n:
+                ins = code[pc]
+                k = ins[0]
+                if k == _MSG:
+                    v = msg_send(ins[2], tuple([regs[a] for a in ins[3]]))
+                    if ins[1] >= 0:
+                        regs[ins[1]] = v
+                elif k == _STORE:
+                    store(regs[ins[3]], ins[2], regs[ins[4]])
+                elif k == _LOAD:
+                    regs[ins[1]] = load(regs[ins[3]], ins[2])
+                elif k == _INDEX:
+                    regs[ins[1]] = regs[ins[3]] + regs[ins[4]] * ins[2]
+                elif k == _ALU:
+                    regs[ins[1]] = ins[2](*[regs[a] for a in ins[3]])
+                elif k == _CALL:
+                    v = c_call(ins[2], ins[3], tuple([regs[a] for a in ins[4]]))
+                    if ins[1] >= 0:
+                        regs[ins[1]] = v
+                elif k == _STRUCT:
+                    regs[ins[1]] = tuple([regs[a] for a in ins[2]])
+                elif k == _GEP:
+                    regs[ins[1]] = regs[ins[3]][ins[2]]
+                elif k == _CAST:
+                    regs[ins[1]] = ins[2](regs[ins[3]])
+                elif k == _RANGE:
+                    regs[ins[1]] = 0
+                    if regs[ins[2]] <= 0:
+                        pc = ins[3]
+                else:  # _END
+                    regs[ins[2]] += 1
+                    if regs[ins[2]] < regs[ins[4]]:
+                        pc = ins[3]
+                pc += 1
+        except Exception as e:
+            e.add_note(f"while running instruction {format_instr(program, pc)} ({self.name})")
+            raise
+        return tuple(regs[r] for r in self.results)

@@ -1,0 +1,284 @@
+"""CompiledReplay: the fast executor, one generated Python function per Program.
+
+Same interface and semantics as ``mtlir.runtime.executors.interpreter.Interpreter``. At construction it writes the source of
+a function for the Program (``source``) and compiles it:
+
+- registers that never change (constants, selectors, object handles) become literals: a message whose arguments
+  are all static passes one constant tuple, ``msg_send(P3, (0x600000004000, 0x190000010))``;
+- pure instructions of fixed operands are folded at generation time (their results never change);
+- the other registers are locals; RANGE ... END become ``for`` loops;
+- variables are bound by keyword with their types and bounds checked inline (anything unusual takes the slow path
+  of ``bind_variables``, which names the variable and its bounds);
+- integer wraps, int -> int casts and divisions by positive constants are inline expressions.
+
+So a submit costs about what the raw bridge calls cost (benchmarks/bench_replay.py). An exception raised by the
+Bridge during a run carries a note naming the instruction (from the generated line).
+"""
+from __future__ import annotations
+
+import keyword
+import linecache
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from mtlir.ir.dtypes import DType
+from mtlir.ir.evaluate import c_idiv, c_mod
+from mtlir.ir.ops import GroupOp, Ops
+from mtlir.program import Program
+from mtlir.runtime.bridge.bridge import Bridge
+from mtlir.runtime.executors.interpreter import (REG_OPERANDS, Executor, Interpreter, ProgramError, alu_fn, bind_variables,
+                                       bitcast_fn, cast_fn, float_rounder, format_instr)
+
+__all__ = ["CompiledReplay", "EXECUTORS", "make_executor"]
+
+_INT_FMT = "0x{:x}"
+_EXPR = {
+    Ops.ADD: "{0} + {1}", Ops.SUB: "{0} - {1}", Ops.MUL: "{0} * {1}", Ops.NEG: "-{0}",
+    Ops.IDIV: "idiv({0}, {1})", Ops.MOD: "cmod({0}, {1})", Ops.MAX: "max({0}, {1})", Ops.MIN: "min({0}, {1})",
+    Ops.SHL: "{0} << {1}", Ops.SHR: "{0} >> {1}", Ops.AND: "{0} & {1}", Ops.OR: "{0} | {1}", Ops.XOR: "{0} ^ {1}",
+    Ops.CMPLT: "{0} < {1}", Ops.CMPLE: "{0} <= {1}", Ops.CMPEQ: "{0} == {1}", Ops.CMPNE: "{0} != {1}",
+    Ops.WHERE: "({1} if {0} else {2})",
+}
+
+
+_MISSING = object()
+_RESERVED = re.compile(r"[rPDWFCK]\d+|msg_send|c_call|load|store|idiv|cmod|max|min|range|bool|type|int|replay|make")
+
+
+class CompiledReplay(Executor):
+    """The compiled executor: one generated Python function per Program (``source`` holds its text).
+
+    Registers that never change (constants, selectors, objects) become literals; the others are locals; RANGE ...
+    END become ``for`` loops; a message is ``msg_send(PROTO, (receiver, sel, ...))`` with a constant tuple when
+    every argument is static. Same semantics as ``Interpreter`` (a loop counter is local to its loop)."""
+
+    name = "compiled"
+    _count: ClassVar[int] = 0
+
+    def __init__(self, program: Program, bridge: Bridge, registers: Sequence[Any] | None = None, *,
+                 results: Sequence[int] = ()) -> None:
+        super().__init__(program, bridge, registers, results=results)
+        self.namespace: dict[str, Any] = {"idiv": c_idiv, "cmod": c_mod, "max": max, "min": min, "range": range}
+        self.lines: dict[int, int] = {}  # source line -> pc
+        self._names: dict[Any, str] = {}
+        self._keywords = all(n.isidentifier() and not keyword.iskeyword(n) and not _RESERVED.fullmatch(n)
+                             for n in program.variables)
+        self.namespace["_M"] = _MISSING
+        self.namespace["_rebind"] = self._rebind
+        self.known: dict[int, Any] = {}  # registers folded at generation time: pure ops of static operands
+        self.ints: set[int] = {r for r, _, _ in program.variables.values()}  # registers that hold a Python int
+        self.ints |= {r for r in self.static if type(self.registers[r]) is int}
+        self.writes: dict[int, int] = {}
+        for ins in program.instrs:
+            if ins[1] >= 0:
+                self.writes[ins[1]] = self.writes.get(ins[1], 0) + 1
+        self.source = self._generate()
+        CompiledReplay._count += 1
+        filename = f"<mtlir compiled replay {CompiledReplay._count}>"
+        linecache.cache[filename] = (len(self.source), None, self.source.splitlines(True), filename)
+        exec(compile(self.source, filename, "exec"), self.namespace)
+        self._filename = filename
+        b = bridge
+        self._replay: Callable[..., tuple[Any, ...]] = self.namespace["make"](b.msg_send, b.c_call, b.load, b.store)
+
+    def _const(self, prefix: str, value: Any, key: Any = None) -> str:
+        """A global name of the generated code holding ``value`` (one name per distinct ``key``, or value)."""
+        cache_key = (prefix, value if key is None else key)
+        name = self._names.get(cache_key)
+        if name is None:
+            name = self._names[cache_key] = f"{prefix}{len(self.namespace)}"
+            self.namespace[name] = value
+        return name
+
+    def _fixed_value(self, r: int) -> Any:
+        return self.registers[r] if r in self.static else self.known.get(r)
+
+    def _fixed(self, r: int) -> bool:
+        return r in self.static or r in self.known
+
+    def _ref(self, r: int) -> str:
+        if r in self.static or r in self.known:
+            v = self.registers[r] if r in self.static else self.known[r]
+            if type(v) is int:
+                return _INT_FMT.format(v) if v >= 0 else str(v)
+            if type(v) is bool or v is None or (type(v) is float and math.isfinite(v)):
+                return repr(v)
+            if type(v) is tuple and all(type(x) is int for x in v):
+                return repr(v)
+            name = f"K{r}"
+            self.namespace[name] = v
+            return name
+        return f"r{r}"
+
+    def _wrap(self, dtype: DType, expr: str) -> str:
+        if dtype.kind == "bool":
+            return f"bool({expr})"
+        if dtype.is_float:
+            return expr if dtype.itemsize == 8 else f"{self._const('F', float_rounder(dtype), key=dtype)}({expr})"
+        if dtype.kind == "int":  # two's complement, inline: ((x + 2**(b-1)) & (2**b - 1)) - 2**(b-1)
+            half = 1 << (dtype.bits - 1)
+            return f"((({expr}) + 0x{half:x}) & 0x{(1 << dtype.bits) - 1:x}) - 0x{half:x}"
+        return f"({expr}) & 0x{(1 << dtype.bits) - 1:x}"
+
+    _PURE = ("ALU", "CAST", "BITCAST", "INDEX", "STRUCT", "GEP")
+
+    def _fold(self, ins: tuple[Any, ...]) -> bool:
+        """Evaluate a pure instruction of fixed operands now (its result never changes); False if it cannot."""
+        op, dst = ins[0], ins[1]
+        if op not in self._PURE or self.writes.get(dst, 0) != 1 or dst in self.results:
+            return False
+        regs = (REG_OPERANDS[op](ins))
+        if not all(self._fixed(r) for r in regs):
+            return False
+        val = [self.registers[r] if r in self.static else self.known[r] for r in regs]
+        try:
+            if op == "ALU":
+                v = alu_fn(ins[2], ins[3])(*val)
+            elif op in ("CAST", "BITCAST"):
+                v = (cast_fn if op == "CAST" else bitcast_fn)(ins[2])(val[0])
+            elif op == "INDEX":
+                v = val[0] + val[1] * ins[2]
+            elif op == "STRUCT":
+                v = tuple(val)
+            else:
+                v = val[0][ins[2]]
+        except Exception:  # let it fail at run time, where the interpreter fails too
+            return False
+        self.known[dst] = v
+        if type(v) is int:
+            self.ints.add(dst)
+        return True
+
+    def _produces_int(self, ins: tuple[Any, ...]) -> bool:
+        """Whether the instruction's result is always a Python int (a wrapped integer of a word dtype)."""
+        op = ins[0]
+        if op == "ALU":
+            return bool(ins[2] not in GroupOp.Comparison and ins[3].is_word and ins[3].kind != "bool")
+        if op in ("CAST", "BITCAST", "LOAD"):
+            return bool(ins[2].is_word and ins[2].kind != "bool")
+        if op == "INDEX":
+            return ins[3] in self.ints and ins[4] in self.ints
+        return False
+
+    def _generate(self) -> str:
+        program = self.program
+        names = list(program.variables)
+        if self._keywords:  # bind by keyword, types and bounds checked inline; anything unusual -> bind_variables
+            params = ", ".join(f"{n}=_M" for n in names)
+            out = [f"def replay({params}{', ' if params else ''}**_extra):"]
+            checks = " or ".join(f"type({n}) is not int or not {lo} <= {n} <= {hi}"
+                                 for n, (_, lo, hi) in program.variables.items())
+            call = ", ".join(f"{n}={n}" for n in names)
+            out.append(f"    if _extra{' or ' + checks if checks else ''}:")
+            out.append(f"        return _rebind({call}{', ' if call else ''}**_extra)")
+            out += [f"    r{r} = {n}" for n, (r, _, _) in program.variables.items()]
+        else:
+            out = [f"def replay({', '.join(f'r{r}' for r, _, _ in program.variables.values())}):"]
+        depth = 1
+        empty_body = False
+        for pc, ins in enumerate(program.instrs):
+            op, dst = ins[0], ins[1]
+            pad = "    " * depth
+            lhs = f"r{dst} = " if dst >= 0 else ""
+            if self._fold(ins):
+                continue
+            if dst >= 0 and self.writes.get(dst, 0) == 1 and self._produces_int(ins):
+                self.ints.add(dst)
+            if op == "END":
+                if empty_body:
+                    out.append(pad + "pass")
+                depth -= 1
+                empty_body = False
+                continue
+            if op == "CALL":
+                args = [self._ref(a) for a in ins[4:]]
+                tup = f"({', '.join(args)}{',' if len(args) == 1 else ''})"
+                proto = self._const("P", ins[3])
+                if ins[2] == "objc_msgSend":
+                    line = f"{lhs}msg_send({proto}, {tup})"
+                else:
+                    line = f"{lhs}c_call({ins[2]!r}, {proto}, {tup})"
+            elif op == "STORE":
+                line = f"store({self._ref(ins[3])}, {self._const('D', ins[2])}, {self._ref(ins[4])})"
+            elif op == "LOAD":
+                line = f"{lhs}load({self._ref(ins[3])}, {self._const('D', ins[2])})"
+            elif op == "INDEX":
+                scale = "" if ins[2] == 1 else f" * {ins[2]}"
+                line = f"{lhs}{self._ref(ins[3])} + {self._ref(ins[4])}{scale}"
+            elif op == "ALU":
+                try:
+                    alu_fn(ins[2], ins[3])  # validates op and dtype
+                except ProgramError as e:
+                    raise ProgramError(f"instruction {format_instr(program, pc)}: {e}") from None
+                expr = _EXPR[ins[2]].format(*(self._ref(a) for a in ins[4:]))
+                divisor = self._fixed_value(ins[5]) if len(ins) > 5 else None
+                if ins[2] in (Ops.IDIV, Ops.MOD) and type(divisor) is int and divisor > 0:  # C semantics inline
+                    a, py = self._ref(ins[4]), "//" if ins[2] is Ops.IDIV else "%"
+                    expr = f"({a} {py} {divisor} if {a} >= 0 else -(-{a} {py} {divisor}))"
+                line = lhs + (expr if ins[2] in GroupOp.Comparison else self._wrap(ins[3], expr))
+            elif op == "STRUCT":
+                line = f"{lhs}({', '.join(self._ref(a) for a in ins[2:])},)"
+            elif op == "GEP":
+                line = f"{lhs}{self._ref(ins[3])}[{ins[2]}]"
+            elif op == "CAST" and ins[3] in self.ints and ins[2].is_word and ins[2].kind != "bool":
+                line = lhs + self._wrap(ins[2], self._ref(ins[3]))  # int -> int: just the wrap
+            elif op in ("CAST", "BITCAST"):
+                fn = (cast_fn if op == "CAST" else bitcast_fn)(ins[2])
+                line = f"{lhs}{self._const('C', fn, key=(op, ins[2]))}({self._ref(ins[3])})"
+            else:  # RANGE
+                line = f"for r{dst} in range({self._ref(ins[2])}):"
+                out.append(pad + line)
+                self.lines[len(out)] = pc
+                depth += 1
+                empty_body = True
+                continue
+            out.append(pad + line)
+            self.lines[len(out)] = pc
+            empty_body = False
+        ret = ", ".join(self._ref(r) for r in self.results)
+        out.append(f"    return ({ret}{',' if len(self.results) == 1 else ''})")
+        head = ["def make(msg_send, c_call, load, store):"]
+        body = ["    " + line for line in out] + ["    return replay"]
+        self.lines = {line + 1: pc for line, pc in self.lines.items()}  # the head line comes first
+        return "\n".join(head + body) + "\n"
+
+    def _rebind(self, **values: Any) -> tuple[Any, ...]:
+        """The slow path of a keyword-bound replay: a value that is not a plain int in bounds, or an unknown name.
+        ``bind_variables`` raises the error naming the variable, or converts (e.g. numpy integers) and the run
+        goes on."""
+        vals = bind_variables(self.program, {k: v for k, v in values.items() if v is not _MISSING})
+        return self._replay(**dict(zip(self.program.variables, vals)))
+
+    def run(self, program: Program | None = None, /, **values: Any) -> tuple[Any, ...]:
+        """Execute the Program once through the generated function; same contract as ``Interpreter.run``
+        (``program``: see ``Executor``)."""
+        if program is not None and program is not self.program:
+            return self._other(program).run(**values)
+        try:
+            if self._keywords:
+                return self._replay(**values)
+            return self._replay(*bind_variables(self.program, values))
+        except Exception as e:
+            tb, pc = e.__traceback__, None
+            while tb is not None:
+                if tb.tb_frame.f_code.co_filename == self._filename:
+                    pc = self.lines.get(tb.tb_lineno)
+                tb = tb.tb_next
+            if pc is not None:
+                e.add_note(f"while running instruction {format_instr(self.program, pc)} ({self.name})")
+            raise
+
+
+EXECUTORS: dict[str, type[Executor]] = {"interpreter": Interpreter, "compiled": CompiledReplay}
+
+
+def make_executor(kind: str, program: Program, bridge: Bridge, registers: Sequence[Any] | None = None, *,
+                  results: Sequence[int] = ()) -> Executor:
+    """An executor by name: ``"interpreter"`` or ``"compiled"``; raises ``ValueError`` for another name."""
+    cls = EXECUTORS.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown executor {kind!r}: expected {' or '.join(EXECUTORS)}")
+    return cls(program, bridge, registers, results=results)
+

@@ -1,0 +1,121 @@
+"""Linked: the device objects of one linked Program (``mtlir.runtime.link.link.link`` makes it), its buffers read and
+written through ``contents``, a buffer added after link (``new_buffer``), and ``release``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mtlir.metal import MTL, Obj, abi_prototype
+from mtlir.program import IcbCommand, Program
+from mtlir.runtime.bridge.bridge import Bridge
+from mtlir.runtime.errors import LinkError
+from mtlir.runtime.executors.interpreter import prepare_registers
+
+__all__ = ["Linked"]
+
+
+@dataclass
+class Linked:
+    """The device objects of one linked Program.
+
+    ``objects``: every placeholder by name (``collect_objects``); ``device``: the MTLDevice; ``registers``: the
+    prepared register file (``mtlir.runtime.executors.interpreter.prepare_registers``); ``handles``: name -> handle or host
+    address (``"queue"``, ``"buffer:7"``, ``"pipeline:E_5_8_2"``, ``"icb[3]"``,
+    ``"cbslots"``, ...); ``names``: the reverse map (for ``RecordingBridge``); ``buffers``: name -> (handle,
+    contents address, length in bytes); ``icb``: the ICB's commands as built. ``release()`` gives everything
+    back (idempotent)."""
+
+    program: Program
+    bridge: Bridge
+    objects: dict[str, Obj] = field(default_factory=dict)
+    device: int = 0
+    registers: list[Any] = field(default_factory=list)
+    handles: dict[str, int] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)
+    buffers: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    icb: list[IcbCommand] = field(default_factory=list)
+    cleanup: list[tuple[str, int, str]] = field(default_factory=list)  # ("release"|"free", value, name)
+
+    def of_kind(self, kind: str) -> list[str]:
+        """The names of the placeholders of ``kind`` (``"event"``, ``"cbslots"``, ``"buffer"``, ...)."""
+        return [name for name, o in self.objects.items() if o.kind == kind]
+
+    def registers_for(self, other: Program) -> list[Any]:
+        """A register file for another Program over these objects (e.g. a timeline read of the same event).
+        Raises ``LinkError`` naming a placeholder this link did not make."""
+        objects = {}
+        for r, obj in other.objects.items():
+            if obj.name not in self.handles:
+                raise LinkError(f"placeholder {obj.name!r} of the other Program was not linked here")
+            objects[r] = self.handles[obj.name]
+        return prepare_registers(other, self.bridge, objects)
+
+    def _buffer(self, name: str, offset: int, nbytes: int) -> tuple[int, int]:
+        if name not in self.buffers:
+            raise KeyError(f"no buffer named {name!r}: the linked buffers are {', '.join(self.buffers)}")
+        _, contents, length = self.buffers[name]
+        if offset < 0 or nbytes < 0 or offset + nbytes > length:
+            raise ValueError(f"{name}: bytes [{offset}, {offset + nbytes}) are outside its {length} bytes")
+        return contents, length
+
+    def read_buffer(self, name: str, offset: int = 0, nbytes: int | None = None) -> bytes:
+        """``nbytes`` bytes (default: to the end) of buffer ``name`` from byte ``offset``, through ``contents``.
+        Raises ``KeyError`` for an unknown buffer, ``ValueError`` for a range outside it."""
+        length = self.buffers[name][2] if name in self.buffers else 0
+        contents, _ = self._buffer(name, offset, length - offset if nbytes is None else nbytes)
+        return self.bridge.read(contents + offset, length - offset if nbytes is None else nbytes)
+
+    def write_buffer(self, name: str, data: bytes, offset: int = 0) -> None:
+        """Copy ``data`` into buffer ``name`` at byte ``offset``; errors as ``read_buffer``."""
+        contents, _ = self._buffer(name, offset, len(data))
+        self.bridge.write(contents + offset, bytes(data))
+
+    def _send(self, recv: int, selector: str, *args: Any) -> Any:
+        b = self.bridge
+        return b.msg_send(abi_prototype(selector, b.target), (recv, b.sel_registerName(selector), *args))
+
+    def new_buffer(self, name: str, nbytes: int, data: bytes = b"", *,
+                   options: int = MTL.ResourceStorageModeShared) -> int:
+        """A new MTLBuffer of ``nbytes`` bytes named ``name`` (e.g. an input to give a buffer variable of the
+        Program), filled with ``data`` from byte 0; added to the residency set when there is one (``addAllocation:``
+        + ``commit``); released with the rest. Returns its handle. Raises ``LinkError`` for a name in use, a size
+        below 1, data that does not fit, or nil from Metal."""
+        if name in self.handles:
+            raise LinkError(f"new_buffer: the name {name!r} is taken")
+        if nbytes < 1 or len(data) > nbytes:
+            raise LinkError(f"new_buffer {name!r}: {len(data)} bytes of data in a buffer of {nbytes} bytes")
+        buf = int(self._send(self.device, "newBufferWithLength:options:", nbytes, options) or 0)
+        if not buf:
+            raise LinkError(f"new_buffer {name!r} ({nbytes} bytes): Metal returned nil")
+        self.handles[name], self.names[buf] = buf, name
+        self.cleanup.append(("release", buf, name))
+        namer = getattr(self.bridge, "name_object", None)
+        if namer is not None:
+            namer(buf, name)
+        contents = int(self._send(buf, "contents") or 0)
+        self.buffers[name] = (buf, contents, nbytes)
+        if data:
+            self.bridge.write(contents, bytes(data))
+        rset = self.handles.get("residency_set")
+        if rset:
+            self._send(rset, "addAllocation:", buf)
+            self._send(rset, "commit")
+        return buf
+
+    def release(self) -> None:
+        """Release the objects and free the host memory link made, newest first; errors are collected and
+        raised together at the end as one ``LinkError`` (everything is attempted)."""
+        errors: list[str] = []
+        proto = abi_prototype("release", self.bridge.target)
+        sel = self.bridge.sel_registerName("release")
+        while self.cleanup:
+            how, value, name = self.cleanup.pop()
+            try:
+                if how == "release":
+                    self.bridge.msg_send(proto, (value, sel))
+                else:
+                    self.bridge.free(value)
+            except Exception as e:  # keep going: release everything that can be
+                errors.append(f"{name}: {e}")
+        if errors:
+            raise LinkError("release failed for " + "; ".join(errors))

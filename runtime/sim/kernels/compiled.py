@@ -1,0 +1,145 @@
+"""One kernel built for the runner's device (``kernels``): ``CompiledKernel`` checks a run's bindings and sizes before
+the runner launches it (``plan`` says how each parameter is bound: ``View``), and refuses sizes OpenCL would not
+survive (``MAX_GLOBAL_PER_AXIS``, ``MAX_GLOBAL_THREADS``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mtlir.runtime.sim.msl.translate import KernelArg, KernelInfo
+
+if TYPE_CHECKING:
+    from mtlir.runtime.sim.kernels.runner import KernelRunner
+
+__all__ = ["CompiledKernel", "View", "DEFAULT_TIMEOUT_S", "MAX_GLOBAL_PER_AXIS", "MAX_GLOBAL_THREADS"]
+
+DEFAULT_TIMEOUT_S = 120.0  # a kernel still running after this long is reported, never waited for forever
+# Global sizes the runner refuses before OpenCL sees them (PoCL aborts the whole process on a global size that
+# overflows its work-group arithmetic): Metal's own 2**32 threads per axis (thread positions are 32-bit uints),
+# and 2**40 threads in all, far more than a CPU runs before any timeout.
+MAX_GLOBAL_PER_AXIS = 1 << 32
+MAX_GLOBAL_THREADS = 1 << 40
+
+
+@dataclass(frozen=True)
+class View:
+    """How ``run`` binds one parameter: ``how`` is ``"buffer"`` (offset 0: the whole buffer), ``"sub-buffer"``
+    (an OpenCL sub-buffer starting at the view, offset argument 0) or ``"offset"`` (the whole buffer, the byte
+    ``offset`` passed to the kernel); ``offset`` is the byte offset of the view in its storage."""
+
+    arg: KernelArg
+    how: str
+    offset: int
+
+
+class CompiledKernel:
+    """One kernel function built for the runner's OpenCL device.
+
+    ``function``: the MSL kernel name; ``params``: its Metal-bound parameters in MSL order (``KernelArg``:
+    name, kind ``buffer`` | ``constant``, Metal buffer index, dtype); ``opencl_source``: the translated source of
+    the whole library; ``info``: what the translator learnt of it (``msl.KernelInfo``)."""
+
+    def __init__(self, runner: KernelRunner, kernel: Any, info: KernelInfo, source: str) -> None:
+        self.function: str = info.function
+        self.params: tuple[KernelArg, ...] = info.args
+        self.opencl_source: str = source
+        self.info = info
+        self._runner = runner
+        self._kernel = kernel
+        from mtlir.runtime.sim.kernels.runner import cl  # the runner's pyopencl module (tests replace it there)
+
+        wg = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, runner.device)
+        self.max_threads_per_threadgroup: int = min(int(wg), runner.device.max_work_group_size)
+
+    def __repr__(self) -> str:
+        return f"CompiledKernel({self.function!r}, params={[a.name for a in self.params]})"
+
+    def plan(self, bindings: dict[int, tuple[np.ndarray, int]]) -> tuple[View, ...]:
+        """Check ``bindings`` against the parameters and say how each parameter will be bound (``View``).
+
+        Raises ``ValueError`` naming the kernel, parameter and buffer index for a missing binding, a storage that
+        is not a 1-D C-contiguous ``numpy.uint8`` array (or is read-only where the kernel writes), an offset
+        outside the storage, or an offset that is not a multiple of the element size (Metal requires it,
+        METAL.md §1)."""
+        align = self._runner.base_align
+        views = []
+        for b in self.info.bindings:
+            arg = b.arg
+            where = f"kernel {self.function!r}, parameter {arg.name!r} (buffer index {arg.index})"
+            if arg.index not in bindings:
+                raise ValueError(f"{where}: no binding for buffer index {arg.index}")
+            storage, offset = bindings[arg.index]
+            _check_storage(storage, where, writable=b.writable)
+            if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+                raise ValueError(f"{where}: the offset must be an int (bytes), got {offset!r}")
+            offset = int(offset)
+            if not 0 <= offset < storage.nbytes or offset + b.nbytes > storage.nbytes:
+                raise ValueError(f"{where}: offset {offset} (+{b.nbytes} bytes read) is outside the "
+                                 f"{storage.nbytes}-byte buffer")
+            if offset % b.align:
+                raise ValueError(f"{where}: offset {offset} is not a multiple of the element size {b.align} bytes")
+            how = "buffer" if offset == 0 else "sub-buffer" if offset % align == 0 else "offset"
+            views.append(View(arg, how, offset))
+        return tuple(views)
+
+    def run(self, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
+            threadgroup: tuple[int, int, int], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """Run ``grid`` threadgroups (per axis) of ``threadgroup`` threads each, synchronously.
+
+        ``bindings`` maps each Metal buffer index to ``(storage, byte offset)``: ``storage`` is the whole
+        MTLBuffer's host memory as a 1-D ``numpy.uint8`` array; a ``constant T&`` variable is the value at that
+        offset. Views of one storage alias as they do in Metal. Results are in the arrays when ``run`` returns.
+        A grid or threadgroup with a zero axis runs nothing (Metal accepts such a dispatch, METAL.md §3 rule 13).
+
+        Raises ``ValueError`` for bad bindings (``plan``) or sizes, for a threadgroup larger than the OpenCL
+        device runs (``max_threads_per_threadgroup``: 4096 on PoCL here, above Metal's 1024), and for a global
+        size of 2**32 threads or more on an axis or more than 2**40 in all (``MAX_GLOBAL_PER_AXIS``,
+        ``MAX_GLOBAL_THREADS``: a wrapped size would otherwise abort the process inside PoCL); ``TimeoutError``
+        when the kernel has not finished after ``timeout_s`` seconds (the runner then refuses further work,
+        since OpenCL cannot stop a running kernel); ``RuntimeError`` when OpenCL refuses to run it."""
+        views = self.plan(bindings)
+        grid, threadgroup = _size3(grid, "grid"), _size3(threadgroup, "threadgroup")
+        if 0 in grid or 0 in threadgroup:
+            return
+        threads = threadgroup[0] * threadgroup[1] * threadgroup[2]
+        dev = self._runner.device
+        per_axis = tuple(dev.max_work_item_sizes)[:3]
+        if threads > self.max_threads_per_threadgroup or any(t > m for t, m in zip(threadgroup, per_axis)):
+            raise ValueError(f"kernel {self.function!r}: a threadgroup of {threadgroup} = {threads} threads is more "
+                             f"than the OpenCL device {dev.name!r} runs in one work-group (at most "
+                             f"{self.max_threads_per_threadgroup} threads, {per_axis} per "
+                             "axis); the simulated device cannot run it")
+        global_size = tuple(g * t for g, t in zip(grid, threadgroup))
+        total = global_size[0] * global_size[1] * global_size[2]
+        if any(n >= MAX_GLOBAL_PER_AXIS for n in global_size) or total > MAX_GLOBAL_THREADS:
+            limit = MAX_GLOBAL_THREADS.bit_length() - 1
+            raise ValueError(f"kernel {self.function!r}: grid {grid} x threadgroup {threadgroup} = global size "
+                             f"{global_size} ({total} threads) is more than the simulated device runs (below 2**32 "
+                             f"threads per axis, as Metal addresses them, and at most 2**{limit} in all); a run-time "
+                             "size that went below 1 and wrapped?")
+        self._runner._launch(self, views, bindings, global_size, threadgroup, timeout_s)
+
+
+def _check_storage(storage: Any, where: str, writable: bool) -> None:
+    if not isinstance(storage, np.ndarray) or storage.dtype != np.uint8 or storage.ndim != 1:
+        got = f"{type(storage).__name__} {getattr(storage, 'dtype', '')} {getattr(storage, 'shape', '')}".strip()
+        raise ValueError(f"{where}: the storage must be a 1-D numpy.uint8 array (the MTLBuffer's bytes), got {got}")
+    if not storage.flags.c_contiguous:
+        raise ValueError(f"{where}: the storage array is not contiguous")
+    if storage.nbytes == 0:
+        raise ValueError(f"{where}: the storage array is empty (an MTLBuffer has at least 1 byte)")
+    if writable and not storage.flags.writeable:
+        raise ValueError(f"{where}: the kernel may write this buffer but the storage array is read-only")
+
+
+def _size3(size: Any, what: str) -> tuple[int, int, int]:
+    try:
+        values = tuple(int(v) for v in size)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be three ints (width, height, depth), got {size!r}") from None
+    if len(values) != 3 or any(v < 0 for v in values) or any(isinstance(v, bool) for v in size):
+        raise ValueError(f"{what} must be three ints >= 0 (width, height, depth), got {size!r}")
+    return values[0], values[1], values[2]

@@ -1,0 +1,269 @@
+"""Handlers of the command queue, command buffer and compute encoder selectors: how work is encoded and committed.
+
+The state machine of METAL.md §3 rules 1-5 and 7 lives here: Metal's own asserts (one open encoder, endEncoding
+before release, no open encoder at commit or event encoding, nothing after commit, waiting on an uncommitted
+command buffer) raise in both modes; strict mode adds the checks of the debug layer at the offending call
+(fences: rule 11, event values: rule 12, dispatch sizes: rule 13 and fewer than 2**32 threads per grid axis, ICB
+ranges and warm-up: rules 8 and 16 at ``executeCommandsInBuffer:withRange:``, residency and races: rules 10 and 9
+at ``commit``).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mtlir.ir.dtypes import dtypes
+from mtlir.metal import MTL
+from mtlir.runtime.errors import BridgeError
+from mtlir.runtime.sim.msgsend import NIL, objc_method
+from mtlir.runtime.sim.rules.checks import check_commit, check_execute, collect_reads, size_problem
+from mtlir.runtime.sim.objects import (ICB, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute, Fence,
+                                       Pipeline, SharedEvent, SignalStep, SimObject, WaitStep)
+from mtlir.runtime.sim.rules.rule import Call, assertion, violation
+
+if TYPE_CHECKING:
+    from mtlir.runtime.sim.device import SimDevice
+
+__all__: list[str] = []
+
+_MAX_SET_BYTES = 4096  # setBytes:length:atIndex: takes at most 4 KB (Apple's documentation of the method)
+
+
+# ---------------------------------------------------------------------------- MTLCommandQueue
+@objc_method(CommandQueue, "commandBuffer")
+def _command_buffer(dev: SimDevice, q: CommandQueue) -> CommandBuffer:
+    """A new command buffer (+0). At maxCommandBufferCount uncompleted command buffers it blocks until one
+    completes (rule 7): strict mode raises at once when none can (all uncommitted, or the GPU held); a block
+    that outlives the device's ``timeout_s`` raises ``TimeoutError``."""
+    call = Call("commandBuffer", q)
+    if len(q.live) >= q.max_count:
+        committed = any(cb.status >= MTL.StatusCommitted for cb in q.live)
+        if dev.strict and (not committed or not dev.autorun):
+            why = "none of them is committed" if not committed else "the GPU is held (autorun=False)"
+            raise violation(7, call, f"{len(q.live)} command buffers of the queue are not completed "
+                                     f"(maxCommandBufferCount {q.max_count}) and {why}: Metal blocks here forever")
+        if not dev.wait_for(lambda: len(q.live) < q.max_count, dev.timeout_s):
+            raise TimeoutError(f"{call}: blocked {dev.timeout_s} s with {len(q.live)} command buffers not completed "
+                               f"(maxCommandBufferCount {q.max_count}; METAL.md §3 rule 7)")
+    cb = dev.new_autoreleased(CommandBuffer(q))
+    q.live.add(cb)
+    return cb  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------- MTLCommandBuffer
+def _not_committed(cb: CommandBuffer, selector: str, call: Call) -> None:
+    if cb.status >= MTL.StatusCommitted:
+        raise assertion(4, call, f"{selector} after commit (the command buffer is {MTL.STATUS_NAMES[cb.status]})")
+
+
+@objc_method(CommandBuffer, "computeCommandEncoder")
+def _compute_encoder(dev: SimDevice, cb: CommandBuffer) -> Encoder:
+    call = Call("computeCommandEncoder", cb)
+    _not_committed(cb, "computeCommandEncoder", call)
+    if cb.open_encoder is not None:
+        raise assertion(1, call, "A command encoder is already encoding to this command buffer")
+    enc = dev.new_autoreleased(Encoder(cb))
+    cb.open_encoder = enc
+    cb.steps.append(enc)
+    return enc  # type: ignore[no-any-return]
+
+
+@objc_method(CommandBuffer, "encodeSignalEvent:value:", SharedEvent)
+def _encode_signal(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: int) -> None:
+    call = Call("encodeSignalEvent:value:", cb, ev, value)
+    _not_committed(cb, "encodeSignalEvent:value:", call)
+    if cb.open_encoder is not None:
+        raise assertion(3, call, "encodeSignalEvent:value: with uncommitted encoder")
+    highest = max(ev.value, ev.highest_encoded)
+    if dev.strict and highest > 0 and value <= highest:
+        relation = "below" if value < highest else "not above"
+        raise violation(12, call, f"{value} is {relation} {highest}, a value {ev.describe()} already has or was "
+                                  "given by an earlier signal: an event's value only increases, Metal ignores a "
+                                  "value that is not above it")
+    ev.encoded(value)
+    cb.steps.append(SignalStep(ev, value))
+
+
+@objc_method(CommandBuffer, "encodeWaitForEvent:value:", SharedEvent)
+def _encode_wait(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: int) -> None:
+    call = Call("encodeWaitForEvent:value:", cb, ev, value)
+    _not_committed(cb, "encodeWaitForEvent:value:", call)
+    if cb.open_encoder is not None:
+        raise assertion(3, call, "encodeWaitForEvent:value: with uncommitted encoder")
+    cb.steps.append(WaitStep(ev, value))
+
+
+@objc_method(CommandBuffer, "commit")
+def _commit(dev: SimDevice, cb: CommandBuffer) -> None:
+    call = Call("commit", cb)
+    if cb.status >= MTL.StatusCommitted:
+        raise assertion(4, call, "commit an already committed command buffer")
+    if cb.open_encoder is not None:
+        raise assertion(3, call, "commit command buffer with uncommitted encoder")
+    cb.resident = frozenset().union(*(rs.committed for rs in cb.queue.residency_sets))
+    if dev.strict:
+        check_commit(dev, cb, call)
+    cb.status = MTL.StatusCommitted
+    for step in cb.steps:
+        if isinstance(step, SignalStep):
+            step.event.settled(step.value, committed=True)
+    dev.retain(cb)  # the GPU holds it until it finishes
+    collect_reads(dev, cb)
+    dev.gpu.submit(cb)
+
+
+@objc_method(CommandBuffer, "waitUntilCompleted")
+def _wait_completed(dev: SimDevice, cb: CommandBuffer) -> None:
+    """Blocks until Completed or Error; an uncommitted command buffer asserts (it would never complete); a wait
+    longer than the device's ``timeout_s`` raises ``TimeoutError``."""
+    call = Call("waitUntilCompleted", cb)
+    if cb.status < MTL.StatusCommitted:
+        raise assertion(5, call, "waitUntilCompleted on uncommitted command buffer")
+    if not dev.wait_for(lambda: cb.finished, dev.timeout_s):
+        held = "" if dev.autorun else " (the GPU is held: autorun=False, call step() or run_until_idle())"
+        raise TimeoutError(f"{call}: still {MTL.STATUS_NAMES[cb.status]} after {dev.timeout_s} s{held}")
+
+
+@objc_method(CommandBuffer, "status", lockless=True)
+def _status(dev: SimDevice, cb: CommandBuffer) -> int:
+    return cb.status
+
+
+@objc_method(CommandBuffer, "error", lockless=True)
+def _error(dev: SimDevice, cb: CommandBuffer) -> SimObject | None:
+    return cb.error if cb.status == MTL.StatusError else None
+
+
+@objc_method(CommandBuffer, "GPUStartTime", lockless=True)
+def _gpu_start(dev: SimDevice, cb: CommandBuffer) -> float:
+    return cb.start_time if cb.status == MTL.StatusCompleted else 0.0
+
+
+@objc_method(CommandBuffer, "GPUEndTime", lockless=True)
+def _gpu_end(dev: SimDevice, cb: CommandBuffer) -> float:
+    return cb.end_time if cb.status == MTL.StatusCompleted else 0.0
+
+
+# ---------------------------------------------------------------------------- MTLComputeCommandEncoder
+def _open(dev: SimDevice, enc: Encoder, call: Call) -> bool:
+    """True when ``enc`` still encodes. After endEncoding strict mode raises; faithful mode drops the call."""
+    if not enc.ended:
+        return True
+    if dev.strict:
+        raise violation(0, call, f"{enc.describe()} has already ended (endEncoding); encode on a new encoder")
+    return False
+
+
+@objc_method(Encoder, "waitForFence:", Fence)
+def _wait_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
+    call = Call("waitForFence:", enc, fence)
+    if not _open(dev, enc, call):
+        return
+    if dev.strict and fence in enc.fence_updates:
+        raise violation(11, call, f"{fence.describe()} was updated earlier in this encoder: waits act at the "
+                                  "encoder's start and updates at its end, so it would wait for itself (deadlock)")
+    if fence.last_update is not None:
+        enc.fence_waits.append((fence, fence.last_update))
+
+
+@objc_method(Encoder, "updateFence:", Fence)
+def _update_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
+    if _open(dev, enc, Call("updateFence:", enc, fence)):
+        enc.fence_updates.append(fence)
+        enc.fence_prev.setdefault(fence, fence.last_update)
+        fence.last_update = enc
+
+
+@objc_method(Encoder, "useResources:count:usage:")
+def _use_resources(dev: SimDevice, enc: Encoder, array: int, count: int, usage: int) -> None:
+    """Reads ``count`` handles (8 bytes each) from the C array at ``array``: each must be a live MTLBuffer or ICB.
+    A pipeline is not an MTLResource: strict raises (rule 10), faithful ignores it."""
+    call = Call("useResources:count:usage:", enc, hex(array), count, usage)
+    if not _open(dev, enc, call):
+        return
+    if count and not array:
+        raise BridgeError(f"{call}: NULL resource array with count {count}")
+    if usage & ~(MTL.ResourceUsageRead | MTL.ResourceUsageWrite) or not usage:
+        if dev.strict:
+            raise violation(0, call, f"usage {usage} is not a combination of Read (1) and Write (2)")
+    for k in range(count):
+        handle = dev.memory.load(array + 8 * k, dtypes.id)
+        obj = dev._lookup(handle, f"{call}: resource [{k}]")
+        if isinstance(obj, (Buffer, ICB)):
+            enc.used.add(obj)
+        elif isinstance(obj, Pipeline):
+            if dev.strict:
+                raise violation(10, call, f"resource [{k}] is {obj.describe()}: pipelines are not MTLResources and "
+                                          "may not go into useResources")
+        else:
+            raise BridgeError(f"{call}: resource [{k}] is {obj.describe()}, not an MTLResource")
+
+
+@objc_method(Encoder, "setComputePipelineState:", Pipeline)
+def _set_pipeline(dev: SimDevice, enc: Encoder, p: Pipeline) -> None:
+    if _open(dev, enc, Call("setComputePipelineState:", enc, p)):
+        enc.pipeline = p
+        enc.bound_pipelines.add(p)
+
+
+@objc_method(Encoder, "setBuffer:offset:atIndex:", (Buffer, NIL))
+def _set_buffer(dev: SimDevice, enc: Encoder, buf: Buffer | None, offset: int, index: int) -> None:
+    call = Call("setBuffer:offset:atIndex:", enc, buf, offset, index)
+    if not _open(dev, enc, call):
+        return
+    if index >= MTL.MAX_BUFFER_BIND:
+        if dev.strict:
+            raise violation(8, call, f"buffer index {index} is not below {MTL.MAX_BUFFER_BIND}")
+        return
+    if buf is None:
+        enc.bindings.pop(index, None)
+    else:
+        enc.bindings[index] = (buf, offset)
+        enc.used.add(buf)  # a directly bound buffer is made resident by the encoder
+
+
+@objc_method(Encoder, "setBytes:length:atIndex:")
+def _set_bytes(dev: SimDevice, enc: Encoder, ptr: int, length: int, index: int) -> None:
+    call = Call("setBytes:length:atIndex:", enc, hex(ptr), length, index)
+    if not _open(dev, enc, call):
+        return
+    if dev.strict and (length > _MAX_SET_BYTES or index >= MTL.MAX_BUFFER_BIND):
+        raise violation(0, call, f"setBytes takes at most {_MAX_SET_BYTES} bytes at an index below "
+                                 f"{MTL.MAX_BUFFER_BIND}")
+    if index < MTL.MAX_BUFFER_BIND:
+        enc.bindings[index] = dev.memory.read(ptr, length) if length else b""
+
+
+@objc_method(Encoder, "dispatchThreadgroups:threadsPerThreadgroup:")
+def _dispatch(dev: SimDevice, enc: Encoder, grid: tuple[int, int, int], tg: tuple[int, int, int]) -> None:
+    call = Call("dispatchThreadgroups:threadsPerThreadgroup:", enc, grid, tg)
+    if not _open(dev, enc, call):
+        return
+    p = enc.pipeline
+    if dev.strict and 0 not in grid and 0 not in tg:
+        if p is None:
+            raise violation(0, call, "no compute pipeline state is set on the encoder")
+        problem = size_problem(grid, tg, p)
+        if problem is not None:
+            raise violation(problem[0], call, problem[1])
+        for index, _, _ in p.params:
+            if index not in enc.bindings:
+                raise violation(0, call, f"{p.label}: buffer index {index} is not bound")
+    enc.commands.append(Dispatch(p, dict(enc.bindings), grid, tg))
+
+
+@objc_method(Encoder, "executeCommandsInBuffer:withRange:", ICB)
+def _execute(dev: SimDevice, enc: Encoder, icb: ICB, first: int, count: int) -> None:
+    call = Call("executeCommandsInBuffer:withRange:", enc, icb, (first, count))
+    if not _open(dev, enc, call):
+        return
+    if dev.strict:
+        check_execute(dev, enc, icb, first, count, call)
+    enc.commands.append(Execute(icb, first, count, frozenset(enc.bound_pipelines)))
+
+
+@objc_method(Encoder, "endEncoding")
+def _end_encoding(dev: SimDevice, enc: Encoder) -> None:
+    if _open(dev, enc, Call("endEncoding", enc)):
+        enc.ended = True
+        if enc.cb.open_encoder is enc:
+            enc.cb.open_encoder = None

@@ -1,0 +1,156 @@
+"""Handlers of indirect command buffers: ``newIndirectCommandBufferWithDescriptor:...``, its descriptor,
+``indirectComputeCommandAtIndex:`` and the compute command setters (METAL.md §1 "The ICB is built once").
+
+Every setter is a CPU write into the ICB (shared memory on a Mac): rule 15 is checked on each (strict mode refuses
+a write to a command an in-flight command buffer executes; faithful mode lets the GPU see whatever is there when
+it gets to the command). Rule 8 at the call: the command index, the bind index against maxKernelBufferBindCount,
+offsets stored as 32 bits (faithful mode keeps the low 32 bits, as the hardware does, and the kernel silently
+reads the wrong place). Strict mode checks a command's sizes as soon as its pipeline and sizes are set
+(``checks.size_problem``: rule 13, fewer than 2**32 threads per grid axis); faithful mode leaves them to the GPU.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mtlir.metal import MTL
+from mtlir.runtime.errors import BridgeError
+from mtlir.runtime.sim.msgsend import NIL, objc_method
+from mtlir.runtime.sim.rules.checks import check_icb_write, size_problem
+from mtlir.runtime.sim.objects import ICB, Buffer, Device, ICBCommand, ICBDescriptor, ICBSlot, Pipeline
+from mtlir.runtime.sim.rules.rule import Call, violation
+
+if TYPE_CHECKING:
+    from mtlir.runtime.sim.device import SimDevice
+
+__all__: list[str] = []
+
+
+# ---------------------------------------------------------------------------- the descriptor
+@objc_method(ICBDescriptor, "setCommandTypes:")
+def _set_types(dev: SimDevice, d: ICBDescriptor, types: int) -> None:
+    d.command_types = types
+
+
+@objc_method(ICBDescriptor, "setInheritBuffers:")
+def _set_inherit_buffers(dev: SimDevice, d: ICBDescriptor, flag: int) -> None:
+    d.inherit_buffers = bool(flag)
+
+
+@objc_method(ICBDescriptor, "setInheritPipelineState:")
+def _set_inherit_pipeline(dev: SimDevice, d: ICBDescriptor, flag: int) -> None:
+    d.inherit_pipeline = bool(flag)
+
+
+@objc_method(ICBDescriptor, "setMaxKernelBufferBindCount:")
+def _set_max_bind(dev: SimDevice, d: ICBDescriptor, n: int) -> None:
+    d.max_bind = n
+
+
+@objc_method(Device, "newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", ICBDescriptor)
+def _new_icb(dev: SimDevice, d: Device, desc: ICBDescriptor, max_count: int, options: int) -> ICB | None:
+    """The ICB (+1), or nil: on a device without ICB support, for zero commands, or (faithful mode) for a
+    descriptor the simulator does not model; strict mode names what is wrong with the descriptor."""
+    call = Call("newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", d, desc, max_count, options)
+    if not dev.spec.icb or max_count == 0:
+        return None
+    problem = None
+    if not desc.command_types & MTL.IndirectCommandTypeConcurrentDispatch:
+        problem = (0, f"commandTypes {desc.command_types:#x} lacks ConcurrentDispatch "
+                      f"({MTL.IndirectCommandTypeConcurrentDispatch:#x}), the only compute command type modelled")
+    elif desc.inherit_buffers or desc.inherit_pipeline:
+        problem = (0, "inheritBuffers and inheritPipelineState must be NO: ICB commands set their own pipeline "
+                      "and buffers (METAL.md §1)")
+    elif desc.max_bind > MTL.MAX_BUFFER_BIND:
+        problem = (8, f"maxKernelBufferBindCount {desc.max_bind} is above {MTL.MAX_BUFFER_BIND}")
+    elif max_count > 1 << 24:
+        problem = (8, f"maxCommandCount {max_count} is more than the simulator models (2**24)")
+    if problem is not None:
+        if dev.strict:
+            raise violation(problem[0], call, problem[1])
+        return None
+    return dev.new(ICB(max_count, desc.max_bind, desc.command_types))  # type: ignore[no-any-return]
+
+
+@objc_method(ICB, "indirectComputeCommandAtIndex:")
+def _command_at(dev: SimDevice, icb: ICB, index: int) -> ICBCommand:
+    """Command ``index`` (+0). Past maxCommandCount strict mode raises (rule 8); faithful mode returns a command
+    whose writes land outside the ICB and are lost."""
+    if index >= icb.max_count:
+        if dev.strict:
+            raise violation(8, Call("indirectComputeCommandAtIndex:", icb, index),
+                            f"index {index} is not below maxCommandCount {icb.max_count}")
+        return dev.new_autoreleased(ICBCommand(icb, None))  # type: ignore[no-any-return]
+    return dev.new_autoreleased(ICBCommand(icb, index))  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------- the compute command
+def _slot(dev: SimDevice, cmd: ICBCommand, call: Call) -> ICBSlot | None:
+    """The slot a setter writes (None: out of range, lost), after the rule-15 check of strict mode."""
+    if not cmd.icb.alive:
+        raise BridgeError(f"{call}: the ICB of this command was deallocated ({cmd.icb.describe()})")
+    if dev.strict:
+        check_icb_write(dev, cmd, call)
+    if cmd.index is None:
+        return None
+    cmd.icb.version += 1
+    return cmd.icb.slots[cmd.index]
+
+
+def _check_sizes(dev: SimDevice, grid: tuple[int, int, int] | None, tg: tuple[int, int, int], p: Pipeline | None,
+                 call: Call) -> None:
+    """Strict: the sizes a setter is about to leave in a command against Metal's limits (``checks.size_problem``:
+    rule 13, 2**32 threads per grid axis), before it changes anything. Faithful mode lets the GPU meet them."""
+    if dev.strict and grid is not None:
+        problem = size_problem(grid, tg, p)
+        if problem is not None:
+            raise violation(problem[0], call, problem[1])
+
+
+@objc_method(ICBCommand, "setComputePipelineState:", Pipeline)
+def _cmd_pipeline(dev: SimDevice, cmd: ICBCommand, p: Pipeline) -> None:
+    call = Call("setComputePipelineState:", cmd, p)
+    if dev.strict and not p.support_icb:
+        raise violation(0, call, f"{p.describe()} was made without supportIndirectCommandBuffers = YES: pipelines "
+                                 "an ICB uses need it (METAL.md §1)")
+    slot = _slot(dev, cmd, call)
+    if slot is not None:
+        _check_sizes(dev, slot.grid, slot.threadgroup, p, call)
+        slot.pipeline = p
+
+
+@objc_method(ICBCommand, "setKernelBuffer:offset:atIndex:", (Buffer, NIL))
+def _cmd_buffer(dev: SimDevice, cmd: ICBCommand, buf: Buffer | None, offset: int, index: int) -> None:
+    call = Call("setKernelBuffer:offset:atIndex:", cmd, buf, offset, index)
+    if index >= cmd.icb.max_bind:
+        if dev.strict:
+            raise violation(8, call, f"index {index} is not below maxKernelBufferBindCount {cmd.icb.max_bind}")
+        _slot(dev, cmd, call)
+        return  # the ICB has no slot for it: the binding is lost
+    if offset > 0xFFFFFFFF:
+        if dev.strict:
+            raise violation(8, call, f"offset {offset:#x} does not fit the 32 bits an ICB command stores it in "
+                                     "(tinygrad PR #15129): the kernel would read at the wrong place")
+        offset &= 0xFFFFFFFF
+    slot = _slot(dev, cmd, call)
+    if slot is None:
+        return
+    if buf is None:
+        slot.bindings.pop(index, None)
+    else:
+        slot.bindings[index] = (buf, offset)
+
+
+@objc_method(ICBCommand, "concurrentDispatchThreadgroups:threadsPerThreadgroup:")
+def _cmd_dispatch(dev: SimDevice, cmd: ICBCommand, grid: tuple[int, int, int], tg: tuple[int, int, int]) -> None:
+    call = Call("concurrentDispatchThreadgroups:threadsPerThreadgroup:", cmd, grid, tg)
+    slot = _slot(dev, cmd, call)
+    if slot is not None:
+        _check_sizes(dev, grid, tg, slot.pipeline, call)
+        slot.grid, slot.threadgroup = grid, tg
+
+
+@objc_method(ICBCommand, "setBarrier")
+def _cmd_barrier(dev: SimDevice, cmd: ICBCommand) -> None:
+    slot = _slot(dev, cmd, Call("setBarrier", cmd))
+    if slot is not None:
+        slot.barrier = True

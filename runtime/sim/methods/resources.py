@@ -1,0 +1,310 @@
+"""Handlers of the selectors that make and read objects: NSObject, classes, NSString, NSError, MTLDevice's factory
+methods, MTLBuffer, MTLLibrary/MTLFunction, pipelines and their descriptor, MTLSharedEvent, MTLResidencySet.
+
+Ownership follows Cocoa (METAL.md §2): ``new...``/``alloc``/``new`` return +1; ``stringWithUTF8String:`` +0
+(autoreleased); getters (``error``, ``localizedDescription``, ``contents``) return what the receiver owns.
+Kernels compile at ``newLibraryWithSource:options:error:`` with the device's kernel runner: a compile error comes
+back through the NSError** out-parameter with a nil library, as Metal reports it; ``UnsupportedKernelError`` and
+``KernelBuildError`` (OpenCL did not build the translation: the MSL may be invalid, or the translator may not
+handle it, which the simulator cannot tell apart) propagate unchanged (the CLI maps both to exit code 4).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mtlir.ir.dtypes import dtypes
+from mtlir.metal import MTL
+from mtlir.runtime.errors import BridgeError, KernelBuildError, KernelCompileError
+from mtlir.runtime.sim.msgsend import NIL, objc_method
+from mtlir.runtime.sim.gpu import kernel_params
+from mtlir.runtime.sim.msl.translate import kernel_functions
+from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, CommandQueue, CompileOptions, Device,
+                                       Encoder,
+                                       Fence, Function, ICBDescriptor, Library, NSError, NSString, Pipeline,
+                                       PipelineDescriptor, ResidencySet, ResidencySetDescriptor, SharedEvent,
+                                       SimObject)
+from mtlir.runtime.sim.rules.rule import Call, violation
+
+if TYPE_CHECKING:
+    from mtlir.runtime.sim.device import SimDevice
+
+__all__ = ["CLASSES"]
+
+# the classes objc_getClass knows, and how new/alloc make an instance
+CLASSES: dict[str, Callable[[], SimObject] | None] = {
+    "NSObject": SimObject, "NSString": NSString, "NSError": None,
+    "MTLComputePipelineDescriptor": PipelineDescriptor, "MTLIndirectCommandBufferDescriptor": ICBDescriptor,
+    "MTLResidencySetDescriptor": ResidencySetDescriptor, "MTLCompileOptions": CompileOptions,
+}
+_MAX_RESIDENCY_SETS = 32  # per queue (METAL.md §2 addResidencySet:)
+
+
+def _write_error(dev: SimDevice, errptr: int, err: NSError | None, where: str) -> None:
+    """Store ``err`` (+0: autoreleased) through an NSError** out-parameter when it is not NULL."""
+    if err is not None:
+        dev.autorelease(err)
+    if errptr:
+        try:
+            dev.memory.store(errptr, dtypes.id, 0 if err is None else err.handle)
+        except BridgeError as e:
+            raise BridgeError(f"{where}: the NSError** argument: {e}") from None
+
+
+# ---------------------------------------------------------------------------- NSObject and classes
+# retain/release/init: reference counts and the identity initializer
+@objc_method(SimObject, "retain")
+def _retain(dev: SimDevice, obj: SimObject) -> SimObject:
+    return dev.retain(obj)
+
+
+@objc_method(SimObject, "release")
+def _release(dev: SimDevice, obj: SimObject) -> None:
+    dev.release(obj, "release")
+
+
+for _cls in (SimObject, NSString, PipelineDescriptor, ICBDescriptor, ResidencySetDescriptor, CompileOptions):
+    objc_method(_cls, "init")(lambda dev, obj: obj)
+
+for _labelled in (CommandQueue, CommandBuffer, Encoder, Buffer, Fence, SharedEvent, ICB, Library, Function,
+                  PipelineDescriptor, ResidencySetDescriptor):
+    objc_method(_labelled, "setLabel:", (NSString, NIL))(
+        lambda dev, obj, s: setattr(obj, "label", "" if s is None else s.value))
+
+
+# new/alloc on a class: a +1 instance
+@objc_method(ClassObject, "new")
+@objc_method(ClassObject, "alloc")
+def _new(dev: SimDevice, cls: ClassObject) -> SimObject:
+    if cls.make is None:
+        raise BridgeError(f"+[{cls.name} new]: the simulated runtime does not create {cls.name} objects this way")
+    return dev.new(cls.make())  # type: ignore[no-any-return]
+
+
+@objc_method(ClassObject, "stringWithUTF8String:")
+def _string_with_utf8(dev: SimDevice, cls: ClassObject, ptr: int) -> NSString | None:
+    if cls.name != "NSString":
+        raise BridgeError(f"+[{cls.name} stringWithUTF8String:]: unrecognized selector sent to class")
+    if ptr == 0:
+        return None  # Foundation returns nil for NULL
+    return dev.new_autoreleased(NSString(dev.memory.read_cstring(ptr)))  # type: ignore[no-any-return]
+
+
+@objc_method(NSString, "UTF8String")
+def _utf8(dev: SimDevice, s: NSString) -> int:
+    if s.cstr is None:
+        raw = s.value.encode() + b"\0"
+        s.cstr = dev.memory.alloc(len(raw), owner=s, what=f"UTF8String of {s.describe()}")
+        s.cstr.data[:] = memoryview(raw)
+    return s.cstr.base
+
+
+@objc_method(NSError, "code", lockless=True)
+def _code(dev: SimDevice, e: NSError) -> int:
+    return e.code
+
+
+@objc_method(NSError, "localizedDescription", lockless=True)
+def _description(dev: SimDevice, e: NSError) -> NSString:
+    return e.description
+
+
+# ---------------------------------------------------------------------------- MTLDevice factories
+@objc_method(Device, "newCommandQueueWithMaxCommandBufferCount:")
+def _new_queue(dev: SimDevice, d: Device, n: int) -> CommandQueue | None:
+    return dev.new(CommandQueue(n)) if n > 0 else None
+
+
+@objc_method(Device, "newSharedEvent")
+def _new_event(dev: SimDevice, d: Device) -> SharedEvent:
+    return dev.new(SharedEvent())  # type: ignore[no-any-return]
+
+
+@objc_method(Device, "newFence")
+def _new_fence(dev: SimDevice, d: Device) -> Fence:
+    return dev.new(Fence())  # type: ignore[no-any-return]
+
+
+@objc_method(Device, "newBufferWithLength:options:")
+def _new_buffer(dev: SimDevice, d: Device, length: int, options: int) -> Buffer | None:
+    """Shared (0) and managed (1) storage map ``contents`` into host memory; private (2) has none (NULL);
+    a zero length, memoryless storage or more than ``max_buffer_length`` bytes return nil (Metal: nil on OOM)."""
+    mode = (options >> 4) & 0xF
+    if length == 0 or length > dev.max_buffer_length or mode not in (0, 1, 2):
+        return None
+    buf = Buffer(length, options, None, None, dev._gpu_va)  # type: ignore[arg-type]
+    dev._gpu_va += (length + 0xFFFF) // 0x10000 * 0x10000 + 0x10000
+    dev.new(buf)
+    try:
+        if mode == 2:
+            buf.storage = np.zeros(length, dtype=np.uint8)  # private: never mapped for the CPU
+        else:
+            buf.region = dev.memory.alloc(length, owner=buf, what=f"contents of {buf.describe()}")
+            buf.storage = buf.region.data
+    except MemoryError:
+        dev.release(buf, "newBufferWithLength:options:")
+        return None
+    return buf
+
+
+@objc_method(Device, "newLibraryWithSource:options:error:", NSString, (CompileOptions, NIL))
+def _new_library(dev: SimDevice, d: Device, src: NSString, options: Any, errptr: int) -> Library | None:
+    runner, kernels = dev.kernel_runner, {}
+    try:
+        for name in kernel_functions(src.value):
+            kernels[name] = runner.compile(src.value, name)
+    except KernelBuildError:  # the simulator's own limit as much as the MSL's: never pretend Metal refused it
+        raise
+    except KernelCompileError as e:  # MslSyntaxError too: Metal reports both through the NSError
+        err = dev._make_error(3, f"Compilation failed: {e}", domain="MTLLibraryErrorDomain")
+        _write_error(dev, errptr, err, "newLibraryWithSource:options:error:")
+        return None
+    _write_error(dev, errptr, None, "newLibraryWithSource:options:error:")
+    return dev.new(Library(src.value, kernels))  # type: ignore[no-any-return]
+
+
+@objc_method(Library, "newFunctionWithName:", NSString)
+def _new_function(dev: SimDevice, lib: Library, name: NSString) -> Function | None:
+    kernel = lib.kernels.get(name.value)
+    return None if kernel is None else dev.new(Function(name.value, kernel))
+
+
+@objc_method(PipelineDescriptor, "setComputeFunction:", (Function, NIL))
+def _set_function(dev: SimDevice, desc: PipelineDescriptor, fn: Function | None) -> None:
+    desc.function = fn
+
+
+@objc_method(PipelineDescriptor, "setSupportIndirectCommandBuffers:")
+def _set_support_icb(dev: SimDevice, desc: PipelineDescriptor, flag: int) -> None:
+    desc.support_icb = bool(flag)
+
+
+@objc_method(Device, "newComputePipelineStateWithDescriptor:options:reflection:error:", PipelineDescriptor)
+def _new_pipeline(dev: SimDevice, d: Device, desc: PipelineDescriptor, options: int, reflection: int,
+                  errptr: int) -> Pipeline | None:
+    if desc.function is None or not desc.function.alive:
+        err = dev._make_error(1, "computeFunction must not be nil", domain="AGXMetalErrorDomain")
+        _write_error(dev, errptr, err, "newComputePipelineStateWithDescriptor:options:reflection:error:")
+        return None
+    if reflection:
+        dev.memory.store(reflection, dtypes.id, 0)
+    _write_error(dev, errptr, None, "newComputePipelineStateWithDescriptor:options:reflection:error:")
+    pipeline = Pipeline(desc.function, desc.support_icb, kernel_params(desc.function.kernel))
+    return dev.new(pipeline)  # type: ignore[no-any-return]
+
+
+@objc_method(Pipeline, "maxTotalThreadsPerThreadgroup", lockless=True)
+def _max_threads(dev: SimDevice, p: Pipeline) -> int:
+    return p.max_threads
+
+
+# ---------------------------------------------------------------------------- MTLBuffer
+@objc_method(Buffer, "contents", lockless=True)
+def _contents(dev: SimDevice, b: Buffer) -> int:
+    return 0 if b.region is None else b.region.base
+
+
+@objc_method(Buffer, "gpuAddress", lockless=True)
+def _gpu_address(dev: SimDevice, b: Buffer) -> int:
+    return b.gpu_address
+
+
+@objc_method(Buffer, "length", lockless=True)
+def _length(dev: SimDevice, b: Buffer) -> int:
+    return b.length
+
+
+# ---------------------------------------------------------------------------- MTLSharedEvent
+@objc_method(SharedEvent, "signaledValue", lockless=True)
+def _signaled_value(dev: SimDevice, ev: SharedEvent) -> int:
+    return ev.value
+
+
+def _unreachable(dev: SimDevice, ev: SharedEvent, value: int) -> CommandBuffer | None:
+    """The failed command buffer whose skipped signal was the only way ``ev`` could reach ``value`` (rule 6),
+    or None while some committed, unfinished command buffer may still signal it."""
+    if ev.value >= value:
+        return None
+    failed = next((cb for v, cb in ev.skipped if v >= value), None)
+    if failed is None:
+        return None
+    for q in dev.gpu.queues:
+        for cb in q.pending:
+            if any(getattr(s, "event", None) is ev and getattr(s, "value", -1) >= value and not getattr(s, "fired", 1)
+                   for s in cb.steps):
+                return None
+    return failed
+
+
+@objc_method(SharedEvent, "waitUntilSignaledValue:timeoutMS:")
+def _wait_signaled(dev: SimDevice, ev: SharedEvent, value: int, timeout_ms: int) -> bool:
+    """Blocks until the value reaches ``value`` (YES) or ``timeout_ms`` pass (NO). The wait is capped at the
+    device's ``timeout_s``: a longer one that runs out raises ``TimeoutError``. Strict mode raises at once when
+    only a skipped signal of a failed command buffer could have reached the value (rule 6)."""
+    call = Call("waitUntilSignaledValue:timeoutMS:", ev, value, timeout_ms)
+    timeout = timeout_ms / 1000.0
+    capped = timeout > dev.timeout_s
+    stuck: list[CommandBuffer] = []
+
+    def ready() -> bool:
+        if ev.value >= value:
+            return True
+        if dev.strict and (cb := _unreachable(dev, ev, value)) is not None:
+            stuck.append(cb)
+            return True
+        return False
+
+    ok = dev.wait_for(ready, min(timeout, dev.timeout_s))
+    if stuck:
+        cb = stuck[0]
+        code = cb.error.code if cb.error is not None else 0
+        raise violation(6, call, f"the value can never be reached: {cb.describe()}, which encoded the signal, ended "
+                                 f"in status Error ({MTL.ERROR_NAMES.get(code, code)}) and Metal skipped its signal; "
+                                 "check the command buffer's status and error instead of waiting")
+    if not ok and capped:
+        raise TimeoutError(f"{call}: not signaled after {dev.timeout_s} s, the simulated device's longest wait "
+                           f"(value is {ev.value})")
+    return ok
+
+
+# ---------------------------------------------------------------------------- MTLResidencySet
+@objc_method(Device, "newResidencySetWithDescriptor:error:", ResidencySetDescriptor)
+def _new_residency_set(dev: SimDevice, d: Device, desc: ResidencySetDescriptor, errptr: int) -> Any:
+    if not dev.spec.residency_set:
+        err = dev._make_error(1, "MTLResidencySet is not supported on this device (macOS 15 or later)",
+                              domain="MTLResidencySetErrorDomain")
+        _write_error(dev, errptr, err, "newResidencySetWithDescriptor:error:")
+        return None
+    _write_error(dev, errptr, None, "newResidencySetWithDescriptor:error:")
+    rs = dev.new(ResidencySet())
+    rs.label = desc.label
+    return rs
+
+
+@objc_method(ResidencySet, "addAllocation:", (Buffer, ICB))
+def _add_allocation(dev: SimDevice, rs: ResidencySet, obj: SimObject) -> None:
+    rs.pending.add(obj)
+
+
+@objc_method(ResidencySet, "removeAllocation:", (Buffer, ICB))
+def _remove_allocation(dev: SimDevice, rs: ResidencySet, obj: SimObject) -> None:
+    rs.pending.discard(obj)
+
+
+@objc_method(ResidencySet, "commit")
+def _commit_residency(dev: SimDevice, rs: ResidencySet) -> None:
+    rs.committed = frozenset(rs.pending)
+
+
+@objc_method(CommandQueue, "addResidencySet:", ResidencySet)
+def _add_residency_set(dev: SimDevice, q: CommandQueue, rs: ResidencySet) -> None:
+    if rs in q.residency_sets:
+        return
+    if len(q.residency_sets) >= _MAX_RESIDENCY_SETS:
+        if dev.strict:
+            raise violation(10, Call("addResidencySet:", q, rs),
+                            f"a queue holds at most {_MAX_RESIDENCY_SETS} residency sets")
+        return
+    q.residency_sets.append(rs)

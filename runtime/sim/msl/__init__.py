@@ -1,0 +1,1 @@
+"""Metal Shading Language to OpenCL C: lexer, names, prelude, token rewrite rules, the translator."""

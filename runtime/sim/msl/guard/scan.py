@@ -1,0 +1,206 @@
+"""Reading the tokens around a buffer access for the bounds checks (``msl_guard``): where a bracket opens, whether a
+parenthesised group is a cast, whether ``*``/``&`` is unary, where an operand or expression ends, which tracked
+pointer names an expression's pointer value is computed from, whether an access is a store, the arguments of a call
+and the value of an integer literal.
+"""
+from __future__ import annotations
+
+from mtlir.runtime.sim.msl.guard.bound import _HOW
+from mtlir.runtime.sim.msl.lex import ID, NUM, PUNCT, STR, Token
+from mtlir.runtime.sim.msl.names import SCALARS, VECTORS
+from mtlir.runtime.sim.msl.rewrite import QUALIFIERS, Ctx, at, group_end, refuse
+
+__all__ = ["group_start"]
+
+_ASSIGN = frozenset({"=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>="})
+_UNARY_AFTER_WORD = frozenset({"return", "case", "sizeof", "else", "do"})
+
+
+def group_start(ts: list[Token], j: int) -> int:
+    """Index of the ``(`` or ``[`` opening the bracket closed at ``j`` (-1 when it is not opened)."""
+    depth = 0
+    for k in range(j, -1, -1):
+        t = ts[k]
+        if t.kind != PUNCT:
+            continue
+        if t.text in (")", "]", "}"):
+            depth += 1
+        elif t.text in ("(", "[", "{"):
+            depth -= 1
+            if depth == 0:
+                return k
+    return -1
+
+
+def _is_cast(ts: list[Token], i: int, ctx: Ctx) -> bool:
+    """True when the parenthesised group opening at ``i`` is a type: ``(float)``, ``(device float4*)``."""
+    end = group_end(ts, i)
+    inner = ts[i + 1:end]
+    if not inner:
+        return False
+    named = False
+    for t in inner:
+        if t.kind == PUNCT and t.text == "*":
+            continue
+        if t.kind != ID:
+            return False
+        if t.text in SCALARS or t.text in VECTORS or t.text in ctx.type_names:
+            named = True
+        elif t.text not in QUALIFIERS and t.text not in ("__restrict", "__restrict__"):
+            return False
+    return named
+
+
+def _unary(ts: list[Token], j: int, ctx: Ctx) -> bool:
+    """True when the ``*`` or ``&`` at ``j`` is a unary operator (a dereference or address-of), judged by the token
+    before it; a ``*`` after a type name (a declarator, ``float* p``) or an operand is not."""
+    if j == 0:
+        return True
+    p = ts[j - 1]
+    if p.kind in (NUM, STR):
+        return False
+    if p.kind == ID:
+        return p.text in _UNARY_AFTER_WORD
+    if p.kind != PUNCT:
+        return True
+    if p.text == "]":
+        return False
+    if p.text == ")":
+        start = group_start(ts, j - 1)
+        if start > 0 and ts[start - 1].kind == ID and ts[start - 1].text in ("if", "while", "for", "switch"):
+            return True  # `if (c) *p = v;`: a statement starts
+        return start >= 0 and _is_cast(ts, start, ctx)
+    if p.text in ("++", "--"):  # postfix after an operand: binary; prefix: unary
+        return j < 2 or _unary(ts, j - 1, ctx)
+    return True
+
+
+def _operand_end(ts: list[Token], j: int, ctx: Ctx) -> int:
+    """The end (exclusive) of the operand of a unary operator starting at ``j``: prefix operators, a cast and its
+    operand, a parenthesised group, a name, number or call, then postfix ``[..]``, ``.f``, ``->f``, ``++``, ``(..)``."""
+    t = at(ts, j)
+    if t.kind == PUNCT and t.text in ("++", "--", "*", "&", "-", "+", "!", "~"):
+        return _operand_end(ts, j + 1, ctx)
+    if t.kind == PUNCT and t.text == "(":
+        close = group_end(ts, j)
+        if _is_cast(ts, j, ctx):
+            return _operand_end(ts, close + 1, ctx)
+        k = close + 1
+    elif t.kind in (ID, NUM, STR):
+        k = j + 1
+    else:
+        return j + 1
+    while True:
+        x = at(ts, k)
+        if x.kind != PUNCT:
+            return k
+        if x.text in ("[", "("):
+            k = group_end(ts, k) + 1
+        elif x.text in (".", "->"):
+            k += 2
+        elif x.text in ("++", "--"):
+            k += 1
+        else:
+            return k
+
+
+def _pointer_names(ts: list[Token], a: int, b: int, ctx: Ctx) -> list[int]:
+    """Indices of the tracked pointer names in ``ts[a:b]`` that the pointer value of that expression is computed
+    from: not inside subscripts or call arguments (values), not the pointer of a nested dereference or subscript
+    (an access, a value), but ``p`` of ``&p[i]`` (an address)."""
+    assert ctx.guard is not None
+    ptrs = ctx.guard.ptrs
+    out: list[int] = []
+    j = a
+    while j < b:
+        t = ts[j]
+        if t.kind == PUNCT:
+            if t.text == "[":
+                j = group_end(ts, j) + 1
+                continue
+            if t.text == "*" and _unary(ts, j, ctx):
+                j = _operand_end(ts, j + 1, ctx)
+                continue
+        elif t.kind == ID:
+            nxt = at(ts, j + 1).text
+            if nxt == "(" and t.text in ptrs:
+                refuse(t, t.text, f"a buffer pointer called as a function ({_HOW})")
+            if nxt == "(":
+                j = group_end(ts, j + 1) + 1
+                continue
+            if t.text in ptrs and not _member(ts, j):
+                address_of = j > 0 and ts[j - 1].text == "&" and _unary(ts, j - 1, ctx)
+                if nxt not in ("[", "->") or (nxt == "[" and address_of):
+                    out.append(j)
+        j += 1
+    return out
+
+
+def _member(ts: list[Token], j: int) -> bool:
+    """True when the identifier at ``j`` names a struct member (after ``.`` or ``->``), not a variable."""
+    return j > 0 and ts[j - 1].kind == PUNCT and ts[j - 1].text in (".", "->")
+
+
+def _is_write(ts: list[Token], star: int, end: int) -> bool:
+    """Whether the access spanning ``[star, end)`` is a store (``=``, ``+=``, ``++`` ... after it, possibly
+    through closing parentheses and ``.x`` members; or ``++``/``--`` before it)."""
+    if star > 0 and ts[star - 1].text in ("++", "--"):
+        return True
+    k = end
+    while True:
+        t = at(ts, k)
+        if t.kind == PUNCT and t.text == ")":
+            k += 1
+        elif t.kind == PUNCT and t.text == "." and at(ts, k + 1).kind == ID:
+            k += 2
+        else:
+            return t.kind == PUNCT and (t.text in _ASSIGN or t.text in ("++", "--"))
+
+
+def _literal(text: str) -> int | None:
+    """The value of a decimal or hex integer literal (``16``, ``0x10``, ``4u``); None for anything else."""
+    try:
+        return int(text.rstrip("uUlL"), 0)
+    except ValueError:
+        return None
+
+
+def _expression_end(ts: list[Token], j: int) -> int:
+    """The end of the expression starting at ``j``: the first ``;``, ``,``, ``)``, ``]`` or ``}`` outside
+    brackets."""
+    while j < len(ts):
+        t = ts[j]
+        if t.kind == PUNCT:
+            if t.text in ("(", "[", "{"):
+                j = group_end(ts, j) + 1
+                continue
+            if t.text in (";", ",", ")", "]", "}"):
+                return j
+        elif t.kind == "eof":
+            return j
+        j += 1
+    return j
+
+
+def _split_on(ts: list[Token], open_: int, close: int, sep: str) -> list[tuple[int, int]]:
+    """The spans between top-level ``sep`` tokens inside the brackets at ``open_``/``close`` (separators excluded:
+    a span ``(a, b)`` is followed by the separator at ``b``, the last one by ``close``)."""
+    spans: list[tuple[int, int]] = []
+    j = a = open_ + 1
+    while j < close:
+        t = ts[j]
+        if t.kind == PUNCT and t.text in ("(", "[", "{"):
+            j = group_end(ts, j) + 1
+            continue
+        if t.kind == PUNCT and t.text == sep:
+            spans.append((a, j))
+            a = j + 1
+        j += 1
+    spans.append((a, close))
+    return spans
+
+
+def _split_args(ts: list[Token], open_: int, close: int) -> list[tuple[int, int]]:
+    """The ``(start, end)`` spans of the comma-separated arguments between the brackets at ``open_`` and
+    ``close`` (none for empty brackets)."""
+    return [] if close == open_ + 1 else _split_on(ts, open_, close, ",")

@@ -1,0 +1,197 @@
+"""The Queue builder: the layout of the queue graph it builds, and a clear QueueError for each kind of bad input."""
+from __future__ import annotations
+
+import pytest
+from lowering_cases import N, SAXPY, SCALE
+
+from mtlir.ir.dtypes import dtypes
+from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj
+from mtlir.ir.ops import Ops
+from mtlir.frontend.queue import (Queue, QueueError, buffer, buffer_variable, exec_parts, timeline, timeline_value, view,
+                         placeholder_name)
+from mtlir.ir.uop import UOp
+
+
+def test_submit_layout() -> None:
+    x, y = buffer("x", 4096), buffer("y", 4096)
+    q = Queue(DeviceSpec("Apple7"))
+    q.exec(SAXPY, [x, view(y, 256, 1024)], [N], grid=((N + 31) // 32,), threadgroup=(32,))
+    q.wait(q.timeline, 3).signal(q.timeline, timeline_value()).timestamp(0)
+    g = q.submit()
+    assert g.op is Ops.SUBMIT and g.arg == DeviceSpec("Apple7")
+    assert [s.op for s in g.src] == [Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP]
+    ex = g.src[0]
+    parts = exec_parts(ex)
+    assert parts.kernel is SAXPY and ex.src[0].op is Ops.KERNEL
+    assert parts.grid.dtype is dtypes.MTLSize and parts.grid.src[1:] == (UOp.const(dtypes.uint64, 1),) * 2
+    assert parts.grid.src[0] is ((N + 31) // 32).cast(dtypes.uint64)
+    assert parts.threadgroup is UOp.struct(dtypes.MTLSize, 32, 1, 1)
+    assert parts.buffers == (x, UOp(Ops.BUFFER_VIEW, dtypes.id, (y,), (256, 1024)))
+    assert parts.vars == (N,)
+    assert g.src[1].src == (timeline(), UOp.const(dtypes.uint64, 3))
+    assert g.src[2].src == (timeline(), timeline_value())
+    assert g.src[3].arg == 0
+    assert q.timeline is timeline() and q.timeline.arg == Obj("event", "event")
+
+
+def test_same_graph_twice_is_the_same_node() -> None:
+    def build() -> UOp:
+        q = Queue()
+        q.exec(SCALE, [buffer("a", 64), buffer("b", 64)], [], (2,), (8,)).signal(q.timeline, 1)
+        return q.submit()
+    assert build() is build()
+
+
+def test_views_compose_and_name_placeholders() -> None:
+    b = buffer("7", 1024)
+    v = view(view(b, 256, 512), 128, 64)
+    assert v.src == (b,) and v.arg == (384, 64)
+    assert placeholder_name(b) == "buffer:7"
+    assert placeholder_name(buffer_variable("inp")) == "input:inp"
+    iv = view(buffer_variable("inp"), 1 << 20, 64)  # a buffer variable's size is unknown: any offset
+    assert iv.arg == (1 << 20, 64)
+
+
+def test_constant_variables_become_constants_of_the_parameter_type() -> None:
+    q = Queue()
+    q.exec(SAXPY, [buffer("x", 64), buffer("y", 64)], [5])
+    assert exec_parts(q.ops[0]).vars == (UOp.const(dtypes.int32, 5),)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda q, x, y: q.exec("saxpy", [x, y], [1]), "must be an mtlir.metal.Kernel"),
+    (lambda q, x, y: q.exec(SAXPY, [x], [1]), "takes 2 buffers, got 1"),
+    (lambda q, x, y: q.exec(SAXPY, [x, y], []), "takes 1 variables (n), got 0"),
+    (lambda q, x, y: q.exec(SAXPY, [x, 3], [1]), "buffer parameter 1 must be a buffer"),
+    (lambda q, x, y: q.exec(SAXPY, [x, y], [1.5]), "variable 'n' must be an int or a UOp"),
+    (lambda q, x, y: q.exec(SAXPY, [x, y], [UOp.const(dtypes.float32, 1.0)]), "must be an integer"),
+    (lambda q, x, y: q.exec(SAXPY, [x, y], [1], grid=(0,)), "grid.x: size 0 is below 1"),
+    (lambda q, x, y: q.exec(SAXPY, [x, y], [1], threadgroup=(1, -2)), "threadgroup.y: size -2 is below 1"),
+    (lambda q, x, y: q.exec(SAXPY, [x, y], [1], grid=(1, 1, 1, 1)), "expected 1 to 3 sizes"),
+    (lambda q, x, y: q.exec(SAXPY, [x, y], [1], grid=(UOp.const(dtypes.float32, 2.0),)), "must be an integer"),
+    (lambda q, x, y: q.exec(SAXPY, [x, y], [1], grid=(x,)), "must be an integer"),
+    (lambda q, x, y: q.exec(SAXPY, [x, y], [1], grid=(True,)), "must be an int or an expression"),
+    (lambda q, x, y: q.signal(x, 1), "must be an event placeholder"),
+    (lambda q, x, y: q.wait(q.timeline, -1), "does not fit a uint64"),
+    (lambda q, x, y: q.signal(q.timeline, "one"), "must be an int or a uint64 UOp"),
+    (lambda q, x, y: q.timestamp(-1), "slot must be an int >= 0"),
+])
+def test_bad_input_names_the_command_and_argument(call, message) -> None:  # type: ignore[no-untyped-def]
+    q = Queue()
+    q.exec(SCALE, [buffer("a", 64), buffer("b", 64)])  # so the bad one is command 1
+    with pytest.raises(QueueError, match=None) as e:
+        call(q, buffer("x", 64), buffer("y", 64))
+    assert message in str(e.value)
+    if "command" in str(e.value):
+        assert "command 1" in str(e.value)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: buffer("", 4), "non-empty string"),
+    (lambda: buffer("b", 0), "nbytes must be an int >= 1"),
+    (lambda: view(buffer("b", 64), 32, 64), "bytes [32, 96) run past the end of the 64-byte buffer"),
+    (lambda: view(view(buffer("b", 64), 32, 16), 8, 16), "run past the end of the 16-byte view"),
+    (lambda: view(buffer("b", 64), -4, 4), "offset must be an int >= 0"),
+    (lambda: view(buffer("b", 64), 0, 0), "nbytes must be an int >= 1"),
+    (lambda: view(UOp.const(dtypes.int32, 1), 0, 4), "is not a buffer"),
+    (lambda: Queue().submit(), "the queue is empty"),
+    (lambda: Queue("Apple7"), "device must be a DeviceSpec"),  # type: ignore[arg-type]
+])
+def test_bad_buffers_and_queues(call, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(QueueError) as e:
+        call()
+    assert message in str(e.value)
+
+
+def test_a_float_variable_parameter_is_refused() -> None:
+    k = Kernel("k", "k", "", (KernelParam(None, 0), KernelParam("n", 1)))  # dtype defaults to float32
+    with pytest.raises(QueueError, match="constant int& variables are integers"):
+        Queue().exec(k, [buffer("a", 64)], [3])
+
+
+def test_exec_parts_checks_hand_built_nodes() -> None:
+    good = Queue().exec(SCALE, [buffer("a", 64), buffer("b", 64)]).ops[0]
+    with pytest.raises(QueueError, match="sources are"):
+        exec_parts(UOp(Ops.EXEC, dtypes.void, good.src[1:]), "command 4")
+    with pytest.raises(QueueError, match="command 4: kernel 'scale' takes 2 buffers"):
+        exec_parts(good.replace(src=good.src[:-1]), "command 4")
+    with pytest.raises(QueueError, match="must be an MTLSize STRUCT"):
+        exec_parts(good.replace(src=(good.src[0], UOp.const(dtypes.uint64, 1), *good.src[2:])), "command 4")
+
+
+# ---- limits Metal and MSL set, refused when the queue is built (not at link or run time)
+
+_M40 = UOp.variable("m", 1, 2**40, dtypes.int64)
+_F = UOp.variable("f", 0, 4, dtypes.float32)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"threadgroup": (2000,)}, "command 1 (saxpy): threadgroup (2000, 1, 1) can have 2000 threads, above Metal's "
+                               "maximum of 1024 threads per threadgroup"),
+    ({"threadgroup": (32, 32, 2)}, "command 1 (saxpy): threadgroup (32, 32, 2) can have 2048 threads"),
+    ({"threadgroup": (N, 2)}, "threadgroup (n, 2, 1) can have 8192 threads (for n in [1, 4096])"),
+    ({"grid": (2**64,)}, "command 1 (saxpy): grid.x: size 18446744073709551616 is above 2**32-1"),
+    ({"grid": (2**31,), "threadgroup": (2,)}, "command 1 (saxpy): grid.x x threadgroup.x = 2147483648 x 2 can be "
+                                              "4294967296 threads, above 2**32-1: MSL thread positions are 32-bit"),
+    ({"grid": (1, N * 2**18), "threadgroup": (1, 8)}, "grid.y x threadgroup.y = n * 262144 x 8 can be 8589934592 "
+                                                      "threads (for n in [1, 4096])"),
+    ({"vars": [_M40]}, "command 1 (saxpy): variable 'n' (parameter 2): value m in [1, 1099511627776] (for m in "
+                       "[1, 1099511627776]) does not fit the parameter's type int32"),
+    ({"vars": [_M40.cast(dtypes.int32)]}, "variable 'n' (parameter 2): value m in [1, 1099511627776]"),
+    ({"vars": [2**32 + 64]}, "command 1 (saxpy): variable 'n' (parameter 2): value 4294967360 does not fit the "
+                             "parameter's type int32"),
+    ({"vars": [_F.cast(dtypes.int32)]}, "variable 'n' (parameter 2): a variable value must be an integer expression, "
+                                        "found DEFINE_VAR<float32> 'f'"),
+    ({"grid": (_F.cast(dtypes.int32),)}, "grid.x: a size must be an integer expression, found DEFINE_VAR<float32> 'f'"),
+    ({"bufs": [buffer("x", 64), buffer("y", 64)], "kernel": "sized"},
+     "command 1 (sized): buffer parameter 0 takes 32 elements of float32 (128 bytes), but the buffer 'x' bound to it "
+     "holds 64 bytes"),
+    ({"bufs": [view(buffer("x", 256), 192, 64), buffer("y", 256)], "kernel": "sized"},
+     "buffer parameter 0 takes 32 elements of float32 (128 bytes), but the view of 'x' bound to it holds 64 bytes"),
+])
+def test_metal_limits_are_refused_when_the_queue_is_built(kw: dict, message: str) -> None:
+    sized = Kernel("sized", "sized", "", (KernelParam(None, 0, "float32", 32), KernelParam(None, 1, "float32"),
+                                          KernelParam("n", 2, "int32")))
+    q = Queue()
+    q.exec(SCALE, [buffer("a", 64), buffer("b", 64)])  # so the bad one is command 1
+    kernel = sized if kw.get("kernel") == "sized" else SAXPY
+    with pytest.raises(QueueError) as e:
+        q.exec(kernel, kw.get("bufs", [buffer("x", 4096), buffer("y", 4096)]), kw.get("vars", [N]),
+               grid=kw.get("grid", (1,)), threadgroup=kw.get("threadgroup", (32,)))
+    assert message in str(e.value)
+
+
+def test_limits_that_are_met_are_accepted() -> None:
+    sized = Kernel("sized", "sized", "", (KernelParam(None, 0, "float32", 32),))
+    q = Queue()
+    q.exec(SAXPY, [buffer("x", 64), buffer("y", 64)], [2**31 - 1], grid=(2**22 - 1,), threadgroup=(1024,))
+    q.exec(SAXPY, [buffer("x", 64), buffer("y", 64)], [N], grid=(N, 1, 1), threadgroup=(8, 8, 16))
+    q.exec(sized, [view(buffer("z", 1024), 896, 128)]).exec(sized, [buffer_variable("inp")])  # size known at run
+    assert len(q.submit().src) == 4
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: KernelParam(None, 0, "bogus"), ValueError, "KernelParam(None, 0): unknown element type 'bogus'"),
+    (lambda: KernelParam(None, 0, "float32*"), ValueError, "unknown element type 'float32*'"),
+    (lambda: KernelParam(None, -1), ValueError, "index -1 is negative"),
+    (lambda: KernelParam(None, 1.0), TypeError, "index is the Metal buffer index"),
+    (lambda: KernelParam("", 0, "int32"), ValueError, "needs a non-empty name"),
+    (lambda: KernelParam(None, 0, "float32", 0), ValueError, "elements 0 is below 1"),
+    (lambda: KernelParam(None, 0, "float32", 4.0), TypeError, "elements is an int or None"),
+    (lambda: Kernel("k", "k", "", (KernelParam(None, 0), KernelParam("n", 0, "int32"))), ValueError,
+     "Kernel 'k': two parameters at buffer index 0"),
+    (lambda: Kernel("k", "k", "", ("x",)), TypeError, "parameter 0 is a str, not a KernelParam"),
+    (lambda: Kernel("", "k", ""), ValueError, "must be non-empty"),
+])
+def test_kernels_are_checked_when_constructed(call, error: type, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(error) as e:
+        call()
+    assert message in str(e.value)
+
+
+def test_element_types_accept_the_trace_and_msl_names() -> None:
+    from mtlir.metal import element_dtype
+    assert element_dtype("dtypes.float") is dtypes.float32 and element_dtype("int") is dtypes.int32
+    assert element_dtype("half") is dtypes.float16 and element_dtype("uint8") is dtypes.uint8
+    assert KernelParam(None, 0, "dtypes.float", 8).element is dtypes.float32
+    assert Kernel("k", "k", "", [KernelParam(None, 0)]).params == (KernelParam(None, 0),)  # a list becomes a tuple

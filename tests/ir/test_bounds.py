@@ -1,0 +1,111 @@
+"""Value ranges (mtlir.ir.bounds): exact on simple expressions, sound on random ones (every value the expression takes
+at values inside the variables' bounds lies in the range), and the dispatch-size checks built on them."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtlir.ir.bounds import BoundsError, bounds, expr_text
+from mtlir.ir.dtypes import DType, dtypes
+from mtlir.metal import DeviceSpec, Kernel, KernelParam
+from mtlir.ir.ops import Ops
+from mtlir.passes import EncodeError, lower
+from mtlir.frontend.queue import Queue, QueueError, buffer
+from mtlir.ir.uop import UOp
+
+N = UOp.variable("n", 1, 32)
+M = UOp.variable("m", -8, 8)
+i32, u32, u64 = dtypes.int32, dtypes.uint32, dtypes.uint64
+K = Kernel("k", "k", "", (KernelParam(None, 0),))
+
+
+@pytest.mark.parametrize("expr, lo, hi", [
+    (N, 1, 32), (N - 5, -4, 27), ((N + 31) // 32, 1, 1), (N % 7 + 1, 1, 7), ((N - 5).maximum(1), 1, 27),
+    (N * M, -256, 256), (-M, -8, 8), (N << 2, 4, 128), (N >> 1, 0, 16), (N & 3, 0, 3), (M // 3, -2, 2),
+    (M % 3, -2, 2), (N.minimum(M), -8, 8), ((N < 3).where(N, 7), 1, 32), (N < 40, 1, 1), (N.eq(0), 0, 0),
+    (UOp.const(u32, 5) - 6, 0, 2**32 - 1),            # wraps: the whole range of the dtype
+    ((N - 5).cast(u64), 0, 2**64 - 1),                # a negative value cast to unsigned wraps
+    ((N + 1).cast(u64), 2, 33), (UOp.const(dtypes.int8, 100) + N, -128, 127),
+    (N // (N - 16), -32, 32),                         # division by a range through 0 leaves out the undefined 0
+])
+def test_ranges(expr: UOp, lo: int, hi: int) -> None:
+    assert bounds(expr) == (lo, hi)
+    assert (expr.vmin, expr.vmax) == (lo, hi)
+
+
+def test_not_arithmetic_is_an_error_naming_the_node() -> None:
+    with pytest.raises(BoundsError, match=r"BUFFER<float32\*> cannot be computed"):
+        bounds(UOp(Ops.BUFFER, dtypes.float32.ptr(), (), 4).index(0).load())
+    with pytest.raises(BoundsError, match="CONST<float32>"):
+        bounds(UOp.const(dtypes.float32, 1.0))
+
+
+def test_expr_text() -> None:
+    assert expr_text((N + 31) // 32) == "(n + 31) // 32"
+    assert expr_text((N - 5).cast(u64)) == "n - 5"
+    assert expr_text((N < 3).where(N, 7)) == "(n < 3) ? n : 7"
+
+
+_OPS = [Ops.ADD, Ops.SUB, Ops.MUL, Ops.MAX, Ops.MIN, Ops.AND, Ops.OR, Ops.XOR, Ops.IDIV, Ops.MOD, Ops.SHL,
+        Ops.SHR, Ops.CMPLT, Ops.CMPNE]
+A, B = UOp.variable("a", -50, 50), UOp.variable("b", 0, 3000)
+
+
+def _expr(dt: DType) -> st.SearchStrategy[UOp]:
+    leaf = st.sampled_from([A.cast(dt), B.cast(dt)]) | st.integers(-70, 70).map(lambda v: UOp.const(dt, v))
+
+    def extend(children: st.SearchStrategy[UOp]) -> st.SearchStrategy[UOp]:
+        def build(t: tuple[Ops, UOp, UOp]) -> UOp:
+            op, x, y = t
+            if op in (Ops.SHL, Ops.SHR):
+                y = y & 7
+            out = x.alu(op, y)
+            return out.cast(dt) if out.dtype is not dt else out
+        binary = st.tuples(st.sampled_from(_OPS), children, children).map(build)
+        where = st.tuples(children, children, children).map(lambda t: (t[0] < 0).where(t[1], t[2]))
+        return binary | where | children.map(lambda x: -x) | children.map(lambda x: x.cast(dtypes.int8).cast(dt))
+    return st.recursive(leaf, extend, max_leaves=10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([i32, dtypes.int64, u32, dtypes.uint8]).flatmap(_expr), st.integers(-50, 50),
+       st.integers(0, 3000))
+def test_random_expressions_stay_in_their_range(e: UOp, a: int, b: int) -> None:
+    lo, hi = bounds(e)
+    try:
+        v = e.evaluate({"a": a, "b": b})
+    except ZeroDivisionError:
+        return  # C leaves it undefined: no value to check
+    assert lo <= v <= hi, (expr_text(e), v, lo, hi)
+
+
+# ---- sizes that can fall below 1 or exceed 2**32-1 are refused, naming the command, the axis and the bounds
+
+
+@pytest.mark.parametrize("grid, message", [
+    ((N - 5,), r"command 0 \(k\): grid.x: size n - 5 can be -4, below 1 \(for n in \[1, 32\]\)"),
+    ((1, N % 4), r"command 0 \(k\): grid.y: size n % 4 can be 0, below 1"),
+    ((1, 1, N.cast(dtypes.int64) * 2**28), r"grid.z: size n \* 268435456 can be 8589934592, above 2\*\*32-1"),
+    ((2**32,), r"grid.x: size 4294967296 is above 2\*\*32-1"),
+])
+def test_queue_refuses_sizes_outside_1_to_2_32(grid: tuple[UOp | int, ...], message: str) -> None:
+    with pytest.raises(QueueError, match=message):
+        Queue(DeviceSpec()).exec(K, [buffer("x", 64)], [], grid=grid)
+    with pytest.raises(QueueError, match=message.replace("grid", "threadgroup")):
+        Queue(DeviceSpec()).exec(K, [buffer("x", 64)], [], grid=(1,), threadgroup=grid)
+
+
+def test_queue_accepts_sizes_that_stay_in_range() -> None:
+    Queue(DeviceSpec()).exec(K, [buffer("x", 64)], [], grid=((N - 5).maximum(1), (N + 31) // 32, N % 4 + 1))
+
+
+@pytest.mark.parametrize("icb", [True, False])
+def test_encode_refuses_a_hand_built_size_that_can_fall_below_1(icb: bool) -> None:
+    kernel = UOp(Ops.KERNEL, dtypes.void, (), K)
+    grid = UOp.struct(dtypes.MTLSize, (N - 5).cast(u64), 1, 1)
+    ex = UOp(Ops.EXEC, dtypes.void, (kernel, grid, UOp.struct(dtypes.MTLSize, 32, 1, 1), buffer("x", 64)))
+    g = UOp(Ops.SUBMIT, dtypes.void, (ex,), DeviceSpec("Apple7", icb=icb))
+    with pytest.raises(EncodeError, match=r"command 0 \(k\): grid.x: size n - 5 can be 0, below 1 "
+                                          r"\(for n in \[1, 32\]\)"):
+        lower(g, target="arm64")

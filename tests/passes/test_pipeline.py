@@ -1,0 +1,254 @@
+"""Pipelines: the string parses into passes and prints back; the registry; lower()'s options (print_after_all,
+stages, timings, the target check); verifiers after each pass name the pass and the node."""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import pytest
+from lowering_cases import small_queue
+
+from mtlir.ir.dtypes import dtypes
+from mtlir.metal import DeviceSpec
+from mtlir.ir.ops import Ops
+from mtlir.passes import (DEFAULT_PIPELINE, PASSES, Abi, Encode, Linearize, Pass, PassContext, Pipeline,
+                          PipelineError, VerifyError, default_pipeline, lower, register)
+from mtlir.program import Program
+from mtlir.ir.uop import UOp
+
+
+@pytest.mark.parametrize("text", [
+    DEFAULT_PIPELINE,
+    "encode,lower-timeline,symbolic,abi{target=x86_64},linearize",
+    "encode{max-range=4},symbolic,abi{target=arm64},linearize",
+    "encode",
+])
+def test_pipeline_strings_print_back_identically(text: str) -> None:
+    assert str(Pipeline.parse(text)) == text
+    assert str(Pipeline.parse("symbolic,symbolic", start="messages")) == "symbolic,symbolic"
+
+
+def test_parse_builds_the_passes_with_their_options() -> None:
+    p = Pipeline.parse("encode{max-range=4},abi{target=x86_64}")
+    assert p.passes == (Encode(max_range=4), Abi("x86_64"))
+    assert p.option("abi", "target") == "x86_64" and p.option("linearize", "target") is None
+    assert str(Pipeline.parse("encode{max-range=16384}")) == "encode"  # a default prints as nothing
+    assert str(Pipeline.parse(" encode , abi{ target=arm64 } ")) == "encode,abi{target=arm64}"
+    assert default_pipeline("x86_64") == Pipeline.parse(DEFAULT_PIPELINE.replace("arm64", "x86_64"))
+
+
+def test_registry_names_every_pass() -> None:
+    assert set(PASSES) >= {"encode", "lower-timeline", "symbolic", "abi", "linearize"}
+    for name, cls in PASSES.items():
+        assert cls.name == name and cls.__doc__
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty pipeline"),
+    ("encode,frobnicate", "unknown pass 'frobnicate'"),
+    ("abi", "abi"),  # target is required
+    ("abi{target=ppc}", "unknown target 'ppc'"),
+    ("abi{arch=arm64}", "pass 'abi' has no option 'arch'"),
+    ("encode{max-range=many}", "expected an integer, got 'many'"),
+    ("encode{max-range=0}", "max-range 0 must be in [1, 16384]"),
+    ("encode{max-range}", "must be written key=value"),
+    ("encode,,symbolic", "cannot read a pass"),
+    ("encode;symbolic", "expected ','"),
+    ("encode,", "ends with ','"),
+    # braces: where the problem is, not an error from deep inside a pass's constructor
+    ("abi{target=arm64,linearize", "unclosed '{' at character 3 (the options of pass 'abi')"),
+    ("encode,abi{target=arm64", "unclosed '{' at character 10"),
+    ("abi{{target=x86_64}}", "unexpected '{' at character 4"),
+    ("encode{max-range=4,lower-timeline,symbolic,abi{target=arm64},linearize",
+     "unclosed '{' at character 6 (the options of pass 'encode'): another '{' opens at character 46"),
+    ("encode},symbolic", "unexpected '}' at character 6"),
+    ("{target=arm64}", "unexpected '{' at character 0"),
+    ("abi{target=x86_64 target=arm64}", "pass 'abi': option 'target' is given twice"),
+    ("abi", "pass 'abi' needs option target (e.g. abi{target=...})"),
+    # each pass gets the stage it takes
+    ("encode,encode", "pass 'encode' (pass 2 of the pipeline) takes a queue graph (SUBMIT), but it would get typed "
+                      "messages (MSG, what encode produces): it must come before pass 1 (encode)"),
+    ("symbolic,encode,abi{target=arm64},linearize", "pass 'symbolic' (pass 1 of the pipeline) takes typed messages "
+                                                    "(MSG, what encode produces) or C calls (CALL, what abi produces), "
+                                                    "but it would get a queue graph (SUBMIT): run encode before it"),
+    ("linearize", "pass 'linearize' (pass 1 of the pipeline) takes C calls (CALL, what abi produces), but it would get "
+                  "a queue graph (SUBMIT): run encode, abi{target=...} before it"),
+    ("encode,linearize", "pass 'linearize' (pass 2 of the pipeline) takes C calls"),
+    ("encode,abi{target=arm64},lower-timeline", "pass 'lower-timeline' (pass 3 of the pipeline) takes typed messages"),
+    ("encode,abi{target=arm64},abi{target=arm64}", "it must come before pass 2 (abi{target=arm64})"),
+    (DEFAULT_PIPELINE + ",symbolic", "pass 'symbolic' (pass 6 of the pipeline) comes after linearize"),
+])
+def test_bad_pipelines_are_refused_clearly(text: str, message: str) -> None:
+    with pytest.raises(PipelineError) as e:
+        Pipeline.parse(text)
+    assert message in str(e.value)
+
+
+def test_lower_keeps_stages_times_passes_and_prints_after_all() -> None:
+    out = io.StringIO()
+    g = small_queue(DeviceSpec("Apple7"), symbolic=True)
+    lowered = lower(g, target="x86_64", print_after_all=True, out=out)
+    assert [name for name, _ in lowered.stages] == ["input", "encode", "lower-timeline", "symbolic", "abi",
+                                                    "linearize"]
+    assert lowered.stages[0][1] is g and isinstance(lowered.stages[-1][1], Program)
+    assert lowered.stages[-1][1] is lowered.program
+    assert [t.name for t in lowered.timings] == [name for name, _ in lowered.stages[1:]]
+    assert all(t.seconds >= 0 and t.verify_seconds >= 0 for t in lowered.timings)
+    assert lowered.seconds == pytest.approx(sum(t.seconds + t.verify_seconds for t in lowered.timings))
+    text = out.getvalue()
+    for header in ("encode", "lower-timeline", "symbolic", "abi{target=x86_64}", "linearize"):
+        assert f"// -----// IR after {header} //----- //" in text
+    assert "[encoder executeCommandsInBuffer:withRange: icb, 0, 3]" in text
+    assert str(lowered.pipeline) == "encode,lower-timeline,symbolic,abi{target=x86_64},linearize"
+    assert lower(g, target="x86_64", keep_stages=False).stages == []
+
+
+def test_print_after_all_goes_to_stderr_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    lower(small_queue(DeviceSpec("Apple9")), print_after_all=True)
+    captured = capsys.readouterr()
+    assert captured.out == "" and "IR after encode" in captured.err
+
+
+def test_lower_checks_the_target_against_the_pipeline() -> None:
+    g = small_queue(DeviceSpec("Apple9"))
+    assert lower(g, pipeline=DEFAULT_PIPELINE.replace("arm64", "x86_64")).program.target == "x86_64"
+    assert lower(g, target="x86_64", pipeline=DEFAULT_PIPELINE.replace("arm64", "x86_64")).program.target == "x86_64"
+    with pytest.raises(PipelineError, match="abi{target=arm64} but the target is x86_64"):
+        lower(g, target="x86_64", pipeline=DEFAULT_PIPELINE)
+    with pytest.raises(PipelineError, match="unknown target"):
+        lower(g, target="sparc")
+    with pytest.raises(PipelineError, match="takes a queue graph"):
+        lower("not a graph")  # type: ignore[arg-type]
+
+
+def test_a_partial_pipeline_has_no_program() -> None:
+    lowered = lower(small_queue(DeviceSpec("Apple9")), pipeline="encode,symbolic")
+    assert isinstance(lowered.result, UOp) and lowered.result.op is Ops.SINK
+    with pytest.raises(PipelineError, match="did not produce a Program"):
+        lowered.program
+    with pytest.raises(PipelineError, match="comes after linearize"):
+        lower(small_queue(DeviceSpec("Apple9")), pipeline=DEFAULT_PIPELINE + ",symbolic")
+
+
+def test_the_graph_stage_is_where_the_pipeline_starts() -> None:
+    from mtlir.passes import graph_stage, timeline_read_program
+    from mtlir.passes.timeline import timeline_read
+    g = small_queue(DeviceSpec("Apple9"))
+    encoded = lower(g, pipeline="encode").result
+    assert isinstance(encoded, UOp)
+    assert graph_stage(g) == "queue" and graph_stage(encoded) == "messages"
+    assert graph_stage(timeline_read(DeviceSpec())) == "messages"
+    calls = lower(encoded, pipeline="abi{target=arm64}").result  # a string is parsed for the graph's stage
+    assert isinstance(calls, UOp) and graph_stage(calls) == "calls"
+    assert isinstance(lower(calls).result, Program)  # the default pipeline from calls: symbolic, linearize
+    assert lower(encoded, target="x86_64").program.target == "x86_64"
+    with pytest.raises(PipelineError, match="takes typed messages .* but it would get C calls .*: the graph is past "
+                                            "it"):
+        lower(calls, pipeline="abi{target=arm64},linearize")
+    with pytest.raises(PipelineError, match="starts from stage 'queue', but the graph is at stage 'messages'"):
+        lower(encoded, pipeline=default_pipeline("arm64"))
+    with pytest.raises(PipelineError, match="takes a queue graph"):
+        Pipeline((Abi("arm64"), Encode()), start="messages")
+    assert "timeline" in timeline_read_program(DeviceSpec("Apple7"), "x86_64").results
+
+
+@register
+@dataclass(frozen=True)
+class _BreakOneMessage(Pass):
+    """A test pass that gives the first computeCommandEncoder message a non-object receiver."""
+
+    name = "test-break-receiver"
+
+    def apply(self, graph: UOp, ctx: PassContext) -> UOp:
+        bad = next(u for u in graph.toposort() if u.op is Ops.MSG and u.arg == "computeCommandEncoder")
+        broken = bad.replace(src=(UOp.const(dtypes.uint64, 7), *bad.src[1:]))
+        return graph.substitute({bad: broken}) if hasattr(graph, "substitute") else _substitute(graph, bad, broken)
+
+
+def _substitute(root: UOp, old: UOp, new: UOp) -> UOp:
+    memo: dict[UOp, UOp] = {old: new}
+    for u in root.toposort():
+        if u not in memo:
+            memo[u] = u.replace(src=tuple(memo[s] for s in u.src))
+    return memo[root]
+
+
+def test_verifier_names_the_pass_and_the_node() -> None:
+    with pytest.raises(VerifyError) as e:
+        lower(small_queue(DeviceSpec("Apple9")), pipeline="encode,test-break-receiver")
+    assert e.value.pass_name == "test-break-receiver"
+    assert e.value.node is not None and e.value.node.arg == "computeCommandEncoder"
+    text = str(e.value)
+    assert text.startswith("after pass 'test-break-receiver': the receiver of 'computeCommandEncoder' is a uint64")
+    assert "<-- here" in text  # the neighbourhood is reprinted with the node marked
+
+
+def test_verifier_after_encode_refuses_leftover_queue_ops() -> None:
+    from mtlir.passes.verify import verify_graph
+    g = small_queue(DeviceSpec("Apple9"))
+    with pytest.raises(VerifyError, match="after pass 'encode': KERNEL is a queue op, which encode lowers"):
+        verify_graph(UOp.sink(g.src[0], arg=g.arg), "encode")
+    with pytest.raises(VerifyError, match="the root after encode is a SINK whose arg is the DeviceSpec"):
+        verify_graph(UOp.sink(UOp.const(dtypes.int32, 1)), "encode")
+    lowered = lower(g, pipeline="encode,lower-timeline")
+    with pytest.raises(VerifyError, match="after pass 'abi': MSG 'commandBuffer' is left after abi"):
+        verify_graph(lowered.result, "abi")  # type: ignore[arg-type]
+
+
+def test_linearize_verifier_checks_the_program() -> None:
+    from mtlir.passes.verify import verify_program
+    p = lower(small_queue(DeviceSpec("Apple9"))).program
+    verify_program(p)
+    bad = Program([("ALU", 1, Ops.ADD, dtypes.int32, 0, 0)], 2)
+    with pytest.raises(VerifyError, match="instruction 0 .*reads r0 before anything defines it"):
+        verify_program(bad)
+    unclosed = Program([("RANGE", 1, 0, 5)], 2, consts={0: 3})
+    with pytest.raises(VerifyError, match="RANGE without END"):
+        verify_program(unclosed)
+    assert isinstance(Linearize().apply(lower(small_queue(DeviceSpec("Apple9")), pipeline="encode,abi{target=arm64}")
+                                        .result, PassContext()), Program)  # type: ignore[arg-type]
+
+
+def test_verify_queue_checks_hand_built_queue_graphs() -> None:
+    from mtlir.metal import Obj
+    from mtlir.passes.verify import verify_queue
+    from mtlir.frontend.queue import buffer
+    g = small_queue(DeviceSpec("Apple7"), symbolic=True, timestamps=True)
+    verify_queue(g)
+    ex, x = g.src[1], buffer("x", 8192)
+    cases = [
+        (g.replace(arg="Apple7"), "a SUBMIT's arg is the DeviceSpec"),
+        (g.replace(src=(*g.src, UOp.const(dtypes.int32, 1))), "a SUBMIT's sources are queue ops, not CONST"),
+        (g.replace(src=(ex.replace(src=ex.src[:-1]),)), "kernel 'saxpy' takes 2 buffers and 1 variables"),
+        (g.replace(src=(UOp(Ops.TIMESTAMP, dtypes.void, (), -1),)), "a TIMESTAMP's arg is its slot"),
+        (g.replace(src=(UOp(Ops.SIGNAL, dtypes.void, (UOp(Ops.OBJECT, dtypes.id, (), Obj("fence", "fence")),
+                                                      UOp.const(dtypes.uint64, 1))),)), "the event placeholder"),
+        (g.replace(src=(ex.replace(src=(*ex.src[:3], UOp(Ops.BUFFER_VIEW, dtypes.id, (x,), (8000, 256)),
+                                        *ex.src[4:])),)), "the view [8000, 8256) runs past the end"),
+        (UOp.sink(g), "a queue graph is a SUBMIT, not SINK"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(VerifyError) as e:
+            verify_queue(bad)
+        assert e.value.pass_name == "input" and message in str(e.value), str(e.value)
+
+
+def test_every_public_callable_of_the_core_and_the_passes_has_a_docstring() -> None:
+    """Public functions, classes and methods of mtlir/ (but the CLI) and passes/ say what they do."""
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    missing = []
+    for path in sorted([*root.glob("mtlir/**/*.py"), *root.glob("passes/**/*.py")]):
+        if "cli" in path.relative_to(root).parts:
+            continue
+        stack: list[tuple[ast.AST, str]] = [(ast.parse(path.read_text()), "")]
+        while stack:
+            node, prefix = stack.pop()
+            for ch in ast.iter_child_nodes(node):
+                if isinstance(ch, (ast.FunctionDef, ast.ClassDef)) and not ch.name.startswith("_"):
+                    if ast.get_docstring(ch) is None:
+                        missing.append(f"{path.relative_to(root)}:{ch.lineno} {prefix}{ch.name}")
+                    if isinstance(ch, ast.ClassDef):
+                        stack.append((ch, f"{prefix}{ch.name}."))
+    assert missing == []
