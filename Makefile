@@ -10,14 +10,25 @@ TRACE ?= examples/traces/mlp.apple7.json
 OUT ?= out
 APT_PACKAGES := graphviz pocl-opencl-icd ocl-icd-libopencl1 build-essential
 
-.PHONY: run test setup sysdeps bench example clean
+# The package installs editable in setuptools' strict mode: a tree of links that mypy and other tools follow (the
+# plain editable mode maps passes/ and runtime/ with an import hook that only Python understands). A module added or
+# removed changes MODULES and reinstalls. PYTHONSAFEPATH keeps the repository root off sys.path, where the bare mtlir/
+# folder would hide the installed package (it holds neither passes/ nor runtime/).
+MODULES := $(sort $(shell find mtlir passes runtime -name '*.py' 2>/dev/null))
+export PYTHONSAFEPATH := 1
+
+.PHONY: run test typecheck setup sysdeps bench example clean FORCE
 
 run: $(STAMP)
 	$(VENV)/bin/mtlir run $(TRACE) --viz $(OUT)/$(notdir $(basename $(TRACE)))
 	@echo "pictures of every lowering stage: $(OUT)/$(notdir $(basename $(TRACE)))/*.svg"
 
-test: $(STAMP)
+test: typecheck
 	$(PY) -m pytest tests
+
+# mypy --strict over the installed package (run from .venv: from the repository root mypy would read the bare mtlir/)
+typecheck: $(STAMP)
+	cd $(VENV) && bin/mypy --config-file ../pyproject.toml -p mtlir
 
 setup: $(STAMP)
 
@@ -54,11 +65,15 @@ sysdeps:
 	  echo "an ICD loader, a C compiler and Python's venv module with your system's package manager"; exit 1; \
 	fi
 
-$(STAMP): pyproject.toml | sysdeps
+$(VENV)/.modules: FORCE
+	@mkdir -p $(VENV)
+	@echo '$(MODULES)' | cmp -s - $@ || echo '$(MODULES)' > $@
+
+$(STAMP): pyproject.toml $(VENV)/.modules | sysdeps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) $(OUT) build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(OUT) build dist *.egg-info .pytest_cache .hypothesis .mypy_cache
