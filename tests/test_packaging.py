@@ -59,3 +59,34 @@ def test_wheel_imports_from_another_directory(wheel: Path, tmp_path: Path) -> No
     got = subprocess.run([str(py), "-c", code], cwd=elsewhere, check=True, capture_output=True, text=True).stdout
     for line in got.split():
         assert line.startswith(site), (line, site)
+
+
+def _tree_packages() -> set[str]:
+    """Every folder of mtlir/, passes/ and runtime/ that holds Python files, as the package name it installs as."""
+    names = {"mtlir": "mtlir", "passes": "mtlir.passes", "runtime": "mtlir.runtime"}
+    found = set()
+    for top, name in names.items():
+        for init in (ROOT / top).rglob("*.py"):
+            rel = init.parent.relative_to(ROOT / top)
+            if "__pycache__" not in rel.parts:
+                found.add(".".join([name, *rel.parts]))
+    return found
+
+
+def test_every_folder_is_a_package_in_pyproject() -> None:
+    """A new subpackage cannot be forgotten: pyproject.toml lists exactly the folders that hold Python files, and each
+    has an ``__init__.py``."""
+    import tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    tree = _tree_packages()
+    assert listed == tree, f"missing from pyproject.toml: {sorted(tree - listed)}; not in the tree: {sorted(listed - tree)}"
+    for package in tree:
+        parts = package.split(".")[1:]
+        folder = ROOT.joinpath(*parts) if parts and parts[0] in ("passes", "runtime") else ROOT.joinpath("mtlir", *parts)
+        assert (folder / "__init__.py").is_file(), f"{folder} has Python files but no __init__.py"
+
+
+def test_wheel_installs_every_folder_of_the_tree(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as z:
+        packages = {n.rsplit("/", 1)[0].replace("/", ".") for n in z.namelist() if n.endswith("/__init__.py")}
+    assert packages == _tree_packages()
