@@ -3,8 +3,8 @@ rules of METAL.md §3 in strict or faithful mode, and runs the kernels through O
 from mtlir.runtime.sim.device import SimDevice, host_target
 from mtlir.runtime.sim.gpu import GPUFault
 from mtlir.runtime.sim.kernels.pyrunner import PyKernel, PyKernelArg, PyKernelRunner
-from mtlir.runtime.sim.rules.rule import RULES
+from mtlir.runtime.sim.rules.rule import Rule
 
 SimBridge = SimDevice  # docs/internals.md names the Bridge of the simulated device SimBridge: it is the device
 
-__all__ = ["SimDevice", "SimBridge", "host_target", "GPUFault", "PyKernel", "PyKernelArg", "PyKernelRunner", "RULES"]
+__all__ = ["SimDevice", "SimBridge", "host_target", "GPUFault", "PyKernel", "PyKernelArg", "PyKernelRunner", "Rule"]

@@ -31,7 +31,7 @@ from mtlir.runtime.sim.memory import HostMemory
 from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, Device, Encoder, NSError, NSString,
                                        Pipeline, SignalStep, SimObject)
 from mtlir.runtime.sim.methods.resources import CLASSES
-from mtlir.runtime.sim.rules.rule import assertion
+from mtlir.runtime.sim.rules.rule import Rule, assertion
 
 __all__ = ["SimDevice", "host_target"]
 
@@ -227,7 +227,8 @@ class SimDevice:
             self._zombies.popitem(last=False)
         if isinstance(obj, Encoder):
             if not obj.ended:
-                raise assertion(2, f"{call} of {obj.describe()}", "Command encoder released without endEncoding")
+                raise assertion(Rule.END_ENCODING_BEFORE_RELEASE, f"{call} of {obj.describe()}",
+                                "Command encoder released without endEncoding")
         elif isinstance(obj, CommandBuffer):
             if obj.status < MTL.StatusCommitted:
                 obj.queue.live.discard(obj)

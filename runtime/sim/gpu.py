@@ -35,7 +35,7 @@ from mtlir.runtime.errors import KernelAccessError, MetalValidationError
 from mtlir.runtime.sim.rules.checks import size_problem
 from mtlir.runtime.sim.objects import (ICB, Binding, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute,
                                        Gate, ICBSlot, Pipeline, SharedEvent, SignalStep, WaitStep)
-from mtlir.runtime.sim.rules.rule import rule_text
+from mtlir.runtime.sim.rules.rule import Rule
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
@@ -53,9 +53,9 @@ _IDLE_EXIT_S = 1.0  # the worker thread ends after this long without work and re
 
 class GPUFault(Exception):
     """A fault that ends a command buffer in status Error: ``code`` (MTLCommandBufferError), what happened,
-    and the rule of METAL.md §3 it comes from (0: none, e.g. an injected fault)."""
+    and the rule of METAL.md §3 it comes from (None: none, e.g. an injected fault)."""
 
-    def __init__(self, code: int, message: str, rule: int = 0) -> None:
+    def __init__(self, code: int, message: str, rule: Rule | None = None) -> None:
         super().__init__(message)
         self.code, self.message, self.rule = code, message, rule
 
@@ -63,7 +63,7 @@ class GPUFault(Exception):
         """The NSError localizedDescription for this fault."""
         name = MTL.ERROR_NAMES.get(self.code, str(self.code))
         text = ERROR_TEXT.get(self.code, name)
-        tail = f" ({rule_text(self.rule)})" if self.rule else ""
+        tail = f" ({self.rule.citation})" if self.rule is not None else ""
         return (f"Execution of the command buffer was aborted due to an error during execution. {text} "
                 f"({self.code:08x}:kIOGPUCommandBufferCallbackError{name}): {self.message}{tail}")
 
@@ -253,7 +253,7 @@ class GPU:
                 ev, value = step.event, step.value
                 if ev.value < value:
                     yield Gate(_reached(ev, value), f"{ev.describe()} to reach {value} (encodeWaitForEvent:value:)",
-                               12)
+                               Rule.EVENT_ONLY_INCREASES)
             elif isinstance(step, SignalStep):
                 self.signal(step.event, step.value)
                 step.fired = True
@@ -266,7 +266,8 @@ class GPU:
             if not updater.done:
                 yield Gate(_ended(updater),
                            f"the updateFence: of {fence.describe()} by {updater.describe()}"
-                           + (" (the same encoder: update-then-wait deadlocks)" if updater is enc else ""), 11)
+                           + (" (the same encoder: update-then-wait deadlocks)" if updater is enc else ""),
+                           Rule.FENCE_ORDER)
         for command in enc.commands:
             if isinstance(command, Dispatch):
                 self._direct(cb, command)
@@ -289,11 +290,12 @@ class GPU:
         if p is None:
             raise GPUFault(MTL.ErrorPageFault, "dispatchThreadgroups:threadsPerThreadgroup: with no pipeline set")
         if not p.alive:
-            raise GPUFault(MTL.ErrorInvalidResource, f"{p.describe()} was released before the GPU ran it", 14)
+            raise GPUFault(MTL.ErrorInvalidResource, f"{p.describe()} was released before the GPU ran it",
+                           Rule.FREED_IN_FLIGHT)
         what = f"dispatch of {p.label}"
         if not self._sizes_ok(p, d.grid, d.threadgroup, what):
             return
-        self._run(p, self._bindings(p, d.bindings, what, 0), d.grid, d.threadgroup, what)
+        self._run(p, self._bindings(p, d.bindings, what, None), d.grid, d.threadgroup, what)
 
     def _sizes_ok(self, p: Pipeline, grid: tuple[int, int, int], threadgroup: tuple[int, int, int],
                   what: str) -> bool:
@@ -304,11 +306,11 @@ class GPU:
         problem = size_problem(grid, threadgroup, p)
         if problem is None:
             return True
-        if problem[0] == 13:
-            return False  # rule 13: silently dropped
+        if problem[0] is Rule.THREADGROUP_LIMIT:
+            return False  # silently dropped
         raise GPUFault(MTL.ErrorTimeout, f"{what}: {problem[1]}; the GPU watchdog ends the command buffer")
 
-    def _bindings(self, p: Pipeline, bound: Mapping[int, Binding | bytes], what: str, rule: int,
+    def _bindings(self, p: Pipeline, bound: Mapping[int, Binding | bytes], what: str, rule: Rule | None,
                   resident: Callable[[Buffer], bool] | None = None) -> dict[int, tuple[np.ndarray, int]]:
         """Each parameter of ``p`` as (storage, byte offset) from what the encoder or ICB command ``bound`` (a
         direct dispatch's ``setBytes`` come as bytes). Faults: an unbound index (PageFault, ``rule``), a buffer
@@ -324,7 +326,7 @@ class GPU:
                 continue
             if resident is not None and b[0].alive and not resident(b[0]):
                 raise GPUFault(MTL.ErrorInvalidResource, f"{what} reaches {b[0].describe()}, which is not "
-                                                         "resident", 10)
+                                                         "resident", Rule.RESIDENCY)
             out[index] = self._storage(b, kind, size, f"{what} buffer index {index}")
         return out
 
@@ -332,7 +334,7 @@ class GPU:
         buf, offset = binding
         if not buf.alive:
             raise GPUFault(MTL.ErrorInvalidResource, f"{what}: {buf.describe()} was released while the command "
-                                                     "buffer was in flight", 14)
+                                                     "buffer was in flight", Rule.FREED_IN_FLIGHT)
         if kind != "constant" and offset % size:
             offset -= offset % size  # a misaligned device pointer: the low address bits are dropped (rule 8)
         return buf.storage, offset
@@ -340,10 +342,12 @@ class GPU:
     def _execute_icb(self, cb: CommandBuffer, enc: Encoder, ex: Execute) -> Iterator[Gate | None]:
         icb = ex.icb
         if not icb.alive:
-            raise GPUFault(MTL.ErrorInvalidResource, f"{icb.describe()} was released before the GPU ran it", 14)
+            raise GPUFault(MTL.ErrorInvalidResource, f"{icb.describe()} was released before the GPU ran it",
+                           Rule.FREED_IN_FLIGHT)
         if ex.first + ex.count > icb.max_count:
             raise GPUFault(MTL.ErrorPageFault, f"executeCommandsInBuffer:withRange: ({ex.first}, {ex.count}) reads "
-                                               f"past the {icb.max_count} commands of {icb.describe()}", 8)
+                                               f"past the {icb.max_count} commands of {icb.describe()}",
+                           Rule.ICB_LIMITS)
         count = min(ex.count, MTL.MAX_ICB_RANGE)  # commands past 16,384 are not run (rule 8)
         for i in concurrent_order(icb, ex.first, count):
             slot = icb.slots.get(i)
@@ -359,17 +363,17 @@ class GPU:
         if p is None:
             raise GPUFault(MTL.ErrorPageFault, f"{what} has no pipeline")
         if not p.alive:
-            raise GPUFault(MTL.ErrorInvalidResource, f"{what}: {p.describe()} was released", 14)
+            raise GPUFault(MTL.ErrorInvalidResource, f"{what}: {p.describe()} was released", Rule.FREED_IN_FLIGHT)
         if self.dev.spec.needs_warmup and p not in ex.bound_pipelines:
             raise GPUFault(MTL.ErrorInvalidResource, f"{what} uses {p.describe()}, which this encoder did not bind "
                                                      f"with setComputePipelineState: first ({self.dev.spec.family})",
-                           16)
+                           Rule.ICB_PIPELINE_WARMUP)
         if 0 in slot.grid or 0 in slot.threadgroup:
             return
         what = f"{what} ({p.label})"
         if not self._sizes_ok(p, slot.grid, slot.threadgroup, what):
             return
-        bindings = self._bindings(p, slot.bindings, what, 8,
+        bindings = self._bindings(p, slot.bindings, what, Rule.ICB_LIMITS,
                                   lambda buf: buf in enc.used or buf in cb.resident)
         self._run(p, bindings, slot.grid, slot.threadgroup, what)
 
@@ -412,7 +416,7 @@ class GPU:
 
     def _finish(self, cb: CommandBuffer, fault: GPUFault | None) -> None:
         if fault is None and cb.late_fault is not None:
-            fault = GPUFault(cb.late_fault[0], cb.late_fault[1], 14)
+            fault = GPUFault(cb.late_fault[0], cb.late_fault[1], Rule.FREED_IN_FLIGHT)
         if fault is None:
             cb.end_time = clock()
             cb.status = MTL.StatusCompleted  # after the time: status is read without the lock

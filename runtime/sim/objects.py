@@ -14,6 +14,7 @@ import numpy as np
 
 from mtlir.metal import MTL
 from mtlir.runtime.sim.memory import Region
+from mtlir.runtime.sim.rules.rule import Rule
 
 __all__ = ["SimObject", "ClassObject", "NSString", "NSError", "Device", "CommandQueue", "CommandBuffer",
            "Encoder", "Fence", "SharedEvent", "Buffer", "Library", "Function", "CompileOptions",
@@ -100,11 +101,11 @@ class CommandQueue(SimObject):
 
 class Gate:
     """A condition a running command buffer waits for on the GPU: ``ready()``, a ``what`` for messages and the
-    ``rule`` of METAL.md §3 a wait that never ends breaks (11: fences, 12: events)."""
+    ``rule`` of METAL.md §3 a wait that never ends breaks (``Rule.FENCE_ORDER``, ``Rule.EVENT_ONLY_INCREASES``)."""
 
     __slots__ = ("ready", "what", "rule")
 
-    def __init__(self, ready: Callable[[], bool], what: str, rule: int) -> None:
+    def __init__(self, ready: Callable[[], bool], what: str, rule: Rule) -> None:
         self.ready, self.what, self.rule = ready, what, rule
 
 

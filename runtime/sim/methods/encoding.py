@@ -18,7 +18,7 @@ from mtlir.runtime.sim.msgsend import NIL, objc_method
 from mtlir.runtime.sim.rules.checks import check_commit, check_execute, collect_reads, size_problem
 from mtlir.runtime.sim.objects import (ICB, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute, Fence,
                                        Pipeline, SharedEvent, SignalStep, SimObject, WaitStep)
-from mtlir.runtime.sim.rules.rule import Call, assertion, violation
+from mtlir.runtime.sim.rules.rule import Call, Rule, assertion, violation
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
@@ -39,8 +39,9 @@ def _command_buffer(dev: SimDevice, q: CommandQueue) -> CommandBuffer:
         committed = any(cb.status >= MTL.StatusCommitted for cb in q.live)
         if dev.strict and (not committed or not dev.autorun):
             why = "none of them is committed" if not committed else "the GPU is held (autorun=False)"
-            raise violation(7, call, f"{len(q.live)} command buffers of the queue are not completed "
-                                     f"(maxCommandBufferCount {q.max_count}) and {why}: Metal blocks here forever")
+            raise violation(Rule.IN_FLIGHT_LIMIT, call,
+                            f"{len(q.live)} command buffers of the queue are not completed "
+                            f"(maxCommandBufferCount {q.max_count}) and {why}: Metal blocks here forever")
         if not dev.wait_for(lambda: len(q.live) < q.max_count, dev.timeout_s):
             raise TimeoutError(f"{call}: blocked {dev.timeout_s} s with {len(q.live)} command buffers not completed "
                                f"(maxCommandBufferCount {q.max_count}; METAL.md §3 rule 7)")
@@ -52,7 +53,8 @@ def _command_buffer(dev: SimDevice, q: CommandQueue) -> CommandBuffer:
 # ---------------------------------------------------------------------------- MTLCommandBuffer
 def _not_committed(cb: CommandBuffer, selector: str, call: Call) -> None:
     if cb.status >= MTL.StatusCommitted:
-        raise assertion(4, call, f"{selector} after commit (the command buffer is {MTL.STATUS_NAMES[cb.status]})")
+        raise assertion(Rule.NOTHING_AFTER_COMMIT, call,
+                        f"{selector} after commit (the command buffer is {MTL.STATUS_NAMES[cb.status]})")
 
 
 @objc_method(CommandBuffer, "computeCommandEncoder")
@@ -60,7 +62,7 @@ def _compute_encoder(dev: SimDevice, cb: CommandBuffer) -> Encoder:
     call = Call("computeCommandEncoder", cb)
     _not_committed(cb, "computeCommandEncoder", call)
     if cb.open_encoder is not None:
-        raise assertion(1, call, "A command encoder is already encoding to this command buffer")
+        raise assertion(Rule.ONE_OPEN_ENCODER, call, "A command encoder is already encoding to this command buffer")
     enc = dev.new_autoreleased(Encoder(cb))
     cb.open_encoder = enc
     cb.steps.append(enc)
@@ -72,13 +74,14 @@ def _encode_signal(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: in
     call = Call("encodeSignalEvent:value:", cb, ev, value)
     _not_committed(cb, "encodeSignalEvent:value:", call)
     if cb.open_encoder is not None:
-        raise assertion(3, call, "encodeSignalEvent:value: with uncommitted encoder")
+        raise assertion(Rule.NO_OPEN_ENCODER, call, "encodeSignalEvent:value: with uncommitted encoder")
     highest = max(ev.value, ev.highest_encoded)
     if dev.strict and highest > 0 and value <= highest:
         relation = "below" if value < highest else "not above"
-        raise violation(12, call, f"{value} is {relation} {highest}, a value {ev.describe()} already has or was "
-                                  "given by an earlier signal: an event's value only increases, Metal ignores a "
-                                  "value that is not above it")
+        raise violation(Rule.EVENT_ONLY_INCREASES, call,
+                        f"{value} is {relation} {highest}, a value {ev.describe()} already has or was "
+                        "given by an earlier signal: an event's value only increases, Metal ignores a "
+                        "value that is not above it")
     ev.encoded(value)
     cb.steps.append(SignalStep(ev, value))
 
@@ -88,7 +91,7 @@ def _encode_wait(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: int)
     call = Call("encodeWaitForEvent:value:", cb, ev, value)
     _not_committed(cb, "encodeWaitForEvent:value:", call)
     if cb.open_encoder is not None:
-        raise assertion(3, call, "encodeWaitForEvent:value: with uncommitted encoder")
+        raise assertion(Rule.NO_OPEN_ENCODER, call, "encodeWaitForEvent:value: with uncommitted encoder")
     cb.steps.append(WaitStep(ev, value))
 
 
@@ -96,9 +99,9 @@ def _encode_wait(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: int)
 def _commit(dev: SimDevice, cb: CommandBuffer) -> None:
     call = Call("commit", cb)
     if cb.status >= MTL.StatusCommitted:
-        raise assertion(4, call, "commit an already committed command buffer")
+        raise assertion(Rule.NOTHING_AFTER_COMMIT, call, "commit an already committed command buffer")
     if cb.open_encoder is not None:
-        raise assertion(3, call, "commit command buffer with uncommitted encoder")
+        raise assertion(Rule.NO_OPEN_ENCODER, call, "commit command buffer with uncommitted encoder")
     cb.resident = frozenset().union(*(rs.committed for rs in cb.queue.residency_sets))
     if dev.strict:
         check_commit(dev, cb, call)
@@ -117,7 +120,7 @@ def _wait_completed(dev: SimDevice, cb: CommandBuffer) -> None:
     longer than the device's ``timeout_s`` raises ``TimeoutError``."""
     call = Call("waitUntilCompleted", cb)
     if cb.status < MTL.StatusCommitted:
-        raise assertion(5, call, "waitUntilCompleted on uncommitted command buffer")
+        raise assertion(Rule.STATUS_FORWARD, call, "waitUntilCompleted on uncommitted command buffer")
     if not dev.wait_for(lambda: cb.finished, dev.timeout_s):
         held = "" if dev.autorun else " (the GPU is held: autorun=False, call step() or run_until_idle())"
         raise TimeoutError(f"{call}: still {MTL.STATUS_NAMES[cb.status]} after {dev.timeout_s} s{held}")
@@ -149,7 +152,8 @@ def _open(dev: SimDevice, enc: Encoder, call: Call) -> bool:
     if not enc.ended:
         return True
     if dev.strict:
-        raise violation(0, call, f"{enc.describe()} has already ended (endEncoding); encode on a new encoder")
+        raise violation(Rule.API_VALIDATION, call,
+                        f"{enc.describe()} has already ended (endEncoding); encode on a new encoder")
     return False
 
 
@@ -159,8 +163,9 @@ def _wait_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
     if not _open(dev, enc, call):
         return
     if dev.strict and fence in enc.fence_updates:
-        raise violation(11, call, f"{fence.describe()} was updated earlier in this encoder: waits act at the "
-                                  "encoder's start and updates at its end, so it would wait for itself (deadlock)")
+        raise violation(Rule.FENCE_ORDER, call,
+                        f"{fence.describe()} was updated earlier in this encoder: waits act at the "
+                        "encoder's start and updates at its end, so it would wait for itself (deadlock)")
     if fence.last_update is not None:
         enc.fence_waits.append((fence, fence.last_update))
 
@@ -184,7 +189,7 @@ def _use_resources(dev: SimDevice, enc: Encoder, array: int, count: int, usage: 
         raise BridgeError(f"{call}: NULL resource array with count {count}")
     if usage & ~(MTL.ResourceUsageRead | MTL.ResourceUsageWrite) or not usage:
         if dev.strict:
-            raise violation(0, call, f"usage {usage} is not a combination of Read (1) and Write (2)")
+            raise violation(Rule.API_VALIDATION, call, f"usage {usage} is not a combination of Read (1) and Write (2)")
     for k in range(count):
         handle = dev.memory.load(array + 8 * k, dtypes.id)
         obj = dev._lookup(handle, f"{call}: resource [{k}]")
@@ -192,8 +197,9 @@ def _use_resources(dev: SimDevice, enc: Encoder, array: int, count: int, usage: 
             enc.used.add(obj)
         elif isinstance(obj, Pipeline):
             if dev.strict:
-                raise violation(10, call, f"resource [{k}] is {obj.describe()}: pipelines are not MTLResources and "
-                                          "may not go into useResources")
+                raise violation(Rule.RESIDENCY, call,
+                                f"resource [{k}] is {obj.describe()}: pipelines are not MTLResources and "
+                                "may not go into useResources")
         else:
             raise BridgeError(f"{call}: resource [{k}] is {obj.describe()}, not an MTLResource")
 
@@ -212,7 +218,7 @@ def _set_buffer(dev: SimDevice, enc: Encoder, buf: Buffer | None, offset: int, i
         return
     if index >= MTL.MAX_BUFFER_BIND:
         if dev.strict:
-            raise violation(8, call, f"buffer index {index} is not below {MTL.MAX_BUFFER_BIND}")
+            raise violation(Rule.ICB_LIMITS, call, f"buffer index {index} is not below {MTL.MAX_BUFFER_BIND}")
         return
     if buf is None:
         enc.bindings.pop(index, None)
@@ -227,8 +233,9 @@ def _set_bytes(dev: SimDevice, enc: Encoder, ptr: int, length: int, index: int) 
     if not _open(dev, enc, call):
         return
     if dev.strict and (length > _MAX_SET_BYTES or index >= MTL.MAX_BUFFER_BIND):
-        raise violation(0, call, f"setBytes takes at most {_MAX_SET_BYTES} bytes at an index below "
-                                 f"{MTL.MAX_BUFFER_BIND}")
+        raise violation(Rule.API_VALIDATION, call,
+                        f"setBytes takes at most {_MAX_SET_BYTES} bytes at an index below "
+                        f"{MTL.MAX_BUFFER_BIND}")
     if index < MTL.MAX_BUFFER_BIND:
         enc.bindings[index] = dev.memory.read(ptr, length) if length else b""
 
@@ -241,13 +248,13 @@ def _dispatch(dev: SimDevice, enc: Encoder, grid: tuple[int, int, int], tg: tupl
     p = enc.pipeline
     if dev.strict and 0 not in grid and 0 not in tg:
         if p is None:
-            raise violation(0, call, "no compute pipeline state is set on the encoder")
+            raise violation(Rule.API_VALIDATION, call, "no compute pipeline state is set on the encoder")
         problem = size_problem(grid, tg, p)
         if problem is not None:
             raise violation(problem[0], call, problem[1])
         for index, _, _ in p.params:
             if index not in enc.bindings:
-                raise violation(0, call, f"{p.label}: buffer index {index} is not bound")
+                raise violation(Rule.API_VALIDATION, call, f"{p.label}: buffer index {index} is not bound")
     enc.commands.append(Dispatch(p, dict(enc.bindings), grid, tg))
 
 

@@ -17,7 +17,7 @@ from mtlir.runtime.errors import BridgeError
 from mtlir.runtime.sim.msgsend import NIL, objc_method
 from mtlir.runtime.sim.rules.checks import check_icb_write, size_problem
 from mtlir.runtime.sim.objects import ICB, Buffer, Device, ICBCommand, ICBDescriptor, ICBSlot, Pipeline
-from mtlir.runtime.sim.rules.rule import Call, violation
+from mtlir.runtime.sim.rules.rule import Call, Rule, violation
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
@@ -53,17 +53,18 @@ def _new_icb(dev: SimDevice, d: Device, desc: ICBDescriptor, max_count: int, opt
     call = Call("newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", d, desc, max_count, options)
     if not dev.spec.icb or max_count == 0:
         return None
-    problem = None
+    problem: tuple[Rule, str] | None = None
     if not desc.command_types & MTL.IndirectCommandTypeConcurrentDispatch:
-        problem = (0, f"commandTypes {desc.command_types:#x} lacks ConcurrentDispatch "
-                      f"({MTL.IndirectCommandTypeConcurrentDispatch:#x}), the only compute command type modelled")
+        problem = (Rule.API_VALIDATION,
+                   f"commandTypes {desc.command_types:#x} lacks ConcurrentDispatch "
+                   f"({MTL.IndirectCommandTypeConcurrentDispatch:#x}), the only compute command type modelled")
     elif desc.inherit_buffers or desc.inherit_pipeline:
-        problem = (0, "inheritBuffers and inheritPipelineState must be NO: ICB commands set their own pipeline "
-                      "and buffers (METAL.md §1)")
+        problem = (Rule.API_VALIDATION, "inheritBuffers and inheritPipelineState must be NO: ICB commands set their "
+                   "own pipeline and buffers (METAL.md §1)")
     elif desc.max_bind > MTL.MAX_BUFFER_BIND:
-        problem = (8, f"maxKernelBufferBindCount {desc.max_bind} is above {MTL.MAX_BUFFER_BIND}")
+        problem = (Rule.ICB_LIMITS, f"maxKernelBufferBindCount {desc.max_bind} is above {MTL.MAX_BUFFER_BIND}")
     elif max_count > 1 << 24:
-        problem = (8, f"maxCommandCount {max_count} is more than the simulator models (2**24)")
+        problem = (Rule.ICB_LIMITS, f"maxCommandCount {max_count} is more than the simulator models (2**24)")
     if problem is not None:
         if dev.strict:
             raise violation(problem[0], call, problem[1])
@@ -77,7 +78,7 @@ def _command_at(dev: SimDevice, icb: ICB, index: int) -> ICBCommand:
     whose writes land outside the ICB and are lost."""
     if index >= icb.max_count:
         if dev.strict:
-            raise violation(8, Call("indirectComputeCommandAtIndex:", icb, index),
+            raise violation(Rule.ICB_LIMITS, Call("indirectComputeCommandAtIndex:", icb, index),
                             f"index {index} is not below maxCommandCount {icb.max_count}")
         return dev.new_autoreleased(ICBCommand(icb, None))  # type: ignore[no-any-return]
     return dev.new_autoreleased(ICBCommand(icb, index))  # type: ignore[no-any-return]
@@ -110,8 +111,9 @@ def _check_sizes(dev: SimDevice, grid: tuple[int, int, int] | None, tg: tuple[in
 def _cmd_pipeline(dev: SimDevice, cmd: ICBCommand, p: Pipeline) -> None:
     call = Call("setComputePipelineState:", cmd, p)
     if dev.strict and not p.support_icb:
-        raise violation(0, call, f"{p.describe()} was made without supportIndirectCommandBuffers = YES: pipelines "
-                                 "an ICB uses need it (METAL.md §1)")
+        raise violation(Rule.API_VALIDATION, call,
+                        f"{p.describe()} was made without supportIndirectCommandBuffers = YES: pipelines "
+                        "an ICB uses need it (METAL.md §1)")
     slot = _slot(dev, cmd, call)
     if slot is not None:
         _check_sizes(dev, slot.grid, slot.threadgroup, p, call)
@@ -123,13 +125,15 @@ def _cmd_buffer(dev: SimDevice, cmd: ICBCommand, buf: Buffer | None, offset: int
     call = Call("setKernelBuffer:offset:atIndex:", cmd, buf, offset, index)
     if index >= cmd.icb.max_bind:
         if dev.strict:
-            raise violation(8, call, f"index {index} is not below maxKernelBufferBindCount {cmd.icb.max_bind}")
+            raise violation(Rule.ICB_LIMITS, call,
+                            f"index {index} is not below maxKernelBufferBindCount {cmd.icb.max_bind}")
         _slot(dev, cmd, call)
         return  # the ICB has no slot for it: the binding is lost
     if offset > 0xFFFFFFFF:
         if dev.strict:
-            raise violation(8, call, f"offset {offset:#x} does not fit the 32 bits an ICB command stores it in "
-                                     "(tinygrad PR #15129): the kernel would read at the wrong place")
+            raise violation(Rule.ICB_LIMITS, call,
+                            f"offset {offset:#x} does not fit the 32 bits an ICB command stores it in "
+                            "(tinygrad PR #15129): the kernel would read at the wrong place")
         offset &= 0xFFFFFFFF
     slot = _slot(dev, cmd, call)
     if slot is None:

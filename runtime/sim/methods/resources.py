@@ -26,7 +26,7 @@ from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, 
                                        Fence, Function, ICBDescriptor, Library, NSError, NSString, Pipeline,
                                        PipelineDescriptor, ResidencySet, ResidencySetDescriptor, SharedEvent,
                                        SimObject)
-from mtlir.runtime.sim.rules.rule import Call, violation
+from mtlir.runtime.sim.rules.rule import Call, Rule, violation
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
@@ -260,9 +260,10 @@ def _wait_signaled(dev: SimDevice, ev: SharedEvent, value: int, timeout_ms: int)
     if stuck:
         cb = stuck[0]
         code = cb.error.code if cb.error is not None else 0
-        raise violation(6, call, f"the value can never be reached: {cb.describe()}, which encoded the signal, ended "
-                                 f"in status Error ({MTL.ERROR_NAMES.get(code, code)}) and Metal skipped its signal; "
-                                 "check the command buffer's status and error instead of waiting")
+        raise violation(Rule.FAILED_SKIPS_SIGNALS, call,
+                        f"the value can never be reached: {cb.describe()}, which encoded the signal, ended "
+                        f"in status Error ({MTL.ERROR_NAMES.get(code, code)}) and Metal skipped its signal; "
+                        "check the command buffer's status and error instead of waiting")
     if not ok and capped:
         raise TimeoutError(f"{call}: not signaled after {dev.timeout_s} s, the simulated device's longest wait "
                            f"(value is {ev.value})")
@@ -304,7 +305,7 @@ def _add_residency_set(dev: SimDevice, q: CommandQueue, rs: ResidencySet) -> Non
         return
     if len(q.residency_sets) >= _MAX_RESIDENCY_SETS:
         if dev.strict:
-            raise violation(10, Call("addResidencySet:", q, rs),
+            raise violation(Rule.RESIDENCY, Call("addResidencySet:", q, rs),
                             f"a queue holds at most {_MAX_RESIDENCY_SETS} residency sets")
         return
     q.residency_sets.append(rs)

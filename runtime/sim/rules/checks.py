@@ -19,7 +19,7 @@ import numpy as np
 from mtlir.metal import MTL
 from mtlir.runtime.sim.objects import (ICB, Buffer, CommandBuffer, Dispatch, Encoder, Execute, ICBCommand, Pipeline,
                                        SimObject)
-from mtlir.runtime.sim.rules.rule import violation
+from mtlir.runtime.sim.rules.rule import Rule, violation
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
@@ -35,7 +35,7 @@ MAX_THREADS_PER_GRID_AXIS = 1 << 32
 
 
 def size_problem(grid: tuple[int, int, int], threadgroup: tuple[int, int, int], p: Pipeline | None) -> \
-        tuple[int, str] | None:
+        tuple[Rule, str] | None:
     """What Metal refuses in a dispatch of ``grid`` threadgroups (per axis) of ``threadgroup`` threads with
     pipeline ``p``, as ``(rule, message)``; None when the sizes are fine or the dispatch is empty (a zero axis:
     Metal accepts it and runs nothing). Rule 13: prod(threadgroup) above the pipeline's
@@ -45,15 +45,17 @@ def size_problem(grid: tuple[int, int, int], threadgroup: tuple[int, int, int], 
         return None
     threads = math.prod(threadgroup)
     if p is not None and threads > p.max_threads:
-        return (13, f"threadsPerThreadgroup {list(threadgroup)}: {threads} threads per threadgroup > "
-                    f"maxTotalThreadsPerThreadgroup {p.max_threads} of {p.describe()}: Metal drops the dispatch "
-                    "silently")
+        return (Rule.THREADGROUP_LIMIT,
+                f"threadsPerThreadgroup {list(threadgroup)}: {threads} threads per threadgroup > "
+                f"maxTotalThreadsPerThreadgroup {p.max_threads} of {p.describe()}: Metal drops the dispatch "
+                "silently")
     per_axis = [g * t for g, t in zip(grid, threadgroup)]
     if any(n >= MAX_THREADS_PER_GRID_AXIS for n in per_axis):
         axis = "xyz"[next(i for i, n in enumerate(per_axis) if n >= MAX_THREADS_PER_GRID_AXIS)]
-        return (0, f"threadgroupsPerGrid {list(grid)} x threadsPerThreadgroup {list(threadgroup)} = {per_axis} "
-                   f"threads per axis: axis {axis} is not below 2**32 (thread positions are 32-bit uints; "
-                   "a run-time size that went below 1 and wrapped?)")
+        return (Rule.API_VALIDATION,
+                f"threadgroupsPerGrid {list(grid)} x threadsPerThreadgroup {list(threadgroup)} = {per_axis} "
+                f"threads per axis: axis {axis} is not below 2**32 (thread positions are 32-bit uints; "
+                "a run-time size that went below 1 and wrapped?)")
     return None
 
 
@@ -66,32 +68,36 @@ class RangeInfo:
 
     buffers: dict[Buffer, tuple[int, int]] = field(default_factory=dict)
     pipelines: dict[Pipeline, int] = field(default_factory=dict)  # pipeline -> first command using it, in order
-    problems: list[tuple[int, str]] = field(default_factory=list)
+    problems: list[tuple[Rule, str]] = field(default_factory=list)
     shared_groups: list[list[int]] = field(default_factory=list)
 
 
-def slot_problems(dev: SimDevice, icb: ICB, i: int) -> list[tuple[int, str]]:
+def slot_problems(dev: SimDevice, icb: ICB, i: int) -> list[tuple[Rule, str]]:
     """What is wrong with ICB command ``i`` as it stands (no pipeline, a pipeline without ICB support, an unbound
     or misaligned buffer index, too many threads per threadgroup)."""
-    slot, out = icb.slots[i], list[tuple[int, str]]()
+    slot, out = icb.slots[i], list[tuple[Rule, str]]()
     what = f"ICB command {i}"
     if slot.grid is None:
         return out
     p = slot.pipeline
     if p is None:
-        return [(8, f"{what} has a dispatch but no pipeline (setComputePipelineState: was never sent to it)")]
+        return [(Rule.ICB_LIMITS,
+                 f"{what} has a dispatch but no pipeline (setComputePipelineState: was never sent to it)")]
     if not p.support_icb:
-        out.append((0, f"{what} uses {p.describe()}, made without supportIndirectCommandBuffers = YES"))
+        out.append((Rule.API_VALIDATION,
+                    f"{what} uses {p.describe()}, made without supportIndirectCommandBuffers = YES"))
     for index, kind, size in p.params:
         b = slot.bindings.get(index)
         if b is None:
-            out.append((8, f"{what} ({p.label}): buffer index {index} is not bound with setKernelBuffer:offset:"
-                           "atIndex:"))
+            out.append((Rule.ICB_LIMITS,
+                        f"{what} ({p.label}): buffer index {index} is not bound with setKernelBuffer:offset:"
+                        "atIndex:"))
             continue
         align = dev.constant_align if kind == "constant" else size
         if b[1] % align:
-            out.append((8, f"{what} ({p.label}): offset {b[1]} of buffer index {index} ({kind}) is not a multiple "
-                           f"of {align} bytes"))
+            out.append((Rule.ICB_LIMITS,
+                        f"{what} ({p.label}): offset {b[1]} of buffer index {index} ({kind}) is not a multiple "
+                        f"of {align} bytes"))
     sizes = size_problem(slot.grid, slot.threadgroup, p)
     if sizes is not None:
         out.append((sizes[0], f"{what} ({p.label}): {sizes[1]}"))
@@ -142,9 +148,10 @@ def analyze_range(dev: SimDevice, icb: ICB, first: int, count: int) -> RangeInfo
 def check_execute(dev: SimDevice, enc: Encoder, icb: ICB, first: int, count: int, call: object) -> None:
     """Strict checks of ``executeCommandsInBuffer:withRange:``: rule 8 (range), the commands' problems, rule 16."""
     if first + count > icb.max_count:
-        raise violation(8, call, f"range ({first}, {count}) is outside [0, {icb.max_count}) of {icb.describe()}")
+        raise violation(Rule.ICB_LIMITS, call,
+                        f"range ({first}, {count}) is outside [0, {icb.max_count}) of {icb.describe()}")
     if count > MTL.MAX_ICB_RANGE:
-        raise violation(8, call, f"range length {count} is above the maximum of {MTL.MAX_ICB_RANGE}")
+        raise violation(Rule.ICB_LIMITS, call, f"range length {count} is above the maximum of {MTL.MAX_ICB_RANGE}")
     info = analyze_range(dev, icb, first, count)
     if info.problems:
         rule, message = info.problems[0]
@@ -152,9 +159,10 @@ def check_execute(dev: SimDevice, enc: Encoder, icb: ICB, first: int, count: int
     if dev.spec.needs_warmup:
         for p, i in info.pipelines.items():  # the first offending command, whatever the hashes of the pipelines
             if p not in enc.bound_pipelines:
-                raise violation(16, call, f"{p.describe()} is used by ICB command {i} but was not bound on this "
-                                          f"encoder with setComputePipelineState: first ({dev.spec.family} faults "
-                                          "with InvalidResource)")
+                raise violation(Rule.ICB_PIPELINE_WARMUP, call,
+                                f"{p.describe()} is used by ICB command {i} but was not bound on this "
+                                f"encoder with setComputePipelineState: first ({dev.spec.family} faults "
+                                "with InvalidResource)")
 
 
 def collect_reads(dev: SimDevice, cb: CommandBuffer) -> None:
@@ -193,10 +201,11 @@ def check_commit(dev: SimDevice, cb: CommandBuffer, call: object) -> None:
             info = analyze_range(dev, command.icb, command.first, command.count)
             for buf, (_, i) in info.buffers.items():
                 if buf not in step.used and buf not in cb.resident:
-                    raise violation(10, call, f"ICB command {i} of {command.icb.describe()} binds {buf.describe()}, "
-                                              "which is neither in a residency set committed and added to the "
-                                              "queue nor named in useResources:count:usage: on its encoder: the "
-                                              "GPU faults (kIOGPUCommandBufferCallbackErrorInvalidResource)")
+                    raise violation(Rule.RESIDENCY, call,
+                                    f"ICB command {i} of {command.icb.describe()} binds {buf.describe()}, "
+                                    "which is neither in a residency set committed and added to the "
+                                    "queue nor named in useResources:count:usage: on its encoder: the "
+                                    "GPU faults (kIOGPUCommandBufferCallbackErrorInvalidResource)")
             for group in info.shared_groups:
                 _dry_run(dev, command.icb, group, call)
 
@@ -223,9 +232,10 @@ def _dry_run(dev: SimDevice, icb: ICB, group: list[int], call: object) -> None:
         if not np.array_equal(a, b):
             byte = int(np.flatnonzero(a != b)[0])
             names = ", ".join(str(i) for i, _ in runnable)
-            raise violation(9, call, f"ICB commands {names} of {icb.describe()} run concurrently (no setBarrier "
-                                     f"between them) and touch overlapping bytes of {buf.describe()}: byte {byte} "
-                                     "ends different when they run in the other order (a data race)")
+            raise violation(Rule.ICB_RACE, call,
+                            f"ICB commands {names} of {icb.describe()} run concurrently (no setBarrier "
+                            f"between them) and touch overlapping bytes of {buf.describe()}: byte {byte} "
+                            "ends different when they run in the other order (a data race)")
 
 
 def check_buffer_write(dev: SimDevice, buf: Buffer, offset: int, nbytes: int, call: object) -> None:
@@ -233,9 +243,10 @@ def check_buffer_write(dev: SimDevice, buf: Buffer, offset: int, nbytes: int, ca
     buffer binds it from a lower offset."""
     for cb, lo in buf.readers.items():
         if offset + nbytes > lo and cb.in_flight:
-            raise violation(15, call, f"the CPU writes {nbytes} bytes at offset {offset} of {buf.describe()} while "
-                                      f"{cb.describe()} ({MTL.STATUS_NAMES[cb.status]}) reads it from offset {lo}: "
-                                      "wait for it to complete before patching")
+            raise violation(Rule.CPU_WRITE_IN_FLIGHT, call,
+                            f"the CPU writes {nbytes} bytes at offset {offset} of {buf.describe()} while "
+                            f"{cb.describe()} ({MTL.STATUS_NAMES[cb.status]}) reads it from offset {lo}: "
+                            "wait for it to complete before patching")
 
 
 def check_icb_write(dev: SimDevice, cmd: ICBCommand, call: object) -> None:
@@ -244,8 +255,9 @@ def check_icb_write(dev: SimDevice, cmd: ICBCommand, call: object) -> None:
         return
     for cb, ranges in cmd.icb.readers.items():
         if cb.in_flight and any(first <= cmd.index < first + count for first, count in ranges):
-            raise violation(15, call, f"the CPU changes ICB command {cmd.index} of {cmd.icb.describe()} while "
-                                      f"{cb.describe()} ({MTL.STATUS_NAMES[cb.status]}) executes it")
+            raise violation(Rule.CPU_WRITE_IN_FLIGHT, call,
+                            f"the CPU changes ICB command {cmd.index} of {cmd.icb.describe()} while "
+                            f"{cb.describe()} ({MTL.STATUS_NAMES[cb.status]}) executes it")
 
 
 def check_release(dev: SimDevice, obj: SimObject, call: object) -> None:
@@ -260,9 +272,10 @@ def check_release(dev: SimDevice, obj: SimObject, call: object) -> None:
     if not users:
         return
     if dev.strict:
-        raise violation(14, call, f"{obj.describe()} is deallocated while {users[0].describe()} "
-                                  f"({MTL.STATUS_NAMES[users[0].status]}) uses it: the command buffer would end with "
-                                  "error 9 (InvalidResource)")
+        raise violation(Rule.FREED_IN_FLIGHT, call,
+                        f"{obj.describe()} is deallocated while {users[0].describe()} "
+                        f"({MTL.STATUS_NAMES[users[0].status]}) uses it: the command buffer would end with "
+                        "error 9 (InvalidResource)")
     for cb in users:
         if cb.late_fault is None:
             cb.late_fault = (MTL.ErrorInvalidResource, f"{obj.describe()} was released while the command buffer "
