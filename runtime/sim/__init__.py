@@ -1,10 +1,8 @@
 """The simulated Metal device (docs/simulator.md): ``SimDevice`` is a Bridge that models Metal's objects and the
 rules of METAL.md §3 in strict or faithful mode, and runs the kernels through OpenCL (``kernels``, ``msl``)."""
-from mtlir.runtime.sim.device import SimDevice, host_target
+from mtlir.runtime.sim.device import SimDevice
 from mtlir.runtime.sim.gpu import GPUFault
 from mtlir.runtime.sim.kernels.pyrunner import PyKernel, PyKernelArg, PyKernelRunner
 from mtlir.runtime.sim.rules.rule import Rule
 
-SimBridge = SimDevice  # docs/internals.md names the Bridge of the simulated device SimBridge: it is the device
-
-__all__ = ["SimDevice", "SimBridge", "host_target", "GPUFault", "PyKernel", "PyKernelArg", "PyKernelRunner", "Rule"]
+__all__ = ["SimDevice", "GPUFault", "PyKernel", "PyKernelArg", "PyKernelRunner", "Rule"]

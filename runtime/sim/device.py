@@ -12,7 +12,6 @@ kernel runs, so work really is in flight while the program goes on.
 """
 from __future__ import annotations
 
-import platform
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -23,8 +22,9 @@ import numpy as np
 from mtlir.ir.dtypes import DType, PtrDType, dtypes
 from mtlir.metal import C_FUNCTIONS, MTL, SELECTORS, TARGETS, DeviceSpec, Prototype, abi_prototype
 from mtlir.runtime.errors import BridgeError
-from mtlir.runtime.sim.methods import encoding, icb, resources  # noqa: F401  (they register the selectors' handlers)
-from mtlir.runtime.sim.msgsend import Method, check_prototype, decode_size, decode_word, lookup_method
+from mtlir.runtime.metal.bridge import host_target
+from mtlir.runtime.sim.methods import encoding, icb, resources
+from mtlir.runtime.sim.msgsend import Method, MethodTable, check_prototype, decode_size, decode_word
 from mtlir.runtime.sim.rules.checks import check_buffer_write, check_release
 from mtlir.runtime.sim.gpu import GPU, clock
 from mtlir.runtime.sim.memory import HostMemory
@@ -33,7 +33,10 @@ from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, 
 from mtlir.runtime.sim.methods.resources import CLASSES
 from mtlir.runtime.sim.rules.rule import Rule, assertion
 
-__all__ = ["SimDevice", "host_target"]
+__all__ = ["SimDevice", "METHODS"]
+
+# Every selector the simulated device answers: the handlers of each methods module, in one table.
+METHODS = MethodTable.join(resources.METHODS, encoding.METHODS, icb.METHODS)
 
 _HANDLE_BASE = 0x6000_0000_4000   # object handles: like macOS arm64 heap pointers, far above 2**32
 _HANDLE_STEP = 0x40
@@ -47,9 +50,9 @@ _MTLSIZE_PTR = PtrDType(dtypes.MTLSize)
 _WORD, _ID, _SIZE, _FLOAT = range(4)
 
 
-class _Plan:
-    """How to check and decode the arguments of one selector on one target, computed once: the prototype, the
-    argument count (self and _cmd included) and per argument its kind, dtype and integer bounds."""
+class _ArgumentDecoder:
+    """The argument decoder of one selector on one target, computed once: the prototype, the argument count (self
+    and _cmd included) and per argument its kind, dtype and integer bounds (``SimDevice._decode`` uses it)."""
 
     __slots__ = ("proto", "nargs", "kinds", "dtypes", "lo", "hi")
 
@@ -82,15 +85,11 @@ def _discard_uncommitted(cb: CommandBuffer) -> None:
             step.event.settled(step.value, committed=False)
 
 
-def host_target() -> str:
-    """The ABI of this machine: ``"arm64"`` on Apple silicon / aarch64, else ``"x86_64"``."""
-    return "arm64" if platform.machine().lower() in ("arm64", "aarch64") else "x86_64"
-
-
 class SimDevice:
     """A simulated Metal device and its Bridge.
 
-    ``target``: the ABI ``msg_send`` decodes (``"arm64"``, ``"x86_64"``; default: this machine's). ``strict``:
+    ``target``: the ABI ``msg_send`` decodes (``"arm64"``, ``"x86_64"``; default: this machine's,
+    ``mtlir.runtime.metal.bridge.host_target()``, and x86_64 on a machine that is neither). ``strict``:
     True (default) raises ``MetalValidationError`` at the offending call like ``MTL_DEBUG_LAYER=1``; False is
     faithful: what Metal does without the layer (status Error, dropped dispatches, blocking, races).
     ``family``: ``Apple7``/``Apple8``/``Apple9``/``Mac2`` (pre-Apple9 needs the ICB warm-up, rule 16).
@@ -109,7 +108,7 @@ class SimDevice:
                  residency_sets: bool = True, icb: bool = True, autorun: bool = True, timeout_s: float = 10.0,
                  gpu_timeout_s: float = 2.0, kernel_runner: Any = None,
                  constant_align: int = MTL.CONSTANT_OFFSET_ALIGN, max_buffer_length: int = 1 << 32) -> None:
-        target = host_target() if target is None else target
+        target = (host_target() or "x86_64") if target is None else target
         if target not in TARGETS:
             raise ValueError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
         self.target = target
@@ -128,7 +127,7 @@ class SimDevice:
         self._next_handle = _HANDLE_BASE
         self._sel_ids: dict[str, int] = {}
         self._sel_names: dict[int, str] = {}
-        self._plans: dict[str, _Plan] = {}
+        self._decoders: dict[str, _ArgumentDecoder] = {}
         self._pools: list[tuple[int, list[SimObject]]] = []
         self._next_pool = _POOL_BASE
         self._classes: dict[str, ClassObject] = {}
@@ -368,22 +367,22 @@ class SimDevice:
             raise BridgeError(f"objc_msgSend: {sel!r} is not a registered SEL"
                               + (" (a 64-bit SEL cut to 32 bits?)" if isinstance(sel, int) and 0 < sel < 1 << 32
                                  else ""))
-        plan = self._plans.get(name)
-        if plan is None:
+        decoder = self._decoders.get(name)
+        if decoder is None:
             if name not in SELECTORS:
                 raise BridgeError(f"unknown selector {name!r}: it is not in mtlir.metal.SELECTORS, and the "
                                   "simulated device answers no other")
-            plan = self._plans[name] = _Plan(abi_prototype(name, self.target))
-        expected = plan.proto
+            decoder = self._decoders[name] = _ArgumentDecoder(abi_prototype(name, self.target))
+        expected = decoder.proto
         if proto is not expected and proto != expected:
             check_prototype(name, proto, expected, self.target)
-        if len(args) != plan.nargs:
+        if len(args) != decoder.nargs:
             raise BridgeError(f"{name}: wrong argument count: {len(args) - 2} after self and _cmd, the prototype "
-                              f"has {plan.nargs - 2}")
+                              f"has {decoder.nargs - 2}")
         recv = args[0]
         obj = self._objects.get(recv) if type(recv) is int else None
         if obj is not None:
-            method = lookup_method(type(obj), name)
+            method = METHODS.lookup(type(obj), name)
             if method is not None and method.lockless:
                 return self._result(expected.ret, method.fn(self, obj))
         with self._lock:
@@ -394,20 +393,20 @@ class SimDevice:
             obj = self._objects.get(recv) if type(recv) is int else None
             if obj is None:
                 obj = self._lookup(recv, f"{name} (receiver)")
-            method = lookup_method(type(obj), name)
+            method = METHODS.lookup(type(obj), name)
             if method is None:
                 raise BridgeError(f"-[{obj.objc_class} {name}]: unrecognized selector sent to instance {recv:#x}")
-            result = method.fn(self, obj, *self._decode(name, plan, args, method) if plan.kinds else ())
+            result = method.fn(self, obj, *self._decode(name, decoder, args, method) if decoder.kinds else ())
             return self._result(expected.ret, result)
 
-    def _decode(self, name: str, plan: _Plan, args: tuple[Any, ...], method: Method) -> list[Any]:
-        """The arguments after self and _cmd, checked and decoded by ``plan`` (the fast path for the common case:
+    def _decode(self, name: str, decoder: _ArgumentDecoder, args: tuple[Any, ...], method: Method) -> list[Any]:
+        """The arguments after self and _cmd, checked and decoded by ``decoder`` (the fast path for the common case:
         an int that fits, a live object of an accepted class; anything else gets the full check and its error)."""
         out: list[Any] = []
         specs = iter(method.objects)
         objects = self._objects
-        for i, (kind, dt, lo, hi, value) in enumerate(zip(plan.kinds, plan.dtypes, plan.lo, plan.hi, args[2:]),
-                                                     start=1):
+        columns = zip(decoder.kinds, decoder.dtypes, decoder.lo, decoder.hi, args[2:])
+        for i, (kind, dt, lo, hi, value) in enumerate(columns, start=1):
             if kind == _WORD:
                 if type(value) is int and lo <= value <= hi:
                     out.append(value)

@@ -6,8 +6,9 @@ on arm64 (AAPCS64: composites over 16 bytes go by reference) and as a tuple of t
 (System V class MEMORY). Anything else is refused with a ``BridgeError`` naming the selector and the argument —
 the refusal real hardware would turn into garbage registers.
 
-The method table (``objc_method``) says which selectors each simulated class answers and which classes its
-object arguments must have.
+A ``MethodTable`` says which selectors each simulated class answers and which classes its object arguments must
+have: each module of ``methods`` fills its own with the ``method`` decorator, and the device joins them into one
+(``device.METHODS``).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from mtlir.metal import Prototype
 from mtlir.runtime.errors import BridgeError
 from mtlir.runtime.sim.memory import HostMemory
 
-__all__ = ["Method", "objc_method", "lookup_method", "check_prototype", "decode_word", "decode_size", "NIL"]
+__all__ = ["Method", "MethodTable", "check_prototype", "decode_word", "decode_size", "NIL"]
 
 NIL = None  # in an argument spec: nil is accepted for this object argument
 _MTLSIZE_PTR = PtrDType(dtypes.MTLSize)
@@ -38,33 +39,58 @@ class Method:
     lockless: bool = False
 
 
-_METHODS: dict[type, dict[str, Method]] = {}
-_RESOLVED: dict[tuple[type, str], Method | None] = {}
+class MethodTable:
+    """The selectors simulated classes answer: per class, selector -> ``Method``. A class answers what it or a base
+    class has in the table (Objective-C's inheritance)."""
 
+    def __init__(self) -> None:
+        self._methods: dict[type, dict[str, Method]] = {}
+        self._resolved: dict[tuple[type, str], Method | None] = {}
 
-def objc_method(cls: type, selector: str, *objects: type | tuple[Any, ...],
-                lockless: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register the decorated function as ``cls``'s answer to ``selector``; ``objects`` gives, per ``id``
-    argument, the accepted class or a tuple of classes (``NIL`` allows nil); ``lockless`` for one-field getters
-    without arguments."""
-    specs = tuple(o if isinstance(o, tuple) else (o,) for o in objects)
-    if any(spec[0] is None for spec in specs):
-        raise ValueError(f"{selector}: name a class first in each argument spec, NIL after it")
+    @classmethod
+    def join(cls, *tables: MethodTable) -> MethodTable:
+        """One table holding the methods of all ``tables``. Raises ``ValueError`` when two give the same class an
+        answer to the same selector."""
+        joined = cls()
+        for table in tables:
+            for owner, methods in table._methods.items():
+                for selector, method in methods.items():
+                    joined._add(owner, selector, method)
+        return joined
 
-    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        _METHODS.setdefault(cls, {})[selector] = Method(fn, specs, lockless)
-        _RESOLVED.clear()
-        return fn
-    return register
+    def add(self, cls: type, selector: str, fn: Callable[..., Any], *objects: type | tuple[Any, ...],
+            lockless: bool = False) -> None:
+        """``fn(device, receiver, *decoded_args)`` answers ``selector`` for ``cls``; ``objects`` gives, per ``id``
+        argument, the accepted class or a tuple of classes (``NIL`` allows nil); ``lockless`` for one-field getters
+        without arguments. Raises ``ValueError`` for a spec without a class first, or a selector ``cls`` already
+        answers in this table."""
+        specs = tuple(o if isinstance(o, tuple) else (o,) for o in objects)
+        if any(spec[0] is None for spec in specs):
+            raise ValueError(f"{selector}: name a class first in each argument spec, NIL after it")
+        self._add(cls, selector, Method(fn, specs, lockless))
 
+    def _add(self, cls: type, selector: str, method: Method) -> None:
+        methods = self._methods.setdefault(cls, {})
+        if selector in methods:
+            raise ValueError(f"-[{cls.__name__} {selector}] is defined twice")
+        methods[selector] = method
+        self._resolved.clear()
 
-def lookup_method(cls: type, selector: str) -> Method | None:
-    """The method ``cls`` (or a base class) answers ``selector`` with, or None."""
-    key = (cls, selector)
-    if key not in _RESOLVED:
-        _RESOLVED[key] = next((m for k in cls.__mro__ if (m := _METHODS.get(k, {}).get(selector)) is not None),
-                              None)
-    return _RESOLVED[key]
+    def method(self, cls: type, selector: str, *objects: type | tuple[Any, ...],
+               lockless: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A decorator: ``add`` the decorated function as ``cls``'s answer to ``selector``."""
+        def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.add(cls, selector, fn, *objects, lockless=lockless)
+            return fn
+        return add
+
+    def lookup(self, cls: type, selector: str) -> Method | None:
+        """The method ``cls`` (or a base class) answers ``selector`` with, or None."""
+        key = (cls, selector)
+        if key not in self._resolved:
+            self._resolved[key] = next((m for k in cls.__mro__
+                                        if (m := self._methods.get(k, {}).get(selector)) is not None), None)
+        return self._resolved[key]
 
 
 def check_prototype(selector: str, proto: Prototype, expected: Prototype, target: str) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
 from mtlir.runtime.errors import BridgeError
-from mtlir.runtime.sim.msgsend import NIL, objc_method
+from mtlir.runtime.sim.msgsend import NIL, MethodTable
 from mtlir.runtime.sim.rules.checks import check_commit, check_execute, collect_reads, size_problem
 from mtlir.runtime.sim.objects import (ICB, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute, Fence,
                                        Pipeline, SharedEvent, SignalStep, SimObject, WaitStep)
@@ -23,13 +23,15 @@ from mtlir.runtime.sim.rules.rule import Call, Rule, assertion, violation
 if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
 
-__all__: list[str] = []
+__all__ = ["METHODS"]
+
+METHODS = MethodTable()  # the handlers of this module (SimDevice joins them with the others)
 
 _MAX_SET_BYTES = 4096  # setBytes:length:atIndex: takes at most 4 KB (Apple's documentation of the method)
 
 
 # ---------------------------------------------------------------------------- MTLCommandQueue
-@objc_method(CommandQueue, "commandBuffer")
+@METHODS.method(CommandQueue, "commandBuffer")
 def _command_buffer(dev: SimDevice, q: CommandQueue) -> CommandBuffer:
     """A new command buffer (+0). At maxCommandBufferCount uncompleted command buffers it blocks until one
     completes (rule 7): strict mode raises at once when none can (all uncommitted, or the GPU held); a block
@@ -57,7 +59,7 @@ def _not_committed(cb: CommandBuffer, selector: str, call: Call) -> None:
                         f"{selector} after commit (the command buffer is {MTL.STATUS_NAMES[cb.status]})")
 
 
-@objc_method(CommandBuffer, "computeCommandEncoder")
+@METHODS.method(CommandBuffer, "computeCommandEncoder")
 def _compute_encoder(dev: SimDevice, cb: CommandBuffer) -> Encoder:
     call = Call("computeCommandEncoder", cb)
     _not_committed(cb, "computeCommandEncoder", call)
@@ -69,7 +71,7 @@ def _compute_encoder(dev: SimDevice, cb: CommandBuffer) -> Encoder:
     return enc  # type: ignore[no-any-return]
 
 
-@objc_method(CommandBuffer, "encodeSignalEvent:value:", SharedEvent)
+@METHODS.method(CommandBuffer, "encodeSignalEvent:value:", SharedEvent)
 def _encode_signal(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: int) -> None:
     call = Call("encodeSignalEvent:value:", cb, ev, value)
     _not_committed(cb, "encodeSignalEvent:value:", call)
@@ -86,7 +88,7 @@ def _encode_signal(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: in
     cb.steps.append(SignalStep(ev, value))
 
 
-@objc_method(CommandBuffer, "encodeWaitForEvent:value:", SharedEvent)
+@METHODS.method(CommandBuffer, "encodeWaitForEvent:value:", SharedEvent)
 def _encode_wait(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: int) -> None:
     call = Call("encodeWaitForEvent:value:", cb, ev, value)
     _not_committed(cb, "encodeWaitForEvent:value:", call)
@@ -95,7 +97,7 @@ def _encode_wait(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: int)
     cb.steps.append(WaitStep(ev, value))
 
 
-@objc_method(CommandBuffer, "commit")
+@METHODS.method(CommandBuffer, "commit")
 def _commit(dev: SimDevice, cb: CommandBuffer) -> None:
     call = Call("commit", cb)
     if cb.status >= MTL.StatusCommitted:
@@ -114,7 +116,7 @@ def _commit(dev: SimDevice, cb: CommandBuffer) -> None:
     dev.gpu.submit(cb)
 
 
-@objc_method(CommandBuffer, "waitUntilCompleted")
+@METHODS.method(CommandBuffer, "waitUntilCompleted")
 def _wait_completed(dev: SimDevice, cb: CommandBuffer) -> None:
     """Blocks until Completed or Error; an uncommitted command buffer asserts (it would never complete); a wait
     longer than the device's ``timeout_s`` raises ``TimeoutError``."""
@@ -126,22 +128,22 @@ def _wait_completed(dev: SimDevice, cb: CommandBuffer) -> None:
         raise TimeoutError(f"{call}: still {MTL.STATUS_NAMES[cb.status]} after {dev.timeout_s} s{held}")
 
 
-@objc_method(CommandBuffer, "status", lockless=True)
+@METHODS.method(CommandBuffer, "status", lockless=True)
 def _status(dev: SimDevice, cb: CommandBuffer) -> int:
     return cb.status
 
 
-@objc_method(CommandBuffer, "error", lockless=True)
+@METHODS.method(CommandBuffer, "error", lockless=True)
 def _error(dev: SimDevice, cb: CommandBuffer) -> SimObject | None:
     return cb.error if cb.status == MTL.StatusError else None
 
 
-@objc_method(CommandBuffer, "GPUStartTime", lockless=True)
+@METHODS.method(CommandBuffer, "GPUStartTime", lockless=True)
 def _gpu_start(dev: SimDevice, cb: CommandBuffer) -> float:
     return cb.start_time if cb.status == MTL.StatusCompleted else 0.0
 
 
-@objc_method(CommandBuffer, "GPUEndTime", lockless=True)
+@METHODS.method(CommandBuffer, "GPUEndTime", lockless=True)
 def _gpu_end(dev: SimDevice, cb: CommandBuffer) -> float:
     return cb.end_time if cb.status == MTL.StatusCompleted else 0.0
 
@@ -157,7 +159,7 @@ def _open(dev: SimDevice, enc: Encoder, call: Call) -> bool:
     return False
 
 
-@objc_method(Encoder, "waitForFence:", Fence)
+@METHODS.method(Encoder, "waitForFence:", Fence)
 def _wait_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
     call = Call("waitForFence:", enc, fence)
     if not _open(dev, enc, call):
@@ -170,7 +172,7 @@ def _wait_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
         enc.fence_waits.append((fence, fence.last_update))
 
 
-@objc_method(Encoder, "updateFence:", Fence)
+@METHODS.method(Encoder, "updateFence:", Fence)
 def _update_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
     if _open(dev, enc, Call("updateFence:", enc, fence)):
         enc.fence_updates.append(fence)
@@ -178,7 +180,7 @@ def _update_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
         fence.last_update = enc
 
 
-@objc_method(Encoder, "useResources:count:usage:")
+@METHODS.method(Encoder, "useResources:count:usage:")
 def _use_resources(dev: SimDevice, enc: Encoder, array: int, count: int, usage: int) -> None:
     """Reads ``count`` handles (8 bytes each) from the C array at ``array``: each must be a live MTLBuffer or ICB.
     A pipeline is not an MTLResource: strict raises (rule 10), faithful ignores it."""
@@ -204,14 +206,14 @@ def _use_resources(dev: SimDevice, enc: Encoder, array: int, count: int, usage: 
             raise BridgeError(f"{call}: resource [{k}] is {obj.describe()}, not an MTLResource")
 
 
-@objc_method(Encoder, "setComputePipelineState:", Pipeline)
+@METHODS.method(Encoder, "setComputePipelineState:", Pipeline)
 def _set_pipeline(dev: SimDevice, enc: Encoder, p: Pipeline) -> None:
     if _open(dev, enc, Call("setComputePipelineState:", enc, p)):
         enc.pipeline = p
         enc.bound_pipelines.add(p)
 
 
-@objc_method(Encoder, "setBuffer:offset:atIndex:", (Buffer, NIL))
+@METHODS.method(Encoder, "setBuffer:offset:atIndex:", (Buffer, NIL))
 def _set_buffer(dev: SimDevice, enc: Encoder, buf: Buffer | None, offset: int, index: int) -> None:
     call = Call("setBuffer:offset:atIndex:", enc, buf, offset, index)
     if not _open(dev, enc, call):
@@ -227,7 +229,7 @@ def _set_buffer(dev: SimDevice, enc: Encoder, buf: Buffer | None, offset: int, i
         enc.used.add(buf)  # a directly bound buffer is made resident by the encoder
 
 
-@objc_method(Encoder, "setBytes:length:atIndex:")
+@METHODS.method(Encoder, "setBytes:length:atIndex:")
 def _set_bytes(dev: SimDevice, enc: Encoder, ptr: int, length: int, index: int) -> None:
     call = Call("setBytes:length:atIndex:", enc, hex(ptr), length, index)
     if not _open(dev, enc, call):
@@ -240,7 +242,7 @@ def _set_bytes(dev: SimDevice, enc: Encoder, ptr: int, length: int, index: int) 
         enc.bindings[index] = dev.memory.read(ptr, length) if length else b""
 
 
-@objc_method(Encoder, "dispatchThreadgroups:threadsPerThreadgroup:")
+@METHODS.method(Encoder, "dispatchThreadgroups:threadsPerThreadgroup:")
 def _dispatch(dev: SimDevice, enc: Encoder, grid: tuple[int, int, int], tg: tuple[int, int, int]) -> None:
     call = Call("dispatchThreadgroups:threadsPerThreadgroup:", enc, grid, tg)
     if not _open(dev, enc, call):
@@ -258,7 +260,7 @@ def _dispatch(dev: SimDevice, enc: Encoder, grid: tuple[int, int, int], tg: tupl
     enc.commands.append(Dispatch(p, dict(enc.bindings), grid, tg))
 
 
-@objc_method(Encoder, "executeCommandsInBuffer:withRange:", ICB)
+@METHODS.method(Encoder, "executeCommandsInBuffer:withRange:", ICB)
 def _execute(dev: SimDevice, enc: Encoder, icb: ICB, first: int, count: int) -> None:
     call = Call("executeCommandsInBuffer:withRange:", enc, icb, (first, count))
     if not _open(dev, enc, call):
@@ -268,7 +270,7 @@ def _execute(dev: SimDevice, enc: Encoder, icb: ICB, first: int, count: int) -> 
     enc.commands.append(Execute(icb, first, count, frozenset(enc.bound_pipelines)))
 
 
-@objc_method(Encoder, "endEncoding")
+@METHODS.method(Encoder, "endEncoding")
 def _end_encoding(dev: SimDevice, enc: Encoder) -> None:
     if _open(dev, enc, Call("endEncoding", enc)):
         enc.ended = True

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from mtlir.metal import MTL
 from mtlir.runtime.errors import BridgeError
-from mtlir.runtime.sim.msgsend import NIL, objc_method
+from mtlir.runtime.sim.msgsend import NIL, MethodTable
 from mtlir.runtime.sim.rules.checks import check_icb_write, size_problem
 from mtlir.runtime.sim.objects import ICB, Buffer, Device, ICBCommand, ICBDescriptor, ICBSlot, Pipeline
 from mtlir.runtime.sim.rules.rule import Call, Rule, violation
@@ -22,31 +22,33 @@ from mtlir.runtime.sim.rules.rule import Call, Rule, violation
 if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
 
-__all__: list[str] = []
+__all__ = ["METHODS"]
+
+METHODS = MethodTable()  # the handlers of this module (SimDevice joins them with the others)
 
 
 # ---------------------------------------------------------------------------- the descriptor
-@objc_method(ICBDescriptor, "setCommandTypes:")
+@METHODS.method(ICBDescriptor, "setCommandTypes:")
 def _set_types(dev: SimDevice, d: ICBDescriptor, types: int) -> None:
     d.command_types = types
 
 
-@objc_method(ICBDescriptor, "setInheritBuffers:")
+@METHODS.method(ICBDescriptor, "setInheritBuffers:")
 def _set_inherit_buffers(dev: SimDevice, d: ICBDescriptor, flag: int) -> None:
     d.inherit_buffers = bool(flag)
 
 
-@objc_method(ICBDescriptor, "setInheritPipelineState:")
+@METHODS.method(ICBDescriptor, "setInheritPipelineState:")
 def _set_inherit_pipeline(dev: SimDevice, d: ICBDescriptor, flag: int) -> None:
     d.inherit_pipeline = bool(flag)
 
 
-@objc_method(ICBDescriptor, "setMaxKernelBufferBindCount:")
+@METHODS.method(ICBDescriptor, "setMaxKernelBufferBindCount:")
 def _set_max_bind(dev: SimDevice, d: ICBDescriptor, n: int) -> None:
     d.max_bind = n
 
 
-@objc_method(Device, "newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", ICBDescriptor)
+@METHODS.method(Device, "newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", ICBDescriptor)
 def _new_icb(dev: SimDevice, d: Device, desc: ICBDescriptor, max_count: int, options: int) -> ICB | None:
     """The ICB (+1), or nil: on a device without ICB support, for zero commands, or (faithful mode) for a
     descriptor the simulator does not model; strict mode names what is wrong with the descriptor."""
@@ -72,7 +74,7 @@ def _new_icb(dev: SimDevice, d: Device, desc: ICBDescriptor, max_count: int, opt
     return dev.new(ICB(max_count, desc.max_bind, desc.command_types))  # type: ignore[no-any-return]
 
 
-@objc_method(ICB, "indirectComputeCommandAtIndex:")
+@METHODS.method(ICB, "indirectComputeCommandAtIndex:")
 def _command_at(dev: SimDevice, icb: ICB, index: int) -> ICBCommand:
     """Command ``index`` (+0). Past maxCommandCount strict mode raises (rule 8); faithful mode returns a command
     whose writes land outside the ICB and are lost."""
@@ -107,7 +109,7 @@ def _check_sizes(dev: SimDevice, grid: tuple[int, int, int] | None, tg: tuple[in
             raise violation(problem[0], call, problem[1])
 
 
-@objc_method(ICBCommand, "setComputePipelineState:", Pipeline)
+@METHODS.method(ICBCommand, "setComputePipelineState:", Pipeline)
 def _cmd_pipeline(dev: SimDevice, cmd: ICBCommand, p: Pipeline) -> None:
     call = Call("setComputePipelineState:", cmd, p)
     if dev.strict and not p.support_icb:
@@ -120,7 +122,7 @@ def _cmd_pipeline(dev: SimDevice, cmd: ICBCommand, p: Pipeline) -> None:
         slot.pipeline = p
 
 
-@objc_method(ICBCommand, "setKernelBuffer:offset:atIndex:", (Buffer, NIL))
+@METHODS.method(ICBCommand, "setKernelBuffer:offset:atIndex:", (Buffer, NIL))
 def _cmd_buffer(dev: SimDevice, cmd: ICBCommand, buf: Buffer | None, offset: int, index: int) -> None:
     call = Call("setKernelBuffer:offset:atIndex:", cmd, buf, offset, index)
     if index >= cmd.icb.max_bind:
@@ -144,7 +146,7 @@ def _cmd_buffer(dev: SimDevice, cmd: ICBCommand, buf: Buffer | None, offset: int
         slot.bindings[index] = (buf, offset)
 
 
-@objc_method(ICBCommand, "concurrentDispatchThreadgroups:threadsPerThreadgroup:")
+@METHODS.method(ICBCommand, "concurrentDispatchThreadgroups:threadsPerThreadgroup:")
 def _cmd_dispatch(dev: SimDevice, cmd: ICBCommand, grid: tuple[int, int, int], tg: tuple[int, int, int]) -> None:
     call = Call("concurrentDispatchThreadgroups:threadsPerThreadgroup:", cmd, grid, tg)
     slot = _slot(dev, cmd, call)
@@ -153,7 +155,7 @@ def _cmd_dispatch(dev: SimDevice, cmd: ICBCommand, grid: tuple[int, int, int], t
         slot.grid, slot.threadgroup = grid, tg
 
 
-@objc_method(ICBCommand, "setBarrier")
+@METHODS.method(ICBCommand, "setBarrier")
 def _cmd_barrier(dev: SimDevice, cmd: ICBCommand) -> None:
     slot = _slot(dev, cmd, Call("setBarrier", cmd))
     if slot is not None:

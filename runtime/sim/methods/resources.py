@@ -18,7 +18,7 @@ import numpy as np
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
 from mtlir.runtime.errors import BridgeError, KernelBuildError, KernelCompileError
-from mtlir.runtime.sim.msgsend import NIL, objc_method
+from mtlir.runtime.sim.msgsend import NIL, MethodTable
 from mtlir.runtime.sim.gpu import kernel_params
 from mtlir.runtime.sim.msl.translate import kernel_functions
 from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, CommandQueue, CompileOptions, Device,
@@ -31,7 +31,9 @@ from mtlir.runtime.sim.rules.rule import Call, Rule, violation
 if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
 
-__all__ = ["CLASSES"]
+__all__ = ["METHODS", "CLASSES"]
+
+METHODS = MethodTable()  # the handlers of this module (SimDevice joins them with the others)
 
 # the classes objc_getClass knows, and how new/alloc make an instance
 CLASSES: dict[str, Callable[[], SimObject] | None] = {
@@ -55,35 +57,42 @@ def _write_error(dev: SimDevice, errptr: int, err: NSError | None, where: str) -
 
 # ---------------------------------------------------------------------------- NSObject and classes
 # retain/release/init: reference counts and the identity initializer
-@objc_method(SimObject, "retain")
+@METHODS.method(SimObject, "retain")
 def _retain(dev: SimDevice, obj: SimObject) -> SimObject:
     return dev.retain(obj)
 
 
-@objc_method(SimObject, "release")
+@METHODS.method(SimObject, "release")
 def _release(dev: SimDevice, obj: SimObject) -> None:
     dev.release(obj, "release")
 
 
+def _init(dev: SimDevice, obj: SimObject) -> SimObject:
+    return obj
+
+
+def _set_label(dev: SimDevice, obj: SimObject, s: NSString | None) -> None:
+    obj.label = "" if s is None else s.value
+
+
 for _cls in (SimObject, NSString, PipelineDescriptor, ICBDescriptor, ResidencySetDescriptor, CompileOptions):
-    objc_method(_cls, "init")(lambda dev, obj: obj)
+    METHODS.add(_cls, "init", _init)
 
 for _labelled in (CommandQueue, CommandBuffer, Encoder, Buffer, Fence, SharedEvent, ICB, Library, Function,
                   PipelineDescriptor, ResidencySetDescriptor):
-    objc_method(_labelled, "setLabel:", (NSString, NIL))(
-        lambda dev, obj, s: setattr(obj, "label", "" if s is None else s.value))
+    METHODS.add(_labelled, "setLabel:", _set_label, (NSString, NIL))
 
 
 # new/alloc on a class: a +1 instance
-@objc_method(ClassObject, "new")
-@objc_method(ClassObject, "alloc")
+@METHODS.method(ClassObject, "new")
+@METHODS.method(ClassObject, "alloc")
 def _new(dev: SimDevice, cls: ClassObject) -> SimObject:
     if cls.make is None:
         raise BridgeError(f"+[{cls.name} new]: the simulated runtime does not create {cls.name} objects this way")
     return dev.new(cls.make())  # type: ignore[no-any-return]
 
 
-@objc_method(ClassObject, "stringWithUTF8String:")
+@METHODS.method(ClassObject, "stringWithUTF8String:")
 def _string_with_utf8(dev: SimDevice, cls: ClassObject, ptr: int) -> NSString | None:
     if cls.name != "NSString":
         raise BridgeError(f"+[{cls.name} stringWithUTF8String:]: unrecognized selector sent to class")
@@ -92,7 +101,7 @@ def _string_with_utf8(dev: SimDevice, cls: ClassObject, ptr: int) -> NSString | 
     return dev.new_autoreleased(NSString(dev.memory.read_cstring(ptr)))  # type: ignore[no-any-return]
 
 
-@objc_method(NSString, "UTF8String")
+@METHODS.method(NSString, "UTF8String")
 def _utf8(dev: SimDevice, s: NSString) -> int:
     if s.cstr is None:
         raw = s.value.encode() + b"\0"
@@ -101,33 +110,33 @@ def _utf8(dev: SimDevice, s: NSString) -> int:
     return s.cstr.base
 
 
-@objc_method(NSError, "code", lockless=True)
+@METHODS.method(NSError, "code", lockless=True)
 def _code(dev: SimDevice, e: NSError) -> int:
     return e.code
 
 
-@objc_method(NSError, "localizedDescription", lockless=True)
+@METHODS.method(NSError, "localizedDescription", lockless=True)
 def _description(dev: SimDevice, e: NSError) -> NSString:
     return e.description
 
 
 # ---------------------------------------------------------------------------- MTLDevice factories
-@objc_method(Device, "newCommandQueueWithMaxCommandBufferCount:")
+@METHODS.method(Device, "newCommandQueueWithMaxCommandBufferCount:")
 def _new_queue(dev: SimDevice, d: Device, n: int) -> CommandQueue | None:
     return dev.new(CommandQueue(n)) if n > 0 else None
 
 
-@objc_method(Device, "newSharedEvent")
+@METHODS.method(Device, "newSharedEvent")
 def _new_event(dev: SimDevice, d: Device) -> SharedEvent:
     return dev.new(SharedEvent())  # type: ignore[no-any-return]
 
 
-@objc_method(Device, "newFence")
+@METHODS.method(Device, "newFence")
 def _new_fence(dev: SimDevice, d: Device) -> Fence:
     return dev.new(Fence())  # type: ignore[no-any-return]
 
 
-@objc_method(Device, "newBufferWithLength:options:")
+@METHODS.method(Device, "newBufferWithLength:options:")
 def _new_buffer(dev: SimDevice, d: Device, length: int, options: int) -> Buffer | None:
     """Shared (0) and managed (1) storage map ``contents`` into host memory; private (2) has none (NULL);
     a zero length, memoryless storage or more than ``max_buffer_length`` bytes return nil (Metal: nil on OOM)."""
@@ -149,7 +158,7 @@ def _new_buffer(dev: SimDevice, d: Device, length: int, options: int) -> Buffer 
     return buf
 
 
-@objc_method(Device, "newLibraryWithSource:options:error:", NSString, (CompileOptions, NIL))
+@METHODS.method(Device, "newLibraryWithSource:options:error:", NSString, (CompileOptions, NIL))
 def _new_library(dev: SimDevice, d: Device, src: NSString, options: Any, errptr: int) -> Library | None:
     runner, kernels = dev.kernel_runner, {}
     try:
@@ -165,23 +174,23 @@ def _new_library(dev: SimDevice, d: Device, src: NSString, options: Any, errptr:
     return dev.new(Library(src.value, kernels))  # type: ignore[no-any-return]
 
 
-@objc_method(Library, "newFunctionWithName:", NSString)
+@METHODS.method(Library, "newFunctionWithName:", NSString)
 def _new_function(dev: SimDevice, lib: Library, name: NSString) -> Function | None:
     kernel = lib.kernels.get(name.value)
     return None if kernel is None else dev.new(Function(name.value, kernel))
 
 
-@objc_method(PipelineDescriptor, "setComputeFunction:", (Function, NIL))
+@METHODS.method(PipelineDescriptor, "setComputeFunction:", (Function, NIL))
 def _set_function(dev: SimDevice, desc: PipelineDescriptor, fn: Function | None) -> None:
     desc.function = fn
 
 
-@objc_method(PipelineDescriptor, "setSupportIndirectCommandBuffers:")
+@METHODS.method(PipelineDescriptor, "setSupportIndirectCommandBuffers:")
 def _set_support_icb(dev: SimDevice, desc: PipelineDescriptor, flag: int) -> None:
     desc.support_icb = bool(flag)
 
 
-@objc_method(Device, "newComputePipelineStateWithDescriptor:options:reflection:error:", PipelineDescriptor)
+@METHODS.method(Device, "newComputePipelineStateWithDescriptor:options:reflection:error:", PipelineDescriptor)
 def _new_pipeline(dev: SimDevice, d: Device, desc: PipelineDescriptor, options: int, reflection: int,
                   errptr: int) -> Pipeline | None:
     if desc.function is None or not desc.function.alive:
@@ -195,29 +204,29 @@ def _new_pipeline(dev: SimDevice, d: Device, desc: PipelineDescriptor, options: 
     return dev.new(pipeline)  # type: ignore[no-any-return]
 
 
-@objc_method(Pipeline, "maxTotalThreadsPerThreadgroup", lockless=True)
+@METHODS.method(Pipeline, "maxTotalThreadsPerThreadgroup", lockless=True)
 def _max_threads(dev: SimDevice, p: Pipeline) -> int:
     return p.max_threads
 
 
 # ---------------------------------------------------------------------------- MTLBuffer
-@objc_method(Buffer, "contents", lockless=True)
+@METHODS.method(Buffer, "contents", lockless=True)
 def _contents(dev: SimDevice, b: Buffer) -> int:
     return 0 if b.region is None else b.region.base
 
 
-@objc_method(Buffer, "gpuAddress", lockless=True)
+@METHODS.method(Buffer, "gpuAddress", lockless=True)
 def _gpu_address(dev: SimDevice, b: Buffer) -> int:
     return b.gpu_address
 
 
-@objc_method(Buffer, "length", lockless=True)
+@METHODS.method(Buffer, "length", lockless=True)
 def _length(dev: SimDevice, b: Buffer) -> int:
     return b.length
 
 
 # ---------------------------------------------------------------------------- MTLSharedEvent
-@objc_method(SharedEvent, "signaledValue", lockless=True)
+@METHODS.method(SharedEvent, "signaledValue", lockless=True)
 def _signaled_value(dev: SimDevice, ev: SharedEvent) -> int:
     return ev.value
 
@@ -238,7 +247,7 @@ def _unreachable(dev: SimDevice, ev: SharedEvent, value: int) -> CommandBuffer |
     return failed
 
 
-@objc_method(SharedEvent, "waitUntilSignaledValue:timeoutMS:")
+@METHODS.method(SharedEvent, "waitUntilSignaledValue:timeoutMS:")
 def _wait_signaled(dev: SimDevice, ev: SharedEvent, value: int, timeout_ms: int) -> bool:
     """Blocks until the value reaches ``value`` (YES) or ``timeout_ms`` pass (NO). The wait is capped at the
     device's ``timeout_s``: a longer one that runs out raises ``TimeoutError``. Strict mode raises at once when
@@ -271,7 +280,7 @@ def _wait_signaled(dev: SimDevice, ev: SharedEvent, value: int, timeout_ms: int)
 
 
 # ---------------------------------------------------------------------------- MTLResidencySet
-@objc_method(Device, "newResidencySetWithDescriptor:error:", ResidencySetDescriptor)
+@METHODS.method(Device, "newResidencySetWithDescriptor:error:", ResidencySetDescriptor)
 def _new_residency_set(dev: SimDevice, d: Device, desc: ResidencySetDescriptor, errptr: int) -> Any:
     if not dev.spec.residency_set:
         err = dev._make_error(1, "MTLResidencySet is not supported on this device (macOS 15 or later)",
@@ -284,22 +293,22 @@ def _new_residency_set(dev: SimDevice, d: Device, desc: ResidencySetDescriptor, 
     return rs
 
 
-@objc_method(ResidencySet, "addAllocation:", (Buffer, ICB))
+@METHODS.method(ResidencySet, "addAllocation:", (Buffer, ICB))
 def _add_allocation(dev: SimDevice, rs: ResidencySet, obj: SimObject) -> None:
     rs.pending.add(obj)
 
 
-@objc_method(ResidencySet, "removeAllocation:", (Buffer, ICB))
+@METHODS.method(ResidencySet, "removeAllocation:", (Buffer, ICB))
 def _remove_allocation(dev: SimDevice, rs: ResidencySet, obj: SimObject) -> None:
     rs.pending.discard(obj)
 
 
-@objc_method(ResidencySet, "commit")
+@METHODS.method(ResidencySet, "commit")
 def _commit_residency(dev: SimDevice, rs: ResidencySet) -> None:
     rs.committed = frozenset(rs.pending)
 
 
-@objc_method(CommandQueue, "addResidencySet:", ResidencySet)
+@METHODS.method(CommandQueue, "addResidencySet:", ResidencySet)
 def _add_residency_set(dev: SimDevice, q: CommandQueue, rs: ResidencySet) -> None:
     if rs in q.residency_sets:
         return

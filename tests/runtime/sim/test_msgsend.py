@@ -228,7 +228,30 @@ def test_c_calls() -> None:
 def test_every_selector_of_the_table_is_answered_by_some_class() -> None:
     from mtlir.metal import SELECTORS
     from mtlir.runtime.sim import objects
-    from mtlir.runtime.sim.msgsend import lookup_method
+    from mtlir.runtime.sim.device import METHODS
     classes = [c for c in vars(objects).values() if isinstance(c, type) and issubclass(c, objects.SimObject)]
-    missing = [sel for sel in SELECTORS if not any(lookup_method(c, sel) for c in classes)]
+    missing = [sel for sel in SELECTORS if not any(METHODS.lookup(c, sel) for c in classes)]
     assert missing == []
+
+
+def test_a_method_table_answers_through_base_classes_and_refuses_a_selector_defined_twice() -> None:
+    from mtlir.runtime.sim.msgsend import MethodTable
+
+    class Base:
+        pass
+
+    class Derived(Base):
+        pass
+
+    def answer(dev: object, obj: object) -> int:
+        return 1
+
+    one, two = MethodTable(), MethodTable()
+    one.add(Base, "length", answer)
+    two.add(Derived, "length", answer, lockless=True)
+    assert one.lookup(Derived, "length") is not None and one.lookup(Derived, "contents") is None
+    joined = MethodTable.join(one, two)
+    got = joined.lookup(Derived, "length")
+    assert got is not None and got.lockless and joined.lookup(Base, "length") is not None
+    with pytest.raises(ValueError, match=r"-\[Base length\] is defined twice"):
+        MethodTable.join(one, one)
