@@ -33,7 +33,7 @@ from mtlir.runtime.sim.kernels.compiled import (DEFAULT_TIMEOUT_S, MAX_GLOBAL_PE
 from mtlir.runtime.sim.kernels.faults import _access_error
 from mtlir.runtime.sim.kernels.stderr import _native_stderr, _pass_on
 from mtlir.runtime.sim.msl.translate import KernelArg, KernelInfo, ParamBinding, Translation, translate  # noqa: F401
-from mtlir.runtime.sim.msl.guard.table import FAULT_WORDS, SCRATCH_BYTES
+from mtlir.runtime.sim.msl.guard.bound import FAULT_WORDS, SCRATCH_BYTES
 
 cl: Any  # the pyopencl module, or None when it is missing (the runner then says what to install)
 try:
@@ -73,7 +73,7 @@ class KernelRunner:
         self._kernels: dict[tuple[str, str], CompiledKernel] = {}
         self._stuck: str | None = None
         self._stuck_refs: list[Any] = []
-        # The fault record and scratch area every kernel gets as its last argument (msl_guard): one per runner
+        # The fault record and scratch area every kernel gets as its last argument (``guard``): one per runner
         # (runs are serialised by the lock), its record cleared after a run that faulted. Where the device works in
         # the host memory itself (PoCL's CPU device: a map returns the host pointer, checked once here), the record
         # is read there once the kernel has completed; elsewhere it is mapped after each run like the outputs.
@@ -139,7 +139,7 @@ class KernelRunner:
             writes: set[int] = set()
             args: list[Any] = []
             # The argument block (msl.ParamBinding): per binding its offset from the base pointer, the bytes of the
-            # MTLBuffer before that pointer and the MTLBuffer's length (the bounds of msl_guard's checks).
+            # MTLBuffer before that pointer and the MTLBuffer's length (the bounds of the guard's checks).
             block = np.zeros(3 * max(1, len(views)), np.uint64)
             for b, view in zip(ck.info.bindings, views):
                 storage = bindings[b.arg.index][0]

@@ -3,7 +3,7 @@
 Sources: Apple's *Metal Shading Language Specification* (version 3.x: §2 data types, §4 address spaces, §5.2
 function attributes, §6 standard library) and the Khronos *OpenCL C 1.2 Specification* (§6.1 types, §6.12 builtin
 functions). Each table says which MSL names carry over to OpenCL C unchanged, which are renamed, which need a
-helper from ``msl_prelude`` and which are refused (``REFUSED``), so nothing MSL-specific passes through by accident.
+helper from ``prelude`` and which are refused (``REFUSED``), so nothing MSL-specific passes through by accident.
 """
 from __future__ import annotations
 

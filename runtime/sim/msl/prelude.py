@@ -12,7 +12,7 @@
   scalar and converts a vector of another element type, OpenCL's ``(float4)(x)`` only broadcasts (a vector of
   another type needs ``convert_float4``); the overloads pick the right one by the argument's type;
 - ``__mtl_abs``, ``__mtl_fract``, ``__mtl_saturate``: MSL builtins whose OpenCL namesakes differ
-  (``msl_names.HELPER_BUILTINS``).
+  (``names.HELPER_BUILTINS``).
 
 Overload sets use Clang's ``__attribute__((overloadable))``, which every Clang-based OpenCL compiler (PoCL among
 them) accepts in OpenCL C.
@@ -32,11 +32,11 @@ _UNSIGNED = ("uchar", "ushort", "uint", "ulong")
 _CTOR_SCALARS = ("bool",) + _SIGNED + _UNSIGNED + _FLOATS
 
 
-# The bounds check of a buffer access (msl_guard): ``a`` is in range when ``[a, a + size)`` lies inside the
+# The bounds check of a buffer access (``guard``): ``a`` is in range when ``[a, a + size)`` lies inside the
 # MTLBuffer ``[start, start + length)`` (unsigned arithmetic: an address below ``start`` wraps to a huge ``d``).
 # Out of range: the first such access records ``code`` (2 * parameter position + 1 for a read, + 2 for a write),
 # the size and the byte offset ``d`` in the fault words ``f[0..3]``, and the access goes to the scratch area after
-# the 16 fault words instead (kernels.py allocates both).
+# the 16 fault words instead (``kernels.runner`` allocates both).
 _BOUNDS_CHECK = [
     "static __attribute__((noinline)) __global uchar* __mtl_out_of_bounds(ulong size, ulong d, __global uint* f, "
     "uint code) {",
@@ -119,7 +119,7 @@ class Prelude:
         return helper_name(builtin)
 
     def need_bounds_check(self) -> None:
-        """Ask for ``__mtl_chk``, the bounds check of every buffer access (``msl_guard``)."""
+        """Ask for ``__mtl_chk``, the bounds check of every buffer access (``guard``)."""
         self.bounds_check = True
 
     def _floats(self) -> tuple[str, ...]:

@@ -1,44 +1,47 @@
 """The token rewrite rules of the MSL -> OpenCL C translator, and the small engine that runs them.
 
-A rule looks at the token list at one position and either declines (``None``) or returns a ``Match``: how many
-tokens it consumed and the OpenCL C tokens standing for them. ``RULES`` looks rules up by the text of the token
-at the position (then by its kind), so the cost of a token does not grow with the table; the first rule that
-matches wins; the tokens a rule produced are not rewritten again (a rule that needs its operands rewritten calls
-``rewrite`` on them itself). The engine keeps the brace depth, which some rules check (``threadgroup``
-variables must be at kernel function scope).
+A ``TokenRule`` looks at the token list at one position and either declines (``None``) or returns a ``TokenMatch``:
+how many tokens it consumed and the OpenCL C tokens standing for them. The engine looks rules up in the table the
+``Ctx`` carries (``Ctx.rules``: ``token_rules.TOKEN_RULES`` for the translator) by the text of the token at the
+position (then by its kind), so the cost of a token does not grow with the table; the first rule that matches wins;
+the tokens a rule produced are not rewritten again (a rule that needs its operands rewritten calls ``rewrite`` on
+them itself). The engine keeps the brace depth, which some rules check (``threadgroup`` variables must be at kernel
+function scope).
 
     >>> from mtlir.runtime.sim.msl.lex import tokenize, render
-    >>> render(rewrite(tokenize("threadgroup_barrier(mem_flags::mem_threadgroup);"), Ctx(Prelude())))
+    >>> from mtlir.runtime.sim.msl.token_rules import TOKEN_RULES
+    >>> render(rewrite(tokenize("threadgroup_barrier(mem_flags::mem_threadgroup);"), Ctx(Prelude(), TOKEN_RULES)))
     'barrier(CLK_LOCAL_MEM_FENCE);'
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
 from mtlir.runtime.errors import UnsupportedKernelError
 from mtlir.runtime.sim.msl.lex import EOF, ID, NUM, PP, PUNCT, MslSyntaxError, Token, render, tokenize
-from mtlir.runtime.sim.msl.names import (HELPER_BUILTINS, KEYWORDS, OPENCL_ONLY_KEYWORDS, RENAMED_BUILTINS,
-                                          SAME_BUILTINS, SCALARS, VECTORS, cl_name)
+from mtlir.runtime.sim.msl.names import (HELPER_BUILTINS, KEYWORDS, RENAMED_BUILTINS, SAME_BUILTINS, SCALARS,
+                                          VECTORS, cl_name)
 from mtlir.runtime.sim.msl.prelude import Prelude
 
 if TYPE_CHECKING:
-    from mtlir.runtime.sim.msl.guard.table import Guard
+    from mtlir.runtime.sim.msl.guard.bound import Guard
 
-__all__ = ["Ctx", "Match", "Rule", "RULES", "rewrite", "refuse", "group_end", "type_end", "need_half", "QUALIFIERS"]
+__all__ = ["Ctx", "TokenMatch", "TokenRule", "rewrite", "refuse", "group_end", "type_end", "need_half", "QUALIFIERS"]
 
-Match = tuple[int, list[Token]]
+TokenMatch = tuple[int, list[Token]]
 
 
 @dataclass
 class Ctx:
-    """State shared by the rules of one translation: the ``prelude`` they add to, the names of the functions
-    and function-like macros the source defines (``callables``), where the tokens being rewritten are
-    (``scope``: ``program``, ``function`` or ``kernel``; ``depth``: braces open inside the function body, 1 at
-    its outermost block) and what the current kernel uses (barriers, threadgroup variables).
+    """State shared by the rules of one translation: the ``prelude`` they add to, the table of ``rules`` (token
+    text or ``"<kind>"`` -> the rules tried there, in order), the names of the functions and function-like macros
+    the source defines (``callables``), where the tokens being rewritten are (``scope``: ``program``, ``function``
+    or ``kernel``; ``depth``: braces open inside the function body, 1 at its outermost block) and what the current
+    kernel uses (barriers, threadgroup variables).
 
-    Bounds checks (``msl_guard``, when ``checks``): ``guard`` holds the buffer pointers and arrays of the function
+    Bounds checks (``guard``, when ``checks``): ``guard`` holds the buffer pointers and arrays of the function
     being translated (None outside functions), ``name_rule`` is the rule ``rewrite`` tries first on every
     identifier while a guard is active, ``helpers`` maps each helper function taking buffer pointers to the
     positions of those parameters, ``type_names`` are the struct names (for telling casts from parenthesised
@@ -46,6 +49,7 @@ class Ctx:
     refused)."""
 
     prelude: Prelude
+    rules: Mapping[str, tuple[TokenRule, ...]]
     callables: set[str] = field(default_factory=set)
     scope: str = "function"
     depth: int = 0
@@ -53,13 +57,13 @@ class Ctx:
     threadgroup_vars: list[str] = field(default_factory=list)
     checks: bool = True
     guard: Guard | None = None
-    name_rule: Rule | None = None
+    name_rule: TokenRule | None = None
     helpers: dict[str, tuple[int, ...]] = field(default_factory=dict)
     type_names: set[str] = field(default_factory=set)
     buffer_names: set[str] = field(default_factory=set)
 
 
-Rule = Callable[[list[Token], int, Ctx], "Match | None"]
+TokenRule = Callable[[list[Token], int, Ctx], "TokenMatch | None"]
 QUALIFIERS = frozenset({"const", "volatile", "restrict", "unsigned", "signed", "struct", "device", "constant",
                         "threadgroup", "thread"})
 _OPEN_CLOSE = {"(": ")", "[": "]", "{": "}"}
@@ -129,12 +133,13 @@ def tok(text: str, kind: str = PUNCT, space: str = "") -> Token:
 
 
 def rewrite(ts: list[Token], ctx: Ctx, start: int = 0, end: int | None = None) -> list[Token]:
-    """Rewrite ``ts[start:end]`` with ``RULES``: the OpenCL C tokens, whitespace and comments kept. A rule's
-    first output token takes the whitespace before the first token it consumed; a rule that outputs nothing
-    passes that whitespace on to the next token. Raises ``UnsupportedKernelError`` or ``MslSyntaxError``."""
+    """Rewrite ``ts[start:end]`` with the rules of ``ctx.rules``: the OpenCL C tokens, whitespace and comments
+    kept. A rule's first output token takes the whitespace before the first token it consumed; a rule that outputs
+    nothing passes that whitespace on to the next token. Raises ``UnsupportedKernelError`` or ``MslSyntaxError``."""
     end = len(ts) if end is None else end
     out: list[Token] = []
     pending, i = "", start
+    rules = ctx.rules
     while i < end:
         t = ts[i]
         if t.kind == PUNCT and t.text in ("{", "}"):
@@ -147,7 +152,7 @@ def rewrite(ts: list[Token], ctx: Ctx, start: int = 0, end: int | None = None) -
                 out.extend(repl[1:])
                 pending, i = "", i + n
                 continue
-        for rule in RULES.get(t.text if t.kind != PP else "", []) + RULES.get("<" + t.kind + ">", []):
+        for rule in rules.get(t.text if t.kind != PP else "", ()) + rules.get("<" + t.kind + ">", ()):
             m = rule(ts, i, ctx)
             if m is not None:
                 n, repl = m
@@ -175,13 +180,13 @@ def need_half(ctx: Ctx, t: Token) -> None:
 
 
 # --- namespaces: `metal::exp2`, `precise::sqrt`, `fast::exp` -> the OpenCL builtin (default precision) ---
-def drop_namespace(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def drop_namespace(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``metal::``, ``precise::``, ``fast::`` before a name -> nothing (OpenCL's default precision is at least
     Metal's precise one, ``fast::`` asks for less)."""
     return (2, []) if at(ts, i + 1).text == "::" else None
 
 
-def scope_operator(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def scope_operator(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """Any other ``X::`` is C++ scoping (numeric_limits<T>::max(), a namespace of the user's): refused."""
     refuse(ts[i], "::", "C++ scope resolution (only metal::, precise::, fast:: and mem_flags:: are known)")
 
@@ -191,7 +196,7 @@ _FENCES = {"mem_threadgroup": "CLK_LOCAL_MEM_FENCE", "mem_device": "CLK_GLOBAL_M
            "mem_none": "CLK_LOCAL_MEM_FENCE"}  # OpenCL has no fence-less barrier: the local fence is the weakest
 
 
-def threadgroup_barrier(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def threadgroup_barrier(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``threadgroup_barrier(`` -> ``barrier(``; the flags are rewritten by ``mem_flags``."""
     if at(ts, i + 1).text != "(":
         return None
@@ -199,7 +204,7 @@ def threadgroup_barrier(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     return 1, [tok("barrier", ID)]
 
 
-def mem_flags(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def mem_flags(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``mem_flags::mem_threadgroup`` -> ``CLK_LOCAL_MEM_FENCE``, ``mem_device`` -> ``CLK_GLOBAL_MEM_FENCE``;
     ``mem_texture`` and the rest are refused."""
     if at(ts, i + 1).text != "::":
@@ -217,14 +222,14 @@ def _pointee_follows(ts: list[Token], i: int) -> str:
     return nxt if nxt in ("*", "&") else "name"
 
 
-def device_space(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def device_space(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``device`` -> ``__global`` (a ``device T&`` reference has no C form: refused)."""
     if _pointee_follows(ts, i) == "&":
         refuse(ts[i], "device T&", "references to device memory are not supported (use a pointer)")
     return 1, [tok("__global", ID)]
 
 
-def constant_space(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def constant_space(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``constant``: a pointer into a constant buffer -> ``__global const`` (the runner binds every buffer in
     the global space: no size or count limits); a program-scope variable -> ``__constant``."""
     if _pointee_follows(ts, i) == "*" and ctx.scope != "program":
@@ -234,7 +239,7 @@ def constant_space(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     return 1, [tok("__constant", ID)]
 
 
-def threadgroup_space(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def threadgroup_space(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``threadgroup`` -> ``__local``. A threadgroup variable must be declared at kernel function scope (OpenCL
     C §6.5.2): elsewhere it is refused."""
     kind = _pointee_follows(ts, i)
@@ -251,7 +256,7 @@ def threadgroup_space(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     return 1, [tok("__local", ID)]
 
 
-def thread_space(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def thread_space(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``thread`` -> ``__private`` (``thread T&`` references are refused)."""
     if _pointee_follows(ts, i) == "&":
         refuse(ts[i], "thread T&", "C++ references are not supported (use a pointer)")
@@ -259,7 +264,7 @@ def thread_space(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
 
 
 # --- types: vectors, scalars, constructors, casts ---
-def vector_type(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def vector_type(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """A vector type name: ``float4(a, b, c, d)`` -> ``(float4)(a, b, c, d)``; ``float4(x)`` ->
     ``__mtl_make_float4(x)`` (broadcast or conversion, by x's type); ``float4()`` -> ``((float4)(0))``;
     ``float4*`` -> ``__mtl_float4_u*`` (the element-aligned alias: vector loads and stores at any offset)."""
@@ -283,7 +288,7 @@ def vector_type(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     return 1, [tok("("), tok(t.text, ID), tok(")")]
 
 
-def scalar_type(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def scalar_type(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """A scalar type name: fixed-width names -> OpenCL's (``uint8_t`` -> ``uchar``); ``half`` needs cl_khr_fp16;
     a function-style cast ``float(x)`` -> ``((float)(x))``; a reference ``T& r`` is refused."""
     t = ts[i]
@@ -312,7 +317,7 @@ def _template_type(ts: list[Token], i: int, what: str) -> tuple[str, int]:
     return name, i + 4
 
 
-def as_type(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def as_type(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``as_type<T>(x)`` -> ``as_T(x)``: reinterpret the bits (OpenCL C §6.2.4.2; same size required by both)."""
     name, j = _template_type(ts, i, "as_type")
     if name.startswith("half"):
@@ -320,7 +325,7 @@ def as_type(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     return j - i, [tok(f"as_{SCALARS.get(name, name)}", ID)]
 
 
-def static_cast(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def static_cast(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``static_cast<T>(x)`` -> ``((T)(x))`` for a scalar T, ``__mtl_make_T(x)`` (a conversion) for a vector."""
     name, j = _template_type(ts, i, "static_cast")
     if at(ts, j).text != "(":
@@ -336,21 +341,21 @@ def static_cast(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     return end + 1 - i, [tok("("), tok("("), tok(SCALARS[name], ID), tok(")"), tok("("), *inner, tok(")"), tok(")")]
 
 
-def constexpr(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def constexpr(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``constexpr`` -> ``const`` in a function, ``__constant`` at program scope (where OpenCL needs it)."""
     if ctx.scope == "program":
         return (1, []) if at(ts, i + 1).text == "constant" else (1, [tok("__constant", ID)])
     return 1, [tok("const", ID)]
 
 
-def using_namespace(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def using_namespace(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``using namespace metal;`` -> nothing; any other ``using`` is refused."""
     if [at(ts, i + k).text for k in (1, 2, 3)] == ["namespace", "metal", ";"]:
         return 4, []
     refuse(ts[i], "using", "only `using namespace metal;` is supported")
 
 
-def attribute_brackets(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def attribute_brackets(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``[[attribute]]`` outside a kernel's parameter list: refused, naming the attribute."""
     if at(ts, i + 1).text != "[":
         return None
@@ -358,7 +363,7 @@ def attribute_brackets(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
            "(buffer, thread positions) and kernels (max_total_threads_per_threadgroup)")
 
 
-def gnu_attribute(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def gnu_attribute(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``__attribute__((aligned(16)))`` and other GNU attributes pass through as they are (OpenCL C §6.11)."""
     if at(ts, i + 1).text != "(":
         return None
@@ -366,13 +371,13 @@ def gnu_attribute(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     return end + 1 - i, ts[i:end + 1]
 
 
-def metal_func(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def metal_func(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``METAL_FUNC`` (metal_stdlib's ``inline __attribute__((always_inline))``) -> ``inline``."""
     return 1, [tok("inline", ID)]
 
 
 # --- calls: builtins that differ are renamed or get a prelude helper; unknown functions are refused ---
-def call(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def call(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``name(``: a builtin with the same meaning in OpenCL stays; ``mulhi`` -> ``mul_hi``; ``abs``, ``fract``,
     ``saturate`` -> ``__mtl_*`` helpers; a function or macro the source defines stays; anything else is refused
     (an MSL builtin this translator does not know must not reach OpenCL under a namesake that means something
@@ -390,19 +395,19 @@ def call(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     refuse(t, name, "not an MSL builtin this translator knows, nor a function defined in the source")
 
 
-def opencl_keyword(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def opencl_keyword(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """An MSL name that is an OpenCL C keyword (``local``, ``global``, ``private``, ...) -> ``__mtl_local``."""
     return 1, [tok(cl_name(ts[i].text), ID)]
 
 
-def half_literal(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def half_literal(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """A ``half`` literal (``1.0h``) needs cl_khr_fp16."""
     if ts[i].text[-1:] in ("h", "H") and not ts[i].text.lower().startswith("0x"):
         need_half(ctx, ts[i])
     return None
 
 
-def directive(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def directive(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """Preprocessor lines: ``#include <metal_*>`` -> nothing (other includes refused); ``#define`` bodies are
     rewritten like code; conditionals, ``#undef`` and ``#pragma`` pass through."""
     text = ts[i].text
@@ -428,35 +433,3 @@ def directive(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
         return None
     refuse(ts[i], text.strip(), "unknown preprocessor directive")
 
-
-def _on(*names: str) -> Callable[[Rule], Rule]:
-    def register(rule: Rule) -> Rule:
-        for name in names:
-            RULES.setdefault(name, []).append(rule)
-        return rule
-    return register
-
-
-# The rule table: token text (or "<kind>") -> rules, tried in order.
-RULES: dict[str, list[Rule]] = {}
-_on("metal", "precise", "fast")(drop_namespace)
-_on("::")(scope_operator)
-_on("threadgroup_barrier")(threadgroup_barrier)
-_on("mem_flags")(mem_flags)
-_on("device")(device_space)
-_on("constant")(constant_space)
-_on("threadgroup")(threadgroup_space)
-_on("thread")(thread_space)
-_on(*VECTORS)(vector_type)
-_on(*SCALARS)(scalar_type)
-_on("as_type")(as_type)
-_on("static_cast")(static_cast)
-_on("constexpr")(constexpr)
-_on("using")(using_namespace)
-_on("[")(attribute_brackets)
-_on("__attribute__")(gnu_attribute)
-_on("METAL_FUNC")(metal_func)
-_on(*OPENCL_ONLY_KEYWORDS)(opencl_keyword)
-_on("<" + ID + ">")(call)
-_on("<" + NUM + ">")(half_literal)
-_on("<" + PP + ">")(directive)

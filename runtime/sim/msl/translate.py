@@ -1,16 +1,16 @@
 """Metal Shading Language -> OpenCL C: how the simulated Metal device runs real kernels (METAL.md §4).
 
-``translate(msl, fp16=...)`` tokenizes the MSL (``msl_lex``), refuses what it cannot translate
+``translate(msl, fp16=...)`` tokenizes the MSL (``lex``), refuses what it cannot translate
 (``UnsupportedKernelError`` naming the construct: SIMD-group matrices, atomics, textures, C++ features, ...),
-splits the source into top-level items and rewrites each with the token rules of ``msl_rules``. Kernel
+splits the source into top-level items and rewrites each with the token rules of ``token_rules``. Kernel
 signatures are rebuilt here, because Metal binds arguments differently from OpenCL:
 
 - every buffer parameter (``device float* data0``, ``constant T* p``) becomes an OpenCL buffer parameter
   (``__global uchar* data0_base``) and the kernel starts with ``__global float* data0 = (__global
   float*)(data0_base + __mtl_args[0]);``: the byte offset comes from the kernel's argument block ``__mtl_args``
   (one small buffer per run: an OpenCL scalar argument costs far more to set), so the runner binds a view either
-  as an OpenCL sub-buffer with offset 0 or as the whole buffer with the offset (``kernels.py``); the block also
-  carries each buffer's bounds, against which every access is checked (``msl_guard``);
+  as an OpenCL sub-buffer with offset 0 or as the whole buffer with the offset (``kernels.runner``); the block also
+  carries each buffer's bounds, against which every access is checked (``guard``);
 - a ``constant T& name`` variable is read once at the top from the buffer bound at its index, the same way:
   ``const int name = *((__global const int*)(name_base + __mtl_args[6]));``;
 - thread-position parameters (``uint3 gid [[threadgroup_position_in_grid]]``) become locals filled from OpenCL's
@@ -31,14 +31,13 @@ from mtlir.runtime.errors import KernelCompileError
 from mtlir.runtime.sim.msl.lex import ID, NUM, PP, PUNCT, RAW, MslSyntaxError, Token, render, tokenize
 from mtlir.runtime.sim.msl.names import (POSITIONS, POSITIONS_LINEAR, SCALARS, TEMPLATES, VECTORS, cl_name,
                                           dtype_name, refused_construct, scalar_size)
-from mtlir.runtime.sim.msl.guard.table import (ARGS_PARAM, FAULT_PARAM, Bound, Guard, guard_name, guarded_access,
-                                         helper_bound_params)
+from mtlir.runtime.sim.msl.guard.access import guard_name, guarded_access, helper_bound_params
+from mtlir.runtime.sim.msl.guard.bound import ARGS_PARAM, FAULT_PARAM, Bound, Guard
 from mtlir.runtime.sim.msl.prelude import Prelude
 from mtlir.runtime.sim.msl.rewrite import Ctx, at, group_end, need_half, refuse, rewrite, tok
+from mtlir.runtime.sim.msl.token_rules import TOKEN_RULES
 
-__all__ = ["KernelArg", "ParamBinding", "KernelInfo", "LocalArray", "Translation", "translate", "kernel_functions",
-           "MslSyntaxError",
-           "ARGS_PARAM", "FAULT_PARAM"]
+__all__ = ["KernelArg", "ParamBinding", "KernelInfo", "LocalArray", "Translation", "translate", "kernel_functions"]
 
 _PARAM_QUALIFIERS = frozenset({"device", "constant", "threadgroup", "thread", "const", "volatile", "restrict",
                                "__restrict", "__restrict__", "struct"})
@@ -69,7 +68,7 @@ class ParamBinding:
     unknown: a struct), ``elem``: bytes per element of its type (0 when unknown) and ``slot``: its position among
     the kernel's bindings, which indexes the argument block (``ARGS_PARAM``: per binding the offset, the bytes of
     the MTLBuffer before the base pointer, and the MTLBuffer's length; the last two bound its accesses,
-    ``msl_guard``)."""
+    ``guard``)."""
 
     arg: KernelArg
     base: str
@@ -96,7 +95,7 @@ class LocalArray:
 class KernelInfo:
     """One kernel function of the translated source: its bound parameters (``bindings``, in MSL order; the
     OpenCL parameters are each binding's base, then the argument block ``__mtl_args`` (three ulongs per binding:
-    ``ParamBinding``) and the fault buffer ``__mtl_fault`` (``msl_guard``)), whether it uses barriers or
+    ``ParamBinding``) and the fault buffer ``__mtl_fault`` (``guard``)), whether it uses barriers or
     threadgroup memory (then OpenCL's work-group must be exactly Metal's threadgroup), and the
     ``[[max_total_threads_per_threadgroup(n)]]`` it declares (``None`` if none), and the fixed-size threadgroup
     and thread arrays whose accesses are checked (``arrays``: their fault codes follow the bindings')."""
@@ -127,7 +126,7 @@ def translate(msl: str, fp16: bool = False, *, bounds_checks: bool = True) -> Tr
 
     ``fp16``: the OpenCL device has cl_khr_fp16 (else ``half`` is refused). ``bounds_checks``: every access
     through a buffer pointer, and to a kernel's own fixed-size arrays, is checked against its memory
-    (``msl_guard``; the kernel runner always translates with them); False gives the same kernels without the
+    (``guard``; the kernel runner always translates with them); False gives the same kernels without the
     checks, for reading a translation only. Raises ``UnsupportedKernelError`` (``.construct`` names the first
     construct it cannot translate, with its line and column in the message; also a buffer pointer the checks
     cannot follow), ``MslSyntaxError`` (a ``KernelCompileError``) for source that is not MSL at the token level, and
@@ -137,7 +136,7 @@ def translate(msl: str, fp16: bool = False, *, bounds_checks: bool = True) -> Tr
     _refuse_unsupported(ts)
     prelude = Prelude(fp16=fp16)
     items = _items(ts)
-    ctx = Ctx(prelude, callables=_defined_functions(ts), name_rule=guard_name, checks=bounds_checks,
+    ctx = Ctx(prelude, TOKEN_RULES, callables=_defined_functions(ts), name_rule=guard_name, checks=bounds_checks,
               type_names=_struct_names(ts, items), buffer_names=_buffer_names(ts, items) if bounds_checks else set())
     out: list[Token] = []
     kernels: dict[str, KernelInfo] = {}
@@ -268,7 +267,7 @@ def _buffer_names(ts: list[Token], items: list[tuple[str, int, int]]) -> set[str
 def _translate_function(ts: list[Token], start: int, end: int, ctx: Ctx) -> list[Token]:
     """A helper function: rewritten like code, with a Guard of its own. Each ``device``/``constant`` pointer
     parameter becomes a tracked pointer whose bounds come in three extra parameters after it, and the fault buffer
-    comes last (``msl_guard.helper_bound_params``); calls pass them (``msl_guard``)."""
+    comes last (``guard.access.helper_bound_params``); calls pass them (``guard``)."""
     ctx.scope, ctx.depth = "function", 0
     if not ctx.checks:
         return rewrite(ts, ctx, start, end)
@@ -483,7 +482,7 @@ def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[P
     """A buffer or ``constant T&`` parameter: its binding, its OpenCL parameter and its prologue lines. Its offset
     and bounds come from slot ``position`` of the argument block. A pointer becomes a tracked pointer of the
     kernel's Guard; a struct read through ``constant S&`` (whose size the translator does not know) is a checked
-    access (``msl_guard``)."""
+    access (``guard``)."""
     words = [t.text for t in p.tokens]
     what = f"{render(p.tokens).strip()} {p.name.text}"
     if p.attr not in (None, "buffer"):

@@ -1,4 +1,4 @@
-"""The checked accesses (``msl_guard``): the rules that rewrite each access through a tracked buffer pointer or
+"""The checked accesses (``guard``): the rules that rewrite each access through a tracked buffer pointer or
 array into a bounds-checked one (``deref``, ``guard_name``), track pointer variables (``pointer_declaration``)
 and casts to device pointers (``device_cast``), pass the bounds to helper functions (``helper_bound_params`` and
 their calls), and refuse what they cannot follow.
@@ -10,7 +10,7 @@ from mtlir.runtime.sim.msl.guard.scan import (_expression_end, _is_cast, _is_wri
                                               _pointer_names, _split_args, _unary)
 from mtlir.runtime.sim.msl.lex import ID, NUM, PUNCT, RAW, Token
 from mtlir.runtime.sim.msl.names import SCALARS, VECTORS, cl_name
-from mtlir.runtime.sim.msl.rewrite import Ctx, Match, at, group_end, refuse, rewrite, tok, type_end
+from mtlir.runtime.sim.msl.rewrite import Ctx, TokenMatch, at, group_end, refuse, rewrite, tok, type_end
 
 __all__ = ["guarded_access", "deref", "guard_name", "pointer_declaration", "helper_bound_params", "device_cast"]
 
@@ -91,9 +91,9 @@ def _constant_element(ts: list[Token], a: int, b: int, ctx: Ctx) -> bool:
     return False
 
 
-# --- the rules (msl_rules.rewrite calls guard_name for identifiers when a Guard is active) ---
+# --- the rules (``rewrite`` calls guard_name for identifiers when a Guard is active) ---
 
-def deref(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def deref(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """A unary ``*`` whose operand's pointer comes from one tracked buffer pointer -> the checked access. A
     dereference of a pointer from no buffer (private or threadgroup memory) is left as it is, unless the operand
     casts to a ``device``/``constant`` pointer (a pointer into device memory from nowhere: refused)."""
@@ -114,7 +114,7 @@ def deref(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
     return end - i, guarded_access(pointer, bound, _is_write(ts, i, end), ctx)
 
 
-def guard_name(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def guard_name(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """An identifier while a Guard is active: a call of a helper that takes buffer pointers (its bounds are
     appended to the arguments), or a tracked buffer pointer: ``p[e]`` and ``p->f`` become checked accesses; a
     pointer value an enclosing rule accounted for passes; ``q = <pointer>`` sets or checks ``q``'s buffer;
@@ -170,7 +170,7 @@ def guard_name(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
                     f"buffer pointer `{name}` ({_HOW})")
 
 
-def _helper_call(ts: list[Token], i: int, ctx: Ctx) -> Match:
+def _helper_call(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch:
     """``f(a, p + 1)`` of a helper whose parameter 1 is a buffer pointer -> ``f(a, p + 1, <bounds of p>,
     __mtl_fault)``: the helper checks its own accesses against the buffer of the pointer it was given."""
     positions = ctx.helpers[ts[i].text]
@@ -200,7 +200,7 @@ def _helper_call(ts: list[Token], i: int, ctx: Ctx) -> Match:
     return close + 1 - i, out
 
 
-def pointer_declaration(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def pointer_declaration(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``device``/``constant`` at ``i`` starting a declaration of a pointer variable (``device float* q = ...;``):
     ``q`` becomes a tracked pointer (its buffer is set by its initialiser or first assignment). Outside a function
     (structs, prototypes) a ``device`` pointer is refused: its accesses could not be checked. Returns None: the
@@ -249,7 +249,7 @@ def helper_bound_params(ts: list[Token], params: list[tuple[int, int]], ctx: Ctx
     return extra
 
 
-def device_cast(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def device_cast(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """A cast to a ``device``/``constant`` pointer type, ``(device float4*)x``: ``x`` must come from a tracked
     buffer pointer (a pointer made from an integer could reach anything: refused). Declines in every case; the
     other rules translate the tokens."""

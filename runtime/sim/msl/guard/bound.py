@@ -1,4 +1,4 @@
-"""The bounds of the translator's bounds checks (``msl_guard``): what a tracked pointer may reach (``Bound``), the
+"""The bounds of the translator's bounds checks (``guard``): what a tracked pointer may reach (``Bound``), the
 tracked pointers and arrays of the function being translated (``Guard``), and the names and sizes the translated
 kernel and the runner share (the argument block and fault record parameters, the fault record's words, the scratch
 area's bytes).

@@ -1,18 +1,18 @@
-"""Loops that end once an access has been skipped (``msl_guard``): ``loop_guard`` adds ``&& !__MTL_FAULTED`` to the
+"""Loops that end once an access has been skipped (``guard``): ``loop_guard`` adds ``&& !__MTL_FAULTED`` to the
 condition of every loop that cannot meet at a barrier, so a runaway loop does not keep the dispatch busy.
 """
 from __future__ import annotations
 
 from mtlir.runtime.sim.msl.guard.scan import _split_on, group_start
 from mtlir.runtime.sim.msl.lex import ID, PUNCT, RAW, Token
-from mtlir.runtime.sim.msl.rewrite import Ctx, Match, at, group_end, rewrite, tok
+from mtlir.runtime.sim.msl.rewrite import Ctx, TokenMatch, at, group_end, rewrite, tok
 
 __all__ = ["loop_guard"]
 
 _FAULTED = "__MTL_FAULTED"  # the prelude's test of the fault record: a bounds check has failed in this run
 
 
-def loop_guard(ts: list[Token], i: int, ctx: Ctx) -> Match | None:
+def loop_guard(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``for (init; cond; step)`` / ``while (cond)`` / ``do ... while (cond);`` -> the condition also ends the loop
     once an access has been skipped in this run (``cond && !__MTL_FAULTED``): the command buffer fails anyway, and a
     loop running far past its buffer (10**8 skipped stores per thread) would otherwise keep the whole dispatch busy

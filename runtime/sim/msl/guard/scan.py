@@ -1,4 +1,4 @@
-"""Reading the tokens around a buffer access for the bounds checks (``msl_guard``): where a bracket opens, whether a
+"""Reading the tokens around a buffer access for the bounds checks (``guard``): where a bracket opens, whether a
 parenthesised group is a cast, whether ``*``/``&`` is unary, where an operand or expression ends, which tracked
 pointer names an expression's pointer value is computed from, whether an access is a store, the arguments of a call
 and the value of an integer literal.

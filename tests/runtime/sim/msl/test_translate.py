@@ -10,8 +10,8 @@ import pytest
 
 from mtlir.runtime.errors import KernelCompileError, UnsupportedKernelError
 from mtlir.runtime.sim.kernels.runner import KernelRunner
-from mtlir.runtime.sim.msl.translate import MslSyntaxError, kernel_functions, translate
-from mtlir.runtime.sim.msl.lex import render, tokenize
+from mtlir.runtime.sim.msl.translate import kernel_functions, translate
+from mtlir.runtime.sim.msl.lex import MslSyntaxError, render, tokenize
 
 TRACES = Path(__file__).resolve().parents[4] / "examples" / "traces"
 HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
