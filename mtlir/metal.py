@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mtlir.ir.dtypes import DType, PtrDType, dtypes
+from mtlir.errors import LoweringError
 
 __all__ = ["DeviceSpec", "Kernel", "KernelParam", "Obj", "Signature", "Prototype", "SELECTORS", "C_FUNCTIONS",
            "abi_prototype", "c_prototype", "TARGETS", "FAMILIES", "MTL", "AbiError", "element_dtype", "ELEMENT_TYPES"]
@@ -21,7 +22,7 @@ TARGETS = ("arm64", "x86_64")
 FAMILIES = ("Apple7", "Apple8", "Apple9", "Mac2")
 
 
-class AbiError(ValueError):
+class AbiError(LoweringError):
     """A selector missing from the table, or arguments that do not fit its signature."""
 
 

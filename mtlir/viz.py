@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import graphviz
 
+from mtlir.errors import InputError
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.metal import Obj
 from mtlir.program import CallList, MessageList
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["to_dot", "to_networkx", "write_picture", "GraphvizNotFoundError", "OP_COLORS"]
 
 
-class GraphvizNotFoundError(RuntimeError):
+class GraphvizNotFoundError(InputError, RuntimeError):
     """Graphviz's ``dot`` program is not installed, so a picture cannot be rendered."""
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mtlir.ir.dtypes import PtrDType, dtypes
+from mtlir.errors import LoweringError
 from mtlir.metal import DeviceSpec
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
@@ -39,7 +40,7 @@ _RESULT_NAMES = {"commandBuffer": "cmdbuf", "computeCommandEncoder": "encoder", 
                  "indirectComputeCommandAtIndex:": "icbcmd", "contents": "contents"}
 
 
-class LinearizeError(ValueError):
+class LinearizeError(LoweringError):
     """A graph linearize cannot turn into a Program (an op left for an earlier pass, loops that do not nest, a
     variable declared twice with different bounds); the message names the node."""
 

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar, TextIO
 
 from mtlir.program import Program
+from mtlir.errors import InputError
 from mtlir.ir.uop import UOp
 
 __all__ = ["Pass", "PassContext", "PipelineError", "Pipeline", "PASSES", "register", "Lowered", "PassTiming",
@@ -37,7 +38,7 @@ _STAGE_TEXT = {"queue": "a queue graph (SUBMIT)", "messages": "typed messages (M
 _ADVANCE = {"queue": "encode", "messages": "abi{target=...}", "calls": "linearize"}  # stage -> the pass leaving it
 
 
-class PipelineError(ValueError):
+class PipelineError(InputError, ValueError):
     """A pipeline string or option that cannot be used; the message names the pass and the option."""
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mtlir.ir.dtypes import PtrDType, dtypes
+from mtlir.errors import LoweringError
 from mtlir.metal import SELECTORS, DeviceSpec, Obj, Prototype
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.program import CallList, MessageList, Program
@@ -27,7 +28,7 @@ QUEUE_OPS = frozenset({Ops.SUBMIT, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP
                        Ops.BUFFER_VIEW})
 
 
-class VerifyError(ValueError):
+class VerifyError(LoweringError):
     """A graph (or Program) that is not well formed after pass ``pass_name``; ``node`` is the bad node (None for a
     Program problem) and ``problem`` says what is wrong."""
 

@@ -6,16 +6,12 @@ the messages a run sends (docs/runtime.md). The devices live in ``mtlir.runtime.
 ``mtlir.runtime.metal.bridge`` (macOS).
 """
 from mtlir.runtime.bridge.bridge import Bridge, HostMemory, Message, RecordingBridge
-from mtlir.runtime.errors import (BridgeError, GPUExecutionError, KernelAccessError, KernelBuildError,
-                                  KernelCompileError, LinkError, MetalValidationError, UnsupportedKernelError)
 from mtlir.runtime.executors.interpreter import Executor, Interpreter, ProgramError, prepare_registers
 from mtlir.runtime.executors.replay import EXECUTORS, CompiledReplay, make_executor
 from mtlir.runtime.link.link import Linked, link
 from mtlir.runtime.session import Session, Submission
 
-__all__ = ["Bridge", "HostMemory", "Message", "RecordingBridge", "BridgeError", "GPUExecutionError",
-           "KernelCompileError", "KernelBuildError", "KernelAccessError", "LinkError", "MetalValidationError",
-           "UnsupportedKernelError",
+__all__ = ["Bridge", "HostMemory", "Message", "RecordingBridge",
            "EXECUTORS",
            "CompiledReplay", "Executor", "Interpreter", "ProgramError", "make_executor", "prepare_registers",
            "Linked", "link", "Session", "Submission"]

@@ -20,7 +20,7 @@ from typing import Any
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL, abi_prototype, c_prototype
 from mtlir.runtime.bridge.bridge import Bridge
-from mtlir.runtime.errors import BridgeError, LinkError
+from mtlir.errors import BridgeError, LinkError
 
 __all__ = ["DeviceCaps", "probe_device"]
 

@@ -32,7 +32,7 @@ from typing import Any
 from mtlir.metal import MTL, abi_prototype, c_prototype
 from mtlir.program import Program
 from mtlir.runtime.bridge.bridge import Bridge, Message, RecordingBridge
-from mtlir.runtime.errors import GPUExecutionError
+from mtlir.errors import GPUExecutionError
 from mtlir.runtime.executors.interpreter import Executor
 from mtlir.runtime.link.link import Linked, link
 from mtlir.runtime.executors.replay import make_executor

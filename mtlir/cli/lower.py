@@ -6,30 +6,26 @@ pictures of ``--viz``, the messages of one submit, the listing.
 With ``--json`` it prints one JSON object, ``{"messages": [...], ...}``: the messages one submit sends, in order,
 recorded by running the Program against a ``RecordingBridge`` (loops unrolled, no link-time messages, no waits).
 
-``lower_trace`` is looked up on ``mtlir.cli.main`` when that module is loaded (``cli_hook``): replacing it there
-replaces it for both commands.
+Both commands lower through a ``lower_trace`` they are given (``LowerTrace``; ``mtlir.cli.main.main`` passes
+``lower_trace`` below, a test may pass another).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 from mtlir.cli.report import EXIT_MATCH, UsageError
 
-__all__ = ["ARCHS", "lower_trace", "format_message", "record_one_submit", "program_values", "cmd_lower",
-           "cli_hook"]
+__all__ = ["ARCHS", "LowerTrace", "lower_trace", "format_message", "record_one_submit", "program_values",
+           "cmd_lower"]
 
 ARCHS = {"apple7": "Apple7", "apple8": "Apple8", "apple9": "Apple9", "mac2": "Mac2"}
 
-
-def cli_hook(name: str, default: Any) -> Any:
-    """``mtlir.cli.main``'s attribute ``name`` when that module is loaded, else ``default``: the steps the commands
-    share are re-exported there, and one replaced there (as the tests do) is replaced for the commands too."""
-    cli = sys.modules.get("mtlir.cli.main")
-    return getattr(cli, name, default) if cli is not None else default
+# lower_trace(trace, device, target, *, pipeline=, print_after_all=, log=, keep_stages=) -> Lowered
+LowerTrace = Callable[..., Any]
 
 
 def _target(args: argparse.Namespace) -> str:
@@ -60,10 +56,10 @@ def lower_trace(trace: Any, device: Any, target: str, *, pipeline: str | None = 
                  keep_stages=keep_stages)
 
 
-def _lower(args: argparse.Namespace, log: TextIO, target: str, caps: Any = None) -> tuple[Any, Any]:
-    """Load the trace and lower it for ``target``: (trace, Lowered). The device has residency sets and ICBs unless
-    a flag turns them off or ``caps`` (a probed ``DeviceCaps``) says it lacks them. The lowering's diagnostics
-    (e.g. a batch moved to the direct path) go to ``log`` as notes."""
+def _lower(args: argparse.Namespace, log: TextIO, target: str, lower: LowerTrace, caps: Any = None) -> tuple[Any, Any]:
+    """Load the trace and lower it for ``target`` with ``lower`` (``lower_trace`` or a stand-in): (trace, Lowered).
+    The device has residency sets and ICBs unless a flag turns them off or ``caps`` (a probed ``DeviceCaps``) says
+    it lacks them. The lowering's diagnostics (e.g. a batch moved to the direct path) go to ``log`` as notes."""
     from mtlir.metal import DeviceSpec
     from mtlir.frontend.trace import load_trace
     try:
@@ -73,7 +69,6 @@ def _lower(args: argparse.Namespace, log: TextIO, target: str, caps: Any = None)
     residency_set = not args.no_residency_set and (caps is None or caps.residency_sets)
     icb = not args.no_icb and (caps is None or caps.icb)
     device = DeviceSpec(ARCHS[args.arch] if args.arch else trace.arch, residency_set=residency_set, icb=icb)
-    lower = cli_hook("lower_trace", lower_trace)
     lowered = lower(trace, device, target, pipeline=args.pipeline, print_after_all=args.print_after_all, log=log,
                     keep_stages=args.viz is not None)
     for d in lowered.diagnostics:
@@ -155,10 +150,10 @@ def _listing(program: Any) -> str:
     return first + sep + rest
 
 
-def cmd_lower(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
-    """``mtlir lower``: the listing (or with --json the messages) of one submit."""
+def cmd_lower(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: LowerTrace) -> int:
+    """``mtlir lower``: the listing (or with --json the messages) of one submit, lowered by ``lower_trace``."""
     target = _target(args)
-    trace, lowered = _lower(args, log, target)
+    trace, lowered = _lower(args, log, target, lower_trace)
     program = lowered.program
     if args.json:
         messages = record_one_submit(program, program_values(program, trace, log), target, args.executor)

@@ -11,20 +11,20 @@ compares the output with the trace's; ``mtlir.cli.run`` describes it.
 Exit codes (``exit_code``): 0 match (or a successful ``lower``), 1 mismatch, 2 bad input, 3 GPU execution error (a
 command buffer in status Error, a Metal validation error, a wait past its timeout), 4 a kernel the simulated
 device cannot run (the translator refuses it, or OpenCL does not build its translation), 5 an internal error.
-Bad input is the error family of the front end: every ``ValueError`` subclass defined in ``mtlir`` outside
-``mtlir.runtime`` (``TraceError``, ``QueueError``, ``PipelineError``, ``VerifyError``, ``EncodeError``,
-``AbiError``, ``LinearizeError``, ``UsageError``, ...), plus ``LinkError``, ``BridgeError``,
-``KernelCompileError``, ``GraphvizNotFoundError`` and ``OSError``. Errors are one line on stderr; ``--debug`` adds
-the traceback. With ``--json`` an error still writes one object to stdout:
+The codes come from the error family of ``mtlir.errors``: bad input is an ``InputError`` (``TraceError``,
+``QueueError``, ``PipelineError``, a ``LoweringError``, ``KernelCompileError``, ``UsageError``, ...), a
+``LinkError``, a ``BridgeError`` or an ``OSError``; a GPU execution error a ``DeviceError`` or a ``TimeoutError``;
+a kernel the simulated device cannot run an ``UnsupportedError`` (``mtlir.cli.report.exit_code``). Errors are one
+line on stderr; ``--debug`` adds the traceback. With ``--json`` an error still writes one object to stdout:
 ``{"error": message, "error_type": name, "exit_code": code}``; while a ``--json`` command runs, file descriptor 1
 points at stderr, so nothing but that object (not even a native library's output) reaches stdout. A stdout that
 cannot be written (``> /dev/full``) is one line on stderr and exit 2; a kernel that never ends fails the run at
 ``--timeout`` (exit 3) and the program then leaves with ``os._exit`` (``main``). ``--arch`` takes any case;
 ``--repeat`` and ``--timeout`` are checked by argparse; only the trace variables the Program has are bound.
 
-This module holds the parser and ``main``. The commands are in ``mtlir.cli.lower`` (with the steps both share) and
-``mtlir.cli.run``; errors, exit codes and the stdout of ``--json`` are in ``mtlir.cli.report``. Their names are
-re-exported here.
+This module holds the parser and ``main``, which gives the commands their collaborators. The commands are in
+``mtlir.cli.lower`` (with the steps both share) and ``mtlir.cli.run``; errors, exit codes and the stdout of
+``--json`` are in ``mtlir.cli.report``.
 """
 from __future__ import annotations
 
@@ -33,20 +33,16 @@ import contextlib
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-# re-exported: the names of the old single module; lower_trace and _make_bridge replaced here reach the commands
-from mtlir.cli.report import (EXIT_BAD_INPUT, EXIT_GPU_ERROR, EXIT_INTERNAL, EXIT_MATCH, EXIT_MISMATCH,
-                              EXIT_UNSUPPORTED, UsageError, _output_error, _report, _silence_stdout, _stdout_for_json,
-                              exit_code)
-from mtlir.cli.lower import (ARCHS, _lower, _target, cmd_lower, format_message, lower_trace, program_values,
-                             record_one_submit)
-from mtlir.cli.run import ATOL, RTOL, Comparison, _make_bridge, cmd_run, compare_output
+from mtlir.cli.lower import ARCHS, LowerTrace, cmd_lower, lower_trace
+from mtlir.cli.report import (EXIT_BAD_INPUT, EXIT_INTERNAL, UsageError, _output_error, _report, _silence_stdout,
+                              _stdout_for_json)
+from mtlir.cli.run import MakeBridge, cmd_run, make_bridge, metal_available, metal_bridge
 
-__all__ = ["main", "build_parser", "format_message", "lower_trace", "record_one_submit", "compare_output",
-           "Comparison", "exit_code", "EXIT_MATCH", "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_GPU_ERROR",
-           "EXIT_UNSUPPORTED", "EXIT_INTERNAL"]
+__all__ = ["main", "build_parser"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -115,7 +111,6 @@ def build_parser() -> argparse.ArgumentParser:
     common(lo)
     lo.add_argument("--pipeline", metavar="P", help="the pass pipeline (default: the standard one for --target)")
     lo.add_argument("--print-after-all", action="store_true", help="print every stage to stderr")
-    lo.set_defaults(func=cmd_lower)
 
     run = sub.add_parser("run", help="lower, link, submit, and check the output against the trace")
     common(run)
@@ -126,13 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repeat", type=_positive_int, default=1, metavar="N", help="number of submits (default 1)")
     run.add_argument("--timeout", type=_positive_seconds, default=60.0, metavar="S",
                      help="seconds to wait for the GPU (default 60); past it the run fails with exit 3")
-    run.set_defaults(func=cmd_run, pipeline=None, print_after_all=False)
+    run.set_defaults(pipeline=None, print_after_all=False)
     return p
 
 
-def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextIO | None = None) -> int:
+def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextIO | None = None,
+         lower_trace: LowerTrace = lower_trace, make_bridge: MakeBridge = make_bridge,
+         metal_available: Callable[[], bool] = metal_available, metal_bridge: Callable[[], Any] = metal_bridge) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code (module docstring).
-    ``out``/``log`` default to stdout/stderr.
+    ``out``/``log`` default to stdout/stderr. The commands get their collaborators from here: ``lower_trace``
+    lowers the trace (``mtlir.cli.lower.lower_trace``), ``make_bridge`` makes the device ``run`` runs on
+    (``mtlir.cli.run.make_bridge``), ``metal_available`` and ``metal_bridge`` say whether this machine has Metal
+    and open it (``mtlir.cli.run``); a test passes stand-ins.
 
     Called with ``argv=None`` it is the program itself (the ``mtlir`` console script, ``python -m mtlir.cli.main``): when
     a kernel is still running on the simulated device after the run (one that never ends, past ``--timeout``), it
@@ -152,7 +152,11 @@ def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextI
                 if json_mode:
                     out = stack.enter_context(_stdout_for_json(out))
                 args = build_parser().parse_args(argv)
-                code = int(args.func(args, out, log))
+                if args.command == "lower":
+                    code = cmd_lower(args, out, log, lower_trace=lower_trace)
+                else:
+                    code = cmd_run(args, out, log, lower_trace=lower_trace, make_bridge=make_bridge,
+                                   metal_available=metal_available, metal_bridge=metal_bridge)
                 out.flush()  # a closed or full stdout shows here, inside the handlers below
             except KeyboardInterrupt:
                 print("mtlir: interrupted", file=log)

@@ -1,8 +1,9 @@
 """Errors and exit codes of the command line (``mtlir.cli.main``), and the stdout of a ``--json`` command.
 
-Exit codes (``exit_code``): 0 match (or a successful ``lower``), 1 mismatch, 2 bad input, 3 GPU execution error (a
-command buffer in status Error, a Metal validation error, a wait past its timeout), 4 a kernel the simulated
-device cannot run (the translator refuses it, or OpenCL does not build its translation), 5 an internal error.
+Exit codes (``exit_code``, from the error family of ``mtlir.errors``): 0 match (or a successful ``lower``), 1
+mismatch, 2 bad input, 3 GPU execution error (a command buffer in status Error, a Metal validation error, a wait
+past its timeout), 4 a kernel the simulated device cannot run (the translator refuses it, or OpenCL does not build
+its translation), 5 an internal error.
 Errors are one line on stderr (``_report``; ``--debug`` adds the traceback); with ``--json`` an error still writes
 one object to stdout, and while a ``--json`` command runs file descriptor 1 points at stderr (``_stdout_for_json``).
 A stdout that cannot be written (``> /dev/full``) is one line on stderr and exit 2 (``_output_error``).
@@ -18,45 +19,40 @@ import traceback
 from collections.abc import Iterator
 from typing import TextIO
 
-__all__ = ["UsageError", "exit_code", "EXIT_MATCH", "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_GPU_ERROR",
+from mtlir.errors import BridgeError, DeviceError, InputError, LinkError, UnsupportedError
+
+__all__ = ["UsageError", "exit_code", "EXIT_CODES", "EXIT_MATCH", "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_GPU_ERROR",
            "EXIT_UNSUPPORTED", "EXIT_INTERNAL"]
 
 EXIT_MATCH, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_GPU_ERROR, EXIT_UNSUPPORTED, EXIT_INTERNAL = range(6)
 
 
-class UsageError(ValueError):
+class UsageError(InputError, ValueError):
     """A bad flag or a flag combination that cannot work (exit code 2)."""
 
 
+# the exit code of each root of the error family, in order: the first that an error is an instance of wins
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (UnsupportedError, EXIT_UNSUPPORTED),  # first: a KernelBuildError is a KernelCompileError (an InputError) too
+    (DeviceError, EXIT_GPU_ERROR),
+    (TimeoutError, EXIT_GPU_ERROR),  # a wait past its timeout (Session.wait)
+    (InputError, EXIT_BAD_INPUT),
+    (LinkError, EXIT_BAD_INPUT),
+    (BridgeError, EXIT_BAD_INPUT),
+    (OSError, EXIT_BAD_INPUT),  # a file that cannot be read or written
+)
+
+
 def exit_code(e: BaseException) -> int | None:
-    """The exit code of an expected error (module docstring); None for an internal error (a bug).
+    """The exit code of an expected error (``EXIT_CODES``, module docstring); None for an internal error (a bug):
+    any other exception, ``MtlirError``s that say a bug (``ProgramError``, ``RuleError``, ``RewriteLoopError``)
+    too.
 
-    4: ``UnsupportedKernelError``, ``KernelBuildError`` (the simulated device cannot run the kernel). 3:
-    ``GPUExecutionError``, ``MetalValidationError``, ``TimeoutError``. 2 (bad input): the front end's error family,
-    every ``ValueError`` subclass defined in ``mtlir`` outside ``mtlir.runtime`` (trace, queue, pipeline,
-    verifier, encode, abi, linearize, flags), and ``LinkError``, ``BridgeError``, ``KernelCompileError`` (invalid
-    MSL), ``GraphvizNotFoundError`` (``--viz`` without Graphviz), ``OSError`` (a file)."""
-    from mtlir.runtime.errors import (BridgeError, GPUExecutionError, KernelBuildError, KernelCompileError, LinkError,
-                                      MetalValidationError, UnsupportedKernelError)
-    from mtlir.viz import GraphvizNotFoundError
-    if isinstance(e, UsageError):  # a bad flag
-        return EXIT_BAD_INPUT
-    if isinstance(e, (UnsupportedKernelError, KernelBuildError)):
-        return EXIT_UNSUPPORTED
-    if isinstance(e, (GPUExecutionError, MetalValidationError, TimeoutError)):
-        return EXIT_GPU_ERROR
-    if isinstance(e, (LinkError, BridgeError, KernelCompileError, GraphvizNotFoundError, OSError)):
-        return EXIT_BAD_INPUT
-    if isinstance(e, ValueError) and _front_end_error(type(e)):
-        return EXIT_BAD_INPUT
-    return None
-
-
-def _front_end_error(cls: type) -> bool:
-    """A ValueError subclass of the front end (``mtlir.*``, ``mtlir.passes.*``; not the runtime's, whose
-    ProgramError is a malformed Program: a bug of the lowering)."""
-    return any(c is not ValueError and issubclass(c, ValueError) and c.__module__.startswith("mtlir.")
-               and not c.__module__.startswith("mtlir.runtime") for c in cls.__mro__)
+    4: an ``UnsupportedError`` (``UnsupportedKernelError``, ``KernelBuildError``: the simulated device cannot run
+    the kernel). 3: a ``DeviceError`` (``GPUExecutionError``, ``MetalValidationError``) or ``TimeoutError``. 2
+    (bad input): an ``InputError`` (trace, queue, pipeline, a pass refusing the graph, flags, invalid MSL,
+    ``--viz`` without Graphviz), ``LinkError``, ``BridgeError``, ``OSError`` (a file)."""
+    return next((code for root, code in EXIT_CODES if isinstance(e, root)), None)
 
 
 def _one_line(e: BaseException) -> str:

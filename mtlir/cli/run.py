@@ -7,31 +7,50 @@ first (``mtlir.runtime.probe``) and the submit lowered for what it offers (resid
 only turn them off. ``--json``: one object ``{"match", "max_abs_err", "kernels", "messages_per_submit", "submits",
 ...}`` on stdout, everything else on stderr (``max_abs_err`` is null when the error is not a finite number).
 
-``_make_bridge`` is looked up on ``mtlir.cli.main`` when that module is loaded (``cli_hook``).
+The command is given its collaborators (``mtlir.cli.main.main`` passes the real ones, a test may pass others):
+``lower_trace`` (``mtlir.cli.lower``), ``make_bridge`` (the device to run on), and for ``--device metal``
+``metal_available`` and ``metal_bridge`` (whether this machine has Metal, and its ``MetalBridge``).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from mtlir.cli.report import EXIT_MATCH, EXIT_MISMATCH, UsageError
-from mtlir.cli.lower import _lower, _path, _target, cli_hook, format_message, program_values, record_one_submit
+from mtlir.cli.lower import LowerTrace, _lower, _path, _target, format_message, program_values, record_one_submit
 
-__all__ = ["compare_output", "Comparison", "cmd_run"]
+__all__ = ["compare_output", "Comparison", "cmd_run", "MakeBridge", "make_bridge", "metal_available", "metal_bridge"]
+
+# make_bridge(kind, target, faithful, program, metal) -> (bridge, device name)
+MakeBridge = Callable[[str, str, bool, Any, Any], tuple[Any, str]]
 
 RTOL, ATOL = 1e-4, 1e-5
 
 
-def _device_kind(kind: str, target: str, faithful: bool) -> str:
-    """``--device`` resolved (auto: metal on macOS with Metal, else sim) and checked against the other flags."""
+def metal_available() -> bool:
+    """Whether this machine has Metal (``mtlir.runtime.metal.bridge.metal_available``, imported when asked)."""
+    from mtlir.runtime.metal.bridge import metal_available as available
+    return available()
+
+
+def metal_bridge() -> Any:
+    """A new ``MetalBridge`` (``mtlir.runtime.metal.bridge``, imported when asked)."""
+    from mtlir.runtime.metal.bridge import MetalBridge
+    return MetalBridge()
+
+
+def _device_kind(kind: str, target: str, faithful: bool, available: Callable[[], bool]) -> str:
+    """``--device`` resolved (auto: metal where ``available()`` says this machine has Metal, else sim) and checked
+    against the other flags."""
     from mtlir.runtime.metal import bridge as mtl
     if kind == "auto":
-        kind = "metal" if mtl.metal_available() else "sim"
+        kind = "metal" if available() else "sim"
     if kind == "metal":
-        if not mtl.metal_available():
+        if not available():
             raise UsageError(f"--device metal: {mtl.NOT_AVAILABLE}")
         if faithful:
             raise UsageError("--faithful is a mode of the simulated device (--device sim)")
@@ -40,19 +59,18 @@ def _device_kind(kind: str, target: str, faithful: bool) -> str:
     return kind
 
 
-def _open_metal(log: TextIO) -> tuple[Any, Any]:
-    """The MetalBridge and what its device offers (``probe_device``); each missing capability is a note on
-    ``log``, since the submit is then lowered without it."""
-    from mtlir.runtime.metal import bridge as mtl
+def _open_metal(log: TextIO, open_bridge: Callable[[], Any]) -> tuple[Any, Any]:
+    """The bridge ``open_bridge()`` makes (a MetalBridge) and what its device offers (``probe_device``); each
+    missing capability is a note on ``log``, since the submit is then lowered without it."""
     from mtlir.runtime.probe import probe_device
-    bridge = mtl.MetalBridge()
+    bridge = open_bridge()
     caps = probe_device(bridge)
     for note in caps.notes:
         print(f"mtlir: note: {note}: lowering without it", file=log)
     return bridge, caps
 
 
-def _make_bridge(kind: str, target: str, faithful: bool, program: Any, metal: Any = None) -> tuple[Any, str]:
+def make_bridge(kind: str, target: str, faithful: bool, program: Any, metal: Any = None) -> tuple[Any, str]:
     """The Bridge to run ``program`` on and the device's name: ``metal`` (the bridge ``_open_metal`` made) for
     ``kind == "metal"``, else a SimDevice for the device ``program`` was lowered for."""
     if kind == "metal":
@@ -95,22 +113,25 @@ def compare_output(got: Any, expected: Any) -> Comparison:
                       int((nan_a != nan_b).sum()))
 
 
-def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
-    """``mtlir run``: lower, link, submit ``--repeat`` times, compare the output with the trace's."""
+def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: LowerTrace, make_bridge: MakeBridge,
+            metal_available: Callable[[], bool], metal_bridge: Callable[[], Any]) -> int:
+    """``mtlir run``: lower (``lower_trace``), link, submit ``--repeat`` times on the bridge ``make_bridge`` gives,
+    compare the output with the trace's. ``--device metal`` (or auto where ``metal_available()``) runs on the
+    bridge ``metal_bridge()`` makes, probed first."""
     import numpy as np
 
     from mtlir.runtime import Session
     if args.repeat < 1:
         raise UsageError(f"--repeat {args.repeat}: at least one submit")
     target = _target(args)
-    kind = _device_kind(args.device, target, args.faithful)
-    metal, caps = _open_metal(log) if kind == "metal" else (None, None)
-    trace, lowered = _lower(args, log, target, caps)
+    kind = _device_kind(args.device, target, args.faithful, metal_available)
+    metal, caps = _open_metal(log, metal_bridge) if kind == "metal" else (None, None)
+    trace, lowered = _lower(args, log, target, lower_trace, caps)
     program = lowered.program
     values = program_values(program, trace, log)
     # what one submit sends, as `lower --json` records it
     messages = record_one_submit(program, values, target, args.executor)
-    bridge, device_name = cli_hook("_make_bridge", _make_bridge)(kind, target, args.faithful, program, metal)
+    bridge, device_name = make_bridge(kind, target, args.faithful, program, metal)
     o = trace.output
     try:
         with Session(program, bridge, initial=trace.initial_data(), executor=args.executor,

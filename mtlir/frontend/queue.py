@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from mtlir.ir.bounds import BoundsError, bounds, expr_text, variable_bounds
+from mtlir.errors import InputError
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import MTL, DeviceSpec, Kernel, KernelParam, Obj, element_dtype
 from mtlir.ir.ops import GroupOp, Ops
@@ -41,7 +42,7 @@ MAX_THREADS = 2**32 - 1  # threads per axis (grid x threadgroup): MSL thread pos
 SIZE_OPS = frozenset({Ops.CONST, Ops.DEFINE_VAR, Ops.CAST}) | GroupOp.ALU
 
 
-class QueueError(ValueError):
+class QueueError(InputError, ValueError):
     """A queue operation built with bad input; the message names the command (its index in the queue) and the
     argument."""
 

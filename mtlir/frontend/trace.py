@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mtlir.ir.dtypes import DType
+from mtlir.errors import InputError
 from mtlir.metal import FAMILIES, DeviceSpec, Kernel, KernelParam
 from mtlir.frontend.queue import Queue, QueueError, buffer, param_dtype, timeline_value, view
 from mtlir.ir.uop import UOp
@@ -40,7 +41,7 @@ _ARG = frozenset({"buffer", "offset", "size"})
 _OUTPUT = frozenset({"buffer", "offset", "dtype", "shape", "expected_b64"})
 
 
-class TraceError(ValueError):
+class TraceError(InputError, ValueError):
     """A malformed trace; ``field`` is the JSON path of the bad field (``dispatches[2].grid[0]``)."""
 
     def __init__(self, field_path: str, problem: str, source: str = "") -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from mtlir.ir.dtypes import DType, dtypes
+from mtlir.errors import InputError
 from mtlir.ir.evaluate import c_idiv
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.ir.uop import UOp
@@ -24,7 +25,7 @@ from mtlir.ir.uop import UOp
 __all__ = ["bounds", "expr_text", "variable_bounds", "BoundsError"]
 
 
-class BoundsError(ValueError):
+class BoundsError(InputError, ValueError):
     """An expression whose range cannot be computed (a node that is not integer arithmetic); names the node."""
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from mtlir import metal
+from mtlir.errors import InputError
 from mtlir.ir.dtypes import DType, PtrDType, StructDType, dtypes
 from mtlir.ir.ops import Ops
 from mtlir.ir.uop import UOp
@@ -33,7 +34,7 @@ __all__ = ["render", "parse", "listing", "register_arg_type", "namespace", "arg_
 T = TypeVar("T")
 
 
-class ParseError(ValueError):
+class ParseError(InputError, ValueError):
     """Text that is not the text form of a graph; the message names the line and what is wrong."""
 
 

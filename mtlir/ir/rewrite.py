@@ -22,6 +22,7 @@ from operator import attrgetter
 from typing import Any
 
 from mtlir.ir.upat import PatternMatcher, Rule
+from mtlir.errors import MtlirError
 from mtlir.ir.uop import UOp
 
 __all__ = ["graph_rewrite", "RewriteLoopError", "RewriteTrace", "RewriteStep"]
@@ -30,7 +31,7 @@ _BUSY: Any = object()  # state of a node whose rewrite is in progress
 _rank_of = attrgetter("_rank")
 
 
-class RewriteLoopError(RuntimeError):
+class RewriteLoopError(MtlirError, RuntimeError):
     """A rule set that does not terminate; ``rules`` lists the rules of the cycle in firing order (or, for a rule
     set that keeps growing the graph, the rules involved, most frequent first)."""
 

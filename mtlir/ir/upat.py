@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtlir.ir.dtypes import DType
+from mtlir.errors import MtlirError
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.ir.uop import UOp, argkey
 
@@ -30,7 +31,7 @@ MatchFn = Callable[[UOp, Store], list[Store]]
 _NONE: list[Store] = []  # the shared "no match" answer (never mutated)
 
 
-class RuleError(TypeError):
+class RuleError(MtlirError, TypeError):
     """A rule whose function cannot take the pattern's captures, or that returned something other than a UOp."""
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from mtlir.ir.dtypes import DType, dtypes
+from mtlir.errors import LoweringError
 from mtlir.metal import MTL, DeviceSpec, Kernel, Obj
 from mtlir.ir.ops import Ops
 from mtlir.passes.pipeline import PassContext
@@ -29,7 +30,7 @@ VAR_SLOT = MTL.CONSTANT_OFFSET_ALIGN  # bytes per variable slot in the variables
 MAX_ICB_OFFSET = 0xFFFFFFFF
 
 
-class EncodeError(ValueError):
+class EncodeError(LoweringError):
     """A queue graph encode cannot lower; the message names the command (its index in the queue) or queue op."""
 
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from mtlir.ir.dtypes import DType, PtrDType, dtypes
 from mtlir.metal import MTL, SELECTORS, TARGETS, Prototype
-from mtlir.runtime.errors import BridgeError
+from mtlir.errors import BridgeError
 
 __all__ = ["Bridge", "HostMemory", "RecordingBridge", "Message"]
 

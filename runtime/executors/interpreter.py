@@ -22,13 +22,13 @@ from mtlir.ir.evaluate import ALU_FUNCS, wrap
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
-from mtlir.runtime.errors import LinkError
+from mtlir.errors import LinkError, MtlirError
 
 __all__ = ["Executor", "Interpreter", "prepare_registers", "ProgramError", "format_instr", "alu_fn", "cast_fn",
            "bitcast_fn", "float_rounder", "check_program", "bind_variables", "REG_OPERANDS"]
 
 
-class ProgramError(ValueError):
+class ProgramError(MtlirError, ValueError):
     """A Program that breaks the instruction set's rules (unknown opcode, a register out of range or read before
     anything defines it, unmatched RANGE/END, an op the dtype does not have); the message names the instruction."""
 

@@ -12,7 +12,7 @@ from typing import Any
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL, Kernel, Obj
 from mtlir.program import IcbCommand, IcbSpec
-from mtlir.runtime.errors import KernelCompileError, LinkError, UnsupportedKernelError, locate
+from mtlir.errors import KernelCompileError, LinkError, UnsupportedKernelError
 from mtlir.runtime.link.state import LinkerBase, _name
 
 __all__ = ["icb_commands", "KindBuilders"]
@@ -97,7 +97,7 @@ class KindBuilders(LinkerBase):
                                                               "newLibraryWithSource:options:error:",
                                                               self.nsstring(kernel.msl), 0))
         except (UnsupportedKernelError, KernelCompileError) as e:  # the simulated device's translator or build
-            raise locate(e, f"program {key!r}, kernel function {kernel.function!r}")
+            raise e.locate(f"program {key!r}, kernel function {kernel.function!r}")
         fn = self.keep(f"function:{key}", self.checked(self.send(lib, "newFunctionWithName:",
                                                                  self.nsstring(kernel.function)),
                                                        f"{o.name}: function {kernel.function!r} of its library"))

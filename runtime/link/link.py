@@ -35,7 +35,7 @@ from typing import Any
 from mtlir.metal import MTL, Kernel, Obj, c_prototype
 from mtlir.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
-from mtlir.runtime.errors import LinkError
+from mtlir.errors import LinkError
 from mtlir.runtime.executors.interpreter import prepare_registers
 from mtlir.runtime.link.kinds import KindBuilders, icb_commands
 from mtlir.runtime.link.state import _name

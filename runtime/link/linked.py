@@ -8,7 +8,7 @@ from typing import Any
 from mtlir.metal import MTL, Obj, abi_prototype
 from mtlir.program import IcbCommand, Program
 from mtlir.runtime.bridge.bridge import Bridge
-from mtlir.runtime.errors import LinkError
+from mtlir.errors import LinkError
 from mtlir.runtime.executors.interpreter import prepare_registers
 
 __all__ = ["Linked"]

@@ -11,7 +11,7 @@ from mtlir.ir.dtypes import dtypes
 from mtlir.metal import Obj, abi_prototype
 from mtlir.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
-from mtlir.runtime.errors import LinkError
+from mtlir.errors import LinkError
 from mtlir.runtime.link.linked import Linked
 
 __all__ = ["LinkerBase"]

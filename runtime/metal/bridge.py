@@ -18,7 +18,7 @@ from mtlir.ir.dtypes import dtypes
 from mtlir.metal import C_FUNCTIONS, TARGETS, Prototype, abi_prototype
 from mtlir.runtime.metal.marshal import (CSignature, ForeignCall, MTLSizeStruct, NativeMemory, Unfit, arg_names, checker,
                                       compile_fast, ctypes_signature, ret_kind)
-from mtlir.runtime.errors import BridgeError
+from mtlir.errors import BridgeError
 
 __all__ = ["MetalBridge", "NativeMemory", "CSignature", "MTLSizeStruct", "ctypes_signature", "host_target",
            "metal_available", "DEFAULT_LIBOBJC", "DEFAULT_METAL", "DEFAULT_COREGRAPHICS", "NOT_AVAILABLE"]

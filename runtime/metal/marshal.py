@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from mtlir.ir.dtypes import DType, PtrDType, StructDType, dtypes
 from mtlir.metal import SELECTORS, TARGETS, Prototype
-from mtlir.runtime.errors import BridgeError
+from mtlir.errors import BridgeError, MtlirError
 
 __all__ = ["MTLSizeStruct", "CSignature", "ctypes_signature", "NativeMemory", "ForeignCall", "Unfit", "checker",
            "compile_fast", "arg_names", "ret_kind", "U64_MAX"]
@@ -100,7 +100,7 @@ def ctypes_signature(proto: Prototype, target: str, name: str = "call") -> CSign
 
 # ---- argument checks: ctypes wraps silently, so every value is checked against its dtype before the call ----
 
-class Unfit(Exception):
+class Unfit(MtlirError):
     """An argument value that does not fit its dtype; the bridge turns it into a BridgeError with the call's name."""
 
 

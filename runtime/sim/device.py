@@ -21,7 +21,7 @@ import numpy as np
 
 from mtlir.ir.dtypes import DType, PtrDType, dtypes
 from mtlir.metal import C_FUNCTIONS, MTL, SELECTORS, TARGETS, DeviceSpec, Prototype, abi_prototype
-from mtlir.runtime.errors import BridgeError
+from mtlir.errors import BridgeError
 from mtlir.runtime.metal.bridge import host_target
 from mtlir.runtime.sim.methods import encoding, icb, resources
 from mtlir.runtime.sim.msgsend import Method, MethodTable, check_prototype, decode_size, decode_word

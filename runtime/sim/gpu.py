@@ -31,7 +31,7 @@ import numpy as np
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
-from mtlir.runtime.errors import KernelAccessError, MetalValidationError
+from mtlir.errors import DeviceError, KernelAccessError, MetalValidationError
 from mtlir.runtime.sim.rules.checks import size_problem
 from mtlir.runtime.sim.objects import (ICB, Binding, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute,
                                        Gate, ICBSlot, Pipeline, SharedEvent, SignalStep, WaitStep)
@@ -51,7 +51,7 @@ _BATCH_S = 0.002  # the longest the worker holds the lock for a run of GPU opera
 _IDLE_EXIT_S = 1.0  # the worker thread ends after this long without work and restarts at the next commit
 
 
-class GPUFault(Exception):
+class GPUFault(DeviceError):
     """A fault that ends a command buffer in status Error: ``code`` (MTLCommandBufferError), what happened,
     and the rule of METAL.md §3 it comes from (None: none, e.g. an injected fault)."""
 

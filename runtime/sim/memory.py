@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from mtlir.ir.dtypes import DType
-from mtlir.runtime.errors import BridgeError
+from mtlir.errors import BridgeError
 
 __all__ = ["HostMemory", "Region", "HOST_BASE", "PAGE"]
 

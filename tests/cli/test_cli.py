@@ -1,5 +1,6 @@
 """The command line: `mtlir lower` / `mtlir run`, every exit code, --json purity (one object on stdout), defaults
-and flag checks, pictures; the installed console script once through a subprocess."""
+and flag checks, pictures; the installed console script once through a subprocess. Where a test needs a stand-in
+(a lowering that fails, a device that faults, a Mac), it passes it to ``main`` as the command's collaborator."""
 from __future__ import annotations
 
 import io
@@ -12,7 +13,10 @@ from typing import Any
 
 import pytest
 
-from mtlir.cli import main as cli
+from mtlir.cli.lower import lower_trace
+from mtlir.cli.main import main
+from mtlir.cli.report import exit_code
+from mtlir.cli.run import compare_output, make_bridge
 from mtlir.metal import MTL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,9 +25,11 @@ MLP7 = str(TRACES / "mlp.apple7.json")
 KV7 = str(TRACES / "symbolic_kv.apple7.json")
 
 
-def mtlir(*argv: str) -> tuple[int, str, str]:
+def mtlir(*argv: str, **collaborators: Any) -> tuple[int, str, str]:
+    """Run ``mtlir argv`` in this process, the commands given ``collaborators`` (``main``'s keywords) where
+    passed: (exit code, stdout, stderr)."""
     out, log = io.StringIO(), io.StringIO()
-    code = cli.main(list(argv), out=out, log=log)
+    code = main(list(argv), out=out, log=log, **collaborators)
     return code, out.getvalue(), log.getvalue()
 
 
@@ -198,15 +204,12 @@ def test_run_mismatch_exits_1(tmp_path: Path) -> None:
     assert doc["match"] is False and 0.5 < doc["max_abs_err"] < 1.5
 
 
-def test_run_gpu_error_exits_3(monkeypatch: pytest.MonkeyPatch) -> None:
-    made = cli._make_bridge
-
+def test_run_gpu_error_exits_3() -> None:
     def faulty(*a: Any) -> Any:
-        bridge, name = made(*a)
+        bridge, name = make_bridge(*a)
         bridge.inject_fault(MTL.ErrorPageFault)
         return bridge, name
-    monkeypatch.setattr(cli, "_make_bridge", faulty)
-    code, out, log = mtlir("run", MLP7, "--device", "sim", "--json")
+    code, out, log = mtlir("run", MLP7, "--device", "sim", "--json", make_bridge=faulty)
     assert code == 3 and log.count("\n") == 1 and "MTLCommandBufferError 3 (PageFault)" in log
     assert one_json(out) == {"error": log.strip().removeprefix("mtlir: error: "), "error_type": "GPUExecutionError",
                              "exit_code": 3}
@@ -249,11 +252,14 @@ def test_pipeline_errors_are_bad_input(pipeline: str, match: str) -> None:
 
 
 def _error(name: str) -> BaseException:
-    from mtlir.metal import AbiError
-    from mtlir.passes import EncodeError, LinearizeError, PipelineError, VerifyError
+    from mtlir.errors import BridgeError, KernelCompileError, LinkError
     from mtlir.frontend.queue import QueueError
-    from mtlir.runtime.errors import BridgeError, KernelCompileError, LinkError
     from mtlir.frontend.trace import TraceError
+    from mtlir.metal import AbiError
+    from mtlir.passes.encode.submit import EncodeError
+    from mtlir.passes.linearize import LinearizeError
+    from mtlir.passes.pipeline import PipelineError
+    from mtlir.passes.verify import VerifyError
     from mtlir.viz import GraphvizNotFoundError
     made: dict[str, BaseException] = {
         "EncodeError": EncodeError("command 0 (k): view offset 2 of buffer:1 is not a multiple of 4 bytes"),
@@ -270,20 +276,19 @@ def _error(name: str) -> BaseException:
                                   "AbiError", "TraceError", "GraphvizNotFoundError", "LinkError", "BridgeError",
                                   "KernelCompileError", "FileNotFoundError"])
 @pytest.mark.parametrize("command", ["lower", "run"])
-def test_every_error_of_the_front_end_is_bad_input(monkeypatch: pytest.MonkeyPatch, name: str, command: str) -> None:
+def test_every_error_of_the_front_end_is_bad_input(name: str, command: str) -> None:
     def fail(*a: Any, **k: Any) -> Any:
         raise _error(name)
-    monkeypatch.setattr(cli, "lower_trace", fail)
     code, out, log = mtlir(command, MLP7, "--device" if command == "run" else "--target", "sim" if command == "run"
-                           else "x86_64")
+                           else "x86_64", lower_trace=fail)
     assert code == 2 and log.count("\n") == 1 and log.startswith("mtlir: error: ") and "Traceback" not in log
-    assert cli.exit_code(_error(name)) == 2
+    assert exit_code(_error(name)) == 2
 
 
 def test_internal_errors_stay_internal() -> None:
     from mtlir.runtime.executors.interpreter import ProgramError
-    assert cli.exit_code(ValueError("a bug")) is None and cli.exit_code(KeyError("x")) is None
-    assert cli.exit_code(ProgramError("a malformed Program is a bug of the lowering")) is None
+    assert exit_code(ValueError("a bug")) is None and exit_code(KeyError("x")) is None
+    assert exit_code(ProgramError("a malformed Program is a bug of the lowering")) is None
 
 
 def test_viz_without_graphviz_is_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -321,25 +326,24 @@ def test_run_takes_the_device_flags_of_lower() -> None:
     assert "[encoder useResources:count:usage:" in log and "executeCommandsInBuffer" in log
 
 
-def _fake_metal(monkeypatch: pytest.MonkeyPatch, **caps: bool) -> list[Any]:
-    """--device metal on the simulated device standing in for MetalBridge (as a Mac without some capability)."""
-    from mtlir.runtime.metal import bridge as mtl
+def _fake_metal(**caps: bool) -> tuple[list[Any], dict[str, Any]]:
+    """--device metal on the simulated device standing in for MetalBridge (as a Mac without some capability): the
+    bridges made, and the collaborators that make them."""
+    from mtlir.runtime.metal.bridge import host_target
     from mtlir.runtime.sim.device import SimDevice
     made: list[Any] = []
 
     def bridge() -> Any:
-        made.append(SimDevice(mtl.host_target(), family="Apple7", **caps))
+        made.append(SimDevice(host_target(), family="Apple7", **caps))
         return made[-1]
-    monkeypatch.setattr(mtl, "metal_available", lambda: True)
-    monkeypatch.setattr(mtl, "MetalBridge", bridge)
-    return made
+    return made, {"metal_available": lambda: True, "metal_bridge": bridge}
 
 
 @pytest.mark.parametrize("caps", [dict(residency_sets=False, icb=False), dict(residency_sets=False),
                                   dict(icb=False), {}], ids=["neither", "no-rs", "no-icb", "both"])
-def test_run_on_metal_lowers_for_what_the_device_offers(monkeypatch: pytest.MonkeyPatch, caps: dict[str, bool]) -> None:
-    made = _fake_metal(monkeypatch, **caps)
-    code, out, log = mtlir("run", MLP7, "--device", "metal", "--json")
+def test_run_on_metal_lowers_for_what_the_device_offers(caps: dict[str, bool]) -> None:
+    made, metal = _fake_metal(**caps)
+    code, out, log = mtlir("run", MLP7, "--device", "metal", "--json", **metal)
     assert code == 0, log
     doc = one_json(out)
     assert doc["device"] == "metal" and doc["match"] is True and len(made) == 1
@@ -348,9 +352,9 @@ def test_run_on_metal_lowers_for_what_the_device_offers(monkeypatch: pytest.Monk
     assert ("newIndirectCommandBufferWithDescriptor" in log) is not caps.get("icb", True)
 
 
-def test_run_on_metal_flags_still_turn_capabilities_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_metal(monkeypatch)
-    code, out, log = mtlir("run", MLP7, "--device", "metal", "--json", "--no-icb")
+def test_run_on_metal_flags_still_turn_capabilities_off() -> None:
+    _, metal = _fake_metal()
+    code, out, log = mtlir("run", MLP7, "--device", "metal", "--json", "--no-icb", **metal)
     assert code == 0, log
     doc = one_json(out)
     assert doc["residency_set"] is True and doc["icb"] is False
@@ -358,30 +362,25 @@ def test_run_on_metal_flags_still_turn_capabilities_off(monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize("caps, flag", [(dict(residency_sets=False), "--no-residency-set"),
                                         (dict(icb=False), "--no-icb")])
-def test_link_error_hint_names_a_flag_of_run(monkeypatch: pytest.MonkeyPatch, caps: dict[str, bool],
-                                             flag: str) -> None:
+def test_link_error_hint_names_a_flag_of_run(caps: dict[str, bool], flag: str) -> None:
     from mtlir.runtime.sim.device import SimDevice
 
     def lacking(kind: str, target: str, faithful: bool, program: Any, metal: Any = None) -> Any:
         return SimDevice(target, family=program.device.family, **caps), "sim"
-    monkeypatch.setattr(cli, "_make_bridge", lacking)
-    code, out, log = mtlir("run", MLP7, "--device", "sim")
+    code, out, log = mtlir("run", MLP7, "--device", "sim", make_bridge=lacking)
     assert code == 2 and flag in log and log.count("\n") == 1, log
-    code, out, log = mtlir("run", MLP7, "--device", "sim", flag)  # the hint's flag exists on run and helps
+    code, out, log = mtlir("run", MLP7, "--device", "sim", flag, make_bridge=lacking)  # the hint's flag helps
     assert code == 0, log
 
 
-def test_run_prints_the_lowering_diagnostics(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = cli.lower_trace
-
+def test_run_prints_the_lowering_diagnostics() -> None:
     def noting(*a: Any, **k: Any) -> Any:
-        lowered = real(*a, **k)
+        lowered = lower_trace(*a, **k)
         lowered.diagnostics.append("encode: command 0: offset above 0xFFFFFFFF: the submit is lowered on the "
                                    "direct path")
         return lowered
-    monkeypatch.setattr(cli, "lower_trace", noting)
     for argv in (["run", MLP7, "--device", "sim", "--json"], ["lower", MLP7, "--json"], ["lower", MLP7]):
-        code, out, log = mtlir(*argv)
+        code, out, log = mtlir(*argv, lower_trace=noting)
         assert code == 0, log
         assert "mtlir: note: encode: command 0: offset above 0xFFFFFFFF" in log, argv
 
@@ -389,13 +388,13 @@ def test_run_prints_the_lowering_diagnostics(monkeypatch: pytest.MonkeyPatch) ->
 def test_compare_output_never_hides_a_nan() -> None:
     import numpy as np
     nan, inf = float("nan"), float("inf")
-    c = cli.compare_output(np.float32([1, 2, 3]), np.float32([nan, 2, 3]))
+    c = compare_output(np.float32([1, 2, 3]), np.float32([nan, 2, 3]))
     assert not c.match and c.max_abs_err == inf and c.json_error() is None and c.mismatches == c.nan_mismatches == 1
-    c = cli.compare_output(np.float32([nan, 2, inf]), np.float32([nan, 2, inf]))
+    c = compare_output(np.float32([nan, 2, inf]), np.float32([nan, 2, inf]))
     assert c.match and c.max_abs_err == 0.0 and c.json_error() == 0.0 and c.mismatches == 0
-    c = cli.compare_output(np.float32([inf, 2]), np.float32([-inf, 2.5]))
+    c = compare_output(np.float32([inf, 2]), np.float32([-inf, 2.5]))
     assert not c.match and c.max_abs_err == inf and c.mismatches == 2 and c.nan_mismatches == 0
-    c = cli.compare_output(np.float32([1, 2]), np.float32([1, 2.5]))
+    c = compare_output(np.float32([1, 2]), np.float32([1, 2.5]))
     assert not c.match and c.max_abs_err == 0.5 and c.json_error() == 0.5
 
 
@@ -418,14 +417,13 @@ def test_run_json_reports_a_nan_mismatch_honestly(tmp_path: Path) -> None:
 
 _NOISY = """
 import os, sys
-from mtlir.cli import main as cli
-real = cli.cmd_run
-def noisy(*a):
+from mtlir.cli.lower import lower_trace
+from mtlir.cli.main import main
+def noisy(*a, **k):
     os.write(1, b"native noise on fd 1\\n")  # what a C library such as PoCL could print
     print("python noise on stdout")
-    return real(*a)
-cli.cmd_run = noisy
-sys.exit(cli.main())
+    return lower_trace(*a, **k)
+sys.exit(main(lower_trace=noisy))
 """
 
 
@@ -492,7 +490,7 @@ def test_arch_is_accepted_in_any_case() -> None:
 def test_executor_is_documented_in_the_help(capsys: pytest.CaptureFixture[str]) -> None:
     for command in ("run", "lower"):
         with pytest.raises(SystemExit):
-            cli.main([command, "--help"])
+            main([command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
         assert "--executor {compiled,interpreter}" in text and "interpreter (a loop over its instructions)" in text
 
@@ -542,7 +540,7 @@ def test_a_buffer_too_big_for_this_machine_is_bad_input_naming_it(tmp_path: Path
     address space limited to 6 GiB, so the test never really allocates it."""
     path = _bad_trace(tmp_path, lambda d: d["buffers"]["1"].__setitem__("size", 2**35))
     limit = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30)); "
-             "from mtlir.cli import main as cli; sys.exit(cli.main())")
+             "from mtlir.cli.main import main; sys.exit(main())")
     proc = subprocess.run([sys.executable, "-c", limit, "run", path, "--device", "sim", "--json"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -568,8 +566,8 @@ def exit_now(code):
     sys.stderr.flush()
     real(code)
 os._exit = exit_now
-from mtlir.cli import main as cli
-sys.exit(cli.main())
+from mtlir.cli.main import main
+sys.exit(main())
 """
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from progbuild import submit_program
 
-from mtlir.cli.main import lower_trace
+from mtlir.cli.lower import lower_trace
 from mtlir.metal import DeviceSpec
 from mtlir.runtime import Session
 from mtlir.runtime.sim.device import SimDevice
@@ -103,7 +103,7 @@ def test_link_and_release_on_the_sim_leave_nothing(target: str, residency_set: b
 
 def test_gpu_fault_on_the_sim_is_reported_and_the_session_goes_on() -> None:
     from mtlir.metal import MTL
-    from mtlir.runtime import GPUExecutionError
+    from mtlir.errors import GPUExecutionError
     prog = submit_program("x86_64", kernels=2, family="Apple7")
     x = np.arange(64, dtype=np.float32)
     with _sim("x86_64", prog.device) as dev, Session(prog, dev, initial={"buffer:1": x.tobytes()}) as s:
@@ -181,7 +181,7 @@ def test_a_grid_that_wrapped_never_reaches_opencl(strict: bool) -> None:
     """icb[0]'s grid is n - 5 threadgroups: at n = 1 it wraps to 2**64 - 4. Strict mode refuses the patch at once;
     faithful mode fails the command buffer (Timeout) and the session goes on. No 20-second wait, no PoCL abort."""
     from mtlir.metal import MTL
-    from mtlir.runtime import GPUExecutionError, MetalValidationError
+    from mtlir.errors import GPUExecutionError, MetalValidationError
     prog = submit_program("x86_64", kernels=2, family="Apple7", grid_minus=5)
     with _sim("x86_64", prog.device, strict=strict) as dev, Session(prog, dev, timeout_s=30) as s:
         s.submit(n=9)

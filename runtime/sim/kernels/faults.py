@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mtlir.runtime.errors import KernelAccessError
+from mtlir.errors import KernelAccessError
 from mtlir.runtime.sim.msl.translate import ParamBinding
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mtlir.runtime.errors import KernelCompileError
+from mtlir.errors import KernelCompileError
 
 __all__ = ["PyKernelArg", "PyKernel", "PyKernelRunner"]
 

@@ -27,7 +27,8 @@ import numpy as np
 # The pieces, one idea each: a kernel's bindings and sizes (kernels_compiled), the fault record read back as an
 # error (kernels_faults), the compiler's stderr (kernels_stderr); this module holds the device, the build cache and
 # the launch, and every name it had before the split stays importable from it (the noqa imports).
-from mtlir.runtime.errors import KernelAccessError, KernelBuildError, KernelCompileError  # noqa: F401
+from mtlir.errors import KernelCompileError
+from mtlir.runtime.sim.kernels.buildlog import build_error
 from mtlir.runtime.sim.kernels.compiled import (DEFAULT_TIMEOUT_S, MAX_GLOBAL_PER_AXIS,  # noqa: F401
                                                 MAX_GLOBAL_THREADS, CompiledKernel, View)
 from mtlir.runtime.sim.kernels.faults import _access_error
@@ -124,7 +125,7 @@ class KernelRunner:
                     failed = str(e)
             if failed is not None:
                 log = failed + ("\n" + captured.text if captured.text.strip() else "")
-                raise KernelBuildError(tuple(translation.kernels), log, translation.source)
+                raise build_error(tuple(translation.kernels), log, translation.source)
             _pass_on(captured.text)
             got = self._programs[msl] = (translation, program)
         return got

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
-from mtlir.runtime.errors import BridgeError
+from mtlir.errors import BridgeError
 from mtlir.runtime.sim.msgsend import NIL, MethodTable
 from mtlir.runtime.sim.rules.checks import check_commit, check_execute, collect_reads, size_problem
 from mtlir.runtime.sim.objects import (ICB, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute, Fence,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mtlir.metal import MTL
-from mtlir.runtime.errors import BridgeError
+from mtlir.errors import BridgeError
 from mtlir.runtime.sim.msgsend import NIL, MethodTable
 from mtlir.runtime.sim.rules.checks import check_icb_write, size_problem
 from mtlir.runtime.sim.objects import ICB, Buffer, Device, ICBCommand, ICBDescriptor, ICBSlot, Pipeline

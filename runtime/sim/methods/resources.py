@@ -17,7 +17,7 @@ import numpy as np
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
-from mtlir.runtime.errors import BridgeError, KernelBuildError, KernelCompileError
+from mtlir.errors import BridgeError, KernelBuildError, KernelCompileError
 from mtlir.runtime.sim.msgsend import NIL, MethodTable
 from mtlir.runtime.sim.gpu import kernel_params
 from mtlir.runtime.sim.msl.translate import kernel_functions

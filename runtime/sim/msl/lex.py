@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mtlir.runtime.errors import KernelCompileError
+from mtlir.errors import KernelCompileError
 
 __all__ = ["Token", "tokenize", "render", "MslSyntaxError", "ID", "NUM", "PUNCT", "PP", "STR", "EOF", "RAW"]
 

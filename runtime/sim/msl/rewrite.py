@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
-from mtlir.runtime.errors import UnsupportedKernelError
+from mtlir.errors import UnsupportedKernelError
 from mtlir.runtime.sim.msl.lex import EOF, ID, NUM, PP, PUNCT, MslSyntaxError, Token, render, tokenize
 from mtlir.runtime.sim.msl.names import (HELPER_BUILTINS, KEYWORDS, RENAMED_BUILTINS, SAME_BUILTINS, SCALARS,
                                           VECTORS, cl_name)

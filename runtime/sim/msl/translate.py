@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mtlir.runtime.errors import KernelCompileError
+from mtlir.errors import KernelCompileError
 from mtlir.runtime.sim.msl.lex import ID, NUM, PP, PUNCT, RAW, MslSyntaxError, Token, render, tokenize
 from mtlir.runtime.sim.msl.names import (POSITIONS, POSITIONS_LINEAR, SCALARS, TEMPLATES, VECTORS, cl_name,
                                           dtype_name, refused_construct, scalar_size)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from mtlir.runtime.errors import MetalValidationError
+from mtlir.errors import MetalValidationError
 
 __all__ = ["Rule", "Call", "violation", "assertion"]
 

@@ -10,7 +10,7 @@ from progbuild import submit_program
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL, abi_prototype, c_prototype
 from mtlir.runtime import HostMemory, RecordingBridge, Session, link
-from mtlir.runtime.errors import BridgeError
+from mtlir.errors import BridgeError
 
 
 def _recv(b: RecordingBridge, name: str) -> int:

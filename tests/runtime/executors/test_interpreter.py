@@ -14,9 +14,9 @@ from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import abi_prototype, c_prototype
 from mtlir.ir.ops import Ops
 from mtlir.program import Program
-from mtlir.runtime import (CompiledReplay, Interpreter, LinkError, ProgramError, RecordingBridge, make_executor,
+from mtlir.runtime import (CompiledReplay, Interpreter, ProgramError, RecordingBridge, make_executor,
                            prepare_registers)
-from mtlir.runtime.errors import BridgeError
+from mtlir.errors import BridgeError, LinkError
 
 EXECUTORS = [Interpreter, CompiledReplay]
 

@@ -11,7 +11,8 @@ from progbuild import submit_program
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL, Prototype
-from mtlir.runtime import GPUExecutionError, LinkError, RecordingBridge, Session, link
+from mtlir.errors import GPUExecutionError, LinkError
+from mtlir.runtime import RecordingBridge, Session, link
 
 _CREATES = ("new", "newCommandQueueWithMaxCommandBufferCount:", "newSharedEvent", "newFence",
             "newBufferWithLength:options:", "newLibraryWithSource:options:error:", "newFunctionWithName:",

@@ -19,7 +19,7 @@ import pytest
 from mtlir.ir.dtypes import PtrDType, dtypes
 from mtlir.metal import SELECTORS, Prototype, abi_prototype, c_prototype
 from mtlir.runtime.bridge.bridge import Bridge
-from mtlir.runtime.errors import BridgeError
+from mtlir.errors import BridgeError
 from mtlir.runtime.metal.bridge import (NOT_AVAILABLE, NativeMemory, MetalBridge, MTLSizeStruct, ctypes_signature,
                                  host_target, metal_available)
 

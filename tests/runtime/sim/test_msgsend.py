@@ -9,7 +9,7 @@ import pytest
 
 from mtlir.ir.dtypes import PtrDType, dtypes
 from mtlir.metal import MTL, Prototype, abi_prototype, c_prototype
-from mtlir.runtime.errors import BridgeError
+from mtlir.errors import BridgeError
 from mtlir.runtime.sim import SimDevice
 from simscene import Scene
 

@@ -9,7 +9,7 @@ import pytest
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL, c_prototype
-from mtlir.runtime.errors import BridgeError, MetalValidationError, UnsupportedKernelError
+from mtlir.errors import BridgeError, MetalValidationError, UnsupportedKernelError
 from mtlir.runtime.sim import PyKernelRunner
 from simscene import MSL, Scene
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtlir.runtime.errors import KernelAccessError, KernelBuildError, KernelCompileError, UnsupportedKernelError
+from mtlir.errors import KernelAccessError, KernelBuildError, KernelCompileError, UnsupportedKernelError
 from mtlir.runtime.sim.kernels import runner as kernels
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 
@@ -364,7 +364,7 @@ def test_the_process_survives_what_used_to_crash_it(tmp_path: Path) -> None:
     """The newcomer's kernels, in a child process: before the bounds checks each one killed it (SIGSEGV, 139)."""
     script = tmp_path / "crash.py"
     script.write_text(f"""import numpy as np
-from mtlir.runtime.errors import KernelAccessError
+from mtlir.errors import KernelAccessError
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 r = KernelRunner()
 for body in ["for (int i = 0; i < 100000000; i++) *(data0_1+i) = 1.0f;", "data0_1[0] = *(data1_32 + 100000000);",

@@ -7,7 +7,7 @@ import pytest
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
-from mtlir.runtime.errors import GPUExecutionError, KernelBuildError, MetalValidationError
+from mtlir.errors import GPUExecutionError, KernelBuildError, MetalValidationError
 from mtlir.runtime.session import Session
 from mtlir.runtime.sim import SimDevice
 from mtlir.runtime.sim.kernels.runner import KernelRunner

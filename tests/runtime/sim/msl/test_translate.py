@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtlir.runtime.errors import KernelCompileError, UnsupportedKernelError
+from mtlir.errors import KernelCompileError, UnsupportedKernelError
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 from mtlir.runtime.sim.msl.translate import kernel_functions, translate
 from mtlir.runtime.sim.msl.lex import MslSyntaxError, render, tokenize

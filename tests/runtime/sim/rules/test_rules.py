@@ -11,7 +11,7 @@ import pytest
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
-from mtlir.runtime.errors import MetalValidationError
+from mtlir.errors import MetalValidationError
 from simscene import Scene
 
 MODES = [pytest.param(True, id="strict"), pytest.param(False, id="faithful")]
