@@ -28,6 +28,7 @@ from mtlir.runtime.sim.msgsend import Method, MethodTable, check_prototype, deco
 from mtlir.runtime.sim.rules.checks import check_buffer_write, check_release
 from mtlir.runtime.sim.gpu import GPU, clock
 from mtlir.runtime.sim.memory import HostMemory
+from mtlir.runtime.sim.kernels.runner import KernelRunner
 from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, Device, Encoder, NSError, NSString,
                                        Pipeline, SignalStep, SimObject)
 from mtlir.runtime.sim.methods.resources import CLASSES
@@ -152,7 +153,6 @@ class SimDevice:
     def kernel_runner(self) -> Any:
         """The MSL compiler/runner (created at first use: building an OpenCL context takes a moment)."""
         if self._runner is None:
-            from mtlir.runtime.sim.kernels.runner import KernelRunner
             self._runner = KernelRunner()
         return self._runner
 

@@ -49,9 +49,7 @@ class CompiledKernel:
         self.info = info
         self._runner = runner
         self._kernel = kernel
-        from mtlir.runtime.sim.kernels.runner import cl  # the runner's pyopencl module (tests replace it there)
-
-        wg = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, runner.device)
+        wg = kernel.get_work_group_info(runner.cl.kernel_work_group_info.WORK_GROUP_SIZE, runner.device)
         self.max_threads_per_threadgroup: int = min(int(wg), runner.device.max_work_group_size)
 
     def __repr__(self) -> str:

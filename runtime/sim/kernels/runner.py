@@ -12,7 +12,7 @@ nothing is copied where the device can use host memory, as PoCL's CPU device doe
 write are mapped for reading after the run, which is where OpenCL guarantees the host sees the results. A view
 at a byte offset is bound as an OpenCL sub-buffer when the offset is a multiple of the device's
 ``mem_base_addr_align`` (OpenCL 1.2 §5.2.1: sub-buffer origins must be), else as the whole buffer with the
-offset passed in the kernel's offset parameter (the translator adds one per buffer, ``msl.py``).
+offset passed in the kernel's offset parameter (the translator adds one per buffer, ``msl.translate``).
 """
 from __future__ import annotations
 
@@ -24,25 +24,17 @@ from typing import Any
 
 import numpy as np
 
-# The pieces, one idea each: a kernel's bindings and sizes (kernels_compiled), the fault record read back as an
-# error (kernels_faults), the compiler's stderr (kernels_stderr); this module holds the device, the build cache and
-# the launch, and every name it had before the split stays importable from it (the noqa imports).
+# The pieces, one idea each: a kernel's bindings and sizes (``compiled``), the fault record read back as an error
+# (``faults``), the compiler's stderr (``stderr``); this module holds the device, the build cache and the launch.
 from mtlir.errors import KernelCompileError
 from mtlir.runtime.sim.kernels.buildlog import build_error
-from mtlir.runtime.sim.kernels.compiled import (DEFAULT_TIMEOUT_S, MAX_GLOBAL_PER_AXIS,  # noqa: F401
-                                                MAX_GLOBAL_THREADS, CompiledKernel, View)
+from mtlir.runtime.sim.kernels.compiled import CompiledKernel, View
 from mtlir.runtime.sim.kernels.faults import _access_error
 from mtlir.runtime.sim.kernels.stderr import _native_stderr, _pass_on
-from mtlir.runtime.sim.msl.translate import KernelArg, KernelInfo, ParamBinding, Translation, translate  # noqa: F401
+from mtlir.runtime.sim.msl.translate import Translation, translate
 from mtlir.runtime.sim.msl.guard.bound import FAULT_WORDS, SCRATCH_BYTES
 
-cl: Any  # the pyopencl module, or None when it is missing (the runner then says what to install)
-try:
-    cl = importlib.import_module("pyopencl")
-except ImportError:  # pragma: no cover - pyopencl is a dependency
-    cl = None
-
-__all__ = ["KernelRunner", "CompiledKernel", "KernelArg", "View", "INSTALL_HINT"]
+__all__ = ["KernelRunner", "INSTALL_HINT", "BUILD_OPTIONS"]
 
 INSTALL_HINT = ("install an OpenCL runtime for the CPU (Debian/Ubuntu: `sudo apt-get install pocl-opencl-icd "
                 "ocl-icd-libopencl1`) and the Python package pyopencl (`pip install pyopencl`)")
@@ -56,14 +48,16 @@ class KernelRunner:
     """Compiles and runs translated kernels on one OpenCL device (one context, one in-order queue).
 
     ``device``: a ``pyopencl.Device``; ``None`` takes the first device of the first platform that has one.
-    Raises ``RuntimeError`` saying what to install when pyopencl or an OpenCL device is missing. Thread-safe:
-    one lock serialises compiles and runs."""
+    ``cl``: the OpenCL API the runner calls: the pyopencl module (``None``: imported here) or a stand-in with the
+    same names. Raises ``RuntimeError`` saying what to install when pyopencl or an OpenCL device is missing.
+    Thread-safe: one lock serialises compiles and runs."""
 
-    def __init__(self, device: Any = None) -> None:
+    def __init__(self, device: Any = None, *, cl: Any = None) -> None:
         if cl is None:
-            raise RuntimeError(f"pyopencl is not installed: {INSTALL_HINT}")
+            cl = _import_pyopencl()
+        self.cl = cl
         if device is None:
-            device = _first_device()
+            device = _first_device(cl)
         self.device = device
         self.context = cl.Context([device])
         self.queue = cl.CommandQueue(self.context, device)
@@ -97,6 +91,7 @@ class KernelRunner:
         it), ``KernelCompileError`` (MSL that is not valid, no kernel named ``function``) or its subclass
         ``KernelBuildError`` (OpenCL did not build the translation: the MSL may be invalid, or use something the
         translator does not handle; the build log and the numbered translated source are in the message)."""
+        cl = self.cl
         with self._lock:
             got = self._kernels.get((msl, function))
             if got is not None:
@@ -112,6 +107,7 @@ class KernelRunner:
             return compiled
 
     def _program(self, msl: str) -> tuple[Translation, Any]:
+        cl = self.cl
         got = self._programs.get(msl)
         if got is None:
             translation = translate(msl, fp16=self.fp16)
@@ -132,6 +128,7 @@ class KernelRunner:
 
     def _launch(self, ck: CompiledKernel, views: tuple[View, ...], bindings: dict[int, tuple[np.ndarray, int]],
                 global_size: tuple[int, ...], local_size: tuple[int, int, int], timeout_s: float) -> None:
+        cl = self.cl
         with self._lock:
             if self._stuck is not None:
                 raise RuntimeError(f"the OpenCL queue is blocked by an earlier kernel that never finished "
@@ -196,6 +193,7 @@ class KernelRunner:
                 raise error
 
     def _buffer(self, storage: np.ndarray) -> Any:
+        cl = self.cl
         if storage.flags.writeable:
             return cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=storage)
         return cl.Buffer(self.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=storage)
@@ -209,7 +207,7 @@ class KernelRunner:
         delay = 1e-5
         while True:
             status = event.command_execution_status
-            if status == cl.command_execution_status.COMPLETE:
+            if status == self.cl.command_execution_status.COMPLETE:
                 return
             if status < 0:
                 raise RuntimeError(f"OpenCL failed to run {what}: execution status {status}")
@@ -223,7 +221,16 @@ class KernelRunner:
                 delay = min(delay * 2, 1e-3)
 
 
-def _first_device() -> Any:
+def _import_pyopencl() -> Any:
+    """The pyopencl module; ``RuntimeError`` saying what to install when it is missing."""
+    try:
+        return importlib.import_module("pyopencl")
+    except ImportError:
+        raise RuntimeError(f"pyopencl is not installed: {INSTALL_HINT}") from None
+
+
+def _first_device(cl: Any) -> Any:
+    """The first device of the first OpenCL platform that has one; ``RuntimeError`` saying what to install."""
     try:
         platforms = cl.get_platforms()
     except cl.Error as e:

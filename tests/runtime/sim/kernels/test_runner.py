@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from mtlir.errors import KernelAccessError, KernelBuildError, KernelCompileError, UnsupportedKernelError
-from mtlir.runtime.sim.kernels import runner as kernels
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 
 HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
@@ -222,21 +221,39 @@ def test_a_kernel_past_its_timeout_is_reported_not_waited_for() -> None:
 
 
 def test_no_opencl_device_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    cl = kernels.cl
+    import pyopencl as cl
 
-    class NoPlatform:
+    class NoPlatform:  # an OpenCL API whose platform query fails, as with no ICD installed
         Error = cl.Error
 
         @staticmethod
         def get_platforms() -> list:
             raise cl.LogicError("clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR")
 
-    monkeypatch.setattr(kernels, "cl", NoPlatform)
-    with pytest.raises(RuntimeError, match="pocl-opencl-icd ocl-icd-libopencl1"):
-        KernelRunner()
-    monkeypatch.setattr(kernels, "cl", None)
+    with pytest.raises(RuntimeError, match="no OpenCL platform found .*pocl-opencl-icd ocl-icd-libopencl1"):
+        KernelRunner(cl=NoPlatform)
+    monkeypatch.setitem(sys.modules, "pyopencl", None)  # what `import pyopencl` meets when it is not installed
     with pytest.raises(RuntimeError, match="pyopencl is not installed"):
         KernelRunner()
+
+
+def test_the_runner_calls_the_opencl_api_it_is_given() -> None:
+    import pyopencl as cl
+    calls: list[str] = []
+
+    class Recording:
+        def __getattr__(self, name: str) -> object:
+            calls.append(name)
+            return getattr(cl, name)
+
+    runner = KernelRunner(cl=Recording())
+    ck = runner.compile("kernel void k(device float* a, uint3 gid [[thread_position_in_grid]]) { a[gid.x] = 2.0f; }",
+                        "k")
+    data = np.zeros(16, np.uint8)
+    ck.run({0: (data, 0)}, (1, 1, 1), (4, 1, 1))
+    assert data.view(np.float32).tolist() == [2.0] * 4
+    assert {"get_platforms", "Context", "Program", "Kernel", "kernel_work_group_info",
+            "enqueue_nd_range_kernel"} <= set(calls)
 
 
 # --- bounds checks: an access outside the MTLBuffer is skipped and reported (KernelAccessError), never a crash ---
