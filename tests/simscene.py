@@ -9,7 +9,8 @@ import numpy as np
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
-from mtlir.runtime.sim import PyKernel, PyKernelArg, PyKernelRunner, SimDevice
+from mtlir.runtime.sim.device import SimDevice
+from mtlir.runtime.sim.kernels.pyrunner import PyKernel, PyKernelArg, PyKernelRunner
 from mtlir.runtime.bridge.messenger import Messenger
 
 MSL = """

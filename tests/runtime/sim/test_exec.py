@@ -221,7 +221,8 @@ def test_a_kernel_that_does_not_end_delays_neither_the_error_nor_close(monkeypat
     from progbuild import submit_program
 
     from mtlir.runtime import Session
-    from mtlir.runtime.sim import PyKernel, PyKernelArg, PyKernelRunner, SimDevice
+    from mtlir.runtime.sim.device import SimDevice
+    from mtlir.runtime.sim.kernels.pyrunner import PyKernel, PyKernelArg, PyKernelRunner
 
     release = threading.Event()
     params = (PyKernelArg("out", "buffer", 0), PyKernelArg("inp", "buffer", 1),

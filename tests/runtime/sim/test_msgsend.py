@@ -10,7 +10,7 @@ import pytest
 from mtlir.ir.dtypes import PtrDType, dtypes
 from mtlir.metal import MTL, Prototype, abi_prototype, c_prototype
 from mtlir.errors import BridgeError
-from mtlir.runtime.sim import SimDevice
+from mtlir.runtime.sim.device import SimDevice
 from simscene import Scene
 
 DISPATCH = "dispatchThreadgroups:threadsPerThreadgroup:"

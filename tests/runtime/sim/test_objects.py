@@ -10,7 +10,7 @@ import pytest
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL, c_prototype
 from mtlir.errors import BridgeError, MetalValidationError, UnsupportedKernelError
-from mtlir.runtime.sim import PyKernelRunner
+from mtlir.runtime.sim.kernels.pyrunner import PyKernelRunner
 from simscene import MSL, Scene
 
 

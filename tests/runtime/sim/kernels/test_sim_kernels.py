@@ -9,7 +9,7 @@ from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
 from mtlir.errors import GPUExecutionError, KernelBuildError, MetalValidationError
 from mtlir.runtime.session import Session
-from mtlir.runtime.sim import SimDevice
+from mtlir.runtime.sim.device import SimDevice
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 from progbuild import submit_program
 from simscene import Scene
