@@ -3,8 +3,8 @@
 ``SimDevice`` *is* the Bridge: ``sel_registerName``, ``objc_getClass``, ``c_call``, ``msg_send`` and host memory.
 It owns the object table (64-bit handles at or above 2**32; a deallocated object stays known as a zombie so a
 message to it is refused by name), the autorelease pools, the host address space (``memory``), and the GPU
-(``gpu``) that runs committed command buffers. What each selector does lives in ``resources``, ``encoding`` and
-``icb``; the rules of METAL.md §3 in ``rules`` and ``checks``.
+(``gpu``) that runs committed command buffers. What each selector does lives in ``methods`` (``resources``,
+``encoding``, ``icb``), joined here into ``METHODS``; the rules of METAL.md §3 in ``rules`` (``Rule``, ``checks``).
 
 One lock guards all of it; blocking calls (``commandBuffer`` at the in-flight limit, ``waitUntilCompleted``,
 ``waitUntilSignaledValue:timeoutMS:``) wait on its condition with a timeout, and the GPU releases it while a
@@ -528,7 +528,7 @@ class SimDevice:
         if after_commands < 0:
             raise ValueError(f"inject_fault: after_commands must be >= 0, got {after_commands}")
         with self._lock:
-            self.gpu.fault_plan = (code, after_commands)
+            self.gpu.injected_fault = (code, after_commands)
 
     def set_max_total_threads(self, pipeline: int, n: int) -> None:
         """Test hook: the pipeline with handle ``pipeline`` reports maxTotalThreadsPerThreadgroup ``n``

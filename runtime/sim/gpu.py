@@ -134,7 +134,7 @@ class GPU:
         self.busy = False
         self.thread: threading.Thread | None = None
         self.stopping = False
-        self.fault_plan: tuple[int, int] | None = None
+        self.injected_fault: tuple[int, int] | None = None  # (MTLCommandBufferError code, dispatches to run first)
         self.kernel_lock = threading.Lock()
         self.kernels_run = 0
         self.last_exception: BaseException | None = None
@@ -379,13 +379,13 @@ class GPU:
 
     def _run(self, p: Pipeline, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
              threadgroup: tuple[int, int, int], what: str) -> None:
-        plan = self.fault_plan
-        if plan is not None:
-            code, left = plan
+        injected = self.injected_fault
+        if injected is not None:
+            code, left = injected
             if left == 0:
-                self.fault_plan = None
+                self.injected_fault = None
                 raise GPUFault(code, f"injected fault at {what}")
-            self.fault_plan = (code, left - 1)
+            self.injected_fault = (code, left - 1)
         self.kernels_run += 1
         lock = self.dev._lock
         lock.release()

@@ -1,5 +1,5 @@
 """One kernel built for the runner's device (``kernels``): ``CompiledKernel`` checks a run's bindings and sizes before
-the runner launches it (``plan`` says how each parameter is bound: ``View``), and refuses sizes OpenCL would not
+the runner launches it (``views`` says how each parameter is bound: a ``View``), and refuses sizes OpenCL would not
 survive (``MAX_GLOBAL_PER_AXIS``, ``MAX_GLOBAL_THREADS``).
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ class CompiledKernel:
     def __repr__(self) -> str:
         return f"CompiledKernel({self.function!r}, params={[a.name for a in self.params]})"
 
-    def plan(self, bindings: dict[int, tuple[np.ndarray, int]]) -> tuple[View, ...]:
+    def views(self, bindings: dict[int, tuple[np.ndarray, int]]) -> tuple[View, ...]:
         """Check ``bindings`` against the parameters and say how each parameter will be bound (``View``).
 
         Raises ``ValueError`` naming the kernel, parameter and buffer index for a missing binding, a storage that
@@ -92,13 +92,13 @@ class CompiledKernel:
         offset. Views of one storage alias as they do in Metal. Results are in the arrays when ``run`` returns.
         A grid or threadgroup with a zero axis runs nothing (Metal accepts such a dispatch, METAL.md §3 rule 13).
 
-        Raises ``ValueError`` for bad bindings (``plan``) or sizes, for a threadgroup larger than the OpenCL
+        Raises ``ValueError`` for bad bindings (``views``) or sizes, for a threadgroup larger than the OpenCL
         device runs (``max_threads_per_threadgroup``: 4096 on PoCL here, above Metal's 1024), and for a global
         size of 2**32 threads or more on an axis or more than 2**40 in all (``MAX_GLOBAL_PER_AXIS``,
         ``MAX_GLOBAL_THREADS``: a wrapped size would otherwise abort the process inside PoCL); ``TimeoutError``
         when the kernel has not finished after ``timeout_s`` seconds (the runner then refuses further work,
         since OpenCL cannot stop a running kernel); ``RuntimeError`` when OpenCL refuses to run it."""
-        views = self.plan(bindings)
+        views = self.views(bindings)
         grid, threadgroup = _size3(grid, "grid"), _size3(threadgroup, "threadgroup")
         if 0 in grid or 0 in threadgroup:
             return

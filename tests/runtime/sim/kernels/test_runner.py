@@ -75,7 +75,7 @@ def test_views_at_byte_offsets(runner: KernelRunner, offset: int, how: str) -> N
     x = np.arange(1, 17, dtype=np.float32)
     put(storage, 1536, x)
     bindings = scale_bindings((storage, offset), (storage, 1536), 12, 3.0)
-    views = ck.plan(bindings)
+    views = ck.views(bindings)
     assert [(v.arg.name, v.how, v.offset) for v in views[:2]] == [("out", how, offset), ("in", "sub-buffer", 1536)]
     ck.run(bindings, (4, 1, 1), (4, 1, 1))
     np.testing.assert_array_equal(f32(storage, offset, 16), np.concatenate([3 * x[:12], np.zeros(4)]))
@@ -93,7 +93,7 @@ def test_views_of_one_buffer_alias(runner: KernelRunner) -> None:
     put(storage, 128, np.float32([50.0]))
     ck.run({0: (storage, 0), 1: (storage, 4)}, (1, 1, 1), (1, 1, 1))  # float[1] = float[0] + 1
     ck.run({0: (storage, 4), 1: (storage, 8)}, (1, 1, 1), (1, 1, 1))  # float[2] = float[1] + 1: the last result
-    assert [v.how for v in ck.plan({0: (storage, 128), 1: (storage, 132)})] == ["sub-buffer", "offset"]
+    assert [v.how for v in ck.views({0: (storage, 128), 1: (storage, 132)})] == ["sub-buffer", "offset"]
     ck.run({0: (storage, 128), 1: (storage, 132)}, (1, 1, 1), (1, 1, 1))  # a sub-buffer and an offset view
     np.testing.assert_array_equal(f32(storage, 0, 4), [10, 11, 12, 0])
     np.testing.assert_array_equal(f32(storage, 128, 3), [50, 51, 0])
