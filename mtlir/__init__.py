@@ -10,10 +10,10 @@ from mtlir.ir.ops import GroupOp, Ops
 from mtlir.ir.render import ParseError, listing, parse, register_arg_type, render
 from mtlir.ir.rewrite import RewriteLoopError, RewriteStep, RewriteTrace, graph_rewrite
 from mtlir.ir.uop import UOp
-from mtlir.ir.upat import PatternMatcher, Rule, RuleError, UPat
+from mtlir.ir.upat import PatternMatcher, PatternRule, RuleError, UPat
 from mtlir.viz import GraphvizNotFoundError, to_dot, to_networkx, write_picture
 
-__all__ = ["UOp", "Ops", "GroupOp", "dtypes", "DType", "PtrDType", "StructDType", "UPat", "PatternMatcher", "Rule",
-           "RuleError", "graph_rewrite", "RewriteLoopError", "RewriteTrace", "RewriteStep", "render", "parse",
+__all__ = ["UOp", "Ops", "GroupOp", "dtypes", "DType", "PtrDType", "StructDType", "UPat", "PatternMatcher",
+           "PatternRule", "RuleError", "graph_rewrite", "RewriteLoopError", "RewriteTrace", "RewriteStep", "render", "parse",
            "ParseError", "listing", "register_arg_type", "to_dot", "to_networkx", "write_picture",
            "GraphvizNotFoundError"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from mtlir.ir.upat import PatternMatcher, Rule
+from mtlir.ir.upat import PatternMatcher, PatternRule
 from mtlir.errors import MtlirError
 from mtlir.ir.uop import UOp
 
@@ -35,7 +35,7 @@ class RewriteLoopError(MtlirError, RuntimeError):
     """A rule set that does not terminate; ``rules`` lists the rules of the cycle in firing order (or, for a rule
     set that keeps growing the graph, the rules involved, most frequent first)."""
 
-    def __init__(self, message: str, rules: list[Rule]) -> None:
+    def __init__(self, message: str, rules: list[PatternRule]) -> None:
         super().__init__(message)
         self.rules = rules
 
@@ -44,7 +44,7 @@ class RewriteLoopError(MtlirError, RuntimeError):
 class RewriteStep:
     """One firing: ``rule`` rewrote ``before`` into ``after``."""
 
-    rule: Rule
+    rule: PatternRule
     before: UOp
     after: UOp
 
@@ -66,7 +66,7 @@ class RewriteTrace:
         return dict(Counter(f"{s.rule.name} ({s.rule.location})" for s in self.steps))
 
 
-def _describe(rules: list[Rule]) -> str:
+def _describe(rules: list[PatternRule]) -> str:
     return " -> ".join(f"{r.name} ({r.location})" for r in rules)
 
 
@@ -82,7 +82,8 @@ class _Rewriter:
         self.state: dict[UOp, UOp] = {}  # node -> final result, or _BUSY while in progress
         self.replaced: dict[UOp, UOp] = {}  # input-graph node -> final result, only where they differ
         self.early: set[UOp] = set()  # input-graph nodes finished before the main loop reached them
-        self.pending: dict[UOp, tuple[UOp, Rule, UOp]] = {}  # node -> (rule result being rewritten, rule, before)
+        # node -> (rule result being rewritten, rule, before)
+        self.pending: dict[UOp, tuple[UOp, PatternRule, UOp]] = {}
         self.cur: UOp | None = None  # the input-graph node the main loop is at
         self.pos: dict[UOp, int] | None = None
         self.lookup = self._make_lookup()
@@ -121,7 +122,7 @@ class _Rewriter:
 
     # ---- loops
 
-    def loop_error(self, again: UOp | None, rule: Rule | None, what: str) -> RewriteLoopError:
+    def loop_error(self, again: UOp | None, rule: PatternRule | None, what: str) -> RewriteLoopError:
         """The error for a cycle: the rules pending from ``again`` on (all pending when None), then ``rule``."""
         chain = list(self.pending.items())
         start = next((i for i, (n, _) in enumerate(chain) if n is again), 0)
@@ -131,7 +132,7 @@ class _Rewriter:
         return RewriteLoopError(f"graph_rewrite {self.name!r}: the rules never terminate{where} ({what}): "
                                 f"{_describe(rules)}", rules)
 
-    def growth_error(self, rule: Rule) -> RewriteLoopError:
+    def growth_error(self, rule: PatternRule) -> RewriteLoopError:
         counts = Counter([r for _, (_, r, _) in self.pending.items()] + [rule])
         rules = [r for r, _ in counts.most_common()]
         return RewriteLoopError(
@@ -141,7 +142,7 @@ class _Rewriter:
 
     # ---- rewriting
 
-    def fire(self, x: UOp, before: UOp, ret: UOp, rule: Rule, stack: list[UOp]) -> bool:
+    def fire(self, x: UOp, before: UOp, ret: UOp, rule: PatternRule, stack: list[UOp]) -> bool:
         """``rule`` rewrote ``before`` (``x`` with its sources rewritten) into ``ret``: finish ``x`` when ``ret``
         is done, else schedule ``ret``. Returns True when work was pushed on ``stack``."""
         if self.trace is not None:
@@ -184,7 +185,7 @@ class _Rewriter:
             return
         self.fire(x, before, fired[0], fired[1], stack)
 
-    def run(self, x: UOp, before: UOp | None, fired: tuple[UOp, Rule] | None) -> UOp:
+    def run(self, x: UOp, before: UOp | None, fired: tuple[UOp, PatternRule] | None) -> UOp:
         """Finish ``x`` (an input-graph node at the main loop) and everything its rewrite creates."""
         state, pending, lookup, post = self.state, self.pending, self.lookup, self.post
         stack: list[UOp] = []

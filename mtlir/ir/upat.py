@@ -23,7 +23,7 @@ from mtlir.errors import MtlirError
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.ir.uop import UOp, argkey
 
-__all__ = ["UPat", "PatternMatcher", "Rule", "RuleError"]
+__all__ = ["UPat", "PatternMatcher", "PatternRule", "RuleError"]
 
 _NO_ARG: Any = object()
 Store = dict[str, UOp]
@@ -251,7 +251,7 @@ def _compile(pat: UPat) -> MatchFn:
 
 
 @dataclass(frozen=True)
-class Rule:
+class PatternRule:
     """One rule of a PatternMatcher: the pattern, the function, and where the function is defined."""
 
     pat: UPat
@@ -320,16 +320,16 @@ class PatternMatcher:
     captures of its pattern (checked here, once, not when the rule first fires)."""
 
     def __init__(self, rules: Iterable[tuple[UPat, Callable[..., UOp | None]]]) -> None:
-        self.rules: list[Rule] = []
+        self.rules: list[PatternRule] = []
         for item in rules:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], UPat)):
                 raise RuleError(f"PatternMatcher: each rule is a (UPat, function) pair, got {item!r:.120}")
             pat, fn = item
             loc = _location(fn)
-            self.rules.append(Rule(pat, fn, _check_rule(pat, fn, loc), loc))
-        self._by_op: dict[Ops, list[tuple[MatchFn, Rule]]] = {}
+            self.rules.append(PatternRule(pat, fn, _check_rule(pat, fn, loc), loc))
+        self._by_op: dict[Ops, list[tuple[MatchFn, PatternRule]]] = {}
         self._pre: dict[Ops, Callable[[UOp], bool]] = {}  # per op: can any rule match? (absent: maybe, always)
-        self._dispatch: dict[Ops, tuple[list[tuple[MatchFn, Rule]], Callable[[UOp], bool] | None]] = {}
+        self._dispatch: dict[Ops, tuple[list[tuple[MatchFn, PatternRule]], Callable[[UOp], bool] | None]] = {}
         for op in Ops:
             lst = [(_compiled(r.pat), r) for r in self.rules if (k := r.pat.op_keys()) is None or op in k]
             if lst:
@@ -348,7 +348,7 @@ class PatternMatcher:
     def __repr__(self) -> str:
         return f"<PatternMatcher of {len(self.rules)} rules>"
 
-    def rules_for(self, op: Ops) -> list[Rule]:
+    def rules_for(self, op: Ops) -> list[PatternRule]:
         """The rules that can match a node of ``op``, in table order."""
         return [r for _, r in self._by_op.get(op, ())]
 
@@ -357,7 +357,7 @@ class PatternMatcher:
         got = self.rewrite_with_rule(uop, ctx)
         return None if got is None else got[0]
 
-    def rewrite_with_rule(self, uop: UOp, ctx: Any = None) -> tuple[UOp, Rule] | None:
+    def rewrite_with_rule(self, uop: UOp, ctx: Any = None) -> tuple[UOp, PatternRule] | None:
         """Like ``rewrite``, also naming the rule that fired. A rule returning ``uop`` itself counts as no match.
 
         Raises ``RuleError`` when a rule returns something other than a UOp or None."""
@@ -369,7 +369,8 @@ class PatternMatcher:
             return None
         return self._rewrite_unchecked(uop, ctx, rules)
 
-    def _rewrite_unchecked(self, uop: UOp, ctx: Any, rules: list[tuple[MatchFn, Rule]]) -> tuple[UOp, Rule] | None:
+    def _rewrite_unchecked(self, uop: UOp, ctx: Any,
+                           rules: list[tuple[MatchFn, PatternRule]]) -> tuple[UOp, PatternRule] | None:
         """``rewrite_with_rule`` once the precheck said a rule may match: every rule for the op, in order."""
         for match, rule in rules:
             for captures in match(uop, {}):
