@@ -1,19 +1,84 @@
 """mtlir: GPU queue operations as a graph of immutable, hash-consed UOps, lowered by pattern-matching passes to the
 exact Objective-C message sequence of Apple Metal.
 
-The IR core lives here: ``UOp`` (nodes), ``Ops``/``GroupOp`` (what a node is), ``dtypes`` (value types), ``UPat`` and
-``PatternMatcher`` (rules), ``graph_rewrite`` (passes), ``render``/``parse``/``listing`` (text) and ``to_dot``/
-``to_networkx``/``write_picture`` (pictures). The passes are in ``mtlir.passes``, the devices in ``mtlir.runtime``.
+The public surface, each name imported from the module it lives in when it is first used (``import mtlir``
+imports none of them, nor graphviz, networkx, numpy, pyopencl, the passes or the runtime):
+
+- the IR core: ``UOp`` (nodes), ``Ops``/``GroupOp`` (what a node is), ``dtypes``/``DType``/``PtrDType``/
+  ``StructDType`` (value types), ``UPat``/``PatternMatcher``/``PatternRule`` (rules), ``graph_rewrite`` (passes),
+  ``render``/``parse``/``listing``/``register_arg_type`` (text), ``to_dot``/``to_networkx``/``write_picture``
+  (pictures; ``mtlir.viz``);
+- Metal's facts: ``DeviceSpec``, ``Kernel``, ``KernelParam`` (``mtlir.metal``);
+- the front end: ``Queue`` (a queue by hand), ``load_trace`` (a recorded queue); the lowering: ``lower``,
+  ``default_pipeline`` (``mtlir.passes``);
+- running: ``link``, ``Session`` (``mtlir.runtime``), ``SimDevice`` (the simulated Metal device);
+- the errors: ``MtlirError`` and its family (``mtlir.errors``), with the IR core's ``ParseError``, ``RuleError``,
+  ``RewriteLoopError`` and ``GraphvizNotFoundError``.
 """
-from mtlir.ir.dtypes import DType, PtrDType, StructDType, dtypes
-from mtlir.ir.ops import GroupOp, Ops
-from mtlir.ir.render import ParseError, listing, parse, register_arg_type, render
-from mtlir.ir.rewrite import RewriteLoopError, RewriteStep, RewriteTrace, graph_rewrite
-from mtlir.ir.uop import UOp
-from mtlir.ir.upat import PatternMatcher, PatternRule, RuleError, UPat
-from mtlir.viz import GraphvizNotFoundError, to_dot, to_networkx, write_picture
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mtlir.errors import (BridgeError, DeviceError, GPUExecutionError, InputError, KernelAccessError,
+                              KernelBuildError, KernelCompileError, LinkError, LoweringError, MetalValidationError,
+                              MtlirError, UnsupportedError, UnsupportedKernelError)
+    from mtlir.frontend.queue import Queue
+    from mtlir.frontend.trace import load_trace
+    from mtlir.ir.dtypes import DType, PtrDType, StructDType, dtypes
+    from mtlir.ir.ops import GroupOp, Ops
+    from mtlir.ir.render import ParseError, listing, parse, register_arg_type, render
+    from mtlir.ir.rewrite import RewriteLoopError, RewriteStep, RewriteTrace, graph_rewrite
+    from mtlir.ir.uop import UOp
+    from mtlir.ir.upat import PatternMatcher, PatternRule, RuleError, UPat
+    from mtlir.metal import DeviceSpec, Kernel, KernelParam
+    from mtlir.passes import default_pipeline, lower
+    from mtlir.runtime.link.link import link
+    from mtlir.runtime.session import Session
+    from mtlir.runtime.sim.device import SimDevice
+    from mtlir.viz import GraphvizNotFoundError, to_dot, to_networkx, write_picture
 
 __all__ = ["UOp", "Ops", "GroupOp", "dtypes", "DType", "PtrDType", "StructDType", "UPat", "PatternMatcher",
-           "PatternRule", "RuleError", "graph_rewrite", "RewriteLoopError", "RewriteTrace", "RewriteStep", "render", "parse",
-           "ParseError", "listing", "register_arg_type", "to_dot", "to_networkx", "write_picture",
-           "GraphvizNotFoundError"]
+           "PatternRule", "RuleError", "graph_rewrite", "RewriteLoopError", "RewriteTrace", "RewriteStep", "render",
+           "parse", "ParseError", "listing", "register_arg_type", "to_dot", "to_networkx", "write_picture",
+           "GraphvizNotFoundError", "DeviceSpec", "Kernel", "KernelParam", "Queue", "load_trace", "lower",
+           "default_pipeline", "link", "Session", "SimDevice", "MtlirError", "InputError", "LoweringError",
+           "LinkError", "BridgeError", "DeviceError", "GPUExecutionError", "MetalValidationError", "KernelAccessError",
+           "UnsupportedError", "UnsupportedKernelError", "KernelCompileError", "KernelBuildError"]
+
+# the module each public name lives in (the imports above, for the type checker, say the same)
+_MODULES: dict[str, tuple[str, ...]] = {
+    "mtlir.ir.uop": ("UOp",),
+    "mtlir.ir.ops": ("Ops", "GroupOp"),
+    "mtlir.ir.dtypes": ("dtypes", "DType", "PtrDType", "StructDType"),
+    "mtlir.ir.upat": ("UPat", "PatternMatcher", "PatternRule", "RuleError"),
+    "mtlir.ir.rewrite": ("graph_rewrite", "RewriteLoopError", "RewriteTrace", "RewriteStep"),
+    "mtlir.ir.render": ("render", "parse", "ParseError", "listing", "register_arg_type"),
+    "mtlir.viz": ("to_dot", "to_networkx", "write_picture", "GraphvizNotFoundError"),
+    "mtlir.metal": ("DeviceSpec", "Kernel", "KernelParam"),
+    "mtlir.frontend.queue": ("Queue",),
+    "mtlir.frontend.trace": ("load_trace",),
+    "mtlir.passes": ("lower", "default_pipeline"),
+    "mtlir.runtime.link.link": ("link",),
+    "mtlir.runtime.session": ("Session",),
+    "mtlir.runtime.sim.device": ("SimDevice",),
+    "mtlir.errors": ("MtlirError", "InputError", "LoweringError", "LinkError", "BridgeError", "DeviceError",
+                     "GPUExecutionError", "MetalValidationError", "KernelAccessError", "UnsupportedError",
+                     "UnsupportedKernelError", "KernelCompileError", "KernelBuildError"),
+}
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (and kept, so the next use is a plain lookup)."""
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'mtlir' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

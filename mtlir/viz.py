@@ -4,7 +4,8 @@ and ``to_networkx`` (a ``networkx.MultiDiGraph`` for analysis).
 Node ids are ``n<I>`` with ``I`` the node's toposort position: stable across runs, and never a DOT keyword nor a
 name with a colon (which DOT would read as a port). Labels are HTML-like labels with every character escaped, so
 args holding quotes, backslashes, ``< > { | }``, DOT keywords, newlines or the colons of Objective-C selectors
-print as they are.
+print as they are. The graphviz and networkx packages are imported by the functions that need them, not with this
+module.
 """
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import graphviz
-
 from mtlir.errors import InputError
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.metal import Obj
@@ -26,6 +25,7 @@ from mtlir.ir.render import short_arg
 from mtlir.ir.uop import UOp
 
 if TYPE_CHECKING:
+    import graphviz
     import networkx as nx
 
 __all__ = ["to_dot", "to_networkx", "write_picture", "GraphvizNotFoundError", "OP_COLORS"]
@@ -102,6 +102,8 @@ def to_dot(graph: UOp, name: str = "mtlir", highlight: Iterable[UOp] = (), width
     sources. Nodes in ``highlight`` get a thick red border. ``name`` is the picture's title (any text). Above
     ``max_nodes`` nodes only the ``max_nodes`` nearest the root (by toposort position) are drawn, and one box
     stands for the rest. Raises ``TypeError`` when ``graph`` is not a UOp."""
+    import graphviz  # imported here: only drawing needs the graphviz package
+
     if not isinstance(graph, UOp):
         raise TypeError(f"to_dot: {type(graph).__name__} is not a UOp")
     order = graph.toposort()
