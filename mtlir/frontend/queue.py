@@ -1,4 +1,5 @@
-"""The queue graph: the front end's vocabulary, built from Python with ``Queue`` or from a trace (``mtlir.frontend.trace``).
+"""The queue graph: the front end's vocabulary, built from Python with ``Queue`` or from a trace
+(``mtlir.frontend.trace``).
 
 A queue graph is one SUBMIT node whose sources are the queue operations in order (docs/lowering.md, "The queue
 graph"). Layouts, all checked by ``Queue`` as they are built and again by the ``encode`` pass:

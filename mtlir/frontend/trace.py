@@ -30,12 +30,13 @@ __all__ = ["load_trace", "parse_trace", "Trace", "TraceError", "TraceBuffer", "T
 
 MAX_BUFFER_BYTES = 2**36  # 64 GiB: more than any Apple GPU's memory; a bigger "size" is a broken trace
 
-# the fields of each object of the format (docs/lowering.md, "Traces"); anything else is refused
+# the fields of each object of the format (docs/lowering.md, "Traces"); anything else is refused. The format calls
+# the kernels "programs" (the recorder's word): the code calls them kernels, keyed by their key (``Kernel.key``)
 _TOP = frozenset({"workload", "arch", "made_with", "variables", "buffers", "programs", "dispatches", "output"})
 _VARIABLE = frozenset({"value", "min", "max"})
 _BUFFER = frozenset({"size", "init"})
 _INIT = frozenset({"offset", "b64"})
-_PROGRAM = frozenset({"function", "msl", "signature"})
+_KERNEL = frozenset({"function", "msl", "signature"})
 _DISPATCH = frozenset({"kernel", "grid", "threadgroup", "grid_expr", "threadgroup_expr", "args", "vars"})
 _ARG = frozenset({"buffer", "offset", "size"})
 _OUTPUT = frozenset({"buffer", "offset", "dtype", "shape", "expected_b64"})
@@ -90,8 +91,9 @@ class BufferArg:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """One recorded dispatch: the program key, sizes (grid in threadgroups, threadgroup in threads) at the
-    recorded values, their expressions (an int or a variable name per axis), buffer args and variable values."""
+    """One recorded dispatch: ``kernel``, the key of its kernel in ``Trace.kernels``; sizes (grid in threadgroups,
+    threadgroup in threads) at the recorded values, their expressions (an int or a variable name per axis), buffer
+    args and variable values."""
 
     kernel: str
     grid: tuple[int, int, int]
@@ -131,8 +133,8 @@ class OutputSpec:
 
 @dataclass
 class Trace:
-    """A loaded trace. ``kernels`` by program key; ``buffers`` by id; ``variables`` by name; ``dispatches`` in
-    queue order; ``arch`` the GPU family the kernels were rendered for (``Apple7``, ``Apple9``).
+    """A loaded trace. ``kernels`` by key (the format's ``programs``); ``buffers`` by id; ``variables`` by name;
+    ``dispatches`` in queue order; ``arch`` the GPU family the kernels were rendered for (``Apple7``, ``Apple9``).
     ``unused_variables``: variables no dispatch uses (as a size or a kernel argument); ``unused_buffers``: buffer ids
     no dispatch binds and the output does not name. Both are accepted and noted here; unused buffers get no initial
     data (nothing would read it)."""
@@ -350,15 +352,16 @@ def _buffers(r: _Reader, raw: dict[str, Any]) -> dict[str, TraceBuffer]:
 
 
 def _kernels(r: _Reader, raw: dict[str, Any]) -> dict[str, Kernel]:
+    """The kernels of the format's ``programs`` object, by key."""
     out = {}
-    for key, prg in raw.items():
+    for key, spec in raw.items():
         path = f"programs.{key}"
-        r.fields(prg, path, _PROGRAM)
-        function = r.get(prg, "function", path, str)
-        msl = r.get(prg, "msl", path, str)
+        r.fields(spec, path, _KERNEL)
+        function = r.get(spec, "function", path, str)
+        msl = r.get(spec, "msl", path, str)
         params = []
         seen_var = False
-        for j, entry in enumerate(r.get(prg, "signature", path, list)):
+        for j, entry in enumerate(r.get(spec, "signature", path, list)):
             ppath = f"{path}.signature[{j}]"
             r.check(entry, ppath, list)
             if not 3 <= len(entry) <= 4:
