@@ -23,7 +23,8 @@ import time
 
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
 from mtlir.passes import lower
-from mtlir.program import Program
+from mtlir.program.instructions import Call, End, Range
+from mtlir.program.program import Program
 from mtlir.frontend.queue import Queue, buffer, timeline_value, view
 from mtlir.ir.uop import UOp
 
@@ -59,12 +60,13 @@ def messages(program: Program) -> int:
     """Messages one run of ``program`` sends, loops unrolled (their bounds are constants here)."""
     total, scale = 0, [1]
     for ins in program.instrs:
-        if ins[0] == "RANGE":
-            scale.append(scale[-1] * int(program.consts[ins[2]]))
-        elif ins[0] == "END":
-            scale.pop()
-        elif ins[0] == "CALL":
-            total += scale[-1]
+        match ins:
+            case Range(bound=bound):
+                scale.append(scale[-1] * int(program.consts[bound]))
+            case End():
+                scale.pop()
+            case Call():
+                total += scale[-1]
     return total
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from mtlir.metal import Prototype
 from mtlir.passes import default_pipeline
-from mtlir.program import Program
+from mtlir.program.program import Program
 from mtlir.runtime import CompiledReplay, Interpreter, RecordingBridge, Session, link
 from mtlir.frontend.trace import load_trace
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from mtlir.errors import InputError
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.metal import Obj
-from mtlir.program import CallList, MessageList
+from mtlir.program.payloads import CallList, MessageList
 from mtlir.ir.render import short_arg
 from mtlir.ir.uop import UOp
 

@@ -22,7 +22,8 @@ from mtlir.ir.dtypes import DType, PtrDType, dtypes
 from mtlir.metal import SELECTORS, TARGETS, AbiError, Obj, Prototype, Signature, abi_prototype
 from mtlir.ir.ops import Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
-from mtlir.program import CallList, Program
+from mtlir.program.payloads import CallList
+from mtlir.program.program import Program
 from mtlir.ir.rewrite import graph_rewrite
 from mtlir.ir.upat import PatternMatcher, UPat
 from mtlir.ir.uop import UOp

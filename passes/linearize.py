@@ -30,7 +30,9 @@ from mtlir.errors import LoweringError
 from mtlir.metal import DeviceSpec
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
-from mtlir.program import Instr, Program
+from mtlir.program.instructions import (Alu, Bitcast, Call, Cast, End, Gep, Index, Instr, Load, Range, Store,
+                                        Struct)
+from mtlir.program.program import Program
 from mtlir.ir.uop import UOp
 
 __all__ = ["Linearize", "LinearizeError", "linearize", "schedule"]
@@ -193,31 +195,31 @@ def _emit_nothing(b: _Builder, u: UOp) -> None:
 
 
 def _emit_alu(b: _Builder, u: UOp) -> None:
-    srcs = [b.r(s) for s in u.src]
-    b.instrs.append(("ALU", b.new(u), u.op, u.dtype, *srcs))
+    srcs = tuple([b.r(s) for s in u.src])
+    b.instrs.append(Alu(b.new(u), u.op, u.dtype, srcs))
 
 
 def _emit_cast(b: _Builder, u: UOp) -> None:
     src = b.r(u.src[0])
-    b.instrs.append((u.op.name, b.new(u), u.dtype, src))
+    b.instrs.append((Cast if u.op is Ops.CAST else Bitcast)(b.new(u), u.dtype, src))
 
 
 def _emit_index(b: _Builder, u: UOp) -> None:
     base = u.src[0].dtype
     size = base.base.itemsize if isinstance(base, PtrDType) else 1
     rb, ri = b.r(u.src[0]), b.r(u.src[1])
-    b.instrs.append(("INDEX", b.new(u), max(size, 1), rb, ri))
+    b.instrs.append(Index(b.new(u), max(size, 1), rb, ri))
 
 
 def _emit_load(b: _Builder, u: UOp) -> None:
     ra = b.r(u.src[0])
-    b.instrs.append(("LOAD", b.new(u), u.dtype, ra))
+    b.instrs.append(Load(b.new(u), u.dtype, ra))
 
 
 def _emit_store(b: _Builder, u: UOp) -> None:
     ptr = u.src[0].dtype
     dtype = ptr.base if isinstance(ptr, PtrDType) and ptr.base is not dtypes.void else u.src[1].dtype
-    b.instrs.append(("STORE", -1, dtype, b.r(u.src[0]), b.r(u.src[1])))
+    b.instrs.append(Store(dtype, b.r(u.src[0]), b.r(u.src[1])))
 
 
 def _emit_struct(b: _Builder, u: UOp) -> None:
@@ -225,20 +227,20 @@ def _emit_struct(b: _Builder, u: UOp) -> None:
     if all(s.op is Ops.CONST for s in u.src):
         b.program.consts[b.new(u)] = tuple(int(s.arg) for s in u.src)
         return
-    srcs = [b.r(s) for s in u.src]
-    b.instrs.append(("STRUCT", b.new(u), *srcs))
+    fields = tuple([b.r(s) for s in u.src])
+    b.instrs.append(Struct(b.new(u), fields))
 
 
 def _emit_gep(b: _Builder, u: UOp) -> None:
     src = b.r(u.src[0])
-    b.instrs.append(("GEP", b.new(u), u.arg, src))
+    b.instrs.append(Gep(b.new(u), u.arg, src))
 
 
 def _emit_call(b: _Builder, u: UOp) -> None:
     fn, selector, proto = u.arg
-    args = [b.r(s) for s in u.src]
+    args = tuple([b.r(s) for s in u.src])
     dst = b.new(u) if u.dtype is not dtypes.void else -1
-    b.instrs.append(("CALL", dst, fn, proto, *args))
+    b.instrs.append(Call(dst, fn, proto, args))
     if dst >= 0:
         if selector == "retain" and args[0] in (b.program.names if b.program else {}):
             assert b.program is not None
@@ -248,25 +250,37 @@ def _emit_call(b: _Builder, u: UOp) -> None:
 
 
 def _emit_calls(b: _Builder, u: UOp) -> None:
+    """One void CALL per entry of the CallList. abi shares the entry object of a repeated call, so a repeated entry
+    is one record (instructions are immutable): on the direct path most messages repeat (a pipeline, a grid), and
+    building each record once keeps linearize at the cost of the distinct calls."""
     regs = [b.reg[s] for s in u.src]
-    b.instrs += [("CALL", -1, fn, proto, *[regs[i] for i in refs]) for fn, _, proto, refs in u.arg]
+    made: dict[int, Call] = {}  # id of a CallList entry (alive in u.arg) -> its instruction
+    out: list[Instr] = []
+    for entry in u.arg:
+        ins = made.get(id(entry))
+        if ins is None:
+            fn, _, proto, refs = entry
+            ins = made[id(entry)] = Call(-1, fn, proto, tuple([regs[i] for i in refs]))
+        out.append(ins)
+    b.instrs += out
 
 
 def _emit_range(b: _Builder, u: UOp) -> None:
-    rend = b.r(u.src[0])
+    bound = b.r(u.src[0])
     dst = b.new(u)
     b.name(dst, "i")
     b.open_ranges[u] = len(b.instrs)
-    b.instrs.append(("RANGE", dst, rend, -1))
+    b.instrs.append(Range(dst, bound, -1))  # end_pc: set when its END is emitted
 
 
 def _emit_end(b: _Builder, u: UOp) -> None:
     rng = u.src[0]
     start = b.open_ranges.pop(rng)
     pc = len(b.instrs)
-    ins = b.instrs[start]
-    b.instrs[start] = (ins[0], ins[1], ins[2], pc)
-    b.instrs.append(("END", -1, b.r(rng), start))
+    head = b.instrs[start]
+    assert type(head) is Range
+    b.instrs[start] = Range(head.dst, head.bound, pc)
+    b.instrs.append(End(b.r(rng), start))
 
 
 # op -> what it emits (module docstring)

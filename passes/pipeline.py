@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from collections.abc import Iterator
 from typing import Any, ClassVar, TextIO
 
-from mtlir.program import Program
+from mtlir.program.program import Program
 from mtlir.errors import InputError
 from mtlir.ir.uop import UOp
 

@@ -17,7 +17,7 @@ from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec, Obj
 from mtlir.ir.ops import Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
-from mtlir.program import Program
+from mtlir.program.program import Program
 from mtlir.frontend.queue import timeline
 from mtlir.ir.rewrite import graph_rewrite
 from mtlir.ir.upat import PatternMatcher, UPat

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from mtlir.ir.dtypes import PtrDType, dtypes
 from mtlir.errors import LoweringError
 from mtlir.metal import SELECTORS, DeviceSpec, Obj, Prototype
 from mtlir.ir.ops import GroupOp, Ops
-from mtlir.program import CallList, MessageList, Program
+from mtlir.program.instructions import INSTRUCTIONS, Call, End, Range
+from mtlir.program.payloads import CallList, MessageList
+from mtlir.program.program import Program
 from mtlir.ir.upat import UPat
 from mtlir.ir.uop import UOp
 
@@ -415,54 +416,59 @@ def checked_once() -> Iterator[None]:
 
 # ---- the Program (after linearize)
 
-_READS: dict[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
-    "ALU": lambda i: i[4:], "CAST": lambda i: (i[3],), "BITCAST": lambda i: (i[3],), "INDEX": lambda i: i[3:5],
-    "LOAD": lambda i: (i[3],), "STORE": lambda i: i[3:5], "STRUCT": lambda i: i[2:], "GEP": lambda i: (i[3],),
-    "CALL": lambda i: i[4:], "RANGE": lambda i: (i[2],), "END": lambda i: (i[2],),
-}
-
 
 def verify_program(program: Program, pass_name: str = "linearize") -> None:
-    """Check a Program against mtlir.program's instruction set: known opcodes, registers in range and defined
-    before they are read, RANGE/END matched and pointing at each other, CALL arguments as the prototype says, a
-    selector register for every objc_msgSend. Raises ``VerifyError``."""
+    """Check a Program against its instruction set (``mtlir.program.instructions``): every instruction one of its
+    records, registers in range and defined before they are read, RANGE/END matched and pointing at each other,
+    CALL arguments as the prototype says, a selector register for every objc_msgSend. Raises ``VerifyError``.
+
+    A CALL record that appears at several pcs (linearize shares the record of a repeated call) is checked once:
+    what it reads was defined before its first pc, so also before the others.
+    """
     defined = set(program.consts) | set(program.objects) | set(program.selectors)
     defined |= {r for r, _, _ in program.variables.values()}
     n = program.nregs
     stack: list[int] = []
+    instrs = program.instrs
+    known, passed = frozenset(INSTRUCTIONS), set()  # passed: ids of records checked at an earlier pc
 
     def fail(pc: int, problem: str) -> VerifyError:
         return VerifyError(pass_name, None, f"instruction {pc} ({program.format(pc)}): {problem}")
 
-    for pc, ins in enumerate(program.instrs):
-        op = ins[0]
-        if op not in _READS:
-            raise VerifyError(pass_name, None, f"instruction {pc}: unknown opcode {op!r}")
-        for r in _READS[op](ins):
+    for pc, ins in enumerate(instrs):
+        if id(ins) in passed:
+            continue
+        if type(ins) not in known:
+            raise VerifyError(pass_name, None, f"instruction {pc}: {type(ins).__name__} is not an instruction "
+                              f"(mtlir.program.instructions): {ins!r}")
+        for r in ins.reads():
             if not isinstance(r, int) or not 0 <= r < n:
                 raise fail(pc, f"operand {r!r} is not a register")
             if r not in defined:
                 raise fail(pc, f"reads r{r} before anything defines it")
-        if ins[1] >= 0:
-            if ins[1] >= n:
-                raise fail(pc, f"writes r{ins[1]}, beyond nregs = {n}")
-            defined.add(ins[1])
-        if op == "CALL":
-            proto: Prototype = ins[3]
-            if len(ins) - 4 != len(proto.args):
-                raise fail(pc, f"{len(ins) - 4} arguments for the prototype {proto}")
-            if ins[2] == "objc_msgSend" and ins[5] not in program.selectors:
-                raise fail(pc, "objc_msgSend without a selector register as argument 1")
-            if ins[2] == "objc_msgSend" and program.selectors[ins[5]] not in SELECTORS:
-                raise fail(pc, f"selector {program.selectors[ins[5]]!r} is not in the selector table")
-        elif op == "RANGE":
-            stack.append(pc)
-        elif op == "END":
-            if not stack or ins[3] != stack[-1]:
-                raise fail(pc, "END does not close the innermost open RANGE")
-            start = stack.pop()
-            if program.instrs[start][3] != pc or program.instrs[start][1] != ins[2]:
-                raise fail(start, f"RANGE names END {program.instrs[start][3]} and counter r{program.instrs[start][1]}")
+        dst = ins.dst
+        if dst >= 0:
+            if dst >= n:
+                raise fail(pc, f"writes r{dst}, beyond nregs = {n}")
+            defined.add(dst)
+        match ins:
+            case Call(fn=fn, proto=proto, args=args):
+                if len(args) != len(proto.args):
+                    raise fail(pc, f"{len(args)} arguments for the prototype {proto}")
+                if fn == "objc_msgSend" and args[1] not in program.selectors:
+                    raise fail(pc, "objc_msgSend without a selector register as argument 1")
+                if fn == "objc_msgSend" and program.selectors[args[1]] not in SELECTORS:
+                    raise fail(pc, f"selector {program.selectors[args[1]]!r} is not in the selector table")
+                passed.add(id(ins))
+            case Range():
+                stack.append(pc)
+            case End(counter=counter, range_pc=range_pc):
+                if not stack or range_pc != stack[-1]:
+                    raise fail(pc, "END does not close the innermost open RANGE")
+                head = instrs[stack.pop()]
+                assert type(head) is Range  # the stack holds the pcs of RANGEs
+                if head.end_pc != pc or head.dst != counter:
+                    raise fail(range_pc, f"RANGE names END {head.end_pc} and counter r{head.dst}")
     if stack:
         raise fail(stack[-1], "RANGE without END")
     for name, r in program.results.items():

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mtlir.metal import MTL, abi_prototype, c_prototype
-from mtlir.program import Program
+from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge, Message, RecordingBridge
 from mtlir.errors import GPUExecutionError
 from mtlir.runtime.executors.interpreter import Executor

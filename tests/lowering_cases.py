@@ -10,7 +10,8 @@ from pathlib import Path
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
-from mtlir.program import Program
+from mtlir.program.instructions import Call, End, Range
+from mtlir.program.program import Program
 from mtlir.frontend.queue import Queue, buffer, timeline_value, view
 from mtlir.ir.uop import UOp
 
@@ -66,13 +67,13 @@ def message_lines(p: Program) -> list[str]:
     """Every objc_msgSend of ``p`` as ``receiver selector arg...`` in program order (module docstring)."""
     out = []
     for ins in p.instrs:
-        if ins[0] == "RANGE":
-            out.append(f"for {_operand(p, ins[2])}")
-        elif ins[0] == "END":
-            out.append("end")
-        elif ins[0] == "CALL" and ins[2] == "objc_msgSend":
-            recv, sel, *args = ins[4:]
-            out.append(" ".join([_operand(p, recv), p.selectors[sel], *(_operand(p, a) for a in args)]))
+        match ins:
+            case Range(bound=bound):
+                out.append(f"for {_operand(p, bound)}")
+            case End():
+                out.append("end")
+            case Call(fn="objc_msgSend", args=(recv, sel, *args)):
+                out.append(" ".join([_operand(p, recv), p.selectors[sel], *(_operand(p, a) for a in args)]))
     return out
 
 
@@ -80,12 +81,13 @@ def count_messages(p: Program, unroll: dict[str, int] | None = None) -> int:
     """How many messages one run of ``p`` sends, loops unrolled with their constant bounds."""
     total, stack = 0, [1]
     for ins in p.instrs:
-        if ins[0] == "RANGE":
-            stack.append(stack[-1] * int(p.consts[ins[2]]))
-        elif ins[0] == "END":
-            stack.pop()
-        elif ins[0] == "CALL":
-            total += stack[-1]
+        match ins:
+            case Range(bound=bound):
+                stack.append(stack[-1] * int(p.consts[bound]))
+            case End():
+                stack.pop()
+            case Call():
+                total += stack[-1]
     return total
 
 

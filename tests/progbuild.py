@@ -1,4 +1,4 @@
-"""Hand-written Programs for the runtime tests: a small builder of ``mtlir.program.Program`` and a submit shaped
+"""Hand-written Programs for the runtime tests: a small builder of ``mtlir.program.program.Program`` and a submit shaped
 like METAL.md §1 over an ICB, independent of the passes (so the runtime is tested on its own)."""
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import Any
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj, abi_prototype, c_prototype
 from mtlir.ir.ops import Ops
-from mtlir.program import Program
-from mtlir.program import CommandList, IcbCommand, IcbSpec
+from mtlir.program.instructions import Alu, Call, Cast, End, Index, Instr, Load, Range, Store, Struct
+from mtlir.program.payloads import CommandList, IcbCommand, IcbSpec
+from mtlir.program.program import Program
 
 
 class PB:
@@ -17,7 +18,7 @@ class PB:
     def __init__(self, target: str = "arm64", device: DeviceSpec | None = None) -> None:
         self.target = target
         self.device = device or DeviceSpec()
-        self.instrs: list[tuple[Any, ...]] = []
+        self.instrs: list[Instr] = []
         self.n = 0
         self.consts: dict[int, Any] = {}
         self.objects: dict[int, Obj] = {}
@@ -52,46 +53,58 @@ class PB:
             self.selectors[r] = name
         return self.sel_regs[name]
 
-    def emit(self, *ins: Any, ret: bool = True) -> int:
-        dst = self.reg() if ret else -1
-        self.instrs.append((ins[0], dst, *ins[1:]))
-        return dst
-
     def msg(self, recv: int, selector: str, *args: int) -> int:
         proto = abi_prototype(selector, self.target)
-        return self.emit("CALL", "objc_msgSend", proto, recv, self.sel(selector), *args,
-                         ret=proto.ret is not dtypes.void)
+        sel = self.sel(selector)
+        dst = self.reg() if proto.ret is not dtypes.void else -1
+        self.instrs.append(Call(dst, "objc_msgSend", proto, (recv, sel, *args)))
+        return dst
 
     def ccall(self, fn: str, *args: int) -> int:
         proto = c_prototype(fn)
-        return self.emit("CALL", fn, proto, *args, ret=proto.ret is not dtypes.void)
+        dst = self.reg() if proto.ret is not dtypes.void else -1
+        self.instrs.append(Call(dst, fn, proto, args))
+        return dst
 
     def alu(self, op: Ops, dtype: DType, *srcs: int) -> int:
-        return self.emit("ALU", op, dtype, *srcs)
+        self.instrs.append(Alu(dst := self.reg(), op, dtype, srcs))
+        return dst
+
+    def cast(self, dtype: DType, src: int) -> int:
+        self.instrs.append(Cast(dst := self.reg(), dtype, src))
+        return dst
+
+    def struct(self, *fields: int) -> int:
+        self.instrs.append(Struct(dst := self.reg(), fields))
+        return dst
 
     def store(self, dtype: DType, addr: int, val: int) -> None:
-        self.emit("STORE", dtype, addr, val, ret=False)
+        self.instrs.append(Store(dtype, addr, val))
 
     def load(self, dtype: DType, addr: int) -> int:
-        return self.emit("LOAD", dtype, addr)
+        self.instrs.append(Load(dst := self.reg(), dtype, addr))
+        return dst
 
     def index(self, itemsize: int, base: int, idx: int) -> int:
-        return self.emit("INDEX", itemsize, base, idx)
+        self.instrs.append(Index(dst := self.reg(), itemsize, base, idx))
+        return dst
 
     def range(self, end: int) -> tuple[int, int]:
-        dst = self.emit("RANGE", end, -1)
+        """A loop of ``end`` iterations: its counter register and the pc of its RANGE (for ``end``)."""
+        self.instrs.append(Range(dst := self.reg(), end, -1))
         return dst, len(self.instrs) - 1
 
     def end(self, loop: tuple[int, int]) -> None:
         counter, pc = loop
-        self.instrs.append(("END", -1, counter, pc))
-        ins = self.instrs[pc]
-        self.instrs[pc] = (ins[0], ins[1], ins[2], len(self.instrs) - 1)
+        self.instrs.append(End(counter, pc))
+        head = self.instrs[pc]
+        assert type(head) is Range
+        self.instrs[pc] = Range(head.dst, head.bound, len(self.instrs) - 1)
 
     def mtlsize(self, w: int, h: int, d: int) -> int:
         """A constant MTLSize argument as the target passes it: a host copy (arm64) or a STRUCT value."""
         if self.target == "x86_64":
-            return self.emit("STRUCT", self.const(w), self.const(h), self.const(d))
+            return self.struct(self.const(w), self.const(h), self.const(d))
         return self.obj(Obj("struct", f"mtlsize[{w},{h},{d}]", (w, h, d)))
 
     def build(self) -> Program:
@@ -153,7 +166,7 @@ def submit_program(target: str = "arm64", *, kernels: int = 2, residency_set: bo
         groups = p.alu(Ops.IDIV, dtypes.uint64, p.alu(Ops.ADD, dtypes.uint64, n, c3), c4) if grid_minus is None \
             else p.alu(Ops.SUB, dtypes.uint64, n, p.const(grid_minus))
         if target == "x86_64":
-            g, t = p.emit("STRUCT", groups, c1, c1), p.emit("STRUCT", c4, c1, c1)
+            g, t = p.struct(groups, c1, c1), p.struct(c4, c1, c1)
         else:
             scratch = p.obj(Obj("scratch", "scratch:48", (48,)))
             p.store(dtypes.uint64, scratch, groups)
@@ -198,10 +211,10 @@ def direct_program(target: str = "arm64", *, grid: tuple[int, int, int] = (4, 1,
     if threadgroup is not None:
         tg = p.mtlsize(*threadgroup)
     else:
-        width = p.emit("CAST", dtypes.uint64, p.var("tg", 1, 1024))
+        width = p.cast(dtypes.uint64, p.var("tg", 1, 1024))
         one = p.const(1)
         if target == "x86_64":
-            tg = p.emit("STRUCT", width, one, one)
+            tg = p.struct(width, one, one)
         else:
             tg = p.obj(Obj("scratch", "scratch:24", (24,)))
             p.store(dtypes.uint64, tg, width)

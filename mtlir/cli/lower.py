@@ -94,14 +94,15 @@ def _write_pictures(stages: list[tuple[str, Any]], outdir: Path, log: TextIO) ->
 def _program_dot(program: Any, name: str) -> Any:
     """A picture of a Program: its listing lines as a chain of boxes (loops as back edges)."""
     import graphviz
+    from mtlir.program.instructions import End
     dot = graphviz.Digraph(name, graph_attr={"rankdir": "TB"}, node_attr={"shape": "box", "fontname": "monospace"})
-    for pc in range(len(program.instrs)):
-        label = program.format(pc) if hasattr(program, "format") else repr(program.instrs[pc])
+    for pc, ins in enumerate(program.instrs):
+        label = program.format(pc) if hasattr(program, "format") else repr(ins)
         dot.node(f"i{pc}", f"{pc}: {label}".replace("\\", "\\\\"))
         if pc:
             dot.edge(f"i{pc - 1}", f"i{pc}")
-        if program.instrs[pc][0] == "END":
-            dot.edge(f"i{pc}", f"i{program.instrs[pc][3] + 1}", style="dashed", constraint="false")
+        if type(ins) is End:
+            dot.edge(f"i{pc}", f"i{ins.range_pc + 1}", style="dashed", constraint="false")
     return dot
 
 

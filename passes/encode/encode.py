@@ -43,7 +43,7 @@ from mtlir.metal import MTL, SELECTORS, DeviceSpec, Obj
 from mtlir.ir.ops import Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
 from mtlir.passes.encode.submit import VAR_SLOT, Command, CommandBufferPlan, EncodeError, SubmitReader, placeholder
-from mtlir.program import CommandList, IcbCommand, IcbSpec, MessageList, TableEntries
+from mtlir.program.payloads import CommandList, IcbCommand, IcbSpec, MessageList, TableEntries
 from mtlir.ir.rewrite import graph_rewrite
 from mtlir.ir.upat import PatternMatcher, UPat
 from mtlir.ir.uop import UOp

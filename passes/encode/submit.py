@@ -18,7 +18,7 @@ from mtlir.metal import MTL, DeviceSpec, Kernel, Obj
 from mtlir.ir.ops import Ops
 from mtlir.passes.pipeline import PassContext
 from mtlir.passes.symbolic import simplify
-from mtlir.program import Stamp
+from mtlir.program.payloads import Stamp
 from mtlir.frontend.queue import (MAX_THREADS, QueueError, check_size, check_threads, check_var_value, param_dtype,
                          placeholder_name, var_dtype)
 from mtlir.ir.uop import UOp

@@ -1,8 +1,8 @@
 """Executors of a Program: the ``Executor`` interface, the plain ``Interpreter``, and what every executor shares.
 
-Every executor runs the instruction set of ``mtlir.program`` exactly, through a Bridge, on a register file
-prepared once (``prepare_registers``: constants, selectors resolved with ``sel_registerName``, device objects from
-``link``). A run binds the Program's variables by name and touches only the registers instructions write.
+Every executor runs the instruction set of ``mtlir.program.instructions`` exactly, through a Bridge, on a register
+file prepared once (``prepare_registers``: constants, selectors resolved with ``sel_registerName``, device objects
+from ``link``). A run binds the Program's variables by name and touches only the registers instructions write.
 
 - ``Interpreter``: a dispatch loop over pre-decoded instructions; the reference for the semantics.
 - ``CompiledReplay`` (``mtlir.runtime.executors.replay``): one generated Python function per Program, for speed.
@@ -20,12 +20,14 @@ from typing import Any, ClassVar
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.ir.evaluate import ALU_FUNCS, wrap
 from mtlir.ir.ops import GroupOp, Ops
-from mtlir.program import Program
+from mtlir.program.instructions import (INSTRUCTIONS, Alu, Bitcast, Call, Cast, End, Gep, Index, Instr, Load,
+                                        Range, Store, Struct)
+from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.errors import LinkError, MtlirError
 
 __all__ = ["Executor", "Interpreter", "prepare_registers", "ProgramError", "format_instr", "alu_fn", "cast_fn",
-           "bitcast_fn", "float_rounder", "check_program", "bind_variables", "REG_OPERANDS"]
+           "bitcast_fn", "float_rounder", "check_program", "bind_variables"]
 
 
 class ProgramError(MtlirError, ValueError):
@@ -132,38 +134,45 @@ def prepare_registers(program: Program, bridge: Bridge, objects: Mapping[int, An
 
 
 def format_instr(program: Program, pc: int) -> str:
-    """Instruction ``pc`` as one line of text (for error messages): ``pc: rD = OP operands`` with registers as
-    ``rN``, jump targets as ``@pc`` and selectors by name."""
+    """Instruction ``pc`` as one line of text (for error messages): ``pc: rD = OPCODE operands`` with the operands
+    in field order, registers as ``rN`` (``rN(selector)`` for a selector register), jump targets as ``@pc``,
+    other fields by ``repr`` (an ALU op by name). An object that is not an instruction record prints by ``repr``."""
     ins = program.instrs[pc]
-    if not isinstance(ins, tuple) or len(ins) < 2:
+    if type(ins) not in INSTRUCTIONS:
         return f"{pc}: {ins!r}"
-    regs = _REG_POSITIONS.get(ins[0], ())
-    variadic = ins[0] in ("ALU", "STRUCT", "CALL")  # registers from the first register position on
-    parts = []
-    for i, o in enumerate(ins[2:], start=2):
-        if i in regs or (variadic and i >= regs[0]):
-            name = program.selectors.get(o) if isinstance(o, int) else None
-            parts.append(f"r{o}" if name is None else f"r{o}({name})")
-        elif ins[0] in ("RANGE", "END") and i == 3:
-            parts.append(f"@{o}")
-        else:
-            parts.append(o.name if isinstance(o, Ops) else repr(o))
-    dst = f"r{ins[1]} = " if isinstance(ins[1], int) and ins[1] >= 0 else ""
-    return f"{pc}: {dst}{ins[0]} {', '.join(parts)}"
+
+    def reg(r: object) -> str:
+        name = program.selectors.get(r) if isinstance(r, int) else None
+        return f"r{r}" if name is None else f"r{r}({name})"
+
+    parts: list[str]
+    match ins:
+        case Alu(op=op, dtype=dtype, srcs=srcs):
+            parts = [op.name if isinstance(op, Ops) else repr(op), repr(dtype), *map(reg, srcs)]
+        case Cast(dtype=dtype, src=src) | Bitcast(dtype=dtype, src=src) | Load(dtype=dtype, addr=src):
+            parts = [repr(dtype), reg(src)]
+        case Index(itemsize=itemsize, base=base, index=index):
+            parts = [repr(itemsize), reg(base), reg(index)]
+        case Store(dtype=dtype, addr=addr, value=value):
+            parts = [repr(dtype), reg(addr), reg(value)]
+        case Struct(fields=fields):
+            parts = [*map(reg, fields)]
+        case Gep(field=field, src=src):
+            parts = [repr(field), reg(src)]
+        case Call(fn=fn, proto=proto, args=args):
+            parts = [repr(fn), repr(proto), *map(reg, args)]
+        case Range(bound=r, end_pc=target) | End(counter=r, range_pc=target):
+            parts = [reg(r), f"@{target}"]
+    dst = f"r{ins.dst} = " if isinstance(ins.dst, int) and ins.dst >= 0 else ""
+    return f"{pc}: {dst}{ins.opcode} {', '.join(parts)}"
 
 
-_REG_POSITIONS: dict[str, tuple[int, ...]] = {
-    "ALU": (4,), "CAST": (3,), "BITCAST": (3,), "INDEX": (3, 4), "LOAD": (3,), "STORE": (3, 4), "STRUCT": (2,),
-    "GEP": (3,), "CALL": (4,), "RANGE": (2,), "END": (2,),
-}
-
-
-REG_OPERANDS: dict[str, Callable[[tuple[Any, ...]], tuple[int, ...]]] = {
-    "ALU": lambda i: tuple(i[4:]), "CAST": lambda i: (i[3],), "BITCAST": lambda i: (i[3],),
-    "INDEX": lambda i: (i[3], i[4]), "LOAD": lambda i: (i[3],), "STORE": lambda i: (i[3], i[4]),
-    "STRUCT": lambda i: tuple(i[2:]), "GEP": lambda i: (i[3],), "CALL": lambda i: tuple(i[4:]),
-    "RANGE": lambda i: (i[2],), "END": lambda i: (i[2],),
-}
+def _range_at(program: Program, pc: int) -> Range:
+    """The ``Range`` at ``pc`` (an ``End``'s ``range_pc``, checked by ``check_program``)."""
+    head = program.instrs[pc]
+    if type(head) is not Range:
+        raise ProgramError(f"instruction {format_instr(program, pc)} is not a RANGE")
+    return head
 
 
 def check_program(program: Program, static: set[int]) -> dict[int, int]:
@@ -174,39 +183,36 @@ def check_program(program: Program, static: set[int]) -> dict[int, int]:
     n = program.nregs
     for pc, ins in enumerate(program.instrs):
         where = f"instruction {format_instr(program, pc)}"
-        if not isinstance(ins, tuple) or len(ins) < 2 or ins[0] not in REG_OPERANDS:
-            raise ProgramError(f"{where}: unknown opcode or malformed instruction")
-        try:
-            reads = REG_OPERANDS[ins[0]](ins)
-        except IndexError:
-            raise ProgramError(f"{where}: missing operands") from None
-        for r in reads:
+        if type(ins) not in INSTRUCTIONS:
+            raise ProgramError(f"{where}: not an instruction (a record of mtlir.program.instructions)")
+        for r in ins.reads():
             if not isinstance(r, int) or not 0 <= r < n:
                 raise ProgramError(f"{where}: operand {r!r} is not a register (0 <= r < nregs = {n})")
             if r not in defined:
                 raise ProgramError(f"{where}: reads r{r}, which no constant, object, selector, variable or earlier "
                                    "instruction defines")
-        dst = ins[1]
+        dst = ins.dst
         if dst != -1 and (not isinstance(dst, int) or not 0 <= dst < n):
             raise ProgramError(f"{where}: destination {dst!r} is not a register")
         if dst in static:
             raise ProgramError(f"{where}: writes r{dst}, which holds a constant, object or selector")
         if dst >= 0:
             defined.add(dst)
-        if ins[0] == "RANGE":
-            if dst < 0:
-                raise ProgramError(f"{where}: RANGE needs a counter register")
-            stack.append(pc)
-        elif ins[0] == "END":
-            if not stack or ins[3] != stack[-1]:
-                raise ProgramError(f"{where}: END does not close the innermost open RANGE")
-            start = stack.pop()
-            if program.instrs[start][3] != pc or program.instrs[start][1] != ins[2]:
-                raise ProgramError(f"{where}: RANGE at {start} names end {program.instrs[start][3]} and counter "
-                                   f"r{program.instrs[start][1]}, not this END")
-            loops[start] = pc
-        elif ins[0] == "CALL" and not isinstance(ins[2], str):
-            raise ProgramError(f"{where}: CALL needs a function name")
+        match ins:
+            case Range():
+                if dst < 0:
+                    raise ProgramError(f"{where}: RANGE needs a counter register")
+                stack.append(pc)
+            case End(counter=counter, range_pc=range_pc):
+                if not stack or range_pc != stack[-1]:
+                    raise ProgramError(f"{where}: END does not close the innermost open RANGE")
+                head = _range_at(program, stack.pop())
+                if head.end_pc != pc or head.dst != counter:
+                    raise ProgramError(f"{where}: RANGE at {range_pc} names end {head.end_pc} and counter "
+                                       f"r{head.dst}, not this END")
+                loops[range_pc] = pc
+            case Call(fn=fn) if not isinstance(fn, str):
+                raise ProgramError(f"{where}: CALL needs a function name")
     if stack:
         raise ProgramError(f"instruction {format_instr(program, stack[-1])}: RANGE without END")
     return loops
@@ -284,12 +290,17 @@ class Executor:
 
 _OTHERS = 8  # executors kept for run(program, ...) of another Program
 
-# pre-decoded opcodes of the Interpreter, in the order its loop tests them
+# The Interpreter's own pre-decoded form of each instruction, a tuple read by position in its hot loop (the fastest
+# dispatch Python has; Program instructions are records, mtlir.program.instructions): (kind, dst, ...) with
+#   _MSG proto, args | _CALL fn, proto, args | _STORE dtype, addr, value | _LOAD dtype, addr |
+#   _INDEX itemsize, base, index | _ALU fn, srcs | _STRUCT fields | _GEP field, src | _CAST fn, src |
+#   _RANGE bound, end_pc | _END counter, range_pc, bound
+# kinds in the order the loop tests them
 _CALL, _MSG, _STORE, _LOAD, _INDEX, _ALU, _STRUCT, _GEP, _CAST, _RANGE, _END = range(11)
 
 
 class Interpreter(Executor):
-    """The plain executor: a loop over pre-decoded instructions (the semantics of ``mtlir.program``)."""
+    """The plain executor: a loop over pre-decoded instructions (the semantics of ``mtlir.program.instructions``)."""
 
     name = "interpreter"
 
@@ -298,32 +309,38 @@ class Interpreter(Executor):
         super().__init__(program, bridge, registers, results=results)
         self.code = [self._decode(pc, ins) for pc, ins in enumerate(program.instrs)]
 
-    def _decode(self, pc: int, ins: tuple[Any, ...]) -> tuple[Any, ...]:
-        op, dst = ins[0], ins[1]
+    def _decode(self, pc: int, ins: Instr) -> tuple[Any, ...]:
+        """Instruction ``pc`` in the loop's own form (``_CALL`` ... ``_END`` above): ALU ops and casts become their
+        functions, a CALL of ``objc_msgSend`` a ``_MSG``, an END carries its RANGE's bound register."""
         try:
-            if op == "CALL":
-                if ins[2] == "objc_msgSend":
-                    return (_MSG, dst, ins[3], tuple(ins[4:]))
-                return (_CALL, dst, ins[2], ins[3], tuple(ins[4:]))
-            if op == "STORE":
-                return (_STORE, dst, ins[2], ins[3], ins[4])
-            if op == "LOAD":
-                return (_LOAD, dst, ins[2], ins[3])
-            if op == "INDEX":
-                return (_INDEX, dst, ins[2], ins[3], ins[4])
-            if op == "ALU":
-                return (_ALU, dst, alu_fn(ins[2], ins[3]), tuple(ins[4:]))
-            if op == "STRUCT":
-                return (_STRUCT, dst, tuple(ins[2:]))
-            if op == "GEP":
-                return (_GEP, dst, ins[2], ins[3])
-            if op in ("CAST", "BITCAST"):
-                return (_CAST, dst, (cast_fn if op == "CAST" else bitcast_fn)(ins[2]), ins[3])
-            if op == "RANGE":
-                return (_RANGE, dst, ins[2], ins[3])
-            return (_END, dst, ins[2], ins[3], self.program.instrs[ins[3]][2])
+            match ins:
+                case Call(dst=dst, fn="objc_msgSend", proto=proto, args=args):
+                    return (_MSG, dst, proto, tuple(args))
+                case Call(dst=dst, fn=fn, proto=proto, args=args):
+                    return (_CALL, dst, fn, proto, tuple(args))
+                case Store(dtype=dtype, addr=addr, value=value):
+                    return (_STORE, -1, dtype, addr, value)
+                case Load(dst=dst, dtype=dtype, addr=addr):
+                    return (_LOAD, dst, dtype, addr)
+                case Index(dst=dst, itemsize=itemsize, base=base, index=index):
+                    return (_INDEX, dst, itemsize, base, index)
+                case Alu(dst=dst, op=op, dtype=dtype, srcs=srcs):
+                    return (_ALU, dst, alu_fn(op, dtype), tuple(srcs))
+                case Struct(dst=dst, fields=fields):
+                    return (_STRUCT, dst, tuple(fields))
+                case Gep(dst=dst, field=field, src=src):
+                    return (_GEP, dst, field, src)
+                case Cast(dst=dst, dtype=dtype, src=src):
+                    return (_CAST, dst, cast_fn(dtype), src)
+                case Bitcast(dst=dst, dtype=dtype, src=src):
+                    return (_CAST, dst, bitcast_fn(dtype), src)
+                case Range(dst=dst, bound=bound, end_pc=end_pc):
+                    return (_RANGE, dst, bound, end_pc)
+                case End(counter=counter, range_pc=range_pc):
+                    return (_END, -1, counter, range_pc, _range_at(self.program, range_pc).bound)
         except ProgramError as e:
             raise ProgramError(f"instruction {format_instr(self.program, pc)}: {e}") from None
+        raise ProgramError(f"instruction {format_instr(self.program, pc)}: not an instruction")
 
     def run(self, program: Program | None = None, /, **values: Any) -> tuple[Any, ...]:
         """Execute the Program once with ``values`` (variables by name); returns the ``results`` registers.

@@ -1,7 +1,7 @@
 """CompiledReplay: the fast executor, one generated Python function per Program.
 
-Same interface and semantics as ``mtlir.runtime.executors.interpreter.Interpreter``. At construction it writes the source of
-a function for the Program (``source``) and compiles it:
+Same interface and semantics as ``mtlir.runtime.executors.interpreter.Interpreter``. At construction it writes the
+source of a function for the Program (``source``) and compiles it:
 
 - registers that never change (constants, selectors, object handles) become literals: a message whose arguments
   are all static passes one constant tuple, ``msg_send(P3, (0x600000004000, 0x190000010))``;
@@ -26,10 +26,11 @@ from typing import Any, ClassVar
 from mtlir.ir.dtypes import DType
 from mtlir.ir.evaluate import c_idiv, c_mod
 from mtlir.ir.ops import GroupOp, Ops
-from mtlir.program import Program
+from mtlir.program.instructions import Alu, Bitcast, Call, Cast, End, Gep, Index, Instr, Load, Range, Store, Struct
+from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
-from mtlir.runtime.executors.interpreter import (REG_OPERANDS, Executor, Interpreter, ProgramError, alu_fn, bind_variables,
-                                       bitcast_fn, cast_fn, float_rounder, format_instr)
+from mtlir.runtime.executors.interpreter import (Executor, Interpreter, ProgramError, alu_fn, bind_variables,
+                                                 bitcast_fn, cast_fn, float_rounder, format_instr)
 
 __all__ = ["CompiledReplay", "EXECUTORS", "make_executor"]
 
@@ -72,8 +73,8 @@ class CompiledReplay(Executor):
         self.ints |= {r for r in self.static if type(self.registers[r]) is int}
         self.writes: dict[int, int] = {}
         for ins in program.instrs:
-            if ins[1] >= 0:
-                self.writes[ins[1]] = self.writes.get(ins[1], 0) + 1
+            if ins.dst >= 0:
+                self.writes[ins.dst] = self.writes.get(ins.dst, 0) + 1
         self.source = self._generate()
         CompiledReplay._count += 1
         filename = f"<mtlir compiled replay {CompiledReplay._count}>"
@@ -122,45 +123,61 @@ class CompiledReplay(Executor):
             return f"((({expr}) + 0x{half:x}) & 0x{(1 << dtype.bits) - 1:x}) - 0x{half:x}"
         return f"({expr}) & 0x{(1 << dtype.bits) - 1:x}"
 
-    _PURE = ("ALU", "CAST", "BITCAST", "INDEX", "STRUCT", "GEP")
+    _PURE = (Alu, Cast, Bitcast, Index, Struct, Gep)
 
-    def _fold(self, ins: tuple[Any, ...]) -> bool:
+    def _fold(self, ins: Instr) -> bool:
         """Evaluate a pure instruction of fixed operands now (its result never changes); False if it cannot."""
-        op, dst = ins[0], ins[1]
-        if op not in self._PURE or self.writes.get(dst, 0) != 1 or dst in self.results:
+        if type(ins) not in self._PURE or self.writes.get(ins.dst, 0) != 1 or ins.dst in self.results:
             return False
-        regs = (REG_OPERANDS[op](ins))
+        regs = ins.reads()
         if not all(self._fixed(r) for r in regs):
             return False
         val = [self.registers[r] if r in self.static else self.known[r] for r in regs]
         try:
-            if op == "ALU":
-                v = alu_fn(ins[2], ins[3])(*val)
-            elif op in ("CAST", "BITCAST"):
-                v = (cast_fn if op == "CAST" else bitcast_fn)(ins[2])(val[0])
-            elif op == "INDEX":
-                v = val[0] + val[1] * ins[2]
-            elif op == "STRUCT":
-                v = tuple(val)
-            else:
-                v = val[0][ins[2]]
+            match ins:
+                case Alu(op=op, dtype=dtype):
+                    v = alu_fn(op, dtype)(*val)
+                case Cast(dtype=dtype):
+                    v = cast_fn(dtype)(val[0])
+                case Bitcast(dtype=dtype):
+                    v = bitcast_fn(dtype)(val[0])
+                case Index(itemsize=itemsize):
+                    v = val[0] + val[1] * itemsize
+                case Struct():
+                    v = tuple(val)
+                case Gep(field=field):
+                    v = val[0][field]
         except Exception:  # let it fail at run time, where the interpreter fails too
             return False
-        self.known[dst] = v
+        self.known[ins.dst] = v
         if type(v) is int:
-            self.ints.add(dst)
+            self.ints.add(ins.dst)
         return True
 
-    def _produces_int(self, ins: tuple[Any, ...]) -> bool:
+    def _produces_int(self, ins: Instr) -> bool:
         """Whether the instruction's result is always a Python int (a wrapped integer of a word dtype)."""
-        op = ins[0]
-        if op == "ALU":
-            return bool(ins[2] not in GroupOp.Comparison and ins[3].is_word and ins[3].kind != "bool")
-        if op in ("CAST", "BITCAST", "LOAD"):
-            return bool(ins[2].is_word and ins[2].kind != "bool")
-        if op == "INDEX":
-            return ins[3] in self.ints and ins[4] in self.ints
+        match ins:
+            case Alu(op=op, dtype=dtype):
+                return bool(op not in GroupOp.Comparison and dtype.is_word and dtype.kind != "bool")
+            case Cast(dtype=dtype) | Bitcast(dtype=dtype) | Load(dtype=dtype):
+                return bool(dtype.is_word and dtype.kind != "bool")
+            case Index(base=base, index=index):
+                return base in self.ints and index in self.ints
         return False
+
+    def _alu(self, pc: int, op: Ops, dtype: DType, srcs: tuple[int, ...]) -> str:
+        """The expression of an ALU instruction: C semantics inline (a division by a positive constant without a
+        call), the result wrapped to ``dtype``. Raises ``ProgramError`` for an op the dtype does not have."""
+        try:
+            alu_fn(op, dtype)  # validates op and dtype
+        except ProgramError as e:
+            raise ProgramError(f"instruction {format_instr(self.program, pc)}: {e}") from None
+        expr = _EXPR[op].format(*(self._ref(a) for a in srcs))
+        divisor = self._fixed_value(srcs[1]) if len(srcs) > 1 else None
+        if op in (Ops.IDIV, Ops.MOD) and type(divisor) is int and divisor > 0:  # C semantics inline
+            a, py = self._ref(srcs[0]), "//" if op is Ops.IDIV else "%"
+            expr = f"({a} {py} {divisor} if {a} >= 0 else -(-{a} {py} {divisor}))"
+        return expr if op in GroupOp.Comparison else self._wrap(dtype, expr)
 
     def _generate(self) -> str:
         program = self.program
@@ -179,61 +196,50 @@ class CompiledReplay(Executor):
         depth = 1
         empty_body = False
         for pc, ins in enumerate(program.instrs):
-            op, dst = ins[0], ins[1]
+            dst = ins.dst
             pad = "    " * depth
             lhs = f"r{dst} = " if dst >= 0 else ""
             if self._fold(ins):
                 continue
             if dst >= 0 and self.writes.get(dst, 0) == 1 and self._produces_int(ins):
                 self.ints.add(dst)
-            if op == "END":
-                if empty_body:
-                    out.append(pad + "pass")
-                depth -= 1
-                empty_body = False
-                continue
-            if op == "CALL":
-                args = [self._ref(a) for a in ins[4:]]
-                tup = f"({', '.join(args)}{',' if len(args) == 1 else ''})"
-                proto = self._const("P", ins[3])
-                if ins[2] == "objc_msgSend":
-                    line = f"{lhs}msg_send({proto}, {tup})"
-                else:
-                    line = f"{lhs}c_call({ins[2]!r}, {proto}, {tup})"
-            elif op == "STORE":
-                line = f"store({self._ref(ins[3])}, {self._const('D', ins[2])}, {self._ref(ins[4])})"
-            elif op == "LOAD":
-                line = f"{lhs}load({self._ref(ins[3])}, {self._const('D', ins[2])})"
-            elif op == "INDEX":
-                scale = "" if ins[2] == 1 else f" * {ins[2]}"
-                line = f"{lhs}{self._ref(ins[3])} + {self._ref(ins[4])}{scale}"
-            elif op == "ALU":
-                try:
-                    alu_fn(ins[2], ins[3])  # validates op and dtype
-                except ProgramError as e:
-                    raise ProgramError(f"instruction {format_instr(program, pc)}: {e}") from None
-                expr = _EXPR[ins[2]].format(*(self._ref(a) for a in ins[4:]))
-                divisor = self._fixed_value(ins[5]) if len(ins) > 5 else None
-                if ins[2] in (Ops.IDIV, Ops.MOD) and type(divisor) is int and divisor > 0:  # C semantics inline
-                    a, py = self._ref(ins[4]), "//" if ins[2] is Ops.IDIV else "%"
-                    expr = f"({a} {py} {divisor} if {a} >= 0 else -(-{a} {py} {divisor}))"
-                line = lhs + (expr if ins[2] in GroupOp.Comparison else self._wrap(ins[3], expr))
-            elif op == "STRUCT":
-                line = f"{lhs}({', '.join(self._ref(a) for a in ins[2:])},)"
-            elif op == "GEP":
-                line = f"{lhs}{self._ref(ins[3])}[{ins[2]}]"
-            elif op == "CAST" and ins[3] in self.ints and ins[2].is_word and ins[2].kind != "bool":
-                line = lhs + self._wrap(ins[2], self._ref(ins[3]))  # int -> int: just the wrap
-            elif op in ("CAST", "BITCAST"):
-                fn = (cast_fn if op == "CAST" else bitcast_fn)(ins[2])
-                line = f"{lhs}{self._const('C', fn, key=(op, ins[2]))}({self._ref(ins[3])})"
-            else:  # RANGE
-                line = f"for r{dst} in range({self._ref(ins[2])}):"
-                out.append(pad + line)
-                self.lines[len(out)] = pc
-                depth += 1
-                empty_body = True
-                continue
+            match ins:
+                case End():
+                    if empty_body:
+                        out.append(pad + "pass")
+                    depth -= 1
+                    empty_body = False
+                    continue
+                case Range(bound=bound):
+                    out.append(f"{pad}for r{dst} in range({self._ref(bound)}):")
+                    self.lines[len(out)] = pc
+                    depth += 1
+                    empty_body = True
+                    continue
+                case Call(fn=fn, proto=proto, args=args):
+                    refs = [self._ref(a) for a in args]
+                    tup = f"({', '.join(refs)}{',' if len(refs) == 1 else ''})"
+                    p = self._const("P", proto)
+                    line = (f"{lhs}msg_send({p}, {tup})" if fn == "objc_msgSend"
+                            else f"{lhs}c_call({fn!r}, {p}, {tup})")
+                case Store(dtype=dtype, addr=addr, value=value):
+                    line = f"store({self._ref(addr)}, {self._const('D', dtype)}, {self._ref(value)})"
+                case Load(dtype=dtype, addr=addr):
+                    line = f"{lhs}load({self._ref(addr)}, {self._const('D', dtype)})"
+                case Index(itemsize=itemsize, base=base, index=index):
+                    scale = "" if itemsize == 1 else f" * {itemsize}"
+                    line = f"{lhs}{self._ref(base)} + {self._ref(index)}{scale}"
+                case Alu(op=op, dtype=dtype, srcs=srcs):
+                    line = lhs + self._alu(pc, op, dtype, srcs)
+                case Struct(fields=fields):
+                    line = f"{lhs}({', '.join(self._ref(a) for a in fields)},)"
+                case Gep(field=field, src=src):
+                    line = f"{lhs}{self._ref(src)}[{field}]"
+                case Cast(dtype=dtype, src=src) if src in self.ints and dtype.is_word and dtype.kind != "bool":
+                    line = lhs + self._wrap(dtype, self._ref(src))  # int -> int: just the wrap
+                case Cast(dtype=dtype, src=src) | Bitcast(dtype=dtype, src=src):
+                    conv = (cast_fn if type(ins) is Cast else bitcast_fn)(dtype)
+                    line = f"{lhs}{self._const('C', conv, key=(ins.opcode, dtype))}({self._ref(src)})"
             out.append(pad + line)
             self.lines[len(out)] = pc
             empty_body = False

@@ -11,7 +11,8 @@ from typing import Any
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL, Kernel, Obj
-from mtlir.program import IcbCommand, IcbSpec
+from mtlir.program.instructions import Struct
+from mtlir.program.payloads import IcbCommand, IcbSpec
 from mtlir.errors import KernelCompileError, LinkError, UnsupportedKernelError
 from mtlir.runtime.link.state import LinkerBase, _name
 
@@ -29,7 +30,7 @@ def _size3(x: Any, what: str) -> tuple[int, int, int]:
 
 
 def icb_commands(spec: IcbSpec) -> tuple[list[IcbCommand], int]:
-    """The commands of an ICB placeholder's payload (``mtlir.program.IcbSpec``), checked, and its
+    """The commands of an ICB placeholder's payload (``mtlir.program.payloads.IcbSpec``), checked, and its
     ``maxKernelBufferBindCount`` (``max_bind_count``, else the largest bound index + 1).
 
     Raises ``LinkError`` naming the command for a payload of another shape or sizes that are not 3 integers."""
@@ -191,10 +192,10 @@ class KindBuilders(LinkerBase):
             value = p.objects[reg].payload
         if value is None:
             if self.structs is None:
-                self.structs = {ins[1]: ins for ins in p.instrs if ins[0] == "STRUCT"}
+                self.structs = {ins.dst: ins for ins in p.instrs if type(ins) is Struct}
             ins = self.structs.get(reg)
-            if ins is not None and all(type(p.consts.get(r)) is int for r in ins[2:]):
-                value = tuple(p.consts[r] for r in ins[2:])
+            if ins is not None and all(type(p.consts.get(r)) is int for r in ins.fields):
+                value = tuple(p.consts[r] for r in ins.fields)
         if isinstance(value, tuple) and len(value) == 3 and all(type(v) is int for v in value):
             return value
         return None

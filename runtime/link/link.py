@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from mtlir.metal import MTL, Kernel, Obj, c_prototype
-from mtlir.program import Program
+from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.errors import LinkError
 from mtlir.runtime.executors.interpreter import prepare_registers

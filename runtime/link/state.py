@@ -9,7 +9,8 @@ from typing import Any
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import Obj, abi_prototype
-from mtlir.program import Program
+from mtlir.program.instructions import Struct
+from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.errors import LinkError
 from mtlir.runtime.link.linked import Linked
@@ -34,7 +35,7 @@ class LinkerBase:
         self.sels: dict[str, int] = {}
         self.size_buf = 0
         self.max_threads: dict[str, int] = {}  # pipeline name -> maxTotalThreadsPerThreadgroup
-        self.structs: dict[int, tuple[Any, ...]] | None = None  # register -> its STRUCT instruction
+        self.structs: dict[int, Struct] | None = None  # register -> its STRUCT instruction
 
     # ---- helpers
 

@@ -123,7 +123,7 @@ def test_unknown_target() -> None:
 
 
 def msgs(*entries: tuple[str, tuple[int, ...]], operands: tuple[UOp, ...]) -> UOp:
-    from mtlir.program import MessageList
+    from mtlir.program.payloads import MessageList
     return UOp(Ops.MSGS, dtypes.void, (ENC, *operands), MessageList(entries))
 
 

@@ -15,7 +15,9 @@ from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj
 from mtlir.ir.ops import Ops
 from mtlir.passes import EncodeError, lower
-from mtlir.program import IcbCommand, IcbSpec, Program, Stamp
+from mtlir.program.instructions import Call, Store
+from mtlir.program.payloads import IcbCommand, IcbSpec, Stamp
+from mtlir.program.program import Program
 from mtlir.frontend.queue import Queue, buffer, buffer_variable, timeline_value, view
 from mtlir.ir.uop import UOp
 
@@ -61,9 +63,9 @@ def test_variables_get_one_256_byte_slot_each() -> None:
     (varbuf,) = [o for o in spec.buffers if o.kind == "varbuf"]
     assert varbuf.payload == (1024, ((256, "uint32", 7),))  # the constant is written once, at link
     patches = p.instrs[:p.patch_end()]
-    stores = [ins for ins in patches if ins[0] == "STORE"]
-    assert [s[2] for s in stores] == [dtypes.int32, dtypes.uint32, dtypes.int32]  # N, N + 1, m: every submit
-    assert not any(ins[0] == "CALL" for ins in patches)
+    stores = [ins for ins in patches if type(ins) is Store]
+    assert [s.dtype for s in stores] == [dtypes.int32, dtypes.uint32, dtypes.int32]  # N, N + 1, m: every submit
+    assert not any(type(ins) is Call for ins in patches)
 
 
 def test_resources_are_exactly_the_bound_buffers() -> None:
@@ -192,7 +194,7 @@ def test_each_encoder_lists_only_the_buffer_variables_its_commands_bind() -> Non
                     "encoder useResources:count:usage: resources:2 1 3",
                     "encoder useResources:count:usage: scratch:inputs:2 2 3"]     # inp2, inp
     assert {o.name: o.payload for o in objects(p, "scratch")} == {"scratch:inputs:0": (8,), "scratch:inputs:2": (16,)}
-    stores = [ins for ins in p.instrs[:p.patch_end()] if ins[0] == "STORE"]
+    stores = [ins for ins in p.instrs[:p.patch_end()] if type(ins) is Store]
     assert len(stores) == 3 and not any(o.name == "scratch:inputs" for o in objects(p, "scratch"))
 
     q = Queue(DeviceSpec("Apple7", residency_set=False))

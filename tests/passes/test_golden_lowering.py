@@ -13,6 +13,7 @@ from mtlir.ir.dtypes import PtrDType, dtypes
 from mtlir.metal import DeviceSpec
 from mtlir.passes import lower
 from mtlir.frontend.trace import load_trace
+from mtlir.program.instructions import Store
 
 # ---- the blocks of METAL.md §1, literally (small_queue: saxpy(x, y[256:]), scale(y, z), saxpy(z, x))
 
@@ -191,7 +192,8 @@ def test_symbolic_kv_sets_the_two_symbolic_grids_per_submit() -> None:
                                "pipeline:E_start_pos", "pipeline:r_4_4_start_pos"]
     assert set(program.variables) == {"start_pos", "timeline"}
     # the variable's value is patched into the one variables buffer before anything runs
-    assert any(i[0] == "STORE" and i[4] == program.variables["start_pos"][0] for i in program.instrs[:program.patch_end()])
+    assert any(type(i) is Store and i.value == program.variables["start_pos"][0]
+               for i in program.instrs[:program.patch_end()])
 
 
 def test_cnn_apple9_with_residency_set_sends_the_same_few_messages() -> None:

@@ -1,6 +1,6 @@
 """linearize: a valid straight-line order with loops as RANGE ... END (loop-invariant work hoisted, never
 repeated), registers and pools, the listing, the timeline read Program, and clear errors; a linearized loop runs
-on the runtime's Interpreter as mtlir.program specifies."""
+on the runtime's Interpreter as mtlir.program.instructions specifies."""
 from __future__ import annotations
 
 import struct
@@ -13,8 +13,9 @@ from mtlir.metal import DeviceSpec, Obj, abi_prototype
 from mtlir.ir.ops import Ops
 from mtlir.passes import LinearizeError, lower, timeline_read_program
 from mtlir.passes.linearize import linearize, schedule
-from mtlir.passes.verify import verify_program
-from mtlir.program import Program
+from mtlir.passes.verify import VerifyError, verify_program
+from mtlir.program.instructions import Alu, Call, End, Index, Range, Store
+from mtlir.program.program import Program
 from mtlir.ir.uop import UOp
 
 DEV = DeviceSpec("Apple9")
@@ -35,14 +36,15 @@ def _loop_sum() -> UOp:
 def test_loop_invariant_work_stays_outside_the_loop() -> None:
     p = linearize(_loop_sum(), "x86_64")
     verify_program(p)
-    ops = [ins[0] for ins in p.instrs]
-    start, end = ops.index("RANGE"), ops.index("END")
+    ops = [type(ins) for ins in p.instrs]
+    start, end = ops.index(Range), ops.index(End)
     body = p.instrs[start + 1:end]
-    assert sorted(ins[0] for ins in body) == ["ALU", "ALU", "INDEX", "STORE"]  # i * i, + k, &scratch[i], store
-    k_mul = next(ins for ins in p.instrs[:start] if ins[0] == "ALU")  # n * 3 before the loop
-    assert k_mul[2] is Ops.MUL
-    assert p.instrs[start][3] == end and p.instrs[end][3] == start and p.instrs[end][2] == p.instrs[start][1]
-    assert ops[end + 1:] == ["INDEX", "STORE"]
+    assert sorted(ins.opcode for ins in body) == ["ALU", "ALU", "INDEX", "STORE"]  # i * i, + k, &scratch[i], store
+    k_mul = next(ins for ins in p.instrs[:start] if type(ins) is Alu)  # n * 3 before the loop
+    assert k_mul.op is Ops.MUL
+    head, tail = p.instrs[start], p.instrs[end]
+    assert head == Range(head.dst, head.bound, end) and tail == End(head.dst, start)
+    assert ops[end + 1:] == [Index, Store]
 
 
 def test_a_linearized_loop_runs_on_the_interpreter() -> None:
@@ -64,7 +66,11 @@ def test_nested_loops() -> None:
     inner = j.end(SCRATCH.index(i * 2 + j).store(i))
     p = linearize(UOp.sink(i.end(inner), arg=DEV), "arm64")
     verify_program(p)
-    assert [ins[0] for ins in p.instrs if ins[0] in ("RANGE", "END")] == ["RANGE", "RANGE", "END", "END"]
+    loops = [(pc, ins) for pc, ins in enumerate(p.instrs) if type(ins) in (Range, End)]
+    assert [type(ins) for _, ins in loops] == [Range, Range, End, End]
+    (outer_pc, outer), (inner_pc, inner), _, _ = loops
+    assert p.instrs[outer.end_pc] == End(outer.dst, outer_pc) and p.instrs[inner.end_pc] == End(inner.dst, inner_pc)
+    assert inner.end_pc < outer.end_pc
 
 
 def test_loops_that_do_not_nest_are_refused() -> None:
@@ -82,14 +88,31 @@ def test_registers_and_pools() -> None:
     assert kinds.count("queue") == 1 and kinds.count("icb") == 1 and "pipeline" in kinds
     assert set(p.variables) == {"n", "timeline"}
     assert (0, 0, 0) in p.consts.values()  # a constant MTLSize by value is one pooled tuple
-    written = {ins[1] for ins in p.instrs if ins[1] >= 0}
+    written = {ins.dst for ins in p.instrs if ins.dst >= 0}
     assert not written & (set(p.consts) | set(p.objects) | set(p.selectors))
     assert p.nregs > max(written)
     assert p.selector_sequence()[-1] == "commit"
     first = p.instrs[p.patch_end()]
-    assert first[0] == "CALL" and p.selectors[first[5]] == "commandBuffer"
+    assert type(first) is Call and first.fn == "objc_msgSend" and p.selectors[first.args[1]] == "commandBuffer"
     assert [c.selector for c in p.calls() if c.pc < p.patch_end()] == [
         "concurrentDispatchThreadgroups:threadsPerThreadgroup:"]
+
+
+def test_a_repeated_call_is_one_record() -> None:
+    """abi shares the CallList entry of a repeated message; linearize makes it one (immutable) record at every pc
+    it runs at, and the listing and the verifier still see each pc."""
+    p = lower(small_queue(DeviceSpec("Apple7", icb=False)), target="arm64").program
+    shared = [pc for pc, ins in enumerate(p.instrs) if sum(other is ins for other in p.instrs) > 1]
+    assert [p.format(pc) for pc in shared] == ["[encoder setComputePipelineState: pipeline:saxpy]",
+                                               "[encoder setBytes:length:atIndex: contents:varbuf, 4, 2]"] * 2
+    assert p.instrs[shared[0]] is p.instrs[shared[2]] and p.instrs[shared[1]] is p.instrs[shared[3]]
+    verify_program(p)
+    call = Call(-1, "objc_msgSend", abi_prototype("commit", "arm64"), (2, 1))  # r2 is written at pc 1 only
+    early = Program([call, Call(2, "objc_msgSend", abi_prototype("commandBuffer", "arm64"), (0, 3)), call], 4,
+                    selectors={1: "commit", 3: "commandBuffer"}, objects={0: Obj("queue", "queue")})
+    with pytest.raises(VerifyError, match=r"instruction 0 .*reads r2 before anything defines it"):
+        verify_program(early)
+    verify_program(Program(early.instrs[1:], 4, selectors=early.selectors, objects=early.objects))
 
 
 def test_listing_reads_like_messages() -> None:

@@ -13,7 +13,8 @@ from mtlir.metal import DeviceSpec
 from mtlir.ir.ops import Ops
 from mtlir.passes import (DEFAULT_PIPELINE, PASSES, Abi, Encode, Linearize, Pass, PassContext, Pipeline,
                           PipelineError, VerifyError, default_pipeline, lower, register)
-from mtlir.program import Program
+from mtlir.program.instructions import Alu, Range
+from mtlir.program.program import Program
 from mtlir.ir.uop import UOp
 
 
@@ -199,10 +200,10 @@ def test_linearize_verifier_checks_the_program() -> None:
     from mtlir.passes.verify import verify_program
     p = lower(small_queue(DeviceSpec("Apple9"))).program
     verify_program(p)
-    bad = Program([("ALU", 1, Ops.ADD, dtypes.int32, 0, 0)], 2)
+    bad = Program([Alu(1, Ops.ADD, dtypes.int32, (0, 0))], 2)
     with pytest.raises(VerifyError, match="instruction 0 .*reads r0 before anything defines it"):
         verify_program(bad)
-    unclosed = Program([("RANGE", 1, 0, 5)], 2, consts={0: 3})
+    unclosed = Program([Range(1, 0, 5)], 2, consts={0: 3})
     with pytest.raises(VerifyError, match="RANGE without END"):
         verify_program(unclosed)
     assert isinstance(Linearize().apply(lower(small_queue(DeviceSpec("Apple9")), pipeline="encode,abi{target=arm64}")

@@ -11,6 +11,7 @@ from mtlir.metal import DeviceSpec
 from mtlir.ir.ops import Ops
 from mtlir.passes import lower, simplify
 from mtlir.passes.symbolic import fold
+from mtlir.program.instructions import Alu
 from mtlir.ir.uop import UOp
 
 A = UOp.variable("a", -100, 100)
@@ -75,8 +76,8 @@ def test_the_pass_folds_sizes_in_a_lowered_queue() -> None:
     q = Queue(DeviceSpec("Apple9", icb=False))
     q.exec(k, [buffer("x", 64)], [n * 1 + 0], grid=(n * 2 * 2,), threadgroup=(c(4) * c(8),)).signal(q.timeline, 1)
     program = lower(q.submit(), target="x86_64").program
-    alus = [ins for ins in program.instrs if ins[0] == "ALU"]
-    assert [(ins[2], program.consts.get(ins[5])) for ins in alus] == [(Ops.MUL, 4)]  # n * 4, once
+    alus = [ins for ins in program.instrs if type(ins) is Alu]
+    assert [(ins.op, program.consts.get(ins.srcs[1])) for ins in alus] == [(Ops.MUL, 4)]  # n * 4, once
     assert (32, 1, 1) in program.consts.values()
 
 

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import abi_prototype, c_prototype
 from mtlir.ir.ops import Ops
-from mtlir.program import Program
+from mtlir.program.instructions import (Alu, Bitcast, Call, Cast, End, Gep, Index, Instr, Load, Range, Store,
+                                        Struct)
+from mtlir.program.program import Program
 from mtlir.runtime import (CompiledReplay, Interpreter, ProgramError, RecordingBridge, make_executor,
                            prepare_registers)
 from mtlir.errors import BridgeError, LinkError
@@ -21,7 +23,7 @@ from mtlir.errors import BridgeError, LinkError
 EXECUTORS = [Interpreter, CompiledReplay]
 
 
-def run1(cls: type, instrs: list[tuple[Any, ...]], nregs: int, consts: dict[int, Any], result: int,
+def run1(cls: type, instrs: list[Instr], nregs: int, consts: dict[int, Any], result: int,
          bridge: RecordingBridge | None = None, **values: Any) -> Any:
     variables = {name: (r, -2**63, 2**64) for name, r in values.pop("_vars", {}).items()}
     prog = Program(instrs, nregs, consts, variables=variables)
@@ -32,7 +34,7 @@ def run1(cls: type, instrs: list[tuple[Any, ...]], nregs: int, consts: dict[int,
 def alu(cls: type, op: Ops, dtype: DType, *vals: Any) -> Any:
     consts = dict(enumerate(vals))
     n = len(vals)
-    return run1(cls, [("ALU", n, op, dtype, *range(n))], n + 1, consts, n)
+    return run1(cls, [Alu(n, op, dtype, tuple(range(n)))], n + 1, consts, n)
 
 
 @pytest.mark.parametrize("cls", EXECUTORS)
@@ -54,7 +56,7 @@ class TestArithmetic:
             alu(cls, Ops.IDIV, dtypes.int32, 1, 0)
 
     def test_division_of_a_variable_by_a_constant(self, cls: type) -> None:
-        prog = Program([("ALU", 2, Ops.IDIV, dtypes.int32, 0, 1), ("ALU", 3, Ops.MOD, dtypes.int32, 0, 1)], 4, {1: 4},
+        prog = Program([Alu(2, Ops.IDIV, dtypes.int32, (0, 1)), Alu(3, Ops.MOD, dtypes.int32, (0, 1))], 4, {1: 4},
                        variables={"x": (0, -100, 100)})
         ex = cls(prog, RecordingBridge(), results=(2, 3))
         assert [ex.run(x=x) for x in (-9, -8, -1, 0, 7)] == [(-2, -1), (-2, 0), (0, -1), (0, 0), (1, 3)]
@@ -79,7 +81,7 @@ class TestArithmetic:
 
     def test_cast(self, cls: type) -> None:
         def cast(dt: DType, v: Any) -> Any:
-            return run1(cls, [("CAST", 1, dt, 0)], 2, {0: v}, 1)
+            return run1(cls, [Cast(1, dt, 0)], 2, {0: v}, 1)
         assert cast(dtypes.int32, -2.7) == -2
         assert cast(dtypes.float32, 2**24 + 1) == 16777216.0
         assert cast(dtypes.uint8, 257) == 1
@@ -91,7 +93,7 @@ class TestArithmetic:
 
     def test_bitcast(self, cls: type) -> None:
         def bitcast(dt: DType, v: Any) -> Any:
-            return run1(cls, [("BITCAST", 1, dt, 0)], 2, {0: v}, 1)
+            return run1(cls, [Bitcast(1, dt, 0)], 2, {0: v}, 1)
         assert bitcast(dtypes.int32, 1.0) == 0x3F800000
         assert bitcast(dtypes.uint32, -1) == 0xFFFFFFFF
         assert bitcast(dtypes.int64, 2**64 - 1) == -1
@@ -105,12 +107,12 @@ class TestMemoryStructsLoops:
         b = RecordingBridge()
         base = b.malloc(64)
         # r2 = base + 3 * 4; *(int32*)r2 = -5; r4 = *(uint32*)r2
-        instrs = [("INDEX", 2, 4, 0, 1), ("STORE", -1, dtypes.int32, 2, 3), ("LOAD", 4, dtypes.uint32, 2)]
+        instrs = [Index(2, 4, 0, 1), Store(dtypes.int32, 2, 3), Load(4, dtypes.uint32, 2)]
         assert run1(cls, instrs, 5, {0: base, 1: 3, 3: -5}, 4, b) == 2**32 - 5
         assert b.read(base + 12, 4) == struct.pack("<i", -5)
 
     def test_struct_and_gep(self, cls: type) -> None:
-        instrs = [("STRUCT", 3, 0, 1, 2), ("GEP", 4, 2, 3)]
+        instrs = [Struct(3, (0, 1, 2)), Gep(4, 2, 3)]
         assert run1(cls, instrs, 5, {0: 4, 1: 5, 2: 6}, 3) == (4, 5, 6)
         assert run1(cls, instrs, 5, {0: 4, 1: 5, 2: 6}, 4) == 6
 
@@ -119,14 +121,14 @@ class TestMemoryStructsLoops:
         b = RecordingBridge()
         acc = b.malloc(8)
         instrs = [
-            ("RANGE", 4, 0, 7),
-            ("RANGE", 5, 1, 6),
-            ("ALU", 6, Ops.MUL, dtypes.int64, 4, 5),
-            ("LOAD", 7, dtypes.int64, 2),
-            ("ALU", 8, Ops.ADD, dtypes.int64, 7, 6),
-            ("STORE", -1, dtypes.int64, 2, 8),
-            ("END", -1, 5, 1),
-            ("END", -1, 4, 0),
+            Range(4, 0, 7),
+            Range(5, 1, 6),
+            Alu(6, Ops.MUL, dtypes.int64, (4, 5)),
+            Load(7, dtypes.int64, 2),
+            Alu(8, Ops.ADD, dtypes.int64, (7, 6)),
+            Store(dtypes.int64, 2, 8),
+            End(5, 1),
+            End(4, 0),
         ]
         prog = Program(instrs, 9, {2: acc}, variables={"n": (0, 0, 100), "m": (1, 0, 100)})
         ex = cls(prog, b)
@@ -136,7 +138,7 @@ class TestMemoryStructsLoops:
             assert struct.unpack("<q", b.read(acc, 8))[0] == sum(i * j for i in range(n) for j in range(m))
 
     def test_empty_loop_body(self, cls: type) -> None:
-        prog = Program([("RANGE", 1, 0, 1), ("END", -1, 1, 0)], 2, {0: 3})
+        prog = Program([Range(1, 0, 1), End(1, 0)], 2, {0: 3})
         cls(prog, RecordingBridge()).run()
 
 
@@ -150,12 +152,12 @@ class TestCalls:
         p_dispatch = abi_prototype("dispatchThreadgroups:threadsPerThreadgroup:", "x86_64")
         p_pop = c_prototype("objc_autoreleasePoolPop")
         instrs = [
-            ("CALL", 0, "objc_autoreleasePoolPush", c_prototype("objc_autoreleasePoolPush")),
-            ("CALL", 3, "objc_msgSend", p_cb, 1, 2),
-            ("CALL", 7, "objc_msgSend", abi_prototype("computeCommandEncoder", "x86_64"), 3, 6),
-            ("STRUCT", 8, 4, 5, 5),
-            ("CALL", -1, "objc_msgSend", p_dispatch, 7, 9, 8, 8),
-            ("CALL", -1, "objc_autoreleasePoolPop", p_pop, 0),
+            Call(0, "objc_autoreleasePoolPush", c_prototype("objc_autoreleasePoolPush"), ()),
+            Call(3, "objc_msgSend", p_cb, (1, 2)),
+            Call(7, "objc_msgSend", abi_prototype("computeCommandEncoder", "x86_64"), (3, 6)),
+            Struct(8, (4, 5, 5)),
+            Call(-1, "objc_msgSend", p_dispatch, (7, 9, 8, 8)),
+            Call(-1, "objc_autoreleasePoolPop", p_pop, (0,)),
         ]
         prog = Program(instrs, 10, {1: queue, 5: 1},
                        selectors={2: "commandBuffer", 6: "computeCommandEncoder",
@@ -173,7 +175,7 @@ class TestCalls:
 
     def test_a_bridge_error_names_the_instruction(self, cls: type) -> None:
         b = RecordingBridge()
-        prog = Program([("LOAD", 1, dtypes.uint64, 0)], 2, {0: 12345})
+        prog = Program([Load(1, dtypes.uint64, 0)], 2, {0: 12345})
         with pytest.raises(BridgeError) as e:
             cls(prog, b).run()
         assert "0: r1 = LOAD" in "\n".join(e.value.__notes__)
@@ -181,7 +183,7 @@ class TestCalls:
 
 @pytest.mark.parametrize("cls", EXECUTORS)
 class TestVariables:
-    PROG = Program([("ALU", 2, Ops.ADD, dtypes.int32, 0, 1)], 3, {1: 1},
+    PROG = Program([Alu(2, Ops.ADD, dtypes.int32, (0, 1))], 3, {1: 1},
                    variables={"start_pos": (0, 1, 32)})
 
     def test_bound_by_name(self, cls: type) -> None:
@@ -208,14 +210,14 @@ class TestVariables:
 @pytest.mark.parametrize("cls", EXECUTORS)
 class TestValidation:
     @pytest.mark.parametrize("instrs, match", [
-        ([("FOO", 1, 0)], "unknown opcode"),
-        ([("ALU", 1, Ops.ADD, dtypes.int32, 0, 5)], "is not a register"),
-        ([("ALU", 1, Ops.ADD, dtypes.int32, 0, 2)], "reads r2, which no"),
-        ([("END", -1, 0, 0)], "does not close"),
-        ([("RANGE", 1, 0, 5)], "RANGE"),
-        ([("CAST", 0, dtypes.int32, 0)], "writes r0, which holds a constant"),
+        ([("ALU", 1, Ops.ADD, dtypes.int32, 0, 0)], "not an instruction"),  # a tuple is not an instruction
+        ([Alu(1, Ops.ADD, dtypes.int32, (0, 5))], "is not a register"),
+        ([Alu(1, Ops.ADD, dtypes.int32, (0, 2))], "reads r2, which no"),
+        ([End(0, 0)], "does not close"),
+        ([Range(1, 0, 5)], "RANGE"),
+        ([Cast(0, dtypes.int32, 0)], "writes r0, which holds a constant"),
     ])
-    def test_bad_programs(self, cls: type, instrs: list[tuple[Any, ...]], match: str) -> None:
+    def test_bad_programs(self, cls: type, instrs: list[Any], match: str) -> None:
         with pytest.raises(ProgramError, match=match):
             cls(Program(instrs, 3, {0: 1}), RecordingBridge())
 
@@ -229,7 +231,7 @@ class TestValidation:
 def test_compiled_replay_inlines_what_does_not_change() -> None:
     b = RecordingBridge()
     queue = b.c_call("MTLCreateSystemDefaultDevice", c_prototype("MTLCreateSystemDefaultDevice"), ())
-    prog = Program([("CALL", 2, "objc_msgSend", abi_prototype("commandBuffer", "arm64"), 0, 1)], 3,
+    prog = Program([Call(2, "objc_msgSend", abi_prototype("commandBuffer", "arm64"), (0, 1))], 3,
                    selectors={1: "commandBuffer"}, objects={0: __import__("mtlir.metal").metal.Obj("queue", "queue")})
     regs = prepare_registers(prog, b, {0: queue})
     ex = CompiledReplay(prog, b, regs)
@@ -281,7 +283,7 @@ def test_differential_against_numpy(ops: list[tuple[Ops, DType, int, int, str]])
             else:
                 variables[name] = (reg, -2**63, 2**64)
                 values[name] = val
-        instrs.append(("ALU", n + 2, op, dtypes.bool if op is Ops.CMPLT else dt, n, n + 1))
+        instrs.append(Alu(n + 2, op, dtypes.bool if op is Ops.CMPLT else dt, (n, n + 1)))
         expect.append(_np_ref(op, dt, a, b))
         results.append(n + 2)
         n += 3
@@ -292,8 +294,8 @@ def test_differential_against_numpy(ops: list[tuple[Ops, DType, int, int, str]])
 
 @pytest.mark.parametrize("cls", EXECUTORS)
 def test_casts_of_variables_at_run_time(cls: type) -> None:
-    instrs = [("CAST", 1, dtypes.uint8, 0), ("CAST", 2, dtypes.int8, 0), ("CAST", 3, dtypes.float32, 0),
-              ("BITCAST", 4, dtypes.uint64, 0), ("CAST", 5, dtypes.int32, 3)]
+    instrs = [Cast(1, dtypes.uint8, 0), Cast(2, dtypes.int8, 0), Cast(3, dtypes.float32, 0),
+              Bitcast(4, dtypes.uint64, 0), Cast(5, dtypes.int32, 3)]
     prog = Program(instrs, 6, variables={"x": (0, -2**40, 2**40)})
     ex = cls(prog, RecordingBridge(), results=(1, 2, 3, 4, 5))
     assert ex.run(x=-1) == (255, -1, -1.0, 2**64 - 1, -1)
@@ -303,11 +305,11 @@ def test_casts_of_variables_at_run_time(cls: type) -> None:
 @pytest.mark.parametrize("cls", EXECUTORS)
 def test_run_takes_the_program_as_issue_4_names_it(cls: type) -> None:
     """``executor.run(program, **values)``: the executor's own Program, or another one on the same Bridge."""
-    double = Program([("ALU", 2, Ops.MUL, dtypes.int32, 0, 1)], 3, {1: 2}, variables={"x": (0, -9, 9)},
+    double = Program([Alu(2, Ops.MUL, dtypes.int32, (0, 1))], 3, {1: 2}, variables={"x": (0, -9, 9)},
                      results={"y": 2})
     ex = cls(double, RecordingBridge(), results=(2,))
     assert ex.run(double, x=4) == ex.run(x=4) == (8,)
-    negate = Program([("ALU", 1, Ops.NEG, dtypes.int32, 0)], 2, {}, variables={"x": (0, -9, 9)}, results={"y": 1})
+    negate = Program([Alu(1, Ops.NEG, dtypes.int32, (0,))], 2, {}, variables={"x": (0, -9, 9)}, results={"y": 1})
     assert ex.run(negate, x=4) == (-4,) and ex.run(negate, x=5) == (-5,)  # made once, kept
     assert ex.run(x=3) == (6,)  # its own Program is untouched
     with pytest.raises(ValueError, match=r"'x' = 10 is outside its bounds"):

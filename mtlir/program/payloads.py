@@ -1,0 +1,136 @@
+"""Data that graph nodes carry as one value and the Program keeps: placeholder payloads and message lists.
+
+Placeholder payloads (``Program.objects``, docs/internals.md "Placeholders") that are not plain values:
+``IcbSpec`` (kind ``icb``: the command list link builds once, of ``IcbCommand``), ``Stamp`` (kind ``cbslots``:
+which command buffer's GPU time goes into which timestamp slot) and ``TableEntries`` (kind ``table``). The args of
+the MSGS and CALLS nodes: ``MessageList`` and ``CallList``. Each is keyed by hash-consing as one value, so a node
+of 100,000 entries hashes once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from mtlir.metal import Obj
+
+__all__ = ["IcbSpec", "IcbCommand", "CommandList", "Stamp", "MessageList", "CallList", "TableEntries"]
+
+
+class IcbCommand(NamedTuple):
+    """One command of the ICB, as link builds it once (METAL.md §1): ``setComputePipelineState:`` with the
+    pipeline placeholder named ``pipeline``; ``setKernelBuffer:offset:atIndex:`` per entry of ``bindings``
+    ``(placeholder name, byte offset, buffer index)`` — the buffer parameters, then the variables buffer slot of
+    each ``constant int&`` parameter; ``concurrentDispatchThreadgroups:threadsPerThreadgroup:`` with ``grid``
+    (threadgroups) and ``threadgroup`` (threads), where an entry set per submit is 0 (``symbolic`` is then True:
+    the Program sends this run's sizes); ``setBarrier`` when ``barrier``. ``variables`` names the variable of each
+    variables-buffer binding ``(name, buffer index)``; ``rebound`` lists the buffer indices a submit binds
+    (buffer variables), which link leaves unbound.
+
+    A NamedTuple rather than a dataclass: a queue of 100,000 commands hashes its command list as plain tuples."""
+
+    pipeline: str
+    bindings: tuple[tuple[str, int, int], ...]
+    grid: tuple[int, int, int]
+    threadgroup: tuple[int, int, int]
+    barrier: bool = True
+    symbolic: bool = False
+    variables: tuple[tuple[str, int], ...] = ()
+    rebound: tuple[int, ...] = ()
+
+
+class CommandList(tuple):  # type: ignore[type-arg]
+    """A tuple of ``IcbCommand`` keyed as one value by ``argkey`` (hash-consing does not descend into it: keying
+    100,000 frozen dataclasses one by one costs ~34 µs per command, hashing this tuple ~0.1 µs)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"CommandList(<{len(self)} commands>)"
+
+
+class _Payload(tuple):  # type: ignore[type-arg]
+    """A tuple keyed as one value by ``argkey`` whose hash is computed once (tuples do not cache theirs): a node
+    holding thousands of entries is rebuilt by several passes, and each build hashes its key."""
+
+    def __hash__(self) -> int:
+        h: int | None = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = tuple.__hash__(self)
+        return h
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is type(self) and tuple.__eq__(self, other))
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (tuple(self),))
+
+
+class MessageList(_Payload):
+    """The arg of an MSGS node: void Objective-C messages to the node's receiver (``src[0]``), in order, as data.
+    Each entry is ``(selector, refs)``: ``refs`` are the indices in ``src`` of the arguments, one per argument of
+    the selector's Metal signature (``mtlir.metal.SELECTORS``), typed as for a MSG (structs as STRUCT values)."""
+
+    def __repr__(self) -> str:
+        return f"MessageList(<{len(self)} messages>)"
+
+
+class CallList(_Payload):
+    """The arg of a CALLS node (an MSGS after ``abi``): void foreign calls, in order, as data. Each entry is
+    ``(function, selector, Prototype, refs)``; ``refs`` are the indices in ``src`` of every argument of the
+    prototype (for ``objc_msgSend``: the receiver ``0``, the SEL, then the arguments as the target passes them)."""
+
+    def __repr__(self) -> str:
+        return f"CallList(<{len(self)} calls>)"
+
+
+class TableEntries(_Payload):
+    """The payload of a ``table`` placeholder (docs/internals.md): one entry per iteration of a profiled loop, an
+    int or a placeholder (``Obj``); keyed as one value, so a table of 100,000 placeholders hashes once."""
+
+    def __repr__(self) -> str:
+        return f"TableEntries(<{len(self)} entries>)"
+
+
+@dataclass(frozen=True)
+class IcbSpec:
+    """The payload of the ICB placeholder: ``commands`` (a ``CommandList`` of ``IcbCommand``, in ICB order),
+    ``pipelines`` and ``buffers`` (the placeholders the commands name, each once, in first-use order, so link
+    finds every object it must make), ``max_bind_count`` (``setMaxKernelBufferBindCount:``: the largest buffer
+    index bound + 1, at most 31)."""
+
+    commands: CommandList
+    pipelines: tuple[Obj, ...]
+    buffers: tuple[Obj, ...]
+    max_bind_count: int
+
+    def __repr__(self) -> str:
+        return f"IcbSpec({len(self.commands)} commands, {len(self.pipelines)} pipelines, {len(self.buffers)} buffers)"
+
+
+class Stamp(NamedTuple):
+    """A timestamp slot of a profiled submit: slot ``slot`` gets ``which`` (``"GPUStartTime"`` or
+    ``"GPUEndTime"``, seconds) of the command buffer in ``cbslots[cb]``."""
+
+    slot: int
+    cb: int
+    which: str
+
+
+def _register_arg_types() -> None:
+    """Make the payload types printable by ``mtlir.ir.render`` (its hook takes frozen dataclasses; the tuple types
+    register once it accepts them)."""
+    try:
+        from mtlir.ir.render import register_arg_type
+    except ImportError:
+        return
+    for cls in (IcbSpec, IcbCommand, CommandList, Stamp, MessageList, CallList, TableEntries):
+        try:
+            register_arg_type(cls)
+        except (TypeError, ValueError):
+            pass
+
+
+_register_arg_types()
