@@ -20,7 +20,11 @@ from typing import Any
 from mtlir.metal import Prototype
 from mtlir.passes import default_pipeline
 from mtlir.program.program import Program
-from mtlir.runtime import CompiledReplay, Interpreter, RecordingBridge, Session, link
+from mtlir.runtime.bridge.recording import RecordingBridge
+from mtlir.runtime.executors.interpreter import Interpreter
+from mtlir.runtime.executors.replay import CompiledReplay
+from mtlir.runtime.link.link import link
+from mtlir.runtime.session import Session
 from mtlir.frontend.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]

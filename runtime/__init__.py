@@ -2,16 +2,19 @@
 
 ``link`` makes a Program's device objects once; an executor (``Interpreter`` or ``CompiledReplay``) runs the
 Program through a ``Bridge``; a ``Session`` links once and replays ``submit``/``wait``; ``RecordingBridge`` records
-the messages a run sends (docs/runtime.md). The devices live in ``mtlir.runtime.sim`` (simulated) and
-``mtlir.runtime.metal.bridge`` (macOS).
+the messages a run sends; ``Messenger`` sends one by selector name (docs/runtime.md). The devices live in
+``mtlir.runtime.sim`` (simulated) and ``mtlir.runtime.metal.bridge`` (macOS).
 """
-from mtlir.runtime.bridge.bridge import Bridge, HostMemory, Message, RecordingBridge
+from mtlir.runtime.bridge.bridge import Bridge
+from mtlir.runtime.bridge.messenger import Messenger
+from mtlir.runtime.bridge.recording import Message, RecordingBridge
 from mtlir.runtime.executors.interpreter import Executor, Interpreter, ProgramError, prepare_registers
 from mtlir.runtime.executors.replay import EXECUTORS, CompiledReplay, make_executor
-from mtlir.runtime.link.link import Linked, link
+from mtlir.runtime.link.link import link
+from mtlir.runtime.link.linked import Linked
 from mtlir.runtime.session import Session, Submission
 
-__all__ = ["Bridge", "HostMemory", "Message", "RecordingBridge",
+__all__ = ["Bridge", "Messenger", "Message", "RecordingBridge",
            "EXECUTORS",
            "CompiledReplay", "Executor", "Interpreter", "ProgramError", "make_executor", "prepare_registers",
            "Linked", "link", "Session", "Submission"]

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtlir.ir.dtypes import dtypes
-from mtlir.metal import MTL, abi_prototype, c_prototype
+from mtlir.metal import MTL
 from mtlir.runtime.bridge.bridge import Bridge
+from mtlir.runtime.bridge.messenger import Messenger
 from mtlir.errors import BridgeError, LinkError
 
 __all__ = ["DeviceCaps", "probe_device"]
@@ -36,21 +37,19 @@ class DeviceCaps:
 
 
 class _Prober:
-    def __init__(self, bridge: Bridge) -> None:
-        self.b = bridge
-        self.made: list[int] = []  # +1 objects to release, newest last
+    """The messages of one probe (``m``) and the +1 objects it made (``made``), released by ``release_all``."""
 
-    def send(self, recv: int, selector: str, *args: Any) -> Any:
-        b = self.b
-        return b.msg_send(abi_prototype(selector, b.target), (recv, b.sel_registerName(selector), *args))
+    def __init__(self, m: Messenger) -> None:
+        self.m = m
+        self.made: list[int] = []  # +1 objects to release, newest last
 
     def new(self, class_name: str) -> int:
         """``[class new]`` (+1, released at the end); 0 when the runtime has no such class."""
         try:
-            cls = self.b.objc_getClass(class_name)
+            cls = self.m.cls(class_name)
         except BridgeError:
             return 0
-        obj = int(self.send(cls, "new") or 0) if cls else 0
+        obj = int(self.m.send(cls, "new") or 0) if cls else 0
         if obj:
             self.made.append(obj)
         return obj
@@ -62,24 +61,26 @@ class _Prober:
 
     def error_text(self, errptr: int) -> str:
         """The localizedDescription of the NSError an out-parameter holds ("" when none)."""
-        err = int(self.b.load(errptr, dtypes.id) or 0)
-        text = int(self.send(err, "localizedDescription") or 0) if err else 0
-        return self.b.read_cstring(self.send(text, "UTF8String")) if text else ""
+        b = self.m.bridge
+        err = int(b.load(errptr, dtypes.id) or 0)
+        text = int(self.m.send(err, "localizedDescription") or 0) if err else 0
+        return b.read_cstring(self.m.send(text, "UTF8String")) if text else ""
 
     def release_all(self) -> None:
+        """Release what the probe made, newest first."""
         while self.made:
-            self.send(self.made.pop(), "release")
+            self.m.send(self.made.pop(), "release")
 
 
 def probe_device(bridge: Bridge) -> DeviceCaps:
     """Ask the device behind ``bridge`` (``MTLCreateSystemDefaultDevice``) whether it makes residency sets and
     ICBs (module docstring). Raises ``LinkError`` when there is no device; whatever the Bridge raises otherwise
     passes through."""
-    p = _Prober(bridge)
-    pool = bridge.c_call("objc_autoreleasePoolPush", c_prototype("objc_autoreleasePoolPush"), ())
+    m = Messenger(bridge)
+    p = _Prober(m)
+    pool = m.push()
     try:
-        device = int(bridge.c_call("MTLCreateSystemDefaultDevice", c_prototype("MTLCreateSystemDefaultDevice"), ())
-                     or 0)
+        device = m.device()
         if not device:
             raise LinkError("MTLCreateSystemDefaultDevice returned nil: this machine has no Metal device")
         p.made.append(device)
@@ -91,7 +92,7 @@ def probe_device(bridge: Bridge) -> DeviceCaps:
         else:
             err = bridge.malloc(8)
             try:
-                residency = p.keep(p.send(device, "newResidencySetWithDescriptor:error:", desc, err))
+                residency = p.keep(m.send(device, "newResidencySetWithDescriptor:error:", desc, err))
                 why = "" if residency else p.error_text(err)
             finally:
                 bridge.free(err)
@@ -100,11 +101,11 @@ def probe_device(bridge: Bridge) -> DeviceCaps:
         icb = False
         desc = p.new("MTLIndirectCommandBufferDescriptor")
         if desc:
-            p.send(desc, "setCommandTypes:", MTL.IndirectCommandTypeConcurrentDispatch)
-            p.send(desc, "setInheritBuffers:", False)
-            p.send(desc, "setInheritPipelineState:", False)
-            p.send(desc, "setMaxKernelBufferBindCount:", 1)
-            icb = p.keep(p.send(device, "newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", desc, 1,
+            m.send(desc, "setCommandTypes:", MTL.IndirectCommandTypeConcurrentDispatch)
+            m.send(desc, "setInheritBuffers:", False)
+            m.send(desc, "setInheritPipelineState:", False)
+            m.send(desc, "setMaxKernelBufferBindCount:", 1)
+            icb = p.keep(m.send(device, "newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", desc, 1,
                                 0))
         if not icb:
             notes.append("newIndirectCommandBufferWithDescriptor:maxCommandCount:options: returned nil (no indirect "
@@ -114,4 +115,4 @@ def probe_device(bridge: Bridge) -> DeviceCaps:
         try:
             p.release_all()
         finally:
-            bridge.c_call("objc_autoreleasePoolPop", c_prototype("objc_autoreleasePoolPop"), (pool,))
+            m.pop(pool)

@@ -29,12 +29,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtlir.metal import MTL, abi_prototype, c_prototype
+from mtlir.metal import MTL
 from mtlir.program.program import Program
-from mtlir.runtime.bridge.bridge import Bridge, Message, RecordingBridge
+from mtlir.runtime.bridge.bridge import Bridge
+from mtlir.runtime.bridge.recording import Message, RecordingBridge
 from mtlir.errors import GPUExecutionError
 from mtlir.runtime.executors.interpreter import Executor
-from mtlir.runtime.link.link import Linked, link
+from mtlir.runtime.link.link import link
+from mtlir.runtime.link.linked import Linked
 from mtlir.runtime.executors.replay import make_executor
 
 __all__ = ["Session", "Submission", "DEFAULT_TIMELINE_VAR"]
@@ -80,12 +82,7 @@ class Session:
         self.linked: Linked = link(program, bridge, initial=initial, max_command_buffers=max_command_buffers)
         self.executor_kind = executor
         self.executor: Executor = make_executor(executor, program, bridge, self.linked.registers)
-        t = bridge.target
-        self._p = {s: abi_prototype(s, t) for s in ("release", "status", "error", "code",
-                                                    "localizedDescription", "UTF8String", "signaledValue",
-                                                    "GPUStartTime", "GPUEndTime")}
-        self._s = {s: bridge.sel_registerName(s) for s in self._p}
-        self._push, self._pop = c_prototype("objc_autoreleasePoolPush"), c_prototype("objc_autoreleasePoolPop")
+        self.messenger = self.linked.messenger  # the bookkeeping messages (pool, status, release, errors)
         events = self.linked.of_kind("event")
         self.event: int | None = self.linked.handles[events[0]] if events else None
         self.timeline_reader = "none" if self.event is None else "message"
@@ -109,11 +106,6 @@ class Session:
         self.host_s_total = 0.0
         self.closed = False
 
-    # ---- Objective-C helpers (bookkeeping sends)
-
-    def _send(self, recv: int, selector: str, *args: Any) -> Any:
-        return self.bridge.msg_send(self._p[selector], (recv, self._s[selector], *args))
-
     def _timeline_program(self, executor: str) -> Executor | None:
         """The lowered timeline read (``mtlir.passes.timeline_read_program``) over this link's objects, or None
         (then ``timeline_value`` sends ``signaledValue`` itself) when the passes cannot give one."""
@@ -132,7 +124,7 @@ class Session:
         Program); 0 when there is no event."""
         if self._read_timeline is not None:
             return int(self._read_timeline.run()[0])
-        return int(self._send(self.event, "signaledValue")) if self.event else 0
+        return int(self.messenger.send(self.event, "signaledValue")) if self.event else 0
 
     # ---- submit
 
@@ -155,14 +147,14 @@ class Session:
         slots = self._slots
         if slots is not None:
             b.write(slots[0], bytes(8 * slots[1]))
-        pool = b.c_call("objc_autoreleasePoolPush", self._push, ())
+        pool = self.messenger.push()
         try:
             self.executor.run(**values)
         except BaseException as e:
             self._failed_run(e, pool, value, t0)
             raise
         cbs = self._read_slots()
-        b.c_call("objc_autoreleasePoolPop", self._pop, (pool,))
+        self.messenger.pop(pool)
         return self._record(value, cbs, t0)
 
     def _read_slots(self) -> tuple[int, ...]:
@@ -197,7 +189,7 @@ class Session:
         except Exception as e:
             note("reading the command buffers of the failed submit from cbslots", e)
         try:
-            self.bridge.c_call("objc_autoreleasePoolPop", self._pop, (pool,))
+            self.messenger.pop(pool)
         except Exception as e:
             note("draining the failed submit's autorelease pool", e)
         kept: list[int] = []
@@ -206,11 +198,11 @@ class Session:
                 kept.append(0)
                 continue
             try:
-                if int(self._send(cb, "status")) >= MTL.StatusCommitted:
+                if int(self.messenger.send(cb, "status")) >= MTL.StatusCommitted:
                     kept.append(cb)
                     continue
                 kept.append(0)
-                self._send(cb, "release")
+                self.messenger.send(cb, "release")
             except Exception as e:
                 kept.append(0)
                 note(f"releasing the uncommitted command buffer {cb:#x} of the failed submit", e)
@@ -279,7 +271,7 @@ class Session:
             while pending:
                 rec = pending[0]
                 live = [cb for cb in rec.cbs if cb]
-                statuses = [int(self._send(cb, "status")) for cb in live]
+                statuses = [int(self.messenger.send(cb, "status")) for cb in live]
                 for cb, st in zip(live, statuses):
                     if st == MTL.StatusError:
                         self._fail(rec, cb)
@@ -296,7 +288,8 @@ class Session:
             delay = min(delay * 2 or 1e-5, 1e-3)
 
     def _finish(self, rec: Submission) -> None:
-        rec.gpu_times = [(float(self._send(cb, "GPUStartTime")), float(self._send(cb, "GPUEndTime"))) if cb
+        m = self.messenger
+        rec.gpu_times = [(float(m.send(cb, "GPUStartTime")), float(m.send(cb, "GPUEndTime"))) if cb
                          else (0.0, 0.0) for cb in rec.cbs]
         for st in self.stamps:  # Stamp(slot, cb, which): slot <- GPUStartTime/GPUEndTime of cbslots[cb]
             if st.cb < len(rec.cbs) and rec.cbs[st.cb]:
@@ -309,7 +302,7 @@ class Session:
         """Release the command buffers the Program retained when it stored them into cbslots."""
         for cb in rec.cbs:
             if cb:
-                self._send(cb, "release")
+                self.messenger.send(cb, "release")
 
     def _drop(self, rec: Submission) -> None:
         if self.inflight and self.inflight[0] is rec:  # the oldest: O(1)
@@ -318,12 +311,12 @@ class Session:
             self.inflight = collections.deque(r for r in self.inflight if r is not rec)
 
     def _fail(self, rec: Submission, cb: int) -> None:
-        err = int(self._send(cb, "error") or 0)
+        err = int(self.messenger.send(cb, "error") or 0)
         code, desc = 0, "no NSError"
         if err:
-            code = int(self._send(err, "code"))
-            text = self._send(err, "localizedDescription")
-            desc = self.bridge.read_cstring(self._send(text, "UTF8String")) if text else "(no description)"
+            code = int(self.messenger.send(err, "code"))
+            text = self.messenger.send(err, "localizedDescription")
+            desc = self.bridge.read_cstring(self.messenger.send(text, "UTF8String")) if text else "(no description)"
         name = MTL.ERROR_NAMES.get(code, "Unknown")
         which = rec.cbs.index(cb)
         self._release(rec)
@@ -336,7 +329,7 @@ class Session:
         parts = []
         for rec in pending[:4]:
             sts = [MTL.STATUS_NAMES[s] if 0 <= s < 6 else str(s)
-                   for s in (int(self._send(cb, "status")) for cb in rec.cbs)]
+                   for s in (int(self.messenger.send(cb, "status")) for cb in rec.cbs)]
             parts.append(f"submit {rec.index} (value {rec.value}): {', '.join(sts) or 'no command buffers'}")
         more = f" and {len(pending) - 4} more" if len(pending) > 4 else ""
         return (f"timed out after {timeout:g} s waiting for timeline value {target} (the timeline is at {current}); "

@@ -1,1 +1,3 @@
-"""The Bridge seam between a Program and a device, sending messages by selector name, and recording."""
+"""The Bridge seam between a Program and a device (``bridge``), sending messages by selector name (``messenger``),
+recording them (``recording``: RecordingBridge and its FakeDevice), and the host memory of in-process devices
+(``memory``)."""

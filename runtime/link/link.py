@@ -22,8 +22,12 @@ What each kind becomes is docs/internals.md's table; the messages and their orde
 - host tables: ``contents`` (a buffer's host pointer), ``resources``, ``cbslots``, ``struct`` (a constant MTLSize
   copy), ``scratch`` through ``bridge.malloc``; ``icbcmd``: the retained command of the ICB.
 
-Every message uses ``mtlir.metal.abi_prototype(selector, bridge.target)``: an MTLSize is a pointer to a 24-byte
-copy on arm64 and a 3-tuple on x86_64.
+``link`` checks its input, then ``_make_all`` makes the kinds in that order: the one-message kinds and the host
+tables here, the others by one function per kind in ``mtlir.runtime.link.kinds``, each given the run's
+``LinkState`` (``mtlir.runtime.link.state``: the ``Linked`` being filled, nil and NSError checks) and the
+threadgroup checks in ``mtlir.runtime.link.threadgroups``. Every message goes through the state's ``Messenger``
+(``mtlir.runtime.bridge.messenger``) with ``mtlir.metal.abi_prototype(selector, bridge.target)``: an MTLSize is a
+pointer to a 24-byte copy on arm64 and a 3-tuple on x86_64.
 """
 from __future__ import annotations
 
@@ -32,16 +36,17 @@ import struct
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from mtlir.metal import MTL, Kernel, Obj, c_prototype
-from mtlir.program.program import Program
-from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.errors import LinkError
+from mtlir.metal import MTL, Kernel, Obj
+from mtlir.program import Program
+from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.executors.interpreter import prepare_registers
-from mtlir.runtime.link.kinds import KindBuilders, icb_commands
-from mtlir.runtime.link.state import _name
+from mtlir.runtime.link.kinds import make_buffer, make_icb, make_pipeline, make_residency_set, make_table
 from mtlir.runtime.link.linked import Linked
+from mtlir.runtime.link.state import LinkState, obj_name
+from mtlir.runtime.link.threadgroups import check_direct_dispatches
 
-__all__ = ["link", "Linked", "icb_commands", "collect_objects"]
+__all__ = ["link", "collect_objects"]
 
 _OBJECT_KINDS = ("device", "queue", "event", "fence", "buffer", "varbuf", "pipeline", "icb", "icbcmd", "resources",
                  "cbslots", "struct", "scratch", "contents", "table")
@@ -76,91 +81,59 @@ def collect_objects(program: Program) -> dict[str, Obj]:
     return found
 
 
-class _Linker(KindBuilders):
-    """One run of link: sends the messages and fills a ``Linked`` (the builders of each kind are
-    ``mtlir.runtime.link.kinds``, the message helpers ``mtlir.runtime.link.state``)."""
-
-    def run(self) -> Linked:
-        objs = self.out.objects = collect_objects(self.p)
-        by_kind: dict[str, list[Obj]] = {}
-        for o in objs.values():
-            by_kind.setdefault(o.kind, []).append(o)
-        for name, data in self.initial.items():
-            if name not in objs or objs[name].kind not in ("buffer", "varbuf"):
-                raise LinkError(f"initial data for {name!r}, which is not a buffer of the Program "
-                                f"(buffers: {', '.join(o.name for o in by_kind.get('buffer', []))})")
-            _check_initial(name, data)
-        pool = self.b.c_call("objc_autoreleasePoolPush", c_prototype("objc_autoreleasePoolPush"), ())
-        try:
-            self.make_all(by_kind)
-        except BaseException:
-            self.b.c_call("objc_autoreleasePoolPop", c_prototype("objc_autoreleasePoolPop"), (pool,))
-            try:
-                self.out.release()
-            except LinkError:
-                pass
-            raise
-        self.b.c_call("objc_autoreleasePoolPop", c_prototype("objc_autoreleasePoolPop"), (pool,))
-        regs = {r: self.out.handles[o.name] for r, o in self.p.objects.items()}
-        self.out.registers = prepare_registers(self.p, self.b, regs)
-        return self.out
-
-    def make_all(self, by_kind: dict[str, list[Obj]]) -> None:
-        b, h = self.b, self.out.handles
-        dev_name = by_kind["device"][0].name if "device" in by_kind else "device"
-        device = self.keep(dev_name, self.checked(b.c_call("MTLCreateSystemDefaultDevice",
-                                                           c_prototype("MTLCreateSystemDefaultDevice"), ()),
-                                                  "MTLCreateSystemDefaultDevice (no Metal device)"))
-        self.out.device = device
-        for o in by_kind.get("queue", []):
-            self.keep(o.name, self.checked(self.send(device, "newCommandQueueWithMaxCommandBufferCount:",
-                                                     self.max_cbs), f"command queue {o.name!r}"))
-        for kind, sel in (("event", "newSharedEvent"), ("fence", "newFence")):
-            for o in by_kind.get(kind, []):
-                self.keep(o.name, self.checked(self.send(device, sel), f"{kind} {o.name!r}"))
-        for o in by_kind.get("buffer", []) + by_kind.get("varbuf", []):
-            self.make_buffer(device, o)
-        for o in by_kind.get("pipeline", []):
-            self.make_pipeline(device, o)
-        icbs = by_kind.get("icb", [])
-        if len(icbs) > 1:
-            raise LinkError(f"a Program with {len(icbs)} ICBs ({', '.join(o.name for o in icbs)}): one is supported")
-        for o in icbs:
-            self.make_icb(device, o)
-        self.check_direct_dispatches()
-        if self.p.device.residency_set:
-            self.make_residency_set(device, by_kind)
-        for o in by_kind.get("contents", []):
-            src = o.payload[0] if o.payload else o.name.partition(":")[2]
-            src = _name(src)
-            if src not in self.out.buffers:
-                raise LinkError(f"{o.name}: no buffer named {src!r}")
-            h[o.name] = self.out.buffers[src][1]
-            self.out.names.setdefault(h[o.name], o.name)
-            self.region(h[o.name], self.out.buffers[src][2], o.name)
-        for o in by_kind.get("icbcmd", []):
-            idx = int(o.payload[-1]) if o.payload else -1
-            key = f"{icbs[0].name}[{idx}]" if icbs else ""
-            if key not in h:
-                raise LinkError(f"{o.name}: no ICB command {idx} (the ICB has {len(self.out.icb)} commands)")
-            h[o.name] = h[key]
-        for o in by_kind.get("resources", []):
-            missing = [_name(n) for n in o.payload if _name(n) not in h]
-            if missing:
-                raise LinkError(f"{o.name}: names objects link did not make: {', '.join(missing)}")
-            table = self.keep(o.name, b.malloc(8 * max(len(o.payload), 1)), "free")
-            self.region(table, 8 * len(o.payload), o.name)
-            b.write(table, struct.pack(f"<{len(o.payload)}Q", *(h[_name(n)] for n in o.payload)))
-        for o in by_kind.get("table", []):
-            self.make_table(o)
-        for o in by_kind.get("cbslots", []):
-            self.region(self.keep(o.name, b.malloc(8 * max(int(o.payload[0]), 1)), "free"), 8 * int(o.payload[0]),
-                        o.name)
-        for o in by_kind.get("struct", []):
-            addr = self.keep(o.name, b.malloc(8 * len(o.payload)), "free")
-            b.write(addr, struct.pack(f"<{len(o.payload)}Q", *(int(v) for v in o.payload)))
-        for o in by_kind.get("scratch", []):
-            self.region(self.keep(o.name, b.malloc(max(int(o.payload[0]), 1)), "free"), int(o.payload[0]), o.name)
+def _make_all(ls: LinkState, by_kind: dict[str, list[Obj]]) -> None:
+    """Make every placeholder, kind by kind, in the order of the module docstring: the device first, then what
+    is made on it, then the host tables that hold handles of what was made."""
+    m, b, out, h = ls.messenger, ls.bridge, ls.out, ls.out.handles
+    dev_name = by_kind["device"][0].name if "device" in by_kind else "device"
+    device = out.device = ls.keep(dev_name, ls.checked(m.device(), "MTLCreateSystemDefaultDevice (no Metal device)"))
+    for o in by_kind.get("queue", []):
+        queue = m.send(device, "newCommandQueueWithMaxCommandBufferCount:", ls.max_command_buffers)
+        ls.keep(o.name, ls.checked(queue, f"command queue {o.name!r}"))
+    for kind, sel in (("event", "newSharedEvent"), ("fence", "newFence")):
+        for o in by_kind.get(kind, []):
+            ls.keep(o.name, ls.checked(m.send(device, sel), f"{kind} {o.name!r}"))
+    for o in by_kind.get("buffer", []) + by_kind.get("varbuf", []):
+        make_buffer(ls, device, o)
+    for o in by_kind.get("pipeline", []):
+        make_pipeline(ls, device, o)
+    icbs = by_kind.get("icb", [])
+    if len(icbs) > 1:
+        raise LinkError(f"a Program with {len(icbs)} ICBs ({', '.join(o.name for o in icbs)}): one is supported")
+    for o in icbs:
+        make_icb(ls, device, o)
+    check_direct_dispatches(ls)
+    if ls.program.device.residency_set:
+        make_residency_set(ls, device, by_kind)
+    for o in by_kind.get("contents", []):
+        src = obj_name(o.payload[0] if o.payload else o.name.partition(":")[2])
+        if src not in out.buffers:
+            raise LinkError(f"{o.name}: no buffer named {src!r}")
+        h[o.name] = out.buffers[src][1]
+        out.names.setdefault(h[o.name], o.name)
+        ls.region(h[o.name], out.buffers[src][2], o.name)
+    for o in by_kind.get("icbcmd", []):
+        idx = int(o.payload[-1]) if o.payload else -1
+        key = f"{icbs[0].name}[{idx}]" if icbs else ""
+        if key not in h:
+            raise LinkError(f"{o.name}: no ICB command {idx} (the ICB has {len(out.icb)} commands)")
+        h[o.name] = h[key]
+    for o in by_kind.get("resources", []):
+        missing = [obj_name(n) for n in o.payload if obj_name(n) not in h]
+        if missing:
+            raise LinkError(f"{o.name}: names objects link did not make: {', '.join(missing)}")
+        table = ls.keep(o.name, b.malloc(8 * max(len(o.payload), 1)), "free")
+        ls.region(table, 8 * len(o.payload), o.name)
+        b.write(table, struct.pack(f"<{len(o.payload)}Q", *(h[obj_name(n)] for n in o.payload)))
+    for o in by_kind.get("table", []):
+        make_table(ls, o)
+    for o in by_kind.get("cbslots", []):
+        ls.region(ls.keep(o.name, b.malloc(8 * max(int(o.payload[0]), 1)), "free"), 8 * int(o.payload[0]), o.name)
+    for o in by_kind.get("struct", []):
+        addr = ls.keep(o.name, b.malloc(8 * len(o.payload)), "free")
+        b.write(addr, struct.pack(f"<{len(o.payload)}Q", *(int(v) for v in o.payload)))
+    for o in by_kind.get("scratch", []):
+        ls.region(ls.keep(o.name, b.malloc(max(int(o.payload[0]), 1)), "free"), int(o.payload[0]), o.name)
 
 
 def _check_initial(name: str, data: Any) -> None:
@@ -196,4 +169,29 @@ def link(program: Program, bridge: Bridge, *, initial: Mapping[str, Any] | None 
     through unchanged."""
     if program.target != bridge.target:
         raise LinkError(f"the Program was lowered for {program.target} but the bridge decodes {bridge.target}")
-    return _Linker(program, bridge, initial or {}, max_command_buffers, buffer_options).run()
+    initial = initial or {}
+    objs = collect_objects(program)
+    by_kind: dict[str, list[Obj]] = {}
+    for o in objs.values():
+        by_kind.setdefault(o.kind, []).append(o)
+    for name, data in initial.items():
+        if name not in objs or objs[name].kind not in ("buffer", "varbuf"):
+            raise LinkError(f"initial data for {name!r}, which is not a buffer of the Program "
+                            f"(buffers: {', '.join(o.name for o in by_kind.get('buffer', []))})")
+        _check_initial(name, data)
+    ls = LinkState(program, bridge, initial, max_command_buffers, buffer_options)
+    ls.out.objects = objs
+    pool = ls.messenger.push()
+    try:
+        _make_all(ls, by_kind)
+    except BaseException:
+        ls.messenger.pop(pool)
+        try:
+            ls.out.release()
+        except LinkError:
+            pass
+        raise
+    ls.messenger.pop(pool)
+    handles = {r: ls.out.handles[o.name] for r, o in program.objects.items()}
+    ls.out.registers = prepare_registers(program, bridge, handles)
+    return ls.out

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mtlir.metal import MTL, Obj, abi_prototype
-from mtlir.program.payloads import IcbCommand
-from mtlir.program.program import Program
+from mtlir.metal import MTL, Obj
+from mtlir.program import IcbCommand, Program
 from mtlir.runtime.bridge.bridge import Bridge
+from mtlir.runtime.bridge.messenger import Messenger
 from mtlir.errors import LinkError
 from mtlir.runtime.executors.interpreter import prepare_registers
 
@@ -19,15 +19,17 @@ __all__ = ["Linked"]
 class Linked:
     """The device objects of one linked Program.
 
-    ``objects``: every placeholder by name (``collect_objects``); ``device``: the MTLDevice; ``registers``: the
-    prepared register file (``mtlir.runtime.executors.interpreter.prepare_registers``); ``handles``: name -> handle or host
-    address (``"queue"``, ``"buffer:7"``, ``"pipeline:E_5_8_2"``, ``"icb[3]"``,
+    ``messenger``: what link, ``new_buffer``, ``release`` and the Session send through (its host memory is freed
+    by ``release``); ``objects``: every placeholder by name (``collect_objects``); ``device``: the MTLDevice;
+    ``registers``: the prepared register file (``mtlir.runtime.executors.interpreter.prepare_registers``);
+    ``handles``: name -> handle or host address (``"queue"``, ``"buffer:7"``, ``"pipeline:E_5_8_2"``, ``"icb[3]"``,
     ``"cbslots"``, ...); ``names``: the reverse map (for ``RecordingBridge``); ``buffers``: name -> (handle,
     contents address, length in bytes); ``icb``: the ICB's commands as built. ``release()`` gives everything
     back (idempotent)."""
 
     program: Program
     bridge: Bridge
+    messenger: Messenger
     objects: dict[str, Obj] = field(default_factory=dict)
     device: int = 0
     registers: list[Any] = field(default_factory=list)
@@ -71,10 +73,6 @@ class Linked:
         contents, _ = self._buffer(name, offset, len(data))
         self.bridge.write(contents + offset, bytes(data))
 
-    def _send(self, recv: int, selector: str, *args: Any) -> Any:
-        b = self.bridge
-        return b.msg_send(abi_prototype(selector, b.target), (recv, b.sel_registerName(selector), *args))
-
     def new_buffer(self, name: str, nbytes: int, data: bytes = b"", *,
                    options: int = MTL.ResourceStorageModeShared) -> int:
         """A new MTLBuffer of ``nbytes`` bytes named ``name`` (e.g. an input to give a buffer variable of the
@@ -85,7 +83,8 @@ class Linked:
             raise LinkError(f"new_buffer: the name {name!r} is taken")
         if nbytes < 1 or len(data) > nbytes:
             raise LinkError(f"new_buffer {name!r}: {len(data)} bytes of data in a buffer of {nbytes} bytes")
-        buf = int(self._send(self.device, "newBufferWithLength:options:", nbytes, options) or 0)
+        m = self.messenger
+        buf = int(m.send(self.device, "newBufferWithLength:options:", nbytes, options) or 0)
         if not buf:
             raise LinkError(f"new_buffer {name!r} ({nbytes} bytes): Metal returned nil")
         self.handles[name], self.names[buf] = buf, name
@@ -93,30 +92,32 @@ class Linked:
         namer = getattr(self.bridge, "name_object", None)
         if namer is not None:
             namer(buf, name)
-        contents = int(self._send(buf, "contents") or 0)
+        contents = int(m.send(buf, "contents") or 0)
         self.buffers[name] = (buf, contents, nbytes)
         if data:
             self.bridge.write(contents, bytes(data))
         rset = self.handles.get("residency_set")
         if rset:
-            self._send(rset, "addAllocation:", buf)
-            self._send(rset, "commit")
+            m.send(rset, "addAllocation:", buf)
+            m.send(rset, "commit")
         return buf
 
     def release(self) -> None:
-        """Release the objects and free the host memory link made, newest first; errors are collected and
-        raised together at the end as one ``LinkError`` (everything is attempted)."""
+        """Release the objects and free the host memory link made, newest first, then the messenger's; errors
+        are collected and raised together at the end as one ``LinkError`` (everything is attempted)."""
         errors: list[str] = []
-        proto = abi_prototype("release", self.bridge.target)
-        sel = self.bridge.sel_registerName("release")
         while self.cleanup:
             how, value, name = self.cleanup.pop()
             try:
                 if how == "release":
-                    self.bridge.msg_send(proto, (value, sel))
+                    self.messenger.send(value, "release")
                 else:
                     self.bridge.free(value)
             except Exception as e:  # keep going: release everything that can be
                 errors.append(f"{name}: {e}")
+        try:
+            self.messenger.close()
+        except Exception as e:
+            errors.append(f"the messenger's host memory: {e}")
         if errors:
             raise LinkError("release failed for " + "; ".join(errors))

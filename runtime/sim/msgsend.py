@@ -19,7 +19,7 @@ from typing import Any
 from mtlir.ir.dtypes import DType, PtrDType, dtypes
 from mtlir.metal import Prototype
 from mtlir.errors import BridgeError
-from mtlir.runtime.sim.memory import HostMemory
+from mtlir.runtime.bridge.memory import HostMemory
 
 __all__ = ["Method", "MethodTable", "check_prototype", "decode_word", "decode_size", "NIL"]
 

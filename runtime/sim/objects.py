@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from mtlir.metal import MTL
-from mtlir.runtime.sim.memory import Region
+from mtlir.runtime.bridge.memory import Region
 from mtlir.runtime.sim.rules.rule import Rule
 
 __all__ = ["SimObject", "ClassObject", "NSString", "NSError", "Device", "CommandQueue", "CommandBuffer",

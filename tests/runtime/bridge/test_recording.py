@@ -1,5 +1,5 @@
 """RecordingBridge: records with objects by name and structs decoded per target (the same record on arm64 and
-x86_64); as a standalone fake device it answers link and a submit sensibly; as a wrapper it passes calls on."""
+x86_64); its FakeDevice answers link and a submit sensibly; as a wrapper it passes calls on."""
 from __future__ import annotations
 
 import struct
@@ -7,10 +7,11 @@ import struct
 import pytest
 from progbuild import submit_program
 
-from mtlir.ir.dtypes import dtypes
-from mtlir.metal import MTL, abi_prototype, c_prototype
-from mtlir.runtime import HostMemory, RecordingBridge, Session, link
 from mtlir.errors import BridgeError
+from mtlir.metal import MTL, abi_prototype, c_prototype
+from mtlir.runtime.bridge.recording import FakeDevice, RecordingBridge
+from mtlir.runtime.link.link import link
+from mtlir.runtime.session import Session
 
 
 def _recv(b: RecordingBridge, name: str) -> int:
@@ -96,23 +97,6 @@ def test_standalone_device_answers() -> None:
     assert _send(b, icb, "indirectComputeCommandAtIndex:", 2) == _send(b, icb, "indirectComputeCommandAtIndex:", 2)
 
 
-def test_host_memory_checks() -> None:
-    m = HostMemory()
-    a = m.malloc(16)
-    assert a % 16 == 0 and a >= 2**32
-    m.store(a, dtypes.int32, -1)
-    assert m.load(a, dtypes.uint32) == 2**32 - 1
-    m.store(a + 8, dtypes.float32, 1.5)
-    assert m.load(a + 8, dtypes.float32) == 1.5
-    with pytest.raises(BridgeError, match="outside host memory"):
-        m.read(a + 1000, 4)
-    with pytest.raises(BridgeError, match="outside host memory"):
-        m.read(a & 0xFFFFFFFF, 4)  # an address cut to 32 bits
-    m.free(a)
-    with pytest.raises(BridgeError, match="freed twice"):
-        m.free(a)
-
-
 def test_wrapping_passes_calls_on_and_can_pause() -> None:
     inner = RecordingBridge(target="x86_64")
     outer = RecordingBridge(inner)
@@ -147,22 +131,32 @@ def test_pointers_into_named_regions() -> None:
     assert [m["args"][0] for m in b.clear()] == ["contents:varbuf+256", "contents:varbuf", f"0x{base + 512:x}"]
 
 
-def test_host_memory_maps_big_blocks_lazily_and_keeps_accesses_inside_one_allocation() -> None:
-    """A 4 GiB buffer of a fake device is an anonymous map (pages only when touched: `mtlir lower --json` of a trace
-    with such a buffer took 4.2 GB and 14 s when host memory was one bytearray); an access never spans two
-    allocations."""
-    import mmap
+def test_a_fake_device_is_a_bridge_of_its_own() -> None:
+    """The standalone RecordingBridge records a FakeDevice: the same answers wrapped or alone, its buffers' contents
+    are the device's memory (not malloc memory), and a selector it does not know answers by its return type."""
+    dev = FakeDevice("x86_64")
+    b = RecordingBridge(dev)
+    assert isinstance(RecordingBridge().inner, FakeDevice) and b.target == "x86_64"
+    device = dev.c_call("MTLCreateSystemDefaultDevice", c_prototype("MTLCreateSystemDefaultDevice"), ())
+    buf = _send(b, device, "newBufferWithLength:options:", 64, 0)
+    contents = _send(b, buf, "contents")
+    assert dev.buffers[buf] == (64, contents) and _send(b, buf, "length") == 64
+    with pytest.raises(BridgeError, match="is not malloc memory"):
+        b.free(contents)
+    assert _send(b, device, "newFence") >= FakeDevice.HANDLE_BASE  # an object: a fresh handle
+    assert _send(b, device, "newSharedEvent") != _send(b, device, "newSharedEvent")
+    assert _send(b, 0, "contents") == 0 and _send(b, 0, "release") is None  # messages to nil
+    with pytest.raises(BridgeError, match="C function 'dlopen' is unknown to the recording bridge"):
+        b.c_call("dlopen", c_prototype("objc_getClass"), (0,))
 
-    from mtlir.runtime.bridge.bridge import HostMemory
-    mem = HostMemory()
-    small = mem.malloc(24)
-    big = mem.malloc(1 << 32)
-    assert isinstance(mem.blocks[-1], mmap.mmap) and isinstance(mem.blocks[0], bytearray)
-    mem.write(big + (1 << 32) - 4, b"\x01\x02\x03\x04")
-    assert mem.read(big + (1 << 32) - 4, 4) == b"\x01\x02\x03\x04" and mem.read(big, 4) == bytes(4)
-    mem.store(big + 8, dtypes.uint64, 2**64 - 1)
-    assert mem.load(big + 8, dtypes.uint64) == 2**64 - 1
-    with pytest.raises(BridgeError, match="outside host memory"):
-        mem.read(small + 24, 16)  # past the small block's padding, into the next allocation
-    with pytest.raises(BridgeError, match="outside host memory"):
-        mem.read(big + (1 << 32) - 2, 4)
+
+def test_sels_and_classes_from_c_calls_are_known_by_name() -> None:
+    b = RecordingBridge()
+    name = b.malloc(32)
+    b.write(name, b"MTLComputePipelineDescriptor\0")
+    cls = b.c_call("objc_getClass", c_prototype("objc_getClass"), (name,))
+    b.write(name, b"commit\0")
+    sel = b.c_call("sel_registerName", c_prototype("sel_registerName"), (name,))
+    assert sel == b.sel_registerName("commit") and cls == b.objc_getClass("MTLComputePipelineDescriptor")
+    b.msg_send(abi_prototype("new", b.target), (cls, b.sel_registerName("new")))
+    assert b.clear() == [{"receiver": "MTLComputePipelineDescriptor", "selector": "new", "args": []}]

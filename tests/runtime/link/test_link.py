@@ -12,7 +12,9 @@ from progbuild import submit_program
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL, Prototype
 from mtlir.errors import GPUExecutionError, LinkError
-from mtlir.runtime import RecordingBridge, Session, link
+from mtlir.runtime.bridge.recording import FakeDevice, RecordingBridge
+from mtlir.runtime.link.link import link
+from mtlir.runtime.session import Session
 
 _CREATES = ("new", "newCommandQueueWithMaxCommandBufferCount:", "newSharedEvent", "newFence",
             "newBufferWithLength:options:", "newLibraryWithSource:options:error:", "newFunctionWithName:",
@@ -176,8 +178,9 @@ class FaultBridge(RecordingBridge):
     """Command buffers stay Committed until ``complete`` is called; ``fail(code)`` puts them in status Error with
     an NSError of that code (Metal then skips their event signals)."""
 
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
+    def __init__(self) -> None:
+        self.device = FakeDevice()
+        super().__init__(self.device)
         self.state = MTL.StatusCommitted
         self.code = 0
         self.cbs: set[int] = set()
@@ -206,7 +209,7 @@ class FaultBridge(RecordingBridge):
     def complete(self) -> None:
         self.state = MTL.StatusCompleted
         for event, value in self.signals.values():
-            self._fake.signaled[event] = max(self._fake.signaled.get(event, 0), value)
+            self.device.signaled[event] = max(self.device.signaled.get(event, 0), value)
 
     def fail(self, code: int) -> None:
         self.state, self.code = MTL.StatusError, code
@@ -291,7 +294,7 @@ def test_timestamp_slots_get_the_gpu_times_of_their_command_buffers() -> None:
 
     from mtlir.metal import Obj
 
-    class Stamp(NamedTuple):  # the shape of mtlir.program.payloads.Stamp
+    class Stamp(NamedTuple):  # the shape of mtlir.program.Stamp
         slot: int
         cb: int
         which: str
@@ -341,7 +344,7 @@ def test_varbuf_constants_and_new_buffers() -> None:
 
 
 def test_icb_payload_of_another_shape() -> None:
-    from mtlir.runtime.link.link import icb_commands
+    from mtlir.runtime.link.kinds import icb_commands
     with pytest.raises(LinkError, match="has no 'commands'"):
         icb_commands(object())  # type: ignore[arg-type]
     with pytest.raises(LinkError, match=r"icb\[0\]: cannot read"):
@@ -484,13 +487,14 @@ def test_initial_data_must_be_bytes_naming_the_buffer(data: Any, shown: str) -> 
 
 def test_a_buffer_the_host_cannot_allocate_is_a_link_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """A huge buffer of a trace (here 1 GiB, refused) was a MemoryError: exit 5 in the CLI instead of 2."""
-    b = RecordingBridge()
-    real = b._fake.mem.malloc
+    dev = FakeDevice()
+    real = dev.memory.alloc
 
-    def tight(nbytes: int) -> int:
+    def tight(nbytes: int, *args: Any) -> Any:
         if nbytes > 1 << 20:
             raise MemoryError
-        return real(nbytes)
-    monkeypatch.setattr(b._fake.mem, "malloc", tight)
+        return real(nbytes, *args)
+    monkeypatch.setattr(dev.memory, "alloc", tight)
+    b = RecordingBridge(dev)
     with pytest.raises(LinkError, match=r"buffer:0 \(1073741824 bytes\): not enough memory to create it"):
         link(submit_program(nbytes=1 << 30), b)

@@ -1,9 +1,13 @@
-"""Host memory of the simulated device: one 64-bit address space for ``malloc`` blocks and shared MTLBuffers.
+"""Host memory of a device that lives in this process: one 64-bit address space for ``malloc`` blocks and the
+``contents`` of shared MTLBuffers. The simulated device (``mtlir.runtime.sim``) and the standalone device of a
+``RecordingBridge`` (``mtlir.runtime.bridge.recording``) both keep their host memory here.
 
 Every block is a numpy ``uint8`` array placed at an address at or above 2**32 with an unmapped guard gap after
 it, so an address cut to 32 bits, an access past the end of a block, or an access to freed memory is refused
-with a ``BridgeError`` that says which. A shared MTLBuffer's ``contents`` is a block of this space: the bytes the
-program patches are the very array the kernels run on (Metal's shared storage mode, METAL.md §2 ``contents``).
+with a ``BridgeError`` that says which. A shared MTLBuffer's ``contents`` is a block of this space: on the
+simulated device the bytes the program patches are the very array the kernels run on (Metal's shared storage
+mode, METAL.md §2 ``contents``). A big block costs no memory until it is touched (numpy's zeroed allocation is
+mapped lazily by the OS), so a trace's 4 GiB buffer costs nothing until something writes it.
 """
 from __future__ import annotations
 
