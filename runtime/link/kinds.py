@@ -11,7 +11,7 @@ from typing import Any
 from mtlir.errors import KernelCompileError, LinkError, UnsupportedKernelError
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL, Kernel, Obj
-from mtlir.program import IcbCommand, IcbSpec
+from mtlir.program.payloads import IcbCommand, IcbSpec
 from mtlir.runtime.link.state import LinkState, obj_name
 from mtlir.runtime.link.threadgroups import check_threadgroup
 
@@ -29,7 +29,7 @@ def _size3(x: Any, what: str) -> tuple[int, int, int]:
 
 
 def icb_commands(spec: IcbSpec) -> tuple[list[IcbCommand], int]:
-    """The commands of an ICB placeholder's payload (``mtlir.program.IcbSpec``), checked, and its
+    """The commands of an ICB placeholder's payload (``mtlir.program.payloads.IcbSpec``), checked, and its
     ``maxKernelBufferBindCount`` (``max_bind_count``, else the largest bound index + 1).
 
     Raises ``LinkError`` naming the command for a payload of another shape or sizes that are not 3 integers."""

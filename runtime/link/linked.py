@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mtlir.metal import MTL, Obj
-from mtlir.program import IcbCommand, Program
+from mtlir.program.payloads import IcbCommand
+from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.bridge.messenger import Messenger
 from mtlir.errors import LinkError

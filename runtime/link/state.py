@@ -10,7 +10,7 @@ from typing import Any
 from mtlir.errors import LinkError
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import Obj
-from mtlir.program import Program
+from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.bridge.messenger import Messenger
 from mtlir.runtime.link.linked import Linked

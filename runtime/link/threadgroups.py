@@ -6,10 +6,10 @@ strict mode."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from mtlir.errors import LinkError
-from mtlir.program import Program
+from mtlir.program.instructions import Struct
+from mtlir.program.program import Program
 from mtlir.runtime.link.state import LinkState
 
 __all__ = ["check_threadgroup", "check_direct_dispatches", "const_size"]
@@ -34,7 +34,7 @@ def check_direct_dispatches(ls: LinkState) -> None:
     pipeline placeholder; a pipeline taken from a register at run time, e.g. a table, leaves the dispatches
     after it to the device's own check). Empty dispatches (the warm-up) are skipped."""
     p = ls.program
-    structs: dict[int, tuple[Any, ...]] | None = None
+    structs: dict[int, Struct] | None = None
     current: str | None = None
     for c in p.calls():
         if c.selector == "setComputePipelineState:":
@@ -45,23 +45,23 @@ def check_direct_dispatches(ls: LinkState) -> None:
             current = arg.name if arg is not None and arg.kind == "pipeline" else None
         elif c.selector == "dispatchThreadgroups:threadsPerThreadgroup:" and current is not None:
             if structs is None:
-                structs = {ins[1]: ins for ins in p.instrs if ins[0] == "STRUCT"}
+                structs = {ins.dst: ins for ins in p.instrs if type(ins) is Struct}
             grid, tg = (const_size(p, r, structs) for r in c.args[:2])
             if tg is not None and 0 not in tg and (grid is None or 0 not in grid):
                 check_threadgroup(ls, f"dispatch at instruction {c.pc} ({current})", current, tg)
 
 
-def const_size(p: Program, reg: int, structs: dict[int, tuple[Any, ...]]) -> tuple[int, ...] | None:
+def const_size(p: Program, reg: int, structs: dict[int, Struct]) -> tuple[int, ...] | None:
     """The MTLSize register ``reg`` of ``p`` holds when it is a constant: a 3-tuple constant (x86_64), a ``struct``
-    placeholder (a host copy on arm64) or a STRUCT of constants (``structs``: the STRUCT instructions by
+    placeholder (a host copy on arm64) or a STRUCT of constants (``structs``: the Struct instructions by
     destination register); None when it is set at run time."""
     value = p.consts.get(reg)
     if value is None and reg in p.objects and p.objects[reg].kind == "struct":
         value = p.objects[reg].payload
     if value is None:
         ins = structs.get(reg)
-        if ins is not None and all(type(p.consts.get(r)) is int for r in ins[2:]):
-            value = tuple(p.consts[r] for r in ins[2:])
+        if ins is not None and all(type(p.consts.get(r)) is int for r in ins.fields):
+            value = tuple(p.consts[r] for r in ins.fields)
     if isinstance(value, tuple) and len(value) == 3 and all(type(v) is int for v in value):
         return value
     return None

@@ -294,7 +294,7 @@ def test_timestamp_slots_get_the_gpu_times_of_their_command_buffers() -> None:
 
     from mtlir.metal import Obj
 
-    class Stamp(NamedTuple):  # the shape of mtlir.program.Stamp
+    class Stamp(NamedTuple):  # the shape of mtlir.program.payloads.Stamp
         slot: int
         cb: int
         which: str
