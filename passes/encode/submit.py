@@ -3,9 +3,9 @@
 ``SubmitReader.read(submit)`` visits each queue op once, and each distinct kernel, size, buffer, view and
 variable node once (memoized by node): per command it keeps the kernel, the sizes (constant, or set by each
 submit), the argument nodes and the ICB binding of each parameter — ``(placeholder name, byte offset, index)``, a
-variable as its 256-byte slot of the variables buffer. ``plans`` then cuts the submit into command buffers (a
-SIGNAL closes one; with TIMESTAMPs one per command, runs folded into loops) and ``stamps`` says which command
-buffer's GPU time each timestamp slot gets. Every problem raises ``EncodeError`` naming the command.
+variable as its 256-byte slot of the variables buffer. ``command_buffers`` then cuts the submit into command buffers
+(``CommandBufferSpan``: a SIGNAL closes one; with TIMESTAMPs one per command, runs folded into loops) and ``stamps``
+says which command buffer's GPU time each timestamp slot gets. Every problem raises ``EncodeError`` naming the command.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from mtlir.frontend.queue import (MAX_THREADS, QueueError, check_size, check_thr
                          placeholder_name, var_dtype)
 from mtlir.ir.uop import UOp
 
-__all__ = ["SubmitReader", "EncodeError", "KernelInfo", "Size", "Binding", "Command", "CommandBufferPlan",
+__all__ = ["SubmitReader", "EncodeError", "KernelLayout", "Size", "Binding", "Command", "CommandBufferSpan",
            "VAR_SLOT", "MAX_ICB_OFFSET", "placeholder"]
 
 VAR_SLOT = MTL.CONSTANT_OFFSET_ALIGN  # bytes per variable slot in the variables buffer (256: any family)
@@ -39,8 +39,10 @@ def placeholder(kind: str, name: str, payload: tuple[object, ...] = (), dtype: D
     return UOp(Ops.OBJECT, dtype, (), Obj(kind, name, payload))
 
 
-class KernelInfo(NamedTuple):
-    """What encode needs of a kernel: its pipeline placeholder and parameter layout."""
+class KernelLayout(NamedTuple):
+    """A kernel's argument layout as encode reads it once per KERNEL node (METAL.md §1 "Kernel arguments"): its
+    pipeline placeholder, the index and element size of each buffer parameter, the index and dtype of each
+    variable parameter. (The simulated device's translator has its own ``KernelInfo``: what it learnt of the MSL.)"""
 
     kernel: Kernel
     pipeline: UOp                               # OBJECT pipeline:KEY
@@ -73,7 +75,7 @@ class Binding(NamedTuple):
 class Command(NamedTuple):
     """One EXEC as encode keeps it."""
 
-    kernel: KernelInfo
+    kernel: KernelLayout
     grid: Size
     threadgroup: Size
     args: tuple[UOp, ...]                       # the EXEC's buffer and variable sources
@@ -82,8 +84,9 @@ class Command(NamedTuple):
     symbolic: bool                              # sizes set by each submit (concurrentDispatchThreadgroups)
 
 
-class CommandBufferPlan(NamedTuple):
-    """One command buffer of the submit (or a loop of one-command buffers)."""
+class CommandBufferSpan(NamedTuple):
+    """The span of commands one command buffer of the submit encodes, ``first`` .. ``first + ncmds - 1``, and the
+    value its ``signal`` sends; with ``loop``, a loop (RANGE) of ``ncmds`` one-command buffers over the span."""
 
     first: int                                  # first command
     ncmds: int                                  # commands (0: a command buffer that only signals)
@@ -91,7 +94,7 @@ class CommandBufferPlan(NamedTuple):
     loop: bool                                  # a RANGE over `ncmds` one-command buffers
 
 
-def where(i: int, k: KernelInfo, index: int, what: str) -> str:
+def where(i: int, k: KernelLayout, index: int, what: str) -> str:
     """Where a problem is, for an error message: ``command 3 (E_5_8): buffer parameter 1``."""
     return f"command {i} ({k.kernel.key}): {what} parameter {index}"
 
@@ -101,13 +104,13 @@ _new = tuple.__new__  # builds a NamedTuple at C speed (its generated __new__ is
 
 @dataclass
 class SubmitReader:
-    """Reads one SUBMIT (module docstring): ``read(submit)``, then ``plans`` and ``stamps``."""
+    """Reads one SUBMIT (module docstring): ``read(submit)``, then ``command_buffers`` and ``stamps``."""
 
     device: DeviceSpec
     max_range: int
     ctx: PassContext
     cmds: list[Command] = field(default_factory=list)
-    kernels: dict[UOp, KernelInfo] = field(default_factory=dict)
+    kernels: dict[UOp, KernelLayout] = field(default_factory=dict)
     keys: dict[str, Kernel] = field(default_factory=dict)
     grids: dict[UOp, Size] = field(default_factory=dict)       # grid STRUCT -> Size
     tgs: dict[UOp, Size] = field(default_factory=dict)         # threadgroup STRUCT -> Size
@@ -115,7 +118,7 @@ class SubmitReader:
     tg_hi: list[int] = field(default_factory=lambda: [1, 1, 1])
     binds: dict[UOp, Binding] = field(default_factory=dict)
     base_names: dict[UOp, str | None] = field(default_factory=dict)   # BUFFER / buffer variable -> placeholder
-    pids: dict[tuple[int, int | DType, int], int] = field(default_factory=dict)  # parameter (KernelInfo.pids) -> id
+    pids: dict[tuple[int, int | DType, int], int] = field(default_factory=dict)  # parameter (KernelLayout.pids): id
     memos: list[dict[UOp, tuple[str, int, int]]] = field(default_factory=list)  # per pid: node -> ICB binding
     param_of: dict[int, tuple[int, int | DType, int]] = field(default_factory=dict)
     buffers: dict[str, UOp] = field(default_factory=dict)      # placeholder name -> OBJECT, first-use order
@@ -209,7 +212,7 @@ class SubmitReader:
         binds = [self.memos[p].get(b) or self.check_bind(b, p, i, k) for b, p in zip(args, k.pids)]
         return _new(Command, (k, grid, tg, args, tuple(binds), grid.symbolic or tg.symbolic))
 
-    def check_bind(self, b: UOp, pid: int, i: int, k: KernelInfo) -> tuple[str, int, int]:
+    def check_bind(self, b: UOp, pid: int, i: int, k: KernelLayout) -> tuple[str, int, int]:
         """The ICB binding of argument ``b`` for parameter ``pid`` (an id of (index, element size, bytes the
         parameter needs) or (index, variable dtype, 0)), read and checked once per (node, parameter); an offset too
         far for an ICB is checked again at every use."""
@@ -240,7 +243,7 @@ class SubmitReader:
             self.memos[pid][b] = triple
         return triple
 
-    def read_kernel(self, node: UOp, i: int) -> KernelInfo:
+    def read_kernel(self, node: UOp, i: int) -> KernelLayout:
         """A KERNEL node's pipeline placeholder and parameter layout, checked once."""
         kernel = node.arg
         if not isinstance(kernel, Kernel):
@@ -263,7 +266,7 @@ class SubmitReader:
         pids = tuple(self.pids.setdefault(p, len(self.pids)) for p in needs + var_keys)
         self.memos += [{} for _ in range(len(self.pids) - len(self.memos))]
         self.param_of = {pid: p for p, pid in self.pids.items()}
-        k = self.kernels[node] = KernelInfo(kernel, pipe, bufs, vars_, pids, names, 3 + len(bufs) + len(vars_))
+        k = self.kernels[node] = KernelLayout(kernel, pipe, bufs, vars_, pids, names, 3 + len(bufs) + len(vars_))
         return k
 
     def read_size(self, node: UOp, at: str, role: str) -> Size:
@@ -292,7 +295,7 @@ class SubmitReader:
         (self.grids if role == "grid" else self.tgs)[node] = size
         return size
 
-    def read_buffer(self, node: UOp, at: tuple[int, KernelInfo, int, str]) -> Binding:
+    def read_buffer(self, node: UOp, at: tuple[int, KernelLayout, int, str]) -> Binding:
         """A buffer argument (BUFFER, BUFFER_VIEW or buffer variable) as (base, byte offset, placeholder name)."""
         base, offset = node, 0
         if node.op is Ops.BUFFER_VIEW:
@@ -300,8 +303,8 @@ class SubmitReader:
                 raise EncodeError(f"{where(*at)}: a BUFFER_VIEW has one source (its buffer) and arg (offset, nbytes)")
             base, (offset, nbytes) = node.src[0], node.arg
             if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 1:
-                raise EncodeError(f"{where(*at)}: view offset {offset!r} / size {nbytes!r}: expected ints, offset >= 0, "
-                                  "size >= 1")
+                raise EncodeError(f"{where(*at)}: view offset {offset!r} / size {nbytes!r}: expected ints, "
+                                  "offset >= 0, size >= 1")
             if base.op is Ops.BUFFER and offset + nbytes > base.arg[1]:
                 raise EncodeError(f"{where(*at)}: view [{offset}, {offset + nbytes}) runs past the end of buffer "
                                   f"{base.arg[0]!r} ({base.arg[1]} bytes)")
@@ -350,52 +353,52 @@ class SubmitReader:
         self.slots[(v, dt)] = slot
         return slot
 
-    # ---- planning the command buffers
+    # ---- cutting the submit into command buffers
 
-    def plans(self, profiled: bool, loops: bool) -> list[CommandBufferPlan]:
-        """The command buffers of the submit (module docstring); ``loops``: fold runs of one-command buffers
-        without a signal into loops."""
+    def command_buffers(self, profiled: bool, loops: bool) -> list[CommandBufferSpan]:
+        """The command buffers of the submit (module docstring), in order; ``profiled``: one per command (the
+        submit has TIMESTAMPs); ``loops``: fold runs of one-command buffers without a signal into loops."""
         n = len(self.cmds)
         signals = self.signals
-        plans: list[CommandBufferPlan] = []
+        spans: list[CommandBufferSpan] = []
         if not profiled:
             start = 0
             for pos, val in signals:
-                plans.append(CommandBufferPlan(start, pos - start, val, False))
+                spans.append(CommandBufferSpan(start, pos - start, val, False))
                 start = pos
             if start < n:
-                plans.append(CommandBufferPlan(start, n - start, None, False))
-            return plans
+                spans.append(CommandBufferSpan(start, n - start, None, False))
+            return spans
         j = 0
         for pos in range(n + 1):
             while j < len(signals) and signals[j][0] == pos:
-                last = plans[-1] if plans else None
+                last = spans[-1] if spans else None
                 if last is not None and last.ncmds and last.signal is None and last.first + last.ncmds == pos:
-                    plans[-1] = last._replace(signal=signals[j][1])
+                    spans[-1] = last._replace(signal=signals[j][1])
                 else:
-                    plans.append(CommandBufferPlan(pos, 0, signals[j][1], False))
+                    spans.append(CommandBufferSpan(pos, 0, signals[j][1], False))
                 j += 1
             if pos < n:
-                plans.append(CommandBufferPlan(pos, 1, None, False))
+                spans.append(CommandBufferSpan(pos, 1, None, False))
         if not loops:
-            return plans
-        out: list[CommandBufferPlan] = []
-        for p in plans:
+            return spans
+        out: list[CommandBufferSpan] = []
+        for p in spans:
             prev = out[-1] if out else None
             if p.ncmds == 1 and p.signal is None and prev is not None and prev.signal is None and prev.ncmds >= 1 \
                     and prev.first + prev.ncmds == p.first:
-                out[-1] = CommandBufferPlan(prev.first, prev.ncmds + 1, None, True)
+                out[-1] = CommandBufferSpan(prev.first, prev.ncmds + 1, None, True)
             else:
                 out.append(p)
         return out
 
-    def stamps(self, plans: list[CommandBufferPlan]) -> tuple[Stamp, ...]:
+    def stamps(self, spans: list[CommandBufferSpan]) -> tuple[Stamp, ...]:
         """Which command buffer's GPU time each timestamp slot gets (``Queue.timestamp``): right after an EXEC its
         end, else the start of the next command, else the end of the last one."""
         n = len(self.cmds)
         cb_of = [0] * n
         slot = 0
-        for p in plans:
+        for p in spans:
             for c in range(p.first, p.first + p.ncmds):
                 cb_of[c] = slot + (c - p.first if p.loop else 0)
             slot += p.ncmds if p.loop else 1
