@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mtlir.metal import Prototype
-from mtlir.passes import default_pipeline
+from mtlir.passes import lower
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.recording import RecordingBridge
 from mtlir.runtime.executors.interpreter import Interpreter
@@ -73,7 +73,7 @@ def best_per_call(fns: dict[str, Callable[[], Any]], n: int, rounds: int = 7,
 
 def lower_trace(path: Path, target: str) -> tuple[Program, dict[str, int]]:
     trace = load_trace(path)
-    program = default_pipeline(target).run(trace.queue(trace.device()), keep_stages=False).program
+    program = lower(trace.queue(trace.device()), target=target, keep_stages=False).program
     return program, trace.values
 
 

@@ -80,12 +80,14 @@ def build_queue(device: DeviceSpec) -> UOp:
 
 
 def write_pictures(lowered: Lowered, outdir: Path) -> None:
-    """One SVG per graph stage (``00-input.svg``, ``01-encode.svg``, ...) and the Program's listing as text."""
+    """One SVG per graph stage (``00-input.svg``, ``01-encode.svg``, ...) and the Program's listing as text; a
+    stage its pass left as it was says ``(unchanged)`` in its title."""
     from mtlir.viz import to_dot, write_picture
     outdir.mkdir(parents=True, exist_ok=True)
     for i, (name, stage) in enumerate(lowered.stages):
         if isinstance(stage, UOp):
-            print(f"wrote {write_picture(to_dot(stage, name=name), outdir / f'{i:02d}-{name}.svg')}", file=sys.stderr)
+            dot = to_dot(stage, name=f"{name} (unchanged)" if lowered.unchanged(i) else name)
+            print(f"wrote {write_picture(dot, outdir / f'{i:02d}-{name}.svg')}", file=sys.stderr)
         else:
             path = outdir / f"{i:02d}-{name}.txt"
             path.write_text(stage.listing() + "\n")

@@ -1,8 +1,10 @@
 """mtlir.passes: the lowering of queue graphs to Programs, one module per pass.
 
-``lower(graph, target="arm64")`` runs the default pipeline ``encode,lower-timeline,symbolic,abi{target=…},linearize``
-and returns a ``Lowered`` (``.program``, ``.stages``, ``.timings``, ``.diagnostics``). ``PASSES`` maps each pass
-name to its class; ``Pipeline.parse(text)`` reads a pipeline string. docs/lowering.md describes every pass.
+``lower(graph, target="arm64")`` runs the default pass pipeline (``default_pipeline``; for a queue graph
+``encode,abi{target=…},linearize``) and returns a ``Lowered`` (``.program``, ``.stages``, ``.timings``,
+``.diagnostics``); a Program that uses the timeline carries its lowered timeline read (``Program.timeline_read``).
+``PASSES`` maps each pass name to its class (``symbolic`` too, which the default pipeline runs only where it has
+work); ``PassPipeline.parse(text)`` reads a pipeline string. docs/lowering.md describes every pass.
 
 >>> from mtlir.frontend.trace import load_trace
 >>> trace = load_trace("examples/traces/mlp.apple7.json")
@@ -16,44 +18,55 @@ from mtlir.metal import TARGETS
 from mtlir.passes.abi import Abi, AbiError
 from mtlir.passes.encode.encode import Encode, EncodeError
 from mtlir.passes.linearize import Linearize, LinearizeError
-from mtlir.passes.pipeline import (PASSES, STAGES, Lowered, Pass, PassContext, PassTiming, Pipeline, PipelineError,
+from mtlir.passes.pipeline import (PASSES, STAGES, Lowered, Pass, PassContext, PassPipeline, PassTiming, PipelineError,
                                    graph_stage, register)
-from mtlir.passes.symbolic import Symbolic, simplify
-from mtlir.passes.timeline import LowerTimeline, timeline_read_program
+from mtlir.passes.symbolic import Symbolic, simplifiable, simplify
+from mtlir.passes.timeline import timeline_read_program, uses_timeline
 from mtlir.passes.verify import VerifyError
+from mtlir.program.program import Program
 from mtlir.ir.uop import UOp
 
-__all__ = ["lower", "default_pipeline", "DEFAULT_PIPELINE", "Lowered", "Pipeline", "Pass", "PassContext", "PASSES",
-           "PassTiming", "register", "PipelineError", "VerifyError", "EncodeError", "AbiError", "LinearizeError",
-           "Encode", "LowerTimeline", "Symbolic", "Abi", "Linearize", "simplify", "timeline_read_program", "STAGES",
+__all__ = ["lower", "default_pipeline", "DEFAULT_PIPELINE", "Lowered", "PassPipeline", "Pass", "PassContext",
+           "PASSES", "PassTiming", "register", "PipelineError", "VerifyError", "EncodeError", "AbiError",
+           "LinearizeError", "Encode", "Symbolic", "Abi", "Linearize", "simplify", "timeline_read_program", "STAGES",
            "graph_stage"]
 
-DEFAULT_PIPELINE = "encode,lower-timeline,symbolic,abi{target=arm64},linearize"
+DEFAULT_PIPELINE = "encode,abi{target=arm64},linearize"
 
 
-def default_pipeline(target: str = "arm64", start: str = "queue") -> Pipeline:
-    """The default pipeline for ``target`` (``arm64`` or ``x86_64``) from a graph of stage ``start``: from a queue
-    graph ``encode,lower-timeline,symbolic,abi{target=…},linearize``; from typed messages the same without encode
-    (e.g. the timeline read); from calls ``symbolic,linearize``. Raises ``PipelineError`` for another target."""
+def default_pipeline(target: str = "arm64", graph: UOp | None = None) -> PassPipeline:
+    """The default pass pipeline for ``target`` (``arm64`` or ``x86_64``) from ``graph`` (default: a queue graph),
+    starting at its stage (``graph_stage``), each pass only where the graph has something it changes:
+
+    - from a queue graph: ``encode,abi{target=…},linearize``. No ``symbolic``: encode simplifies every value it
+      reads with symbolic's rules and builds nothing they fold, so the pass would return the graph it was given;
+    - from typed messages (a graph built by other means, e.g. ``timeline_read``): ``abi{target=…},linearize``;
+    - from C calls: ``linearize``;
+
+    the last two with ``symbolic`` first where ``simplifiable(graph)``. Raises ``PipelineError`` for another
+    target."""
     if target not in TARGETS:
         raise PipelineError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
-    if start == "calls":
-        return Pipeline((Symbolic(), Linearize()), start)
-    passes = (LowerTimeline(), Symbolic(), Abi(target), Linearize())
-    return Pipeline((Encode(), *passes) if start == "queue" else passes, start)
+    stage = "queue" if graph is None else graph_stage(graph)
+    if stage == "queue":
+        return PassPipeline((Encode(), Abi(target), Linearize()))
+    fold: tuple[Pass, ...] = (Symbolic(),) if graph is not None and simplifiable(graph) else ()
+    rest: tuple[Pass, ...] = (Abi(target), Linearize()) if stage == "messages" else (Linearize(),)
+    return PassPipeline((*fold, *rest), stage)
 
 
-def lower(graph: UOp, target: str | None = None, pipeline: str | Pipeline | None = None, *,
+def lower(graph: UOp, target: str | None = None, pipeline: str | PassPipeline | None = None, *,
           print_after_all: bool = False, keep_stages: bool = True, out: TextIO | None = None) -> Lowered:
     """Lower a queue graph (a SUBMIT, e.g. ``Trace.queue(device)`` or ``Queue.submit()``) to a Program.
 
     ``target``: ``arm64`` or ``x86_64`` (default: the pipeline's abi target, else arm64). ``pipeline``: a pipeline
-    string or ``Pipeline`` (default: ``default_pipeline(target)``). ``print_after_all`` prints every stage to
-    ``out`` (default stderr); ``keep_stages`` keeps them in ``Lowered.stages`` (for pictures).
+    string or ``PassPipeline`` (default: ``default_pipeline(target, graph)``). ``print_after_all`` prints every
+    stage to ``out`` (default stderr); ``keep_stages`` keeps them in ``Lowered.stages`` (for pictures).
 
     The graph's stage (``graph_stage``: a queue graph, typed messages, or calls) is where the pipeline starts: a
-    pipeline string is parsed for it, a ``Pipeline`` must start there, and without a pipeline the default one
-    starts there.
+    pipeline string is parsed for it, a ``PassPipeline`` must start there, and without a pipeline the default one
+    starts there. A Program that uses the timeline (``uses_timeline``) gets the Program that reads it, lowered for
+    the same device and target: ``Program.timeline_read`` (what the runtime's ``Session`` waits with).
 
     Raises ``PipelineError`` for a bad pipeline, one that does not start at the graph's stage, or a ``target`` that
     disagrees with the pipeline's ``abi{target=…}``; ``EncodeError`` naming the command for a queue that cannot be
@@ -63,9 +76,9 @@ def lower(graph: UOp, target: str | None = None, pipeline: str | Pipeline | None
         raise PipelineError(f"lower takes a queue graph (a UOp), got {type(graph).__name__}")
     stage = graph_stage(graph)
     if pipeline is None:
-        pipe = default_pipeline(target or "arm64", stage)
+        pipe = default_pipeline(target or "arm64", graph)
     else:
-        pipe = Pipeline.parse(pipeline, stage) if isinstance(pipeline, str) else pipeline
+        pipe = PassPipeline.parse(pipeline, stage) if isinstance(pipeline, str) else pipeline
         if pipe.start != stage:
             raise PipelineError(f"the pipeline {pipe} starts from stage {pipe.start!r}, but the graph is at stage "
                                 f"{stage!r} (mtlir.passes.graph_stage)")
@@ -74,4 +87,8 @@ def lower(graph: UOp, target: str | None = None, pipeline: str | Pipeline | None
             raise PipelineError(f"the pipeline lowers for abi{{target={abi_target}}} but the target is {target}")
         if target is not None and target not in TARGETS:
             raise PipelineError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
-    return pipe.run(graph, print_after_all=print_after_all, keep_stages=keep_stages, out=out)
+    lowered = pipe.run(graph, print_after_all=print_after_all, keep_stages=keep_stages, out=out)
+    program = lowered.result
+    if isinstance(program, Program) and uses_timeline(program):
+        program.timeline_read = timeline_read_program(program.device, program.target)
+    return lowered

@@ -1,10 +1,13 @@
-"""Passes, the registry, and pipelines: a pipeline string names passes and their options.
+"""Passes, the registry, and pass pipelines: a pipeline string names passes and their options.
 
-A pass is a small frozen dataclass with a kebab-case ``name`` and its options as fields (xDSL's style). A pipeline
-is written ``encode,lower-timeline,symbolic,abi{target=arm64},linearize``: passes separated by commas, options in
-braces as ``key=value`` separated by spaces (option names kebab-case; values: words, integers, ``true``/``false``).
-``str(Pipeline.parse(text))`` prints it back: options that differ from their defaults, and required options,
-always. After every pass its verifier (``passes.verify``) checks the graph for that stage.
+A pass is a small frozen dataclass with a kebab-case ``name`` and its options as fields (xDSL's style). A pass
+pipeline (``PassPipeline``; not Metal's pipeline states, which are the kernels' ``pipeline:KEY`` placeholders) is
+written ``encode,symbolic,abi{target=arm64},linearize``: passes separated by commas, options in braces as
+``key=value`` separated by spaces (option names kebab-case; values: words, integers, ``true``/``false``).
+``str(PassPipeline.parse(text))`` prints it back: options that differ from their defaults, and required options,
+always. After every pass its verifier (``passes.verify``) checks the graph for that stage. A pass that returns the
+very graph it was given (graphs are hash-consed, so an unchanged graph is the same object) leaves its stage
+unchanged: ``print_after_all`` and ``Lowered.unchanged`` say so.
 
 Stages: a graph goes from a queue graph (``"queue"``: SUBMITs) through typed messages (``"messages"``: MSGs, after
 ``encode``) and C calls (``"calls"``: CALLs, after ``abi``) to a ``Program`` (``"program"``, after ``linearize``).
@@ -28,7 +31,7 @@ from mtlir.program.program import Program
 from mtlir.errors import InputError
 from mtlir.ir.uop import UOp
 
-__all__ = ["Pass", "PassContext", "PipelineError", "Pipeline", "PASSES", "register", "Lowered", "PassTiming",
+__all__ = ["Pass", "PassContext", "PipelineError", "PassPipeline", "PASSES", "register", "Lowered", "PassTiming",
            "STAGES", "graph_stage"]
 
 # the stages of a lowering, in order, and how messages name them
@@ -39,7 +42,8 @@ _ADVANCE = {"queue": "encode", "messages": "abi{target=...}", "calls": "lineariz
 
 
 class PipelineError(InputError, ValueError):
-    """A pipeline string or option that cannot be used; the message names the pass and the option."""
+    """A pass pipeline (``PassPipeline``) string or option that cannot be used; the message names the pass and the
+    option."""
 
 
 @dataclass
@@ -199,9 +203,9 @@ def graph_stage(graph: UOp) -> str:
 
 
 @dataclass(frozen=True)
-class Pipeline:
+class PassPipeline:
     """An ordered tuple of passes run on a graph of stage ``start`` (``STAGES``; a queue graph by default).
-    ``Pipeline.parse(text)`` reads a pipeline string; ``str(p)`` prints it.
+    ``PassPipeline.parse(text)`` reads a pipeline string; ``str(p)`` prints it.
 
     Raises ``PipelineError`` when a pass does not get a stage it takes (module docstring)."""
 
@@ -214,14 +218,13 @@ class Pipeline:
         _check_order(self.passes, self.start)
 
     @staticmethod
-    def parse(text: str, start: str = "queue") -> Pipeline:
+    def parse(text: str, start: str = "queue") -> PassPipeline:
         """Parse ``text`` (module docstring) into a pipeline run on a graph of stage ``start``.
 
         Raises ``PipelineError`` naming the unknown pass, option or value, the character of a brace or comma out of
         place, an option given twice, a missing required option, or a pass in the wrong place."""
         if not isinstance(text, str) or not text.strip():
-            raise PipelineError("empty pipeline: expected e.g. 'encode,lower-timeline,symbolic,abi{target=arm64},"
-                                "linearize'")
+            raise PipelineError("empty pipeline: expected e.g. 'encode,abi{target=arm64},linearize'")
         passes: list[Pass] = []
         pos = 0
         while pos < len(text):
@@ -262,7 +265,7 @@ class Pipeline:
                 pos += 1
                 if _skip(text, pos) == len(text):
                     raise PipelineError(f"pipeline {text!r}: ends with ','")
-        return Pipeline(tuple(passes), start)
+        return PassPipeline(tuple(passes), start)
 
     def __str__(self) -> str:
         return ",".join(str(p) for p in self.passes)
@@ -278,8 +281,9 @@ class Pipeline:
             out: TextIO | None = None, verify: bool = True) -> Lowered:
         """Run every pass on ``graph`` in order, verifying after each; returns a ``Lowered``.
 
-        ``print_after_all`` prints each stage to ``out`` (default stderr). ``keep_stages`` keeps every stage
-        (``("input", graph)`` first). Raises what the passes and verifiers raise (``VerifyError`` names the pass
+        ``print_after_all`` prints each stage to ``out`` (default stderr), or for a pass that returned the very graph
+        it was given only its header, saying ``(unchanged)``. ``keep_stages`` keeps every stage (``("input", graph)``
+        first). Raises what the passes and verifiers raise (``VerifyError`` names the pass
         and the node)."""
         from mtlir.passes.verify import checked_once
         with _gc_paused(), checked_once():
@@ -294,7 +298,7 @@ class Pipeline:
         cur: UOp | Program = graph
         stream = out if out is not None else sys.stderr
         for p in self.passes:
-            if not isinstance(cur, UOp):  # a Pipeline built around __post_init__'s check
+            if not isinstance(cur, UOp):  # a PassPipeline built around __post_init__'s check
                 raise PipelineError(f"pass {p.name!r} comes after linearize, which already produced the Program")
             t0 = time.perf_counter()
             nxt = p.apply(cur, ctx)
@@ -303,10 +307,12 @@ class Pipeline:
                 p.verify(nxt)
             t2 = time.perf_counter()
             timings.append(PassTiming(p.name, t1 - t0, t2 - t1))
-            cur = nxt
+            unchanged, cur = nxt is cur, nxt
             if keep_stages:
                 stages.append((p.name, cur))
-            if print_after_all:
+            if print_after_all and unchanged:
+                print(f"// -----// IR after {p} (unchanged) //----- //", file=stream)
+            elif print_after_all:
                 print(f"// -----// IR after {p} //----- //", file=stream)
                 print(stage_text(cur), file=stream)
         return Lowered(cur, stages, timings, ctx.diagnostics, self)
@@ -344,7 +350,7 @@ class Lowered:
     stages: list[tuple[str, UOp | Program]]
     timings: list[PassTiming]
     diagnostics: list[str]
-    pipeline: Pipeline
+    pipeline: PassPipeline
 
     @property
     def program(self) -> Program:
@@ -357,3 +363,8 @@ class Lowered:
     def seconds(self) -> float:
         """Total seconds of every pass and verifier."""
         return sum(t.seconds + t.verify_seconds for t in self.timings)
+
+    def unchanged(self, i: int) -> bool:
+        """Whether stage ``i`` of ``stages`` is the very graph of stage ``i - 1``: its pass changed nothing (graphs
+        are hash-consed, so the same graph is the same object). False for the input (``i == 0``)."""
+        return 0 < i < len(self.stages) and self.stages[i][1] is self.stages[i - 1][1]

@@ -11,6 +11,10 @@ Before / after::
     MUL(CONST 4, CONST 8)                          ->  CONST 32
     STRUCT<MTLSize>(CAST(MUL(n, CONST 1)), 1, 1)   ->  STRUCT<MTLSize>(CAST(n), 1, 1)
     GEP(STRUCT(a, b), 1)                           ->  b
+
+``encode`` simplifies every value it reads with these rules (sizes, variable values, signal values) and builds
+nothing they fold, so after encode this pass has no work: the default pipeline runs it only on a graph built by
+other means where ``simplifiable(graph)`` (``mtlir.passes.default_pipeline``).
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from mtlir.ir.rewrite import graph_rewrite
 from mtlir.ir.upat import PatternMatcher, UPat
 from mtlir.ir.uop import UOp
 
-__all__ = ["Symbolic", "SYMBOLIC", "simplify", "fold"]
+__all__ = ["Symbolic", "SYMBOLIC", "simplify", "simplifiable", "fold"]
 
 
 def _ints(*nodes: UOp) -> bool:
@@ -155,6 +159,14 @@ SYMBOLIC = PatternMatcher([
 def simplify(node: UOp) -> UOp:
     """``node`` simplified with the symbolic rules (to a fixed point)."""
     return graph_rewrite(node, SYMBOLIC, name="symbolic")
+
+
+def simplifiable(graph: UOp) -> bool:
+    """Whether a rule of ``SYMBOLIC`` rewrites some node of ``graph``, at the cost of one look at each node. When
+    it is False, ``simplify(graph) is graph``: the rewrite goes bottom-up, and a graph none of whose nodes a rule
+    rewrites comes back as it is."""
+    rewrite = SYMBOLIC.rewrite
+    return any(rewrite(u) is not None for u in graph.toposort())
 
 
 @register

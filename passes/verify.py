@@ -2,8 +2,8 @@
 
 Checks are written as matchers (``UPat`` -> a function returning the problem as text, or None when the node is
 fine), looked up by op like a PatternMatcher, plus one postcondition per pass (``STAGE_CHECKS``): after
-``encode`` no queue op is left, after ``lower-timeline`` no host read of the timeline, after ``abi`` no MSG and no
-struct a target cannot pass, after ``linearize`` a Program every register of which is defined before it is read.
+``encode`` no queue op is left, after ``abi`` no MSG and no struct a target cannot pass, after ``linearize`` a
+Program every register of which is defined before it is read.
 A failure raises ``VerifyError`` naming the pass and the node, with the node's neighbourhood reprinted and marked.
 """
 from __future__ import annotations
@@ -352,12 +352,6 @@ def _after_encode(u: UOp, root: UOp) -> str | None:
     return None
 
 
-def _after_timeline(u: UOp, root: UOp) -> str | None:
-    if u.op is Ops.LOAD and u.src and u.src[0].op is Ops.OBJECT and getattr(u.src[0].arg, "kind", "") == "event":
-        return "a host read of the timeline (LOAD of the event) is left: lower-timeline makes it signaledValue"
-    return _after_encode(u, root)
-
-
 def _after_abi(u: UOp, root: UOp) -> str | None:
     if u.op is Ops.MSG:
         return f"MSG {u.arg!r} is left after abi, which makes every MSG a CALL"
@@ -367,11 +361,11 @@ def _after_abi(u: UOp, root: UOp) -> str | None:
         for i, s in enumerate(u.src):
             if s.dtype is dtypes.NSRange:
                 return f"argument {i} of {u.arg[1]!r} is an NSRange: it travels as two words"
-    return _after_timeline(u, root)
+    return _after_encode(u, root)
 
 
 STAGE_CHECKS: dict[str, Callable[[UOp, UOp], str | None]] = {
-    "encode": _after_encode, "lower-timeline": _after_timeline, "abi": _after_abi,
+    "encode": _after_encode, "abi": _after_abi,
 }
 
 
@@ -405,7 +399,7 @@ _CHECKED: list[set[UOp]] = []  # per open checked_once(): the nodes that passed 
 
 @contextlib.contextmanager
 def checked_once() -> Iterator[None]:
-    """Within this block ``verify_graph`` checks each distinct node against ``SPEC`` once (Pipeline.run uses it:
+    """Within this block ``verify_graph`` checks each distinct node against ``SPEC`` once (PassPipeline.run uses it:
     the stages of one lowering share most of their nodes)."""
     _CHECKED.append(set())
     try:

@@ -87,8 +87,8 @@ class Session:
         self.event: int | None = self.linked.handles[events[0]] if events else None
         self.timeline_reader = "none" if self.event is None else "message"
         self._read_timeline: Executor | None = None
-        if self.event is not None:
-            self._read_timeline = self._timeline_program(executor)
+        if self.event is not None and program.timeline_read is not None:
+            self._read_timeline = self._timeline_program(program.timeline_read, executor)
         slots = self.linked.of_kind("cbslots")
         if len(slots) > 1:
             raise ValueError(f"a Program with {len(slots)} cbslots tables: one is supported")
@@ -106,22 +106,18 @@ class Session:
         self.host_s_total = 0.0
         self.closed = False
 
-    def _timeline_program(self, executor: str) -> Executor | None:
-        """The lowered timeline read (``mtlir.passes.timeline_read_program``) over this link's objects, or None
-        (then ``timeline_value`` sends ``signaledValue`` itself) when the passes cannot give one."""
-        try:
-            from mtlir.passes import timeline_read_program
-            prog = timeline_read_program(self.program.device, self.bridge.target)
-            regs = self.linked.registers_for(prog)
-            ex = make_executor(executor, prog, self.bridge, regs, results=(prog.results["timeline"],))
-        except Exception:  # the same read as one direct message: the fallback changes no behaviour
-            return None
+    def _timeline_program(self, read: Program, executor: str) -> Executor:
+        """An executor of ``read`` (``Program.timeline_read``: the lowered timeline read) over this link's objects.
+        Raises ``LinkError`` when it names a placeholder this link did not make."""
+        regs = self.linked.registers_for(read)
+        ex = make_executor(executor, read, self.bridge, regs, results=(read.results["timeline"],))
         self.timeline_reader = "program"
         return ex
 
     def timeline_value(self) -> int:
-        """The timeline's current value (``signaledValue`` of the shared event, read by the lowered timeline-read
-        Program); 0 when there is no event."""
+        """The timeline's current value (``signaledValue`` of the shared event), read by the Program's lowered
+        timeline read (``Program.timeline_read``), or with the message itself for a Program without one (written
+        by hand); 0 when there is no event."""
         if self._read_timeline is not None:
             return int(self._read_timeline.run()[0])
         return int(self.messenger.send(self.event, "signaledValue")) if self.event else 0

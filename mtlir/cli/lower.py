@@ -30,9 +30,9 @@ LowerTrace = Callable[..., Any]
 
 def _target(args: argparse.Namespace) -> str:
     """``--target``, else the pipeline's abi target, else this machine's ABI."""
-    from mtlir.passes.pipeline import Pipeline
+    from mtlir.passes.pipeline import PassPipeline
     if args.pipeline:
-        ptarget = Pipeline.parse(args.pipeline).option("abi", "target")
+        ptarget = PassPipeline.parse(args.pipeline).option("abi", "target")
         if args.target and ptarget and ptarget != args.target:
             raise UsageError(f"--pipeline has abi{{target={ptarget}}} but --target is {args.target}")
         if not args.target and ptarget:
@@ -49,7 +49,7 @@ def _target(args: argparse.Namespace) -> str:
 def lower_trace(trace: Any, device: Any, target: str, *, pipeline: str | None = None, print_after_all: bool = False,
                 log: TextIO | None = None, keep_stages: bool = True) -> Any:
     """Lower a loaded trace (``mtlir.frontend.trace.Trace``) for ``device`` (a ``DeviceSpec``) and ``target``: the
-    ``Lowered`` of ``pipeline`` (default: ``mtlir.passes.default_pipeline(target)``). Raises what the passes
+    ``Lowered`` of ``pipeline`` (default: ``mtlir.passes.default_pipeline(target, graph)``). Raises what the passes
     raise."""
     from mtlir.passes import lower
     return lower(trace.queue(device), target=target, pipeline=pipeline, print_after_all=print_after_all, out=log,
@@ -81,12 +81,14 @@ def _lower(args: argparse.Namespace, log: TextIO, target: str, lower: LowerTrace
 
 
 def _write_pictures(stages: list[tuple[str, Any]], outdir: Path, log: TextIO) -> None:
-    """One SVG per stage: ``00-input.svg``, ``01-encode.svg``, ...; a Program is drawn as its instruction chain."""
+    """One SVG per stage: ``00-input.svg``, ``01-encode.svg``, ...; a Program is drawn as its instruction chain. A
+    stage whose pass returned the very graph it was given says ``(unchanged)`` in its title."""
     from mtlir.ir.uop import UOp
     from mtlir.viz import to_dot, write_picture
     outdir.mkdir(parents=True, exist_ok=True)
     for i, (name, stage) in enumerate(stages):
-        dot = to_dot(stage, name=name) if isinstance(stage, UOp) else _program_dot(stage, name)
+        title = f"{name} (unchanged)" if i and stage is stages[i - 1][1] else name
+        dot = to_dot(stage, name=title) if isinstance(stage, UOp) else _program_dot(stage, name)
         path = write_picture(dot, outdir / f"{i:02d}-{name}.svg")
         print(f"mtlir: wrote {path}", file=log)
 

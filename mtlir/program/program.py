@@ -51,6 +51,10 @@ class Program:
     ``names``: register -> a readable name for listings (``"queue"``, ``"cmdbuf"``, ``"icb[3]"``).
     ``results``: name -> register whose value after a run is a result of the Program (e.g. ``"timeline"`` of
     ``timeline_read_program``); give ``tuple(results.values())`` to the executor.
+    ``timeline_read``: the Program that reads the timeline's value (``signaledValue`` of the ``event``
+    placeholder, ``results["timeline"]``) over this Program's placeholders, lowered with it for the same device and
+    target (``mtlir.passes.lower`` fills it when the Program uses the event); None for a Program without the event
+    or one written by hand.
     """
 
     instrs: list[Instr]
@@ -63,6 +67,7 @@ class Program:
     device: DeviceSpec = field(default_factory=DeviceSpec)
     names: dict[int, str] = field(default_factory=dict)
     results: dict[str, int] = field(default_factory=dict)
+    timeline_read: Program | None = None
 
     # ---- reading it back
 

@@ -98,11 +98,11 @@ def test_lower_prints_the_listing_and_stages() -> None:
 
 def test_pipeline_target_must_agree_with_target() -> None:
     code, out, log = mtlir("lower", MLP7, "--target", "x86_64", "--pipeline",
-                           "encode,lower-timeline,symbolic,abi{target=arm64},linearize")
+                           "encode,symbolic,abi{target=arm64},linearize")
     assert code == 2 and out == ""
     assert log.count("\n") == 1 and "abi{target=arm64} but --target is x86_64" in log
     code, out, _ = mtlir("lower", MLP7, "--json", "--pipeline",
-                         "encode,lower-timeline,symbolic,abi{target=x86_64},linearize")
+                         "encode,symbolic,abi{target=x86_64},linearize")
     assert code == 0 and one_json(out)["target"] == "x86_64"
 
 
@@ -112,8 +112,14 @@ def test_viz_writes_one_svg_per_stage(tmp_path: Path) -> None:
     assert code == 0, log
     one_json(out)
     names = sorted(p.name for p in (tmp_path / "pics").glob("*.svg"))
-    assert names[0] == "00-input.svg" and names[-1].endswith("-linearize.svg") and len(names) == 6
+    assert names == ["00-input.svg", "01-encode.svg", "02-abi.svg", "03-linearize.svg"]
     assert all((tmp_path / "pics" / n).read_text().lstrip().startswith(("<?xml", "<svg")) for n in names)
+    assert "unchanged" not in (tmp_path / "pics" / "01-encode.svg").read_text()
+    # a pass that returns the very graph it was given: its picture's title and --print-after-all say so
+    code, out, log = mtlir("lower", MLP7, "--viz", str(tmp_path / "more"), "--print-after-all", "--pipeline",
+                           "encode,symbolic,abi{target=arm64},linearize")
+    assert code == 0 and "symbolic (unchanged)" in (tmp_path / "more" / "02-symbolic.svg").read_text()
+    assert "IR after symbolic (unchanged)" in log and log.count("unchanged") == 1
 
 
 # ---- bad input: exit code 2, one line, no traceback
@@ -240,7 +246,7 @@ def test_console_script() -> None:
 
 @pytest.mark.parametrize("pipeline, match", [
     # each a PipelineError at parse time since the passes declare the stage they take (efe7432)
-    ("encode,lower-timeline,symbolic,linearize", "pass 'linearize' (pass 4 of the pipeline) takes C calls"),
+    ("encode,symbolic,linearize", "pass 'linearize' (pass 3 of the pipeline) takes C calls"),
     ("linearize", "but it would get a queue graph (SUBMIT): run encode, abi{target=...} before it"),
     ("abi{target=x86_64},linearize", "pass 'abi' (pass 1 of the pipeline) takes typed messages"),
     ("encode,frobnicate", "unknown pass 'frobnicate'"),

@@ -328,8 +328,7 @@ def queues(draw: st.DrawFn) -> tuple[UOp, int, int, int, DeviceSpec, int]:
 @given(queues())
 def test_messages_per_icb_submit(case: tuple[UOp, int, int, int, DeviceSpec, int]) -> None:
     graph, pipelines, symbolic, ncmds, device, max_range = case
-    p = lower(graph, pipeline=f"encode{{max-range={max_range}}},lower-timeline,symbolic,abi{{target=arm64}},"
-                              "linearize").program
+    p = lower(graph, pipeline=f"encode{{max-range={max_range}}},abi{{target=arm64}},linearize").program
     warmup = 2 * pipelines if device.needs_warmup else 0
     resources = 0 if device.residency_set else 1
     # commandBuffer, retain, computeCommandEncoder, waitForFence:, updateFence:, endEncoding, encodeSignalEvent:, commit

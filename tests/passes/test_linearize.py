@@ -1,5 +1,5 @@
 """linearize: a valid straight-line order with loops as RANGE ... END (loop-invariant work hoisted, never
-repeated), registers and pools, the listing, the timeline read Program, and clear errors; a linearized loop runs
+repeated), registers and pools, the listing, and clear errors; a linearized loop runs
 on the runtime's Interpreter as mtlir.program.instructions specifies."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from lowering_cases import small_queue
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec, Obj, abi_prototype
 from mtlir.ir.ops import Ops
-from mtlir.passes import LinearizeError, lower, timeline_read_program
+from mtlir.passes import LinearizeError, lower
 from mtlir.passes.linearize import linearize, schedule
 from mtlir.passes.verify import VerifyError, verify_program
 from mtlir.program.instructions import Alu, Call, End, Index, Range, Store
@@ -129,30 +129,6 @@ def test_listing_reads_like_messages() -> None:
     assert any(ln.startswith("  ") for ln in body)  # a loop body is indented
     assert any(ln.startswith("for i in 0 ..< 2:") for ln in body) and any(ln == "end i" for ln in body)
     assert "; variable timeline in [1, 9223372036854775807]" in lines
-
-
-def test_timeline_read_program() -> None:
-    for target in ("arm64", "x86_64"):
-        p = timeline_read_program(DeviceSpec("Apple7"), target)
-        assert p.target == target
-        (call,) = p.calls()
-        assert call.selector == "signaledValue" and call.proto == abi_prototype("signaledValue", target)
-        assert p.objects[call.receiver] == Obj("event", "event")
-        assert p.results == {"timeline": call.dst}
-        assert p.format(call.pc) == "value = [event signaledValue]"
-
-
-def test_timeline_read_runs_on_the_recording_device() -> None:
-    import mtlir.runtime as runtime
-    bridge = runtime.RecordingBridge(target="arm64")
-    submit = lower(small_queue(DEV), target="arm64").program
-    read = timeline_read_program(DEV, "arm64")
-    with runtime.Session(submit, bridge) as s:
-        s.submit(n=3, timeline=41)
-        s.wait(timeout_s=5)
-        from mtlir.runtime.executors.interpreter import Interpreter
-        got = Interpreter(read, bridge, s.linked.registers_for(read), results=tuple(read.results.values())).run()
-        assert got == (41,)
 
 
 @pytest.mark.parametrize("graph, message", [

@@ -11,8 +11,8 @@ from lowering_cases import small_queue
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec
 from mtlir.ir.ops import Ops
-from mtlir.passes import (DEFAULT_PIPELINE, PASSES, Abi, Encode, Linearize, Pass, PassContext, Pipeline,
-                          PipelineError, VerifyError, default_pipeline, lower, register)
+from mtlir.passes import (DEFAULT_PIPELINE, PASSES, Abi, Encode, Linearize, Pass, PassContext, PassPipeline,
+                          PipelineError, Symbolic, VerifyError, default_pipeline, lower, register)
 from mtlir.program.instructions import Alu, Range
 from mtlir.program.program import Program
 from mtlir.ir.uop import UOp
@@ -20,26 +20,26 @@ from mtlir.ir.uop import UOp
 
 @pytest.mark.parametrize("text", [
     DEFAULT_PIPELINE,
-    "encode,lower-timeline,symbolic,abi{target=x86_64},linearize",
+    "encode,symbolic,abi{target=x86_64},linearize",
     "encode{max-range=4},symbolic,abi{target=arm64},linearize",
     "encode",
 ])
 def test_pipeline_strings_print_back_identically(text: str) -> None:
-    assert str(Pipeline.parse(text)) == text
-    assert str(Pipeline.parse("symbolic,symbolic", start="messages")) == "symbolic,symbolic"
+    assert str(PassPipeline.parse(text)) == text
+    assert str(PassPipeline.parse("symbolic,symbolic", start="messages")) == "symbolic,symbolic"
 
 
 def test_parse_builds_the_passes_with_their_options() -> None:
-    p = Pipeline.parse("encode{max-range=4},abi{target=x86_64}")
+    p = PassPipeline.parse("encode{max-range=4},abi{target=x86_64}")
     assert p.passes == (Encode(max_range=4), Abi("x86_64"))
     assert p.option("abi", "target") == "x86_64" and p.option("linearize", "target") is None
-    assert str(Pipeline.parse("encode{max-range=16384}")) == "encode"  # a default prints as nothing
-    assert str(Pipeline.parse(" encode , abi{ target=arm64 } ")) == "encode,abi{target=arm64}"
-    assert default_pipeline("x86_64") == Pipeline.parse(DEFAULT_PIPELINE.replace("arm64", "x86_64"))
+    assert str(PassPipeline.parse("encode{max-range=16384}")) == "encode"  # a default prints as nothing
+    assert str(PassPipeline.parse(" encode , abi{ target=arm64 } ")) == "encode,abi{target=arm64}"
+    assert default_pipeline("x86_64") == PassPipeline.parse(DEFAULT_PIPELINE.replace("arm64", "x86_64"))
 
 
 def test_registry_names_every_pass() -> None:
-    assert set(PASSES) >= {"encode", "lower-timeline", "symbolic", "abi", "linearize"}
+    assert set(PASSES) >= {"encode", "symbolic", "abi", "linearize"}
     for name, cls in PASSES.items():
         assert cls.name == name and cls.__doc__
 
@@ -60,8 +60,8 @@ def test_registry_names_every_pass() -> None:
     ("abi{target=arm64,linearize", "unclosed '{' at character 3 (the options of pass 'abi')"),
     ("encode,abi{target=arm64", "unclosed '{' at character 10"),
     ("abi{{target=x86_64}}", "unexpected '{' at character 4"),
-    ("encode{max-range=4,lower-timeline,symbolic,abi{target=arm64},linearize",
-     "unclosed '{' at character 6 (the options of pass 'encode'): another '{' opens at character 46"),
+    ("encode{max-range=4,symbolic,abi{target=arm64},linearize",
+     "unclosed '{' at character 6 (the options of pass 'encode'): another '{' opens at character 31"),
     ("encode},symbolic", "unexpected '}' at character 6"),
     ("{target=arm64}", "unexpected '{' at character 0"),
     ("abi{target=x86_64 target=arm64}", "pass 'abi': option 'target' is given twice"),
@@ -75,13 +75,13 @@ def test_registry_names_every_pass() -> None:
     ("linearize", "pass 'linearize' (pass 1 of the pipeline) takes C calls (CALL, what abi produces), but it would get "
                   "a queue graph (SUBMIT): run encode, abi{target=...} before it"),
     ("encode,linearize", "pass 'linearize' (pass 2 of the pipeline) takes C calls"),
-    ("encode,abi{target=arm64},lower-timeline", "pass 'lower-timeline' (pass 3 of the pipeline) takes typed messages"),
+    ("encode,abi{target=arm64},lower-timeline", "unknown pass 'lower-timeline'"),  # folded into timeline_read
     ("encode,abi{target=arm64},abi{target=arm64}", "it must come before pass 2 (abi{target=arm64})"),
-    (DEFAULT_PIPELINE + ",symbolic", "pass 'symbolic' (pass 6 of the pipeline) comes after linearize"),
+    (DEFAULT_PIPELINE + ",symbolic", "pass 'symbolic' (pass 4 of the pipeline) comes after linearize"),
 ])
 def test_bad_pipelines_are_refused_clearly(text: str, message: str) -> None:
     with pytest.raises(PipelineError) as e:
-        Pipeline.parse(text)
+        PassPipeline.parse(text)
     assert message in str(e.value)
 
 
@@ -89,19 +89,34 @@ def test_lower_keeps_stages_times_passes_and_prints_after_all() -> None:
     out = io.StringIO()
     g = small_queue(DeviceSpec("Apple7"), symbolic=True)
     lowered = lower(g, target="x86_64", print_after_all=True, out=out)
-    assert [name for name, _ in lowered.stages] == ["input", "encode", "lower-timeline", "symbolic", "abi",
-                                                    "linearize"]
+    assert [name for name, _ in lowered.stages] == ["input", "encode", "abi", "linearize"]
     assert lowered.stages[0][1] is g and isinstance(lowered.stages[-1][1], Program)
     assert lowered.stages[-1][1] is lowered.program
     assert [t.name for t in lowered.timings] == [name for name, _ in lowered.stages[1:]]
     assert all(t.seconds >= 0 and t.verify_seconds >= 0 for t in lowered.timings)
     assert lowered.seconds == pytest.approx(sum(t.seconds + t.verify_seconds for t in lowered.timings))
     text = out.getvalue()
-    for header in ("encode", "lower-timeline", "symbolic", "abi{target=x86_64}", "linearize"):
+    for header in ("encode", "abi{target=x86_64}", "linearize"):
         assert f"// -----// IR after {header} //----- //" in text
-    assert "[encoder executeCommandsInBuffer:withRange: icb, 0, 3]" in text
-    assert str(lowered.pipeline) == "encode,lower-timeline,symbolic,abi{target=x86_64},linearize"
+    assert "[encoder executeCommandsInBuffer:withRange: icb, 0, 3]" in text and "unchanged" not in text
+    assert str(lowered.pipeline) == "encode,abi{target=x86_64},linearize"
+    assert not any(lowered.unchanged(i) for i in range(len(lowered.stages)))
     assert lower(g, target="x86_64", keep_stages=False).stages == []
+
+
+def test_a_stage_a_pass_left_as_it_was_says_unchanged() -> None:
+    """symbolic has nothing to fold after encode: it returns the very graph, which the stages, ``Lowered.unchanged``
+    and --print-after-all (its header only) say; the Program is the default pipeline's."""
+    out = io.StringIO()
+    g = small_queue(DeviceSpec("Apple7"), symbolic=True)
+    lowered = lower(g, pipeline="encode,symbolic,abi{target=arm64},linearize", print_after_all=True, out=out)
+    assert [lowered.unchanged(i) for i in range(len(lowered.stages))] == [False, False, True, False, False]
+    assert lowered.stages[2][1] is lowered.stages[1][1]
+    text = out.getvalue()
+    after_symbolic = text.split("// -----// IR after symbolic (unchanged) //----- //\n")[1]
+    assert after_symbolic.startswith("// -----// IR after abi{target=arm64} //----- //")
+    assert text.count("(unchanged)") == 1 and "// -----// IR after symbolic //" not in text
+    assert lowered.program.listing() == lower(g, target="arm64").program.listing()
 
 
 def test_print_after_all_goes_to_stderr_by_default(capsys: pytest.CaptureFixture[str]) -> None:
@@ -141,7 +156,7 @@ def test_the_graph_stage_is_where_the_pipeline_starts() -> None:
     assert graph_stage(timeline_read(DeviceSpec())) == "messages"
     calls = lower(encoded, pipeline="abi{target=arm64}").result  # a string is parsed for the graph's stage
     assert isinstance(calls, UOp) and graph_stage(calls) == "calls"
-    assert isinstance(lower(calls).result, Program)  # the default pipeline from calls: symbolic, linearize
+    assert isinstance(lower(calls).result, Program)  # the default pipeline from calls: linearize
     assert lower(encoded, target="x86_64").program.target == "x86_64"
     with pytest.raises(PipelineError, match="takes typed messages .* but it would get C calls .*: the graph is past "
                                             "it"):
@@ -149,8 +164,28 @@ def test_the_graph_stage_is_where_the_pipeline_starts() -> None:
     with pytest.raises(PipelineError, match="starts from stage 'queue', but the graph is at stage 'messages'"):
         lower(encoded, pipeline=default_pipeline("arm64"))
     with pytest.raises(PipelineError, match="takes a queue graph"):
-        Pipeline((Abi("arm64"), Encode()), start="messages")
+        PassPipeline((Abi("arm64"), Encode()), start="messages")
     assert "timeline" in timeline_read_program(DeviceSpec("Apple7"), "x86_64").results
+
+
+def test_the_default_pipeline_folds_only_a_graph_that_has_something_to_fold() -> None:
+    """From typed messages or C calls (graphs built by other means) symbolic runs first where one of its rules
+    rewrites a node, and nowhere else; the Program is what symbolic run everywhere would give."""
+    from mtlir.passes.timeline import timeline_read
+    assert default_pipeline("arm64", timeline_read(DeviceSpec("Apple7"))) == \
+        PassPipeline((Abi("arm64"), Linearize()), start="messages")
+    encoded = lower(small_queue(DeviceSpec("Apple7"), symbolic=True), pipeline="encode").result
+    assert isinstance(encoded, UOp)
+    n = next(u for u in encoded.toposort() if u.op is Ops.DEFINE_VAR and u.arg[0] == "n")
+    padded = _substitute(encoded, n, n + 0)  # n + 0 everywhere n was: symbolic folds it back
+    assert str(default_pipeline("x86_64", encoded)) == "abi{target=x86_64},linearize"
+    assert default_pipeline("x86_64", padded).passes[0] == Symbolic()
+    assert lower(padded, target="x86_64").program.listing() == lower(encoded, target="x86_64").program.listing()
+    calls = lower(padded, pipeline="abi{target=arm64}").result
+    assert isinstance(calls, UOp)
+    assert str(default_pipeline("arm64", calls)) == "symbolic,linearize"
+    folded = lower(calls, pipeline="symbolic").result
+    assert isinstance(folded, UOp) and str(default_pipeline("arm64", folded)) == "linearize"
 
 
 @register
@@ -191,7 +226,7 @@ def test_verifier_after_encode_refuses_leftover_queue_ops() -> None:
         verify_graph(UOp.sink(g.src[0], arg=g.arg), "encode")
     with pytest.raises(VerifyError, match="the root after encode is a SINK whose arg is the DeviceSpec"):
         verify_graph(UOp.sink(UOp.const(dtypes.int32, 1)), "encode")
-    lowered = lower(g, pipeline="encode,lower-timeline")
+    lowered = lower(g, pipeline="encode")
     with pytest.raises(VerifyError, match="after pass 'abi': MSG 'commandBuffer' is left after abi"):
         verify_graph(lowered.result, "abi")  # type: ignore[arg-type]
 

@@ -1,0 +1,66 @@
+"""The timeline read: one ``signaledValue`` message, lowered by abi and linearize; ``lower`` puts it into every
+Program that uses the timeline (``Program.timeline_read``), and the runtime's Session reads the timeline with it,
+over the objects it linked, without calling back into the passes."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from lowering_cases import SAXPY, small_queue
+
+from mtlir.errors import LinkError
+from mtlir.frontend.queue import Queue, buffer
+from mtlir.ir.dtypes import dtypes
+from mtlir.ir.ops import Ops
+from mtlir.metal import DeviceSpec, Obj, abi_prototype
+from mtlir.passes import lower
+from mtlir.passes.timeline import timeline_read, timeline_read_program, uses_timeline
+
+DEV = DeviceSpec("Apple7")
+
+
+def test_the_read_is_one_signaled_value_message() -> None:
+    read = timeline_read(DEV)
+    assert read.op is Ops.SINK and read.arg == DEV
+    (msg,) = read.src
+    assert (msg.op, msg.dtype, msg.arg, msg.tag) == (Ops.MSG, dtypes.uint64, "signaledValue", "timeline")
+    assert msg.src[0].arg == Obj("event", "event")
+
+
+def test_timeline_read_program() -> None:
+    for target in ("arm64", "x86_64"):
+        p = timeline_read_program(DEV, target)
+        assert p.target == target and p.device == DEV
+        (call,) = p.calls()
+        assert call.selector == "signaledValue" and call.proto == abi_prototype("signaledValue", target)
+        assert p.objects[call.receiver] == Obj("event", "event")
+        assert p.results == {"timeline": call.dst}
+        assert p.format(call.pc) == "value = [event signaledValue]"
+        assert p.timeline_read is None  # what lower adds, the read itself does not need
+
+
+@pytest.mark.parametrize("pipeline", [None, "encode,symbolic,abi{target=x86_64},linearize"])
+def test_lower_puts_the_read_into_a_program_that_uses_the_timeline(pipeline: str | None) -> None:
+    device = DeviceSpec("Apple9", residency_set=False)
+    program = lower(small_queue(device), target="x86_64", pipeline=pipeline).program
+    assert uses_timeline(program) and program.timeline_read is not None
+    assert program.timeline_read.listing() == timeline_read_program(device, "x86_64").listing()
+    q = Queue(device).exec(SAXPY, [buffer("x", 64), buffer("y", 64)], [3], grid=(1,), threadgroup=(16,))
+    quiet = lower(q.submit(), target="x86_64").program  # no wait, no signal: no event, nothing to read
+    assert not uses_timeline(quiet) and quiet.timeline_read is None
+
+
+def test_the_session_reads_the_timeline_with_the_programs_read() -> None:
+    import mtlir.runtime as runtime
+    submit = lower(small_queue(DEV), target="arm64").program
+    for program, reader in ((submit, "program"), (dataclasses.replace(submit, timeline_read=None), "message")):
+        bridge = runtime.RecordingBridge(target="arm64")
+        with runtime.Session(program, bridge) as s:
+            assert s.timeline_reader == reader
+            s.submit(n=3, timeline=41)
+            s.wait(timeout_s=5)
+            assert s.timeline_value() == 41
+    stray = timeline_read_program(DEV, "arm64")
+    stray.objects = {r: Obj("event", "another-event") for r in stray.objects}
+    with pytest.raises(LinkError, match="placeholder 'another-event' of the other Program was not linked here"):
+        runtime.Session(dataclasses.replace(submit, timeline_read=stray), runtime.RecordingBridge(target="arm64"))
