@@ -27,8 +27,8 @@ from mtlir.runtime.sim.methods import encoding, icb, resources
 from mtlir.runtime.sim.msgsend import Method, MethodTable, check_prototype, decode_size, decode_word
 from mtlir.runtime.sim.rules.checks import check_buffer_write, check_release
 from mtlir.runtime.sim.gpu import GPU, clock
-from mtlir.runtime.bridge.memory import HostMemory
 from mtlir.runtime.sim.kernels.runner import KernelRunner
+from mtlir.runtime.bridge.memory import HostMemory
 from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, Device, Encoder, NSError, NSString,
                                        Pipeline, SignalStep, SimObject)
 from mtlir.runtime.sim.methods.resources import CLASSES
