@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from mtlir.errors import (BridgeError, DeviceError, GPUExecutionError, InputError, KernelAccessError,
                               KernelBuildError, KernelCompileError, LinkError, LoweringError, MetalValidationError,
-                              MtlirError, UnsupportedError, UnsupportedKernelError)
+                              MtlirError, UnsupportedError, UnsupportedKernelError, WaitTimeoutError)
     from mtlir.frontend.queue import Queue
     from mtlir.frontend.trace import load_trace
     from mtlir.ir.dtypes import DType, PtrDType, StructDType, dtypes
@@ -45,7 +45,7 @@ __all__ = ["UOp", "Ops", "GroupOp", "dtypes", "DType", "PtrDType", "StructDType"
            "GraphvizNotFoundError", "DeviceSpec", "Kernel", "KernelParam", "Queue", "load_trace", "lower",
            "default_pipeline", "link", "Session", "SimDevice", "MtlirError", "InputError", "LoweringError",
            "LinkError", "BridgeError", "DeviceError", "GPUExecutionError", "MetalValidationError", "KernelAccessError",
-           "UnsupportedError", "UnsupportedKernelError", "KernelCompileError", "KernelBuildError"]
+           "WaitTimeoutError", "UnsupportedError", "UnsupportedKernelError", "KernelCompileError", "KernelBuildError"]
 
 # the module each public name lives in (the imports above, for the type checker, say the same)
 _MODULES: dict[str, tuple[str, ...]] = {
@@ -64,7 +64,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "mtlir.runtime.session": ("Session",),
     "mtlir.runtime.sim.device": ("SimDevice",),
     "mtlir.errors": ("MtlirError", "InputError", "LoweringError", "LinkError", "BridgeError", "DeviceError",
-                     "GPUExecutionError", "MetalValidationError", "KernelAccessError", "UnsupportedError",
+                     "GPUExecutionError", "MetalValidationError", "KernelAccessError", "WaitTimeoutError",
+                     "UnsupportedError",
                      "UnsupportedKernelError", "KernelCompileError", "KernelBuildError"),
 }
 _WHERE = {name: module for module, names in _MODULES.items() for name in names}

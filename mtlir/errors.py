@@ -12,7 +12,7 @@ line's exit codes come from the roots (``mtlir.cli.report.exit_code``):
 - ``BridgeError`` (exit 2): a call the Bridge refuses (an unknown selector or object, an argument that does not
   fit the prototype, Metal not available on this machine).
 - ``DeviceError`` (exit 3): the GPU failed: a command buffer in status Error (``GPUExecutionError``), Metal's
-  validation layer (``MetalValidationError``), a fault of the simulated GPU (``GPUFault``, ``KernelAccessError``).
+  validation layer (``MetalValidationError``), a wait past its timeout (``WaitTimeoutError``), a fault of the simulated GPU (``GPUFault``, ``KernelAccessError``).
 - ``UnsupportedError`` (exit 4): something valid that mtlir cannot do yet (``UnsupportedKernelError``,
   ``KernelBuildError``).
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Self
 
 __all__ = ["MtlirError", "InputError", "LoweringError", "LinkError", "BridgeError", "DeviceError",
-           "GPUExecutionError", "MetalValidationError", "KernelAccessError", "UnsupportedError",
+           "WaitTimeoutError", "GPUExecutionError", "MetalValidationError", "KernelAccessError", "UnsupportedError",
            "UnsupportedKernelError", "KernelCompileError", "KernelBuildError"]
 
 class MtlirError(Exception):
@@ -75,6 +75,12 @@ class BridgeError(MtlirError, RuntimeError):
 
 class DeviceError(MtlirError, RuntimeError):
     """The GPU (real or simulated) failed while it ran the Program. The CLI exits with 3."""
+
+
+class WaitTimeoutError(DeviceError, TimeoutError):
+    """A wait on the device passed its timeout (a timeline value, a command buffer, a kernel, a queue at its
+    in-flight limit); the message says what was awaited and where it stands. Every wait mtlir makes has a timeout.
+    The CLI exits with 3."""
 
 
 class UnsupportedError(MtlirError):

@@ -33,7 +33,7 @@ from mtlir.metal import MTL
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.bridge.recording import Message, RecordingBridge
-from mtlir.errors import GPUExecutionError
+from mtlir.errors import GPUExecutionError, WaitTimeoutError
 from mtlir.runtime.executors.interpreter import Executor
 from mtlir.runtime.link.link import link
 from mtlir.runtime.link.linked import Linked
@@ -279,7 +279,7 @@ class Session:
             if not pending:
                 return done
             if time.monotonic() > deadline:
-                raise TimeoutError(self._timeout_text(target, current, pending, timeout))
+                raise WaitTimeoutError(self._timeout_text(target, current, pending, timeout))
             time.sleep(delay)
             delay = min(delay * 2 or 1e-5, 1e-3)
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from mtlir.ir.dtypes import DType, PtrDType, dtypes
 from mtlir.metal import C_FUNCTIONS, MTL, SELECTORS, TARGETS, DeviceSpec, Prototype, abi_prototype
-from mtlir.errors import BridgeError
+from mtlir.errors import BridgeError, WaitTimeoutError
 from mtlir.runtime.metal.bridge import host_target
 from mtlir.runtime.sim.methods import encoding, icb, resources
 from mtlir.runtime.sim.msgsend import Method, MethodTable, check_prototype, decode_size, decode_word
@@ -516,7 +516,7 @@ class SimDevice:
         with self._lock:
             while self.gpu.pending():
                 if clock() > deadline:
-                    raise TimeoutError(f"run_until_idle: command buffers still running after {limit} s")
+                    raise WaitTimeoutError(f"run_until_idle: command buffers still running after {limit} s")
                 if self.autorun or not self.gpu.step_locked():
                     self._cv.wait(0.005)
 

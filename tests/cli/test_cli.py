@@ -588,4 +588,4 @@ def test_a_kernel_that_never_ends_exits_3_at_once_through_os_exit(tmp_path: Path
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.splitlines()[-2:] == [proc.stderr.splitlines()[-2], "os._exit(3)"]
     assert "timed out after 1 s waiting for timeline value 1" in proc.stderr
-    assert one_json(proc.stdout)["error_type"] == "TimeoutError"
+    assert one_json(proc.stdout)["error_type"] == "WaitTimeoutError"

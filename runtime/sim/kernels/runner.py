@@ -26,7 +26,7 @@ import numpy as np
 
 # The pieces, one idea each: a kernel's bindings and sizes (``compiled``), the fault record read back as an error
 # (``faults``), the compiler's stderr (``stderr``); this module holds the device, the build cache and the launch.
-from mtlir.errors import KernelCompileError
+from mtlir.errors import KernelCompileError, WaitTimeoutError
 from mtlir.runtime.sim.kernels.buildlog import build_error
 from mtlir.runtime.sim.kernels.compiled import CompiledKernel, View
 from mtlir.runtime.sim.kernels.faults import _access_error
@@ -215,7 +215,7 @@ class KernelRunner:
             if now > deadline:
                 self._stuck = what
                 self._stuck_refs.append(keep)
-                raise TimeoutError(f"{what} did not finish within {timeout_s} s")
+                raise WaitTimeoutError(f"{what} did not finish within {timeout_s} s")
             if now > spin_until:
                 time.sleep(delay)
                 delay = min(delay * 2, 1e-3)

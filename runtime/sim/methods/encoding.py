@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
-from mtlir.errors import BridgeError
+from mtlir.errors import BridgeError, WaitTimeoutError
 from mtlir.runtime.sim.msgsend import NIL, MethodTable
 from mtlir.runtime.sim.rules.checks import check_commit, check_execute, collect_reads, size_problem
 from mtlir.runtime.sim.objects import (ICB, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute, Fence,
@@ -45,7 +45,7 @@ def _command_buffer(dev: SimDevice, q: CommandQueue) -> CommandBuffer:
                             f"{len(q.live)} command buffers of the queue are not completed "
                             f"(maxCommandBufferCount {q.max_count}) and {why}: Metal blocks here forever")
         if not dev.wait_for(lambda: len(q.live) < q.max_count, dev.timeout_s):
-            raise TimeoutError(f"{call}: blocked {dev.timeout_s} s with {len(q.live)} command buffers not completed "
+            raise WaitTimeoutError(f"{call}: blocked {dev.timeout_s} s with {len(q.live)} command buffers not completed "
                                f"(maxCommandBufferCount {q.max_count}; METAL.md §3 rule 7)")
     cb = dev.new_autoreleased(CommandBuffer(q))
     q.live.add(cb)
@@ -125,7 +125,7 @@ def _wait_completed(dev: SimDevice, cb: CommandBuffer) -> None:
         raise assertion(Rule.STATUS_FORWARD, call, "waitUntilCompleted on uncommitted command buffer")
     if not dev.wait_for(lambda: cb.finished, dev.timeout_s):
         held = "" if dev.autorun else " (the GPU is held: autorun=False, call step() or run_until_idle())"
-        raise TimeoutError(f"{call}: still {MTL.STATUS_NAMES[cb.status]} after {dev.timeout_s} s{held}")
+        raise WaitTimeoutError(f"{call}: still {MTL.STATUS_NAMES[cb.status]} after {dev.timeout_s} s{held}")
 
 
 @METHODS.method(CommandBuffer, "status", lockless=True)

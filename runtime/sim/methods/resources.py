@@ -17,7 +17,7 @@ import numpy as np
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
-from mtlir.errors import BridgeError, KernelBuildError, KernelCompileError
+from mtlir.errors import BridgeError, KernelBuildError, KernelCompileError, WaitTimeoutError
 from mtlir.runtime.sim.msgsend import NIL, MethodTable
 from mtlir.runtime.sim.gpu import kernel_params
 from mtlir.runtime.sim.msl.translate import kernel_functions
@@ -274,7 +274,7 @@ def _wait_signaled(dev: SimDevice, ev: SharedEvent, value: int, timeout_ms: int)
                         f"in status Error ({MTL.ERROR_NAMES.get(code, code)}) and Metal skipped its signal; "
                         "check the command buffer's status and error instead of waiting")
     if not ok and capped:
-        raise TimeoutError(f"{call}: not signaled after {dev.timeout_s} s, the simulated device's longest wait "
+        raise WaitTimeoutError(f"{call}: not signaled after {dev.timeout_s} s, the simulated device's longest wait "
                            f"(value is {ev.value})")
     return ok
 
