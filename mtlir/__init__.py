@@ -18,6 +18,8 @@ imports none of them, nor graphviz, networkx, numpy, pyopencl, the passes or the
 from __future__ import annotations
 
 import importlib
+import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -69,6 +71,16 @@ _MODULES: dict[str, tuple[str, ...]] = {
                      "UnsupportedKernelError", "KernelCompileError", "KernelBuildError"),
 }
 _WHERE = {name: module for module, names in _MODULES.items() for name in names}
+
+
+# Imported from the repository's own mtlir/ folder (the repository root first on sys.path: a script or a REPL started
+# there) the package lacks mtlir.passes and mtlir.runtime, which the install maps from the sibling folders: say so.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if not os.path.isdir(os.path.join(_HERE, "passes")) and os.path.isfile(os.path.join(_HERE, "..", "passes",
+                                                                                     "__init__.py")):
+    warnings.warn(f"mtlir was imported from the source folder {_HERE}, where mtlir.passes and mtlir.runtime cannot "
+                  "be found (the repository root is first on sys.path): run from another directory, or with "
+                  "`python -P` or PYTHONSAFEPATH=1, to use the installed package", RuntimeWarning, stacklevel=2)
 
 
 def __getattr__(name: str) -> Any:
