@@ -7,7 +7,9 @@ helper from ``prelude`` and which are refused (``REFUSED``), so nothing MSL-spec
 """
 from __future__ import annotations
 
-__all__ = ["SCALARS", "VECTORS", "VECTOR_ELEMENTS", "dtype_name", "scalar_size", "POSITIONS", "SAME_BUILTINS",
+from mtlir.runtime.sim.msl.lex import ID, Token
+
+__all__ = ["canonical_type_spellings", "SCALARS", "VECTORS", "VECTOR_ELEMENTS", "dtype_name", "scalar_size", "POSITIONS", "SAME_BUILTINS",
            "RENAMED_BUILTINS", "HELPER_BUILTINS", "KEYWORDS", "TEMPLATES", "POSITIONS_LINEAR", "refused_construct",
            "is_type_name", "OPENCL_ONLY_KEYWORDS", "cl_name"]
 
@@ -30,6 +32,50 @@ _DTYPES = {"bool": "bool", "char": "int8", "uchar": "uint8", "short": "int16", "
            "size_t": "uint64", "ptrdiff_t": "int64"}
 _SIZES = {"bool": 1, "char": 1, "uchar": 1, "short": 2, "ushort": 2, "int": 4, "uint": 4, "long": 8, "ulong": 8,
           "half": 2, "float": 4, "size_t": 8, "ptrdiff_t": 8}
+
+
+# The words of C's multi-word integer type names (MSL spec §2.1 allows C's spellings: ``unsigned char``,
+# ``signed char``, ``unsigned short``, ``unsigned int``, ``unsigned long``, ``unsigned`` alone, ``short int``, ...).
+_INTEGER_WORDS = frozenset({"signed", "unsigned", "char", "short", "int", "long"})
+_UNSIGNED_NAMES = {"char": "uchar", "short": "ushort", "int": "uint", "long": "ulong"}
+
+
+def canonical_type_spellings(tokens: list[Token]) -> list[Token]:
+    """The tokens with every multi-word integer type name made one token of its one-word MSL name: ``unsigned
+    char`` -> ``uchar``, ``signed char`` -> ``char``, ``unsigned short`` -> ``ushort``, ``unsigned int`` and a lone
+    ``unsigned`` -> ``uint``, ``unsigned long`` -> ``ulong``, ``signed``/``signed int`` -> ``int``, ``short int`` ->
+    ``short``, ``long int`` -> ``long`` (the same types, MSL spec §2.1), so parameters, casts, ``as_type<...>`` and
+    ``static_cast<...>`` see one type name. The new token keeps the first word's place and whitespace. A list
+    without such a spelling comes back as it is (the same object); ``long long`` (not an MSL type) is left alone."""
+    out: list[Token] | None = None
+    i, n = 0, len(tokens)
+    while i < n:
+        j = i
+        while j < n and tokens[j].kind == ID and tokens[j].text in _INTEGER_WORDS:
+            j += 1
+        words = [t.text for t in tokens[i:j]]
+        name = _one_word(words) if j > i else None
+        if name is None or (len(words) == 1 and name == words[0]):
+            if out is not None:
+                out.extend(tokens[i:max(j, i + 1)])
+            i = max(j, i + 1)
+            continue
+        if out is None:
+            out = list(tokens[:i])
+        first = tokens[i]
+        out.append(Token(ID, name, first.line, first.col, first.space))
+        i = j
+    return tokens if out is None else out
+
+
+def _one_word(words: list[str]) -> str | None:
+    """The one-word name of a run of integer type words, or None when the run is not one type name."""
+    sign = [w for w in words if w in ("signed", "unsigned")]
+    base = [w for w in words if w not in ("signed", "unsigned")]
+    if len(sign) > 1 or len(base) > 2 or (len(base) == 2 and (base[1] != "int" or base[0] not in ("short", "long"))):
+        return None
+    word = base[0] if base else "int"
+    return _UNSIGNED_NAMES[word] if sign == ["unsigned"] else word
 
 
 def is_type_name(name: str) -> bool:

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 from mtlir.errors import KernelCompileError
 from mtlir.runtime.sim.msl.lex import ID, NUM, PP, PUNCT, RAW, MslSyntaxError, Token, render, tokenize
-from mtlir.runtime.sim.msl.names import (POSITIONS, POSITIONS_LINEAR, SCALARS, TEMPLATES, VECTORS, cl_name,
-                                          dtype_name, refused_construct, scalar_size)
+from mtlir.runtime.sim.msl.names import (POSITIONS, POSITIONS_LINEAR, SCALARS, TEMPLATES, VECTORS,
+                                          canonical_type_spellings, cl_name, dtype_name, refused_construct, scalar_size)
 from mtlir.runtime.sim.msl.guard.access import guard_name, guarded_access, helper_bound_params
 from mtlir.runtime.sim.msl.guard.bound import ARGS_PARAM, FAULT_PARAM, Bound, Guard
 from mtlir.runtime.sim.msl.prelude import Prelude
@@ -132,7 +132,7 @@ def translate(msl: str, fp16: bool = False, *, bounds_checks: bool = True) -> Tr
     cannot follow), ``MslSyntaxError`` (a ``KernelCompileError``) for source that is not MSL at the token level, and
     ``KernelCompileError`` for a kernel signature Metal would reject (duplicate or out-of-range buffer index) or
     more than 32 KiB of threadgroup arrays."""
-    ts = tokenize(msl)
+    ts = canonical_type_spellings(tokenize(msl))
     _refuse_unsupported(ts)
     prelude = Prelude(fp16=fp16)
     items = _items(ts)

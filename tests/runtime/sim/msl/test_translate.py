@@ -12,6 +12,7 @@ from mtlir.errors import KernelCompileError, UnsupportedKernelError
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 from mtlir.runtime.sim.msl.translate import kernel_functions, translate
 from mtlir.runtime.sim.msl.lex import MslSyntaxError, render, tokenize
+from mtlir.runtime.sim.msl.names import canonical_type_spellings
 
 TRACES = Path(__file__).resolve().parents[4] / "examples" / "traces"
 HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
@@ -370,6 +371,39 @@ def test_fixed_width_and_small_integer_types(runner: KernelRunner) -> None:
                        (4, 1, 1))
     np.testing.assert_array_equal(out, (x.astype(np.uint32) * 3).astype(np.uint8))
     np.testing.assert_array_equal(s.reshape(4, 2), [[0, 0], [1, -1], [2, -2], [3, -3]])
+
+
+def test_c_type_spellings_in_parameters_casts_as_type_and_declarations(runner: KernelRunner) -> None:
+    msl = """kernel void k(device unsigned char* out, device const signed char* a, device unsigned short* s,
+                          device unsigned long* u, device ushort2* v, constant unsigned int& n,
+                          uint i [[thread_position_in_grid]]) {
+      unsigned x = (unsigned char)(a[i]) + as_type<unsigned int>((float)n) + static_cast<unsigned short>(s[i]);
+      signed int y = -1; long int z = y; unsigned long int w = (unsigned long)x;
+      out[i] = (unsigned char)x;
+      u[i] = w + (unsigned long)(z < 0);
+      v[i] = ushort2((unsigned short)i, as_type<unsigned short>((short)y));
+    }"""
+    t = translate(HEAD + msl)
+    assert [a.dtype for a in t.kernels["k"].args] == ["uint8", "int8", "uint16", "uint64", "uint16x2", "uint32"]
+    a = np.int8([-3, 5, 100, -128])
+    s = np.uint16([1, 65535, 7, 300])
+    n = np.uint32(7)
+    out, _, _, u, v = launch(runner, msl, "k", [np.zeros(4, np.uint8), a, s, np.zeros(4, np.uint64),
+                                                np.zeros(8, np.uint16)], (1, 1, 1), (4, 1, 1),
+                             consts={5: n})
+    x = (a.astype(np.uint8).astype(np.uint32) + np.float32(7).view(np.uint32) + s).astype(np.uint32)
+    np.testing.assert_array_equal(out, x.astype(np.uint8))
+    np.testing.assert_array_equal(u, x.astype(np.uint64) + 1)
+    np.testing.assert_array_equal(v.reshape(4, 2), [[0, 65535], [1, 65535], [2, 65535], [3, 65535]])
+
+
+def test_kernels_without_multi_word_type_names_keep_their_tokens() -> None:
+    ts = tokenize(HEAD + "kernel void k(device int* x) { long long y = 0; char c = 1; x[0] = (int)y + c; }")
+    assert canonical_type_spellings(ts) is ts  # `long long` is not an MSL type name: left for OpenCL to judge
+    merged = canonical_type_spellings(tokenize("unsigned short int a; signed b; unsigned\nlong c;"))
+    assert [(t.text, t.line, t.col) for t in merged[:-1]] == [
+        ("ushort", 1, 1), ("a", 1, 20), (";", 1, 21), ("int", 1, 23), ("b", 1, 30), (";", 1, 31), ("ulong", 1, 33),
+        ("c", 2, 6), (";", 2, 7)]
 
 
 def test_half_needs_cl_khr_fp16(runner: KernelRunner) -> None:
