@@ -203,22 +203,33 @@ class SimDevice:
             obj.rc += 1
         return obj
 
-    def release(self, obj: SimObject, call: str) -> None:
-        """-1 on ``obj``; at zero it is deallocated (rule 2 and 14 are checked then)."""
+    def release(self, obj: SimObject, call: str, *, at_host: bool = True) -> None:
+        """-1 on ``obj``; at zero it is deallocated (rule 2 and 14 are checked then). ``at_host``: the host's own
+        release (a message, a pool pop), which strict mode may refuse; False for a reference the device held."""
         if isinstance(obj, ClassObject):
             return
         if obj.rc > 1:
             obj.rc -= 1
             return
-        self._dealloc(obj, call)
+        self._dealloc(obj, call, at_host)
 
-    def _release_internal(self, obj: SimObject) -> None:
-        """Drop a reference the device itself held (the GPU's on a committed command buffer)."""
+    def _release_internal(self, obj: SimObject, call: str = "the GPU's release") -> None:
+        """Drop a reference the device itself held (the GPU's on a committed command buffer, a command buffer's on
+        what was encoded into it). Never raises for rule 14: what it frees is checked with ``at_host=False``."""
         if obj.alive:
-            self.release(obj, "the GPU's release")
+            self.release(obj, call, at_host=False)
 
-    def _dealloc(self, obj: SimObject, call: str) -> None:
-        check_release(self, obj, call)  # rule 14: strict raises before anything changes
+    def release_references(self, cb: CommandBuffer) -> None:
+        """``cb`` lets go of the objects encoded into it (``retained``), newest first: when it completes, or when it
+        is deallocated uncommitted (retainedReferences YES; docs/simulator.md, object lifetimes). A release that
+        deallocates an object an in-flight command buffer still reaches through ICB commands fails that command
+        buffer (and, in strict mode, raises at the host's next call: ``check_release``)."""
+        held, cb.retained = cb.retained, {}
+        for obj in reversed(held):
+            self._release_internal(obj, f"the release of its references by {cb.describe()}")
+
+    def _dealloc(self, obj: SimObject, call: str, at_host: bool = True) -> None:
+        check_release(self, obj, call, at_host)  # rule 14: strict raises at the host's call before anything changes
         obj.rc, obj.alive = 0, False
         del self._objects[obj.handle]
         self._zombies[obj.handle] = obj.describe()
@@ -232,6 +243,7 @@ class SimDevice:
             if obj.status < MTL.StatusCommitted:
                 obj.queue.live.discard(obj)
                 _discard_uncommitted(obj)
+                self.release_references(obj)
                 self._cv.notify_all()
             if obj.error is not None:
                 self._release_internal(obj.error)

@@ -7,17 +7,18 @@ one yield; a worker thread calls it while there is work (``autorun``), or tests 
 that stays closed longer than ``gpu_timeout_s`` fails its command buffer with MTLCommandBufferErrorTimeout, like
 the GPU watchdog: nothing waits forever.
 
-What the GPU checks while it runs (both modes; strict mode has refused most of these at the call already):
-rule 8 (range past the ICB, commands past 16,384, unbound buffer indices), 10 (residency), 13 (dispatch dropped),
-14 (released buffers), 16 (warm-up on pre-Apple9), and the dispatch limits of ``checks.size_problem``: nothing
-reaches the kernel runner with 2**32 threads or more on a grid axis (a wrapped size), which ends the command
-buffer in Error, Timeout (2); a kernel access outside its buffers (skipped by the translator's bounds checks,
-``KernelAccessError``) ends it in Error, PageFault (3), and strict mode also raises ``MetalValidationError`` at the
-host's next message to the device (``SimDevice.defer_error``). Rule 9: the commands between two barriers run in reverse
-order, which exposes a race a program hides by relying on program order. Rule 6: a failed command buffer skips
-its remaining event signals. A fault ends the command buffer in status Error with the MTLCommandBufferError code
-and an NSError saying what happened; fence updates of a failed command buffer are released so later work does
-not hang (a modelling choice: Metal recovers the channel).
+What the GPU checks while it runs (both modes; strict mode has refused most of these at the call already): rule 8
+(range past the ICB, commands past 16,384, unbound buffer indices), 10 (residency), 13 (dispatch dropped), 14
+(buffers and pipelines released while only ICB commands referenced them: a command buffer retains what was encoded
+into it directly, and lets go of it in ``_finish``), 16 (warm-up on pre-Apple9), and the dispatch limits of
+``checks.size_problem``: nothing reaches the kernel runner with 2**32 threads or more on a grid axis (a wrapped
+size), which ends the command buffer in Error, Timeout (2); a kernel access outside its buffers (skipped by the
+translator's bounds checks, ``KernelAccessError``) ends it in Error, PageFault (3), and strict mode also raises
+``MetalValidationError`` at the host's next message to the device (``SimDevice.defer_error``). Rule 9: the commands
+between two barriers run in reverse order, which exposes a race a program hides by relying on program order. Rule 6:
+a failed command buffer skips its remaining event signals. A fault ends the command buffer in status Error with the
+MTLCommandBufferError code and an NSError saying what happened; fence updates of a failed command buffer are
+released so later work does not hang (a modelling choice: Metal recovers the channel).
 """
 from __future__ import annotations
 
@@ -289,9 +290,6 @@ class GPU:
         p = d.pipeline
         if p is None:
             raise GPUFault(MTL.ErrorPageFault, "dispatchThreadgroups:threadsPerThreadgroup: with no pipeline set")
-        if not p.alive:
-            raise GPUFault(MTL.ErrorInvalidResource, f"{p.describe()} was released before the GPU ran it",
-                           Rule.FREED_IN_FLIGHT)
         what = f"dispatch of {p.label}"
         if not self._sizes_ok(p, d.grid, d.threadgroup, what):
             return
@@ -333,17 +331,15 @@ class GPU:
     def _storage(self, binding: Binding, kind: str, size: int, what: str) -> tuple[np.ndarray, int]:
         buf, offset = binding
         if not buf.alive:
-            raise GPUFault(MTL.ErrorInvalidResource, f"{what}: {buf.describe()} was released while the command "
-                                                     "buffer was in flight", Rule.FREED_IN_FLIGHT)
+            raise GPUFault(MTL.ErrorInvalidResource, f"{what}: {buf.describe()} was released (an indirect command "
+                                                     "buffer does not retain the buffers its commands bind)",
+                           Rule.FREED_IN_FLIGHT)
         if kind != "constant" and offset % size:
             offset -= offset % size  # a misaligned device pointer: the low address bits are dropped (rule 8)
         return buf.storage, offset
 
     def _execute_icb(self, cb: CommandBuffer, enc: Encoder, ex: Execute) -> Iterator[Gate | None]:
-        icb = ex.icb
-        if not icb.alive:
-            raise GPUFault(MTL.ErrorInvalidResource, f"{icb.describe()} was released before the GPU ran it",
-                           Rule.FREED_IN_FLIGHT)
+        icb = ex.icb  # alive: the command buffer retains it (and a direct dispatch's pipeline and buffers)
         if ex.first + ex.count > icb.max_count:
             raise GPUFault(MTL.ErrorPageFault, f"executeCommandsInBuffer:withRange: ({ex.first}, {ex.count}) reads "
                                                f"past the {icb.max_count} commands of {icb.describe()}",
@@ -362,7 +358,7 @@ class GPU:
         p = slot.pipeline
         if p is None:
             raise GPUFault(MTL.ErrorPageFault, f"{what} has no pipeline")
-        if not p.alive:
+        if not p.alive:  # an ICB does not retain its commands' pipelines (rule 14)
             raise GPUFault(MTL.ErrorInvalidResource, f"{what}: {p.describe()} was released", Rule.FREED_IN_FLIGHT)
         if self.dev.spec.needs_warmup and p not in ex.bound_pipelines:
             raise GPUFault(MTL.ErrorInvalidResource, f"{what} uses {p.describe()}, which this encoder did not bind "
@@ -436,4 +432,5 @@ class GPU:
         for icb, _, _ in cb.icb_reads:
             icb.readers.pop(cb, None)
         self.dev._cv.notify_all()
+        self.dev.release_references(cb)  # retainedReferences: what was encoded into it lives until now
         self.dev._release_internal(cb)

@@ -178,8 +178,12 @@ class CommandBuffer(SimObject):
     """An MTLCommandBuffer: ``status`` (MTLCommandBufferStatus), ``error`` (NSError or None), GPU times in
     seconds (0.0 until Completed), the steps it encoded in order (encoders and event signals/waits), and the
     GPU's bookkeeping: ``seq`` (commit order), ``run`` (its execution, a generator), ``gate``, ``blocked_since``,
-    ``late_fault`` (a fault reported at completion: rule 14), ``reads`` (what it reads, for rules 14 and 15),
-    ``resident`` (what the queue's residency sets held at its commit: rule 10)."""
+    ``late_fault`` (a fault reported at completion: rule 14), ``reads`` (the buffers it reads: rule 15),
+    ``resident`` (what the queue's residency sets held at its commit: rule 10). ``retained``: the objects encoded
+    into it directly (buffers of setBuffer:offset:atIndex:, pipelines of setComputePipelineState:, the ICB of
+    executeCommandsInBuffer:withRange:), each retained once at the encoding call and released when it completes
+    or is deallocated uncommitted: ``commandBuffer`` makes command buffers with retainedReferences YES (the
+    lifetime table of docs/simulator.md)."""
 
     objc_class = "MTLCommandBuffer"
 
@@ -200,6 +204,7 @@ class CommandBuffer(SimObject):
         self.reads: dict[Buffer, int] = {}
         self.icb_reads: list[tuple[ICB, int, int]] = []
         self.resident: frozenset[SimObject] = frozenset()
+        self.retained: dict[SimObject, None] = {}  # an ordered set: encoding order
 
     @property
     def finished(self) -> bool:
@@ -260,7 +265,7 @@ class SharedEvent(SimObject):
 class Buffer(SimObject):
     """An MTLBuffer: ``length`` in bytes, resource ``options``, ``storage`` (numpy uint8, the bytes kernels
     see), ``region`` (its host mapping: ``contents``; None for private storage), ``gpu_address`` and
-    ``readers`` (in-flight command buffer -> lowest byte offset it binds: rules 14 and 15)."""
+    ``readers`` (in-flight command buffer -> lowest byte offset it binds: rule 15)."""
 
     objc_class = "MTLBuffer"
 

@@ -6,6 +6,10 @@ command buffer) raise in both modes; strict mode adds the checks of the debug la
 (fences: rule 11, event values: rule 12, dispatch sizes: rule 13 and fewer than 2**32 threads per grid axis, ICB
 ranges and warm-up: rules 8 and 16 at ``executeCommandsInBuffer:withRange:``, residency and races: rules 10 and 9
 at ``commit``).
+
+Lifetimes: a command buffer retains the buffers, pipelines and ICBs encoded into it directly until it completes
+(``_hold``: retainedReferences YES, what ``commandBuffer`` makes); ``useResources:count:usage:`` makes resources
+resident for the encoder but keeps nothing alive (docs/simulator.md, object lifetimes).
 """
 from __future__ import annotations
 
@@ -149,6 +153,15 @@ def _gpu_end(dev: SimDevice, cb: CommandBuffer) -> float:
 
 
 # ---------------------------------------------------------------------------- MTLComputeCommandEncoder
+def _hold(dev: SimDevice, enc: Encoder, obj: SimObject) -> None:
+    """The encoder's command buffer keeps a strong reference to ``obj`` until it completes (retainedReferences YES,
+    what ``commandBuffer`` makes: a buffer, pipeline or ICB encoded directly), retained once per command buffer.
+    What only ICB commands reference is not retained (docs/simulator.md, object lifetimes)."""
+    if obj not in enc.cb.retained:
+        enc.cb.retained[obj] = None
+        dev.retain(obj)
+
+
 def _open(dev: SimDevice, enc: Encoder, call: Call) -> bool:
     """True when ``enc`` still encodes. After endEncoding strict mode raises; faithful mode drops the call."""
     if not enc.ended:
@@ -211,6 +224,7 @@ def _set_pipeline(dev: SimDevice, enc: Encoder, p: Pipeline) -> None:
     if _open(dev, enc, Call("setComputePipelineState:", enc, p)):
         enc.pipeline = p
         enc.bound_pipelines.add(p)
+        _hold(dev, enc, p)
 
 
 @METHODS.method(Encoder, "setBuffer:offset:atIndex:", (Buffer, NIL))
@@ -227,6 +241,7 @@ def _set_buffer(dev: SimDevice, enc: Encoder, buf: Buffer | None, offset: int, i
     else:
         enc.bindings[index] = (buf, offset)
         enc.used.add(buf)  # a directly bound buffer is made resident by the encoder
+        _hold(dev, enc, buf)
 
 
 @METHODS.method(Encoder, "setBytes:length:atIndex:")
@@ -268,6 +283,7 @@ def _execute(dev: SimDevice, enc: Encoder, icb: ICB, first: int, count: int) -> 
     if dev.strict:
         check_execute(dev, enc, icb, first, count, call)
     enc.commands.append(Execute(icb, first, count, frozenset(enc.bound_pipelines)))
+    _hold(dev, enc, icb)  # the ICB itself, not what its commands reference
 
 
 @METHODS.method(Encoder, "endEncoding")

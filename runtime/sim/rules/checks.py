@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
 
 __all__ = ["RangeInfo", "analyze_range", "check_execute", "check_commit", "collect_reads", "check_buffer_write",
-           "check_icb_write", "check_release", "slot_problems", "size_problem", "MAX_THREADS_PER_GRID_AXIS"]
+           "check_icb_write", "check_release", "icb_users", "slot_problems", "size_problem",
+           "MAX_THREADS_PER_GRID_AXIS"]
 
 # Threads per grid axis (grid x threadgroup) must stay below 2**32: `thread_position_in_grid` and
 # `threads_per_grid` are 32-bit `uint`s in MSL (Metal Shading Language Specification, "Attributes for kernel
@@ -167,7 +168,7 @@ def check_execute(dev: SimDevice, enc: Encoder, icb: ICB, first: int, count: int
 
 def collect_reads(dev: SimDevice, cb: CommandBuffer) -> None:
     """At commit: record what ``cb`` reads (buffers from their lowest bound offset, ICB ranges) on the objects,
-    for rules 14 and 15; forgotten when it finishes."""
+    for rule 15 (and the ICB ranges for rule 14: ``icb_users``); forgotten when it finishes."""
     reads: dict[Buffer, int] = {}
     for step in cb.steps:
         if not isinstance(step, Encoder):
@@ -260,23 +261,55 @@ def check_icb_write(dev: SimDevice, cmd: ICBCommand, call: object) -> None:
                             f"{cb.describe()} ({MTL.STATUS_NAMES[cb.status]}) executes it")
 
 
-def check_release(dev: SimDevice, obj: SimObject, call: object) -> None:
-    """Rule 14: a buffer or ICB deallocated while an in-flight command buffer uses it. Strict raises; faithful
-    marks those command buffers to end in InvalidResource (9) when they complete."""
-    if isinstance(obj, Buffer):
-        users = [cb for cb in obj.readers if cb.in_flight]
-    elif isinstance(obj, ICB):
-        users = [cb for cb in obj.readers if cb.in_flight]
-    else:
+def icb_users(dev: SimDevice, obj: SimObject) -> list[tuple[CommandBuffer, ICB, int]]:
+    """The in-flight command buffers that reach ``obj`` (a buffer or pipeline) only through ICB commands they
+    execute, as ``(command buffer, ICB, first command index using it)``. Directly encoded objects are retained by
+    their command buffer and so cannot be deallocated while it is in flight; these are not (rule 14)."""
+    out: list[tuple[CommandBuffer, ICB, int]] = []
+    for q in dev.gpu.queues:
+        for cb in q.pending:
+            if not cb.in_flight:
+                continue
+            for icb, first, count in cb.icb_reads:
+                info = analyze_range(dev, icb, first, count)
+                if isinstance(obj, Buffer):
+                    entry = info.buffers.get(obj)
+                    hit = None if entry is None else entry[1]
+                else:
+                    hit = info.pipelines.get(obj) if isinstance(obj, Pipeline) else None
+                if hit is not None:
+                    out.append((cb, icb, hit))
+                    break
+    return out
+
+
+def check_release(dev: SimDevice, obj: SimObject, call: object, at_host: bool = True) -> None:
+    """Rule 14 when ``obj`` is about to be deallocated: a buffer or pipeline that an in-flight command buffer still
+    reaches through ICB commands (an ICB does not retain them; what a command buffer encodes directly it retains,
+    so that release is deferred and never gets here). A use-after-free: strict mode raises at the host's ``call``
+    (``at_host``), naming the object, the command buffer, the ICB command and why; when the last reference was a
+    command buffer's (``at_host`` False: nothing to refuse) and in faithful mode, those command buffers end in
+    InvalidResource (9) when they complete (a command that reaches the object later faults at once), and strict
+    mode raises the error at the host's next call (``SimDevice.defer_error``)."""
+    if not isinstance(obj, (Buffer, Pipeline)):
         return
+    users = icb_users(dev, obj)
     if not users:
         return
+    cb, icb, i = users[0]
+    kind = "pipelines" if isinstance(obj, Pipeline) else "buffers"
+    why = (f"{obj.describe()} is deallocated while {cb.describe()} ({MTL.STATUS_NAMES[cb.status]}) executes ICB "
+           f"command {i} of {icb.describe()}, which uses it: an indirect command buffer does not retain the {kind} "
+           "its commands reference (useResources and residency sets make them resident, they keep nothing alive), "
+           "so the GPU would reach a freed object and end the command buffer with error 9 (InvalidResource); keep "
+           "a reference until the command buffer completes")
     if dev.strict:
-        raise violation(Rule.FREED_IN_FLIGHT, call,
-                        f"{obj.describe()} is deallocated while {users[0].describe()} "
-                        f"({MTL.STATUS_NAMES[users[0].status]}) uses it: the command buffer would end with "
-                        "error 9 (InvalidResource)")
-    for cb in users:
-        if cb.late_fault is None:
-            cb.late_fault = (MTL.ErrorInvalidResource, f"{obj.describe()} was released while the command buffer "
-                                                       "was in flight")
+        error = violation(Rule.FREED_IN_FLIGHT, call, why)
+        if at_host:
+            raise error
+        dev.defer_error(error)
+    for user, user_icb, j in users:
+        if user.late_fault is None:
+            user.late_fault = (MTL.ErrorInvalidResource,
+                               f"{obj.describe()} was released while ICB command {j} of {user_icb.describe()} "
+                               "referenced it (an indirect command buffer does not retain it)")
