@@ -10,7 +10,7 @@ from mtlir.program.payloads import IcbCommand
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.bridge.messenger import Messenger
-from mtlir.errors import LinkError
+from mtlir.errors import LinkError, MetalValidationError
 from mtlir.runtime.executors.interpreter import prepare_registers
 
 __all__ = ["Linked"]
@@ -105,8 +105,16 @@ class Linked:
 
     def release(self) -> None:
         """Release the objects and free the host memory link made, newest first, then the messenger's; errors
-        are collected and raised together at the end as one ``LinkError`` (everything is attempted)."""
+        are collected and raised together at the end as one ``LinkError`` (everything is attempted).
+
+        With work in flight every object is treated by Metal's lifetime table (docs/simulator.md, "Object
+        lifetimes"), not by its kind here: what a command buffer encoded directly (the ICB, a pipeline bound for the
+        warm-up) is kept alive by it and freed when it completes; a buffer or pipeline only ICB commands reach is a
+        use-after-free, which a device may refuse (``MetalValidationError``: the simulated device in strict mode).
+        A refused object stays alive and stays in ``cleanup``: call ``release()`` again once the work completes.
+        Any other failure drops the object (it is gone, or the Bridge cannot release it)."""
         errors: list[str] = []
+        refused: list[tuple[str, int, str]] = []
         while self.cleanup:
             how, value, name = self.cleanup.pop()
             try:
@@ -114,11 +122,17 @@ class Linked:
                     self.messenger.send(value, "release")
                 else:
                     self.bridge.free(value)
+            except MetalValidationError as e:  # refused, still alive: kept for the next release()
+                refused.append((how, value, name))
+                errors.append(f"{name}: {e}")
             except Exception as e:  # keep going: release everything that can be
                 errors.append(f"{name}: {e}")
+        self.cleanup = refused[::-1]
         try:
             self.messenger.close()
         except Exception as e:
             errors.append(f"the messenger's host memory: {e}")
         if errors:
-            raise LinkError("release failed for " + "; ".join(errors))
+            again = f" ({len(refused)} refused, kept: call release() again once the work in flight completes)" \
+                if refused else ""
+            raise LinkError("release failed for " + "; ".join(errors) + again)
