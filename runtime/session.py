@@ -3,13 +3,15 @@
 A submit runs the Program with this run's values (the timeline value, symbolic sizes, variables) inside an
 autorelease pool (``objc_autoreleasePoolPush``/``Pop``), then reads the command buffers it committed from the
 ``cbslots`` table (the Program retains each one it stores there: ``commandBuffer`` returns +0) and keeps them in
-an in-flight record: O(1) work and memory per submit, whatever the history. ``wait`` polls the timeline
-(``signaledValue`` on the shared event) and the ``status`` of those command buffers: status Error raises
-``GPUExecutionError`` with Metal's error code, its name and the NSError's description (Metal skips a failed
-command buffer's event signals, METAL.md §3 rule 6, so waiting for the value alone would hang); past the timeout
-``TimeoutError`` says what was awaited. A completed submit's ``GPUStartTime``/``GPUEndTime`` (seconds) are read,
-the timestamp slots of a profiled submit filled (``Stamp`` entries of the ``cbslots`` payload), then its command
-buffers are released.
+an in-flight record: O(1) work and memory per submit, whatever the history. ``wait(value)`` polls the timeline
+(``signaledValue`` on the shared event) and the ``status`` of those command buffers, and returns only once the
+timeline has reached ``value`` and the command buffers of every submit up to the one that signals it are complete:
+status Error raises ``GPUExecutionError`` with Metal's error code, its name and the NSError's description (Metal
+skips a failed command buffer's event signals, METAL.md §3 rule 6, so waiting for the value alone would hang); past
+the timeout ``WaitTimeoutError`` names the value awaited and the last value signaled. A completed submit's
+``GPUStartTime``/``GPUEndTime`` (seconds; 0.0 is Metal's "not available", kept as None) are read and converted once
+to integer nanoseconds (``GpuSpan``: one per command buffer, never split per kernel), the timestamp slots of a
+profiled submit filled (``Stamp`` entries of the ``cbslots`` payload), then its command buffers are released.
 
 An error raised while the Program runs (a strict-mode ``MetalValidationError``, a ``BridgeError``) is re-raised
 as it is: what the cleanup after it raises in turn (the pool pop deallocating the encoder the error left open:
@@ -21,6 +23,7 @@ commands from the CPU, which races with a command buffer still reading them (MET
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import operator
 import struct
@@ -39,24 +42,82 @@ from mtlir.runtime.link.link import link
 from mtlir.runtime.link.linked import Linked
 from mtlir.runtime.executors.replay import make_executor
 
-__all__ = ["Session", "Submission", "DEFAULT_TIMELINE_VAR"]
+__all__ = ["Session", "Submission", "GpuSpan", "gpu_seconds", "seconds_to_ns", "DEFAULT_TIMELINE_VAR", "NS_PER_S"]
 
 DEFAULT_TIMELINE_VAR = "timeline"
+NS_PER_S = 1_000_000_000
+
+
+def gpu_seconds(reported: Any) -> float | None:
+    """A command buffer's ``GPUStartTime`` or ``GPUEndTime`` as Metal reports it (a double, seconds on the GPU's
+    clock), or None when it is not a time: Metal reports 0.0 when the time is not available (METAL.md §1: before
+    the command buffer completes, or on a device that does not time it), and a negative, infinite or NaN value is
+    no time either."""
+    if isinstance(reported, bool) or not isinstance(reported, (int, float)):
+        return None
+    seconds = float(reported)
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
+def seconds_to_ns(seconds: float | None) -> int | None:
+    """``seconds`` (a GPU time from ``gpu_seconds``) as integer nanoseconds, rounded to the nearest: the one
+    conversion every GPU duration goes through, so 12345.000100 s -> 12345.000350 s is exactly 250,000 ns. The
+    whole seconds are split off first (exactly), so the result is the nearest nanosecond at any clock value. None
+    stays None."""
+    if seconds is None:
+        return None
+    whole = math.floor(seconds)
+    return whole * NS_PER_S + round((seconds - whole) * NS_PER_S)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpan:
+    """The GPU time of one command buffer a submit committed: ``cb`` its ``cbslots`` slot, ``start_ns``/``end_ns``
+    its ``GPUStartTime``/``GPUEndTime`` in integer nanoseconds on the GPU's clock (``seconds_to_ns``; None where Metal
+    reported 0.0: not available).
+
+    Apple GPUs time command buffers, not kernels (METAL.md §1): a span covers every command its command buffer ran,
+    and nothing divides it among them. A submit without timestamps has one span per command buffer (usually one
+    for the whole queue); per-kernel times need a profiled submit (``Queue.timestamp``: one command buffer per
+    command, so one span per command)."""
+
+    cb: int
+    start_ns: int | None
+    end_ns: int | None
+
+    @property
+    def ns(self) -> int | None:
+        """The duration ``end_ns - start_ns`` in nanoseconds; None when a time is not available or the end is
+        before the start (never a negative duration)."""
+        if self.start_ns is None or self.end_ns is None or self.end_ns < self.start_ns:
+            return None
+        return self.end_ns - self.start_ns
 
 
 @dataclass(eq=False)
 class Submission:
     """One submit: the timeline ``value`` it signals (None when the Program signals none), the retained command
     buffers it committed (``cbs``, by cbslots slot; 0 for a slot this run left empty), host seconds the submit
-    took, and after completion each command buffer's (GPUStartTime, GPUEndTime) in seconds and the
-    ``timestamps`` (slot -> seconds) of ``Queue.timestamp``."""
+    took, and after completion: ``gpu_times``, each slot's (GPUStartTime, GPUEndTime) in seconds as reported (None
+    where not available: Metal's 0.0, or an empty slot); ``spans``, one ``GpuSpan`` (integer nanoseconds) per
+    command buffer committed; ``timestamps``, slot -> seconds (or None) of ``Queue.timestamp``."""
 
     index: int
     value: int | None
     cbs: tuple[int, ...]
     host_s: float
-    gpu_times: list[tuple[float, float]] = field(default_factory=list)
-    timestamps: dict[int, float] = field(default_factory=dict)
+    gpu_times: list[tuple[float | None, float | None]] = field(default_factory=list)
+    spans: list[GpuSpan] = field(default_factory=list)
+    timestamps: dict[int, float | None] = field(default_factory=dict)
+
+    @property
+    def gpu_ns(self) -> int | None:
+        """The GPU time of the submit in nanoseconds: the sum of its command buffers' spans (``GpuSpan.ns``); None
+        before completion, without command buffers, or when one span's time is not available."""
+        durations = [span.ns for span in self.spans]
+        if not durations or any(d is None for d in durations):
+            return None
+        return sum(d for d in durations if d is not None)
 
 
 class Session:
@@ -224,14 +285,19 @@ class Session:
     # ---- wait
 
     def wait(self, value: int | None = None, timeout_s: float | None = None) -> list[Submission]:
-        """Wait until every submit up to timeline ``value`` (default: all in flight) has completed; returns those
-        Submissions with their GPU times, their command buffers released.
+        """Wait until the timeline has reached ``value`` (``signaledValue`` >= ``value``) and every submit up to
+        the first one that signals ``value`` or more has completed (default, ``value=None``: every submit in
+        flight); returns the Submissions that completed, with their GPU times, their command buffers released.
 
-        Returns at once when every submit up to ``value`` has already completed (or failed, which an earlier
-        ``wait`` reported). Raises ``ValueError`` for a ``value`` above the highest value submitted so far (no
-        submit will signal it: waiting would only time out), ``GPUExecutionError`` (``code``, ``name``) as soon as
-        one of their command buffers is in status Error, and ``TimeoutError`` after ``timeout_s`` seconds
-        (default: the session's) naming the value awaited, the timeline's current value and the statuses of the
+        A ``value`` between the values of two submits (1 and 3: explicit values, or one skipped after a failed
+        submit) waits for the submit that signals 3, unless a failed submit before it (its command buffers
+        committed) signals the value first. Returns at once when the timeline is already at ``value`` and
+        nothing in flight comes before it. Raises ``ValueError`` naming the last value signaled when no submit
+        will signal ``value``: above the highest value submitted so far, or once every submit that could have
+        signaled it has ended without doing so (a failed submit's value is never signaled, METAL.md §3 rule 6);
+        ``GPUExecutionError`` (``code``, ``name``) as soon as one of the command buffers waited for is in status
+        Error; ``WaitTimeoutError`` (a ``DeviceError`` and a ``TimeoutError``) after ``timeout_s`` seconds
+        (default: the session's) naming the value awaited, the last value signaled and the statuses of the
         command buffers still pending. ``timeout_s`` must be a finite number of seconds >= 0 (0 polls once) and
         ``value`` an int >= 0: ``TypeError``/``ValueError`` otherwise, as for a wait on a closed Session
         (``RuntimeError``)."""
@@ -251,19 +317,18 @@ class Session:
                                 f"submitted), got {type(value).__name__}") from None
             if value < 0:
                 raise ValueError(f"wait({value}): timeline values are >= 0")
-        if value is not None and int(value) > self.highest_value:
-            why = (f"the highest timeline value submitted is {self.highest_value}" if self.timeline_var is not None
-                   else "this Program signals no timeline value")
-            raise ValueError(f"wait({int(value)}): no submit signals timeline value {int(value)}: {why}")
-        target = self.last_value if value is None else int(value)
-        n = len(self.inflight) if value is None else sum(
-            1 for r in self.inflight if r.value is None or r.value <= target)
-        pending = [self.inflight[i] for i in range(n)]
+            if value > self.highest_value:
+                why = (f"the highest timeline value submitted is {self.highest_value}"
+                       if self.timeline_var is not None else "this Program signals no timeline value")
+                raise ValueError(f"wait({value}): no submit signals timeline value {value}: {why}, and "
+                                 f"{self._signaled_text(self._timeline_now())}")
+        target = self.last_value if value is None else value
+        pending = self._pending(value)
         deadline = time.monotonic() + timeout
         delay = 0.0
         done: list[Submission] = []
         while True:
-            current = self.timeline_value() if self.event is not None else None
+            current = self._timeline_now()
             while pending:
                 rec = pending[0]
                 live = [cb for cb in rec.cbs if cb]
@@ -276,17 +341,51 @@ class Session:
                     break
                 self._finish(rec)
                 done.append(pending.pop(0))
+            if value is not None and current is not None and len(pending) == 1 \
+                    and value <= current < (pending[0].value or 0):
+                return done  # a failed submit before it signaled the value: the next one has not signaled yet
             if not pending:
+                if value is None or current is None or current >= value:
+                    return done
+                current = self._timeline_now()  # once more: what completed has signaled by now
+                if current is not None and current < value:
+                    raise ValueError(f"wait({value}): no submit will signal timeline value {value}: every submit "
+                                     f"that could have signaled it has ended without doing so (a failed submit's "
+                                     f"value is never signaled), and {self._signaled_text(current)}")
                 return done
             if time.monotonic() > deadline:
                 raise WaitTimeoutError(self._timeout_text(target, current, pending, timeout))
             time.sleep(delay)
             delay = min(delay * 2 or 1e-5, 1e-3)
 
+    def _pending(self, value: int | None) -> list[Submission]:
+        """The in-flight submits a wait for ``value`` waits for, oldest first: every one for None; else every one up
+        to the first that signals ``value`` or more (reaching ``value`` needs it), or all of them when none does
+        (the failed submits among them may still signal it)."""
+        if value is None:
+            return list(self.inflight)
+        for i, rec in enumerate(self.inflight):
+            if rec.value is not None and rec.value >= value:
+                return list(itertools.islice(self.inflight, i + 1))
+        return list(self.inflight)
+
+    def _timeline_now(self) -> int | None:
+        """The timeline's value (``timeline_value``), None when the Program has no event."""
+        return self.timeline_value() if self.event is not None else None
+
+    @staticmethod
+    def _signaled_text(current: int | None) -> str:
+        return ("this Program has no timeline" if current is None
+                else f"the last value signaled is {current}")
+
     def _finish(self, rec: Submission) -> None:
+        """Read the GPU times of a completed submit (``gpu_times``, ``spans``, ``timestamps``), release its command
+        buffers and move it to ``completed``."""
         m = self.messenger
-        rec.gpu_times = [(float(m.send(cb, "GPUStartTime")), float(m.send(cb, "GPUEndTime"))) if cb
-                         else (0.0, 0.0) for cb in rec.cbs]
+        rec.gpu_times = [(gpu_seconds(m.send(cb, "GPUStartTime")), gpu_seconds(m.send(cb, "GPUEndTime"))) if cb
+                         else (None, None) for cb in rec.cbs]
+        rec.spans = [GpuSpan(slot, seconds_to_ns(start), seconds_to_ns(end))
+                     for slot, (cb, (start, end)) in enumerate(zip(rec.cbs, rec.gpu_times)) if cb]
         for st in self.stamps:  # Stamp(slot, cb, which): slot <- GPUStartTime/GPUEndTime of cbslots[cb]
             if st.cb < len(rec.cbs) and rec.cbs[st.cb]:
                 rec.timestamps[st.slot] = rec.gpu_times[st.cb][0 if st.which == "GPUStartTime" else 1]
@@ -328,8 +427,8 @@ class Session:
                    for s in (int(self.messenger.send(cb, "status")) for cb in rec.cbs)]
             parts.append(f"submit {rec.index} (value {rec.value}): {', '.join(sts) or 'no command buffers'}")
         more = f" and {len(pending) - 4} more" if len(pending) > 4 else ""
-        return (f"timed out after {timeout:g} s waiting for timeline value {target} (the timeline is at {current}); "
-                f"command buffer statuses: {'; '.join(parts)}{more}")
+        return (f"timed out after {timeout:g} s waiting for timeline value {target} "
+                f"({self._signaled_text(current)}); command buffer statuses: {'; '.join(parts)}{more}")
 
     # ---- data and teardown
 

@@ -268,8 +268,8 @@ def test_timeout_says_what_it_waited_for() -> None:
     b = FaultBridge()
     s = Session(submit_program(), b)
     s.submit(n=3)
-    with pytest.raises(TimeoutError, match=r"waiting for timeline value 1 \(the timeline is at 0\); command buffer "
-                                           r"statuses: submit 0 \(value 1\): Committed"):
+    with pytest.raises(TimeoutError, match=r"waiting for timeline value 1 \(the last value signaled is 0\); "
+                                           r"command buffer statuses: submit 0 \(value 1\): Committed"):
         s.wait(timeout_s=0.02)
     b.complete()
     assert [r.value for r in s.wait(timeout_s=5.0)] == [1]
