@@ -5,7 +5,8 @@
 with the trace's expected output as float32 (rtol 1e-4, atol 1e-5). With ``--device metal`` the device is probed
 first (``mtlir.runtime.probe``) and the submit lowered for what it offers (residency sets, ICBs); the flags can
 only turn them off. ``--json``: one object ``{"match", "max_abs_err", "kernels", "messages_per_submit", "submits",
-...}`` on stdout, everything else on stderr (``max_abs_err`` is null when the error is not a finite number).
+...}`` on stdout, everything else on stderr (``max_abs_err`` is null when the error is not a finite number,
+``gpu_s_per_submit`` when the device reports a GPU time as not available).
 
 The command is given its collaborators (``mtlir.cli.main.main`` passes the real ones, a test may pass others):
 ``lower_trace`` (``mtlir.cli.lower``), ``make_bridge`` (the device to run on), and for ``--device metal``
@@ -16,14 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from mtlir.cli.report import EXIT_MATCH, EXIT_MISMATCH, UsageError
 from mtlir.cli.lower import LowerTrace, _lower, _path, _target, format_message, program_values, record_one_submit
 
-__all__ = ["compare_output", "Comparison", "cmd_run", "MakeBridge", "make_bridge", "metal_available", "metal_bridge"]
+if TYPE_CHECKING:
+    from mtlir.runtime.session import Submission
+
+__all__ = ["compare_output", "Comparison", "gpu_s_per_submit", "cmd_run", "MakeBridge", "make_bridge", "metal_available",
+           "metal_bridge"]
 
 # make_bridge(kind, target, faithful, program, metal) -> (bridge, device name)
 MakeBridge = Callable[[str, str, bool, Any, Any], tuple[Any, str]]
@@ -113,6 +118,17 @@ def compare_output(got: Any, expected: Any) -> Comparison:
                       int((nan_a != nan_b).sum()))
 
 
+def gpu_s_per_submit(completed: Iterable[Submission]) -> float | None:
+    """The mean GPU seconds per submit of the ``completed`` Submissions (``Submission.gpu_ns``: the sum of the
+    spans of its command buffers, integer nanoseconds, converted to seconds once here); None when there is none or
+    one submit's GPU time is not available (Metal reported 0.0), never a negative or partial figure."""
+    from mtlir.runtime.session import NS_PER_S
+    ns = [rec.gpu_ns for rec in completed]
+    if not ns or any(n is None for n in ns):
+        return None
+    return sum(n for n in ns if n is not None) / (len(ns) * NS_PER_S)
+
+
 def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: LowerTrace, make_bridge: MakeBridge,
             metal_available: Callable[[], bool], metal_bridge: Callable[[], Any]) -> int:
     """``mtlir run``: lower (``lower_trace``), link, submit ``--repeat`` times on the bridge ``make_bridge`` gives,
@@ -146,7 +162,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
             close()
         # a kernel that never ends (past --timeout) keeps its OpenCL queue: main() then leaves with os._exit
         args.kernel_stuck = bool(getattr(bridge, "kernel_running", False))
-    gpu = [t for rec in s.completed for t in rec.gpu_times]
+    gpu_s = gpu_s_per_submit(s.completed)
     host_s = s.host_s_per_submit
     cmp = compare_output(got, o.expected_array())
     kernels = len(trace.dispatches)
@@ -168,7 +184,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
                "submits": s.submits, "workload": trace.workload, "arch": dev.family, "target": target,
                "residency_set": dev.residency_set, "icb": dev.icb, "path": _path(program), "device": device_name,
                "executor": args.executor, "host_s_per_submit": host_s,
-               "gpu_s_per_submit": (sum(e - b for b, e in gpu) / len(s.completed)) if s.completed else None,
+               "gpu_s_per_submit": gpu_s,
                "lower_s": lowered.seconds}
         json.dump(doc, out, allow_nan=False)
         out.write("\n")

@@ -18,6 +18,7 @@ from mtlir.cli.main import main
 from mtlir.cli.report import exit_code
 from mtlir.cli.run import compare_output, make_bridge
 from mtlir.metal import MTL
+from mtlir.runtime.sim.device import SimDevice
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "examples" / "traces"
@@ -219,6 +220,43 @@ def test_run_gpu_error_exits_3() -> None:
     assert code == 3 and log.count("\n") == 1 and "MTLCommandBufferError 3 (PageFault)" in log
     assert one_json(out) == {"error": log.strip().removeprefix("mtlir: error: "), "error_type": "GPUExecutionError",
                              "exit_code": 3}
+
+
+class _GpuClock(SimDevice):
+    """A simulated device whose command buffers report the GPU times ``times`` (selector -> seconds)."""
+
+    times: dict[str, float] = {}
+
+    def msg_send(self, proto: Any, args: tuple[Any, ...]) -> Any:
+        out = super().msg_send(proto, args)
+        return next((t for sel, t in self.times.items() if args[1] == self.sel_registerName(sel)), out)
+
+
+def _clock(start: float, end: float) -> Any:
+    """A ``make_bridge`` stand-in: a ``_GpuClock`` reporting (``start``, ``end``) for every command buffer."""
+    def make(kind: str, target: str, faithful: bool, program: Any, metal: Any) -> tuple[Any, str]:
+        dev = _GpuClock(target, family=program.device.family, residency_sets=program.device.residency_set,
+                        icb=program.device.icb)
+        dev.times = {"GPUStartTime": start, "GPUEndTime": end}
+        return dev, "sim"
+    return make
+
+
+@pytest.mark.parametrize("start, end", [(12345.0001, 0.0), (0.0, 12345.0001), (12345.0001, 1.0)])
+def test_run_json_reports_a_gpu_time_that_is_not_available_as_null(start: float, end: float) -> None:
+    code, out, log = mtlir("run", MLP7, "--device", "sim", "--json", make_bridge=_clock(start, end))
+    assert code == 0, log
+    doc = one_json(out)
+    assert doc["match"] is True and doc["gpu_s_per_submit"] is None
+
+
+def test_run_json_gpu_time_is_computed_in_integer_nanoseconds() -> None:
+    code, out, log = mtlir("run", MLP7, "--device", "sim", "--json", "--repeat", "2",
+                           make_bridge=_clock(12345.000100, 12345.000350))
+    assert code == 0, log
+    assert one_json(out)["gpu_s_per_submit"] == 0.00025  # 250,000 ns exactly: one span of one command buffer
+    code, out, log = mtlir("run", MLP7, "--device", "sim", "--json")
+    assert 0 < one_json(out)["gpu_s_per_submit"] < 60  # the simulated device's own clock
 
 
 def test_run_unsupported_kernel_exits_4() -> None:
