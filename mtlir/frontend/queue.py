@@ -332,6 +332,7 @@ class Queue:
         self.timeline = timeline()
         self.ops: list[UOp] = []
         self._kernels: dict[Kernel, UOp] = {}
+        self._stamped: dict[int, int] = {}  # timestamp slot -> the number of commands before it
         self.ncommands = 0
 
     def exec(self, kernel: Kernel, buffers: Sequence[UOp], vars: Sequence[UOp | int] = (),
@@ -410,9 +411,16 @@ class Queue:
     def timestamp(self, slot: int) -> Queue:
         """Record a GPU time into timestamp ``slot`` (an int >= 0). A submit with timestamps is profiled: one
         command buffer per command, and the slot gets the GPUEndTime of the command just before it, or else the
-        GPUStartTime of the next command (seconds, read by the runtime after completion)."""
+        GPUStartTime of the next command (seconds, read by the runtime after completion). A slot is recorded once
+        per queue: a second ``timestamp`` with the same slot raises ``QueueError`` naming both (the first time
+        would be lost)."""
         if type(slot) is not int or slot < 0:
             raise QueueError(f"timestamp after command {self.ncommands}: slot must be an int >= 0, got {slot!r}")
+        if slot in self._stamped:
+            raise QueueError(f"timestamp after command {self.ncommands}: slot {slot} is already taken by the "
+                             f"timestamp after command {self._stamped[slot]}; each slot records one time per submit "
+                             f"(the first would be lost): give this one another slot")
+        self._stamped[slot] = self.ncommands
         self.ops.append(UOp(Ops.TIMESTAMP, dtypes.void, (), slot))
         return self
 

@@ -103,6 +103,16 @@ def test_bad_buffers_and_queues(call, message) -> None:  # type: ignore[no-untyp
     assert message in str(e.value)
 
 
+def test_a_timestamp_slot_taken_twice_is_refused_naming_both_commands() -> None:
+    a, b = buffer("a", 64), buffer("b", 64)
+    q = Queue().timestamp(0).exec(SCALE, [a, b]).timestamp(1).exec(SCALE, [b, a])
+    with pytest.raises(QueueError, match=r"^timestamp after command 2: slot 0 is already taken by the timestamp after "
+                                         r"command 0; .*\(the first would be lost\)"):
+        q.timestamp(0)
+    q.timestamp(2)  # the refused one left nothing behind
+    assert [u.arg for u in q.submit().src if u.op is Ops.TIMESTAMP] == [0, 1, 2]
+
+
 def test_a_float_variable_parameter_is_refused() -> None:
     k = Kernel("k", "k", "", (KernelParam(None, 0), KernelParam("n", 1)))  # dtype defaults to float32
     with pytest.raises(QueueError, match="constant int& variables are integers"):
