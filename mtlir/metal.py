@@ -14,6 +14,7 @@ from typing import Any
 
 from mtlir.ir.dtypes import DType, PtrDType, dtypes
 from mtlir.errors import LoweringError
+from mtlir.msl import check_kernel_params
 
 __all__ = ["DeviceSpec", "Kernel", "KernelParam", "Obj", "Signature", "Prototype", "SELECTORS", "C_FUNCTIONS",
            "abi_prototype", "c_prototype", "TARGETS", "FAMILIES", "MTL", "AbiError", "element_dtype", "ELEMENT_TYPES"]
@@ -110,8 +111,9 @@ class KernelParam:
     that holds fewer than ``elements * itemsize`` bytes (a view's size; a buffer's size, from offset 0); a buffer
     variable's size is unknown until run time and is not checked. None (the default): no check.
 
-    Raises ``ValueError`` naming the parameter for an unknown element type, a negative index, an empty variable
-    name or ``elements`` below 1, and ``TypeError`` for a field of the wrong type."""
+    Raises ``ValueError`` naming the parameter for an unknown element type or ``float64``/``double`` (Metal has no
+    64-bit float), a negative index, an empty variable name or ``elements`` below 1, and ``TypeError`` for a field
+    of the wrong type."""
 
     var: str | None
     index: int
@@ -130,9 +132,12 @@ class KernelParam:
         if self.index < 0:
             raise ValueError(f"{what}: index {self.index} is negative")
         try:
-            element_dtype(self.dtype)
+            element = element_dtype(self.dtype)
         except ValueError as e:
             raise ValueError(f"{what}: {e}") from None
+        if element is dtypes.float64:
+            raise ValueError(f"{what}: element type {self.dtype!r} is a 64-bit float, which Metal does not have (MSL "
+                             "has no double, MSL spec §2.1): a kernel cannot take one")
         if self.elements is not None:
             if type(self.elements) is not int:
                 raise TypeError(f"{what}: elements is an int or None, got {type(self.elements).__name__}")
@@ -150,8 +155,16 @@ class Kernel:
     """A compute kernel: the program ``key`` (unique in a queue), the MSL ``function`` name, its Metal source and
     parameters (buffers first, then variables, each at its Metal buffer index).
 
+    The parameters are checked against the MSL's signature of ``function`` when the Kernel is built
+    (``mtlir.msl.check_kernel_params``): each at the index of a parameter of the MSL (``[[buffer(n)]]``, else its
+    position), of its kind (``device T*`` a buffer, ``constant T&`` a variable) and element type, the buffers and
+    the variables each in the MSL's order, none of the MSL's left out. An empty ``msl`` (a kernel described for
+    lowering only, which no device can run) is not checked.
+
     Raises ``TypeError`` for a field of the wrong type (``params`` holds ``KernelParam``s; a list is taken as a
-    tuple) and ``ValueError`` for an empty key or function name, or two parameters at one buffer index."""
+    tuple), ``ValueError`` for an empty key or function name, or two parameters at one buffer index, and
+    ``mtlir.msl.KernelSignatureError`` (a ``ValueError``) for parameters that disagree with the MSL, naming the
+    kernel, the parameter and both types."""
 
     key: str
     function: str
@@ -175,6 +188,8 @@ class Kernel:
             if p.index in seen:
                 raise ValueError(f"Kernel {self.key!r}: two parameters at buffer index {p.index}")
             seen.add(p.index)
+        if self.msl:
+            check_kernel_params(self.key, self.function, self.msl, self.params)
 
     @property
     def buffer_params(self) -> tuple[KernelParam, ...]:

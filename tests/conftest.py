@@ -30,13 +30,23 @@ def _dataclasses(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     name = text_strategy.filter(bool)  # KernelParam and Kernel refuse empty names
     param = st.builds(KernelParam, st.none() | name, st.integers(0, 31), st.sampled_from(["float32", "int32"]),
                       st.none() | st.integers(1, 1 << 20))
-    kernel = st.builds(Kernel, name, name, text_strategy, st.tuples(param) | st.just(()))
+    # the MSL declares what the parameters say (Kernel checks it), then any text
+    kernel = st.builds(lambda key, params, text: Kernel(key, "k", _msl(params) + text, params), name,
+                       st.tuples(param) | st.just(()), text_strategy)
     return st.one_of(
         st.builds(Obj, st.sampled_from(["buffer", "queue", "icb"]), text_strategy, st.tuples(children) | st.just(())),
         param, kernel,
         st.builds(Prototype, dtype_strategy, st.lists(dtype_strategy, max_size=3).map(tuple)),
         st.builds(Signature, dtype_strategy, st.lists(dtype_strategy, max_size=3).map(tuple)),
         st.builds(DeviceSpec, st.sampled_from(["Apple7", "apple9", "MAC2"]), st.booleans(), st.booleans()))
+
+
+def _msl(params: tuple[KernelParam, ...]) -> str:
+    """A kernel ``k`` whose MSL signature declares ``params`` (each at its ``[[buffer(n)]]``)."""
+    msl_type = {"float32": "float", "int32": "int"}
+    decls = [f"device {msl_type[p.element.name]}* p{p.index} [[buffer({p.index})]]" if p.var is None
+             else f"constant {msl_type[p.element.name]}& p{p.index} [[buffer({p.index})]]" for p in params]
+    return f"kernel void k({', '.join(decls)}) {{}}\n"
 
 
 def _compound(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:

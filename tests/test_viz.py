@@ -27,7 +27,7 @@ NASTY = ["node", "EDGE", "Graph", "strict", "subgraph", "DiGraph", "NODE", '"', 
 def nasty_graph() -> UOp:
     x = UOp.variable("x", 0, 10)
     nodes = [UOp(Ops.MSG, dtypes.void, (x,), s, tag=s) for s in NASTY]
-    kernel = Kernel('k"<>', "k", 'kernel void k() { "}" }\n', (KernelParam("node", 0),))
+    kernel = Kernel('k"<>', "k", 'kernel void k(constant float& node) { "}" }\n', (KernelParam("node", 0),))
     nodes.append(UOp(Ops.OBJECT, dtypes.id, (), Obj("pipeline", "pipeline:k", (kernel,))))
     return UOp.sink(*nodes, x + x)
 

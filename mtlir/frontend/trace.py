@@ -22,6 +22,7 @@ from typing import Any
 from mtlir.ir.dtypes import DType
 from mtlir.errors import InputError
 from mtlir.metal import FAMILIES, DeviceSpec, Kernel, KernelParam
+from mtlir.msl import KernelSignatureError
 from mtlir.frontend.queue import Queue, QueueError, buffer, param_dtype, timeline_value, view
 from mtlir.ir.uop import UOp
 
@@ -386,9 +387,14 @@ def _kernels(r: _Reader, raw: dict[str, Any]) -> dict[str, Kernel]:
                 r.check(count, f"{ppath}[3][0]", int)
                 if count < 1:
                     raise r.fail(f"{ppath}[3][0]", f"elements {count} is below 1")
-            params.append(KernelParam(var, index, dt.name, elems[0] if elems else None))
+            try:
+                params.append(KernelParam(var, index, dt.name, elems[0] if elems else None))
+            except ValueError as e:  # an empty variable name, an element type Metal does not have (double)
+                raise r.fail(ppath, str(e)) from None
         try:
             out[key] = Kernel(key, function, msl, tuple(params))
+        except KernelSignatureError as e:  # the signature disagrees with the MSL (docs/lowering.md, "Traces")
+            raise r.fail(path if e.param is None else f"{path}.signature[{e.param}]", str(e)) from None
         except (TypeError, ValueError) as e:
             raise r.fail(path, str(e)) from None
     return out

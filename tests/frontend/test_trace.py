@@ -161,6 +161,22 @@ CASES: list[tuple[str, Callable[[dict], None], str, str]] = [
      "programs.r_start_pos.signature[0][3][0]", "elements 0 is below 1"),
     ("signature entry too long", _set(["programs", "r_start_pos", "signature", 0], [None, 0, "dtypes.float", [1], 9]),
      "programs.r_start_pos.signature[0]", "got 5 entries"),
+    # the signature disagrees with the MSL (`device float* data0_1, device float* data1_32, constant int& data2_`)
+    ("signature half for a device float*", _set(["programs", "r_start_pos", "signature", 0, 2], "dtypes.half"),
+     "programs.r_start_pos.signature[0]", "Kernel 'r_start_pos': parameter 0 (buffer at index 0) is declared "
+                                          "float16, but the MSL's `device float* data0_1` takes float (float32)"),
+    ("signature char for a device float*", _set(["programs", "r_start_pos", "signature", 1, 2], "dtypes.char"),
+     "programs.r_start_pos.signature[1]", "is declared int8, but the MSL's `device float* data1_32` takes float"),
+    ("signature double", _set(["programs", "r_start_pos", "signature", 0, 2], "dtypes.double"),
+     "programs.r_start_pos.signature[0]", "'float64' is a 64-bit float, which Metal does not have"),
+    ("signature uint for a constant int&", _set(["programs", "r_start_pos", "signature", 2, 2], "dtypes.uint"),
+     "programs.r_start_pos.signature[2]", "is declared uint32, but the MSL's `constant int& data2_` takes int"),
+    ("signature buffer for a constant int&", _set(["programs", "r_start_pos", "signature", 2],
+                                                   [None, 2, "dtypes.float", []]),
+     "programs.r_start_pos.signature[2]", "is a buffer, but the MSL's `constant int& data2_` at [[buffer(2)]] is a "
+                                          "value"),
+    ("signature without the MSL's variable", _delete(["programs", "r_start_pos", "signature", 2]),
+     "programs.r_start_pos", "the MSL's `constant int& data2_` at [[buffer(2)]] has no KernelParam"),
 ]
 
 

@@ -35,7 +35,8 @@ SPECIAL_STRINGS = ["", "'", '"', "'\"", "\\", "ends with \\", "a\nb\r\tc", "\x00
 
 
 def test_every_arg_type_round_trips() -> None:
-    msl = 'kernel void k(device float* a [[buffer(0)]]) {\n  a[0] = 1.0f; // "quoted" \\ \n}\n'
+    msl = ('kernel void k(device float* a [[buffer(0)]], constant int& n [[buffer(1)]]) {\n'
+           '  a[0] = 1.0f; // "quoted" \\ \n}\n')
     kernel = Kernel("E_1", "k", msl, (KernelParam(None, 0, "float32", 4), KernelParam("n", 1, "int32")))
     args = [None, True, False, 0, 1, -1, 2**100, -(2**200), *SPECIAL_FLOATS, *SPECIAL_STRINGS, b"", bytes(range(256)),
             (), (1,), (1, (2.0, ("x", None)), True), frozenset(), frozenset({1, "a", None, 2.5}), Ops.ADD,
@@ -207,7 +208,8 @@ def test_listing() -> None:
 
 
 def test_short_arg_cuts_long_values() -> None:
-    kernel = Kernel("E_1", "k", "x" * 5000, (KernelParam(None, 0),))
+    kernel = Kernel("E_1", "k", "kernel void k(device float* a) {}\n//" + "x" * 5000,
+                    (KernelParam(None, 0),))
     text = short_arg(Obj("pipeline", "pipeline:E_1", (kernel,)), 60)
     assert len(text) <= 60 and text.startswith("Obj(kind='pipeline'") and text.endswith("…")
     assert "msl" not in short_arg(kernel, 200)  # a field left out of repr stays out

@@ -351,9 +351,9 @@ def test_repr_of_a_big_graph_is_short() -> None:
 
 
 def test_kernel_args_hash_consed() -> None:
-    k = Kernel("E_1", "E_1", "kernel void E_1() {}\n", (KernelParam(None, 0),))
+    k = Kernel("E_1", "E_1", "kernel void E_1(device float* a) {}\n", (KernelParam(None, 0),))
     a = UOp(Ops.KERNEL, dtypes.void, (), k)
-    assert UOp(Ops.KERNEL, dtypes.void, (), Kernel("E_1", "E_1", "kernel void E_1() {}\n", (KernelParam(None, 0),))) is a
+    assert UOp(Ops.KERNEL, dtypes.void, (), Kernel(k.key, k.function, k.msl, k.params)) is a  # built again
 
 
 def test_evaluate_bitcast_keeps_the_bits() -> None:
