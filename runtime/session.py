@@ -294,7 +294,8 @@ class Session:
         committed) signals the value first. Returns at once when the timeline is already at ``value`` and
         nothing in flight comes before it. Raises ``ValueError`` naming the last value signaled when no submit
         will signal ``value``: above the highest value submitted so far, or once every submit that could have
-        signaled it has ended without doing so (a failed submit's value is never signaled, METAL.md §3 rule 6);
+        signaled it has ended without doing so (Metal skips the signals of a command buffer that failed, METAL.md
+        §3 rule 6, and a submit that failed before committing its signal signals nothing);
         ``GPUExecutionError`` (``code``, ``name``) as soon as one of the command buffers waited for is in status
         Error; ``WaitTimeoutError`` (a ``DeviceError`` and a ``TimeoutError``) after ``timeout_s`` seconds
         (default: the session's) naming the value awaited, the last value signaled and the statuses of the
@@ -350,8 +351,9 @@ class Session:
                 current = self._timeline_now()  # once more: what completed has signaled by now
                 if current is not None and current < value:
                     raise ValueError(f"wait({value}): no submit will signal timeline value {value}: every submit "
-                                     f"that could have signaled it has ended without doing so (a failed submit's "
-                                     f"value is never signaled), and {self._signaled_text(current)}")
+                                     f"that could have signaled it has ended without doing so (its command "
+                                     f"buffer failed, or the submit failed before committing its signal), and "
+                                     f"{self._signaled_text(current)}")
                 return done
             if time.monotonic() > deadline:
                 raise WaitTimeoutError(self._timeout_text(target, current, pending, timeout))
