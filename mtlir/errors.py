@@ -4,7 +4,8 @@ Every exception class defined in mtlir derives from ``MtlirError``, through one 
 line's exit codes come from the roots (``mtlir.cli.report.exit_code``):
 
 - ``InputError`` (exit 2): something the user gives or can change is wrong or missing: a flag (``UsageError``), a
-  trace (``TraceError``), a queue (``QueueError``), IR text (``ParseError``), a pass pipeline (``PipelineError``),
+  trace (``TraceError``), a queue (``QueueError``), a kernel whose parameters disagree with its MSL
+  (``KernelSignatureError``), IR text (``ParseError``), a pass pipeline (``PipelineError``),
   a graph a pass refuses (``LoweringError``: ``VerifyError``, ``EncodeError``, ``AbiError``, ``LinearizeError``),
   MSL that does not compile (``KernelCompileError``), Graphviz's ``dot`` (``GraphvizNotFoundError``).
 - ``LinkError`` (exit 2): link could not make a device object (Metal answered nil, a function is missing, the
