@@ -8,6 +8,8 @@ variable values inside their bounds lies in it) but not always tight: variables 
 ``n - n`` gives ``[lo - hi, hi - lo]``, not ``[0, 0]``.
 
 ``expr_text(node)`` prints such an expression in infix form for error messages (``(n + 31) // 32``).
+``single_value(node)`` is the one value an expression takes for every value of its variables, when the bounds (or,
+without variables, the evaluation) show there is one: what ``bool()``, ``int()`` and ``range()`` of a UOp return.
 
 Used by the queue builder and ``encode`` to refuse dispatch sizes that can fall below 1 or exceed 2**32-1
 (``mtlir.frontend.queue.check_size``); reusable by simplification rules (``UOp.vmin`` / ``UOp.vmax``).
@@ -18,11 +20,14 @@ from typing import Any
 
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.errors import InputError
-from mtlir.ir.evaluate import c_idiv
+from mtlir.ir.evaluate import c_idiv, evaluate
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.ir.uop import UOp
 
-__all__ = ["bounds", "expr_text", "variable_bounds", "BoundsError"]
+__all__ = ["bounds", "single_value", "expr_text", "variable_bounds", "BoundsError", "VALUE_OPS"]
+
+# the ops of a value known while the graph is built: constants, run-time variables and arithmetic on them
+VALUE_OPS = frozenset({Ops.CONST, Ops.DEFINE_VAR, Ops.CAST, Ops.BITCAST, Ops.AFTER}) | GroupOp.ALU
 
 
 class BoundsError(InputError, ValueError):
@@ -149,6 +154,29 @@ def bounds(node: UOp) -> tuple[int, int]:
         else:
             raise BoundsError(f"the range of {op.name}<{dt.name}> cannot be computed: only integer arithmetic")
     return memo[node]
+
+
+def single_value(node: UOp) -> tuple[bool, Any]:
+    """``(True, v)`` when the expression ``node`` takes the one value ``v`` for every value of its variables, else
+    ``(False, None)``: a constant, an expression without variables (evaluated, C semantics), or an integer
+    expression whose range ``bounds`` is one value (``n >= 1`` for ``n`` in ``[1, 8]`` is True). A node that is not
+    arithmetic (a LOAD, a buffer, a queue op) has no value. Bool results are ``bool``; integers ``int``. This is
+    what ``bool()``, ``int()``, ``float()`` and ``operator.index`` of a UOp return (``UOp.__bool__``).
+
+    Raises ``ZeroDivisionError`` for an expression without variables that divides by zero."""
+    nodes = node.toposort()
+    if any(u.op not in VALUE_OPS for u in nodes):
+        return False, None
+    if not any(u.op is Ops.DEFINE_VAR for u in nodes):
+        return True, evaluate(node, {})
+    if node.dtype.is_word:
+        try:
+            lo, hi = bounds(node)
+        except BoundsError:
+            return False, None
+        if lo == hi:
+            return True, (bool(lo) if node.dtype.kind == "bool" else lo)
+    return False, None
 
 
 def variable_bounds(node: UOp) -> str:

@@ -4,6 +4,11 @@ Building the same node twice returns the same object (``is``), so structural equ
 pass change anything" is ``new is old``. The intern table holds weak references only: a node nobody references is
 freed and leaves the table. Args are keyed by type and value (``_argkey``): ``-0.0`` and ``0.0`` are different
 constants, every NaN is one constant, and ``1``, ``True`` and ``1.0`` never merge.
+
+A UOp is a value of the graph, chosen per submit, so Python's conversions of one (``bool()`` for ``if`` and
+``max()``, ``int()``, ``float()``, ``operator.index``) answer only for an expression with one value for every value of
+its variables and raise ``TypeError`` naming the expression otherwise; ``==`` against a number raises too (``n == 0``
+would always be False): the graph's own ``maximum``, ``minimum``, ``where``, ``eq`` and ``ne`` build the nodes.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import struct
 import weakref
 from collections.abc import Iterator
 from enum import Enum
+from numbers import Number
 from typing import Any
 
 from mtlir.ir.dtypes import DType, PtrDType, dtypes, wrap
@@ -184,13 +190,57 @@ class UOp(_Slots):
     __hash__ = object.__hash__
 
     def __eq__(self, other: object) -> bool:
+        """Node identity (hash-consing makes it structural equality), so UOps work as dict and set keys.
+
+        Raises ``TypeError`` against a Python number: ``n == 0`` would be ``False`` for every ``n``, even the
+        constant 0; the comparison node is ``n.eq(0)``."""
+        if type(other) is not UOp and isinstance(other, Number):
+            raise TypeError(_compare_message(self, "==", other, "eq"))
         return self is other
 
     def __ne__(self, other: object) -> bool:
+        """Not the same node; raises ``TypeError`` against a Python number (the comparison node is ``n.ne(0)``)."""
+        if type(other) is not UOp and isinstance(other, Number):
+            raise TypeError(_compare_message(self, "!=", other, "ne"))
         return self is not other
 
+    # Python's implicit conversions (``if``, ``and``/``or``/``not``, max(), min(), sorted(), int(), range(), ...):
+    # right for an expression with one value for every value of its variables, a TypeError naming it otherwise
+
     def __bool__(self) -> bool:
-        return True
+        """The truth value of an expression that has one value for every value of its variables: a constant, a
+        comparison its variables' bounds decide (``n >= 1`` for ``n`` in ``[1, 8]``), an expression without
+        variables. Raises ``TypeError`` naming the expression for any other node: a symbolic condition cannot take
+        one branch of a Python ``if``, ``max()`` or ``min()`` for every value of its variables (use
+        ``x.maximum(y)``, ``x.minimum(y)``, ``cond.where(a, b)``), and a node that is not a value has no truth
+        value (test ``node is not None``)."""
+        return bool(self._single_value("bool"))
+
+    def __int__(self) -> int:
+        """The value of an expression with one value for every value of its variables, as Python's ``int()``
+        converts it. Raises ``TypeError`` naming the expression for a symbolic one or a node that is not a value."""
+        return int(self._single_value("int"))
+
+    def __index__(self) -> int:
+        """The value of an integer expression with one value for every value of its variables (``range()``,
+        indexing). Raises ``TypeError`` naming the expression for a symbolic one, a float, or a non-value."""
+        if not self.dtype.is_word:
+            raise TypeError(f"index() of {_describe(self)}: a {self.dtype.name} is not an integer")
+        return int(self._single_value("index"))
+
+    def __float__(self) -> float:
+        """The value of an expression with one value for every value of its variables, as a float. Raises
+        ``TypeError`` naming the expression for a symbolic one or a node that is not a value."""
+        return float(self._single_value("float"))
+
+    def _single_value(self, what: str) -> Any:
+        """The one value this expression takes for every value of its variables (``mtlir.ir.bounds.single_value``);
+        raises ``TypeError`` naming the expression, the conversion ``what`` and what to write instead."""
+        from mtlir.ir.bounds import single_value
+        found, value = single_value(self)
+        if not found:
+            raise TypeError(_conversion_message(self, what))
+        return value
 
     def __repr__(self) -> str:
         from mtlir.ir.render import render
@@ -351,15 +401,18 @@ class UOp(_Slots):
         return self.alu(Ops.CMPNE, x)
 
     def maximum(self, x: UOp | int) -> UOp:
-        """The larger of ``self`` and ``x`` (MAX)."""
+        """The larger of ``self`` and ``x`` (MAX), decided per submit: ``(n // 128).maximum(1)`` keeps a size at
+        least 1 where Python's ``max(n // 128, 1)`` cannot compare a run-time value (it raises ``TypeError``)."""
         return self.alu(Ops.MAX, x)
 
     def minimum(self, x: UOp | int) -> UOp:
-        """The smaller of ``self`` and ``x`` (MIN)."""
+        """The smaller of ``self`` and ``x`` (MIN), decided per submit (Python's ``min()`` over a run-time value
+        raises ``TypeError``)."""
         return self.alu(Ops.MIN, x)
 
     def where(self, a: UOp | int, b: UOp | int) -> UOp:
-        """``self ? a : b``; ``a`` and ``b`` take their dtype from each other when one is an int."""
+        """``self ? a : b`` (WHERE), the graph's ``a if self else b``, decided per submit; ``a`` and ``b`` take their
+        dtype from each other when one is an int."""
         a2 = a if isinstance(a, UOp) else (b._ufix(a, Ops.WHERE) if isinstance(b, UOp) else
                                            UOp.const(dtypes.int32, 0)._ufix(a, Ops.WHERE))
         b2 = b if isinstance(b, UOp) else a2._ufix(b, Ops.WHERE)
@@ -459,3 +512,45 @@ class UOp(_Slots):
 
 
 _REPLACEABLE = frozenset({"op", "dtype", "src", "arg", "tag"})
+
+# what to write instead of Python's control flow over a symbolic value, in the messages of the conversions
+_GRAPH_HINT = ("keep the choice in the graph: x.maximum(y) for max(x, y), x.minimum(y) for min(x, y), "
+               "cond.where(a, b) for `a if cond else b`")
+_HINTS = {
+    "bool": ("Python's if, and/or/not, max(), min() and sorted() would take one branch for every value of its "
+             "variables; " + _GRAPH_HINT),
+    "int": "pass the expression itself (sizes and kernel variables take UOps), or x.evaluate({...}) for one binding",
+    "index": "pass the expression itself (sizes and kernel variables take UOps), or x.evaluate({...}) for one binding",
+    "float": "x.evaluate({...}) gives its value for one binding of its variables",
+}
+
+
+def _describe(u: UOp) -> str:
+    """``u`` for a message: an arithmetic expression in infix form with its dtype, another node as OP<dtype>."""
+    from mtlir.ir.bounds import VALUE_OPS, expr_text
+    if all(x.op in VALUE_OPS for x in u.toposort()):
+        return f"the {u.dtype.name} expression {expr_text(u)}"
+    return f"the {u.op.name}<{u.dtype.name}> node"
+
+
+def _conversion_message(u: UOp, what: str) -> str:
+    """Why ``what()`` of ``u`` (bool, int, index, float) has no single answer, and what to write instead."""
+    from mtlir.ir.bounds import VALUE_OPS, BoundsError, bounds, variable_bounds
+    nodes = u.toposort()
+    if any(x.op not in VALUE_OPS for x in nodes):
+        other = next(x for x in reversed(nodes) if x.op not in VALUE_OPS)
+        at = "it" if other is u else f"it depends on the {other.op.name}<{other.dtype.name}> node, which"
+        return (f"{what}() of {_describe(u)}: {at} is not a value known while the graph is built (only constants and "
+                f"arithmetic on run-time variables are); to test for a node write `node is not None`")
+    try:
+        lo, hi = bounds(u)
+        values = "it can be " + ("True or False" if u.dtype.kind == "bool" else f"a value in [{lo}, {hi}]") + " for"
+    except BoundsError:  # a float expression of variables
+        values = "its value depends on"
+    return (f"{what}() of {_describe(u)}: {values} {variable_bounds(u)}, so it has no single value; {_HINTS[what]}")
+
+
+def _compare_message(u: UOp, op: str, other: object, method: str) -> str:
+    return (f"{_describe(u)} {op} {other!r}: {op} on a UOp compares nodes, so against a number it would be "
+            f"{op == '!='} for every value; the comparison node is x.{method}({other!r}), a constant's value "
+            f"int(x) {op} {other!r}")

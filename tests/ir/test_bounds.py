@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtlir.ir.bounds import BoundsError, bounds, expr_text
+from mtlir.ir.bounds import BoundsError, bounds, expr_text, single_value
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
 from mtlir.ir.ops import Ops
@@ -78,6 +78,33 @@ def test_random_expressions_stay_in_their_range(e: UOp, a: int, b: int) -> None:
     except ZeroDivisionError:
         return  # C leaves it undefined: no value to check
     assert lo <= v <= hi, (expr_text(e), v, lo, hi)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([i32, dtypes.int64, u32, dtypes.uint8]).flatmap(_expr), st.integers(-50, 50),
+       st.integers(0, 3000))
+def test_a_single_value_is_the_value_at_every_binding(e: UOp, a: int, b: int) -> None:
+    # bool(), int() and range() of a UOp return single_value's answer: it must hold for every value of the variables
+    for node in (e, e < 0):
+        try:
+            v = node.evaluate({"a": a, "b": b})
+        except ZeroDivisionError:
+            continue  # C leaves it undefined (and single_value of such an expression without variables raises)
+        found, value = single_value(node)
+        if found:
+            assert value == v and type(value) is type(v), (expr_text(node), v, value)
+            assert bool(node) is bool(v) and int(node) == int(v)
+        else:
+            with pytest.raises(TypeError, match=r"bool\(\) of the .* expression"):
+                bool(node)
+
+
+def test_single_value() -> None:
+    assert single_value(N < 40) == (True, True) and single_value((N + 31) // 32) == (True, 1)
+    assert single_value(UOp.const(i32, 7) * 6) == (True, 42) and single_value(N.eq(0)) == (True, False)
+    assert single_value(N // 2) == (False, None) and single_value(N - N) == (False, None)  # not tight: no value
+    assert single_value(UOp(Ops.BUFFER, dtypes.float32.ptr(), (), 4).index(0).load()) == (False, None)
+    assert single_value(UOp.const(dtypes.float32, 1.5) + 1.0) == (True, 2.5)
 
 
 # ---- sizes that can fall below 1 or exceed 2**32-1 are refused, naming the command, the axis and the bounds

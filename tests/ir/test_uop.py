@@ -1,4 +1,5 @@
-"""UOp: hash-consing identity, arg keys, the weak intern table, determinism, toposort, builders, evaluate."""
+"""UOp: hash-consing identity, arg keys, the weak intern table, determinism, toposort, builders, evaluate, and
+Python's implicit conversions (bool, int, index, float, == against a number)."""
 from __future__ import annotations
 
 import copy
@@ -370,3 +371,103 @@ def test_dtype_reprs_build_the_dtype_again() -> None:
     for dt in (*dtypes.all, dtypes.voidptr, dtypes.MTLSize.ptr(), DType("odd", 3, "3s", "uint"),
                StructDType("P", ("a", "b"))):
         assert eval(repr(dt), {"dtypes": dtypes, "DType": DType, "StructDType": StructDType}) is dt
+
+
+# ---- Python's implicit conversions: right for one value, a TypeError naming the expression otherwise
+
+N4K = UOp.variable("n", 1, 4096)
+
+
+def test_python_max_min_over_a_symbolic_size_is_an_error_naming_the_expression() -> None:
+    # max(n // 128, 1) used to be the constant 1: a grid of one threadgroup for every n
+    with pytest.raises(TypeError) as e:
+        max(N4K // 128, 1)
+    assert "bool() of the bool expression (n // 128) < 1: it can be True or False for n in [1, 4096]" in str(e.value)
+    assert "x.maximum(y) for max(x, y)" in str(e.value) and "cond.where(a, b)" in str(e.value)
+    with pytest.raises(TypeError, match=r"\(n // 128\) < 1"):
+        min(1, N4K // 128)
+    with pytest.raises(TypeError, match="m < n: it can be True or False for m in"):
+        sorted([N4K, UOp.variable("m", 0, 9)])
+    with pytest.raises(TypeError, match=r"bool\(\) of the bool expression n < 100"):
+        if N4K < 100:
+            pass
+    with pytest.raises(TypeError, match="x.minimum"):
+        _ = N4K and 1
+    # what to write instead builds MAX / MIN / WHERE nodes that decide per submit
+    assert (N4K // 128).maximum(1).evaluate({"n": 4096}) == 32 and (N4K // 128).maximum(1).evaluate({"n": 5}) == 1
+    assert (N4K < 100).where(N4K, 100).evaluate({"n": 4000}) == 100
+
+
+def test_a_condition_the_bounds_decide_has_its_value() -> None:
+    # `if n < 0:` used to take its branch: n in [1, 4096] is never below 0
+    assert bool(N4K < 0) is False and bool(N4K >= 1) is True and not N4K.eq(0)
+    big = UOp.variable("m", 128, 4096)
+    assert max(big // 128, 1) is big // 128 and min(big, 1) == 1  # the bounds decide each comparison
+    assert bool(UOp.const(i32, 0)) is False and bool(UOp.const(i32, 3) - 3) is False and bool(UOp.const(i32, 2))
+    assert bool(UOp.const(dtypes.float32, 0.5) < 1.0) is True  # no variables: evaluated
+    assert bool(UOp.const(dtypes.uint8, 255) + 1) is False    # C semantics: wraps to 0
+
+
+@pytest.mark.parametrize("convert, what", [
+    (int, "int"), (float, "float"), (lambda u: range(u), "index"), (lambda u: [0, 1][u], "index"),
+    (bool, "bool"),
+])
+def test_conversions_of_a_symbolic_value_name_it(convert, what: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(TypeError) as e:
+        convert(N4K // 2)
+    assert f"{what}() of the int32 expression n // 2: it can be a value in [0, 2048] for n in [1, 4096]" \
+        in str(e.value)
+
+
+def test_a_float_condition_of_a_variable_names_it() -> None:
+    f = UOp.variable("f", 0, 4, dtypes.float32)
+    with pytest.raises(TypeError, match=r"bool\(\) of the bool expression f < 1.0: its value depends on f in \[0, 4\]"):
+        max(f, 1.0)
+
+
+def test_conversions_of_a_single_value_are_right() -> None:
+    c = UOp.const(i32, 5) * 3
+    assert int(c) == 15 and float(c) == 15.0 and list(range(UOp.const(i32, 3))) == [0, 1, 2] and [7, 8][c - 14] == 8
+    assert int(UOp.variable("k", 4, 4)) == 4 and int(UOp.const(dtypes.uint32, -1)) == 2**32 - 1
+    assert float(UOp.const(dtypes.float32, 2.0) + 1.5) == 3.5 and int(UOp.const(dtypes.float32, 2.5)) == 2
+    with pytest.raises(TypeError, match=r"index\(\) of the float32 expression 2.5: a float32 is not an integer"):
+        range(UOp.const(dtypes.float32, 2.5))
+    with pytest.raises(ZeroDivisionError):
+        int(UOp.const(i32, 1) // 0)
+
+
+def test_a_node_that_is_not_a_value_has_no_truth_value() -> None:
+    buf = UOp(Ops.BUFFER, dtypes.float32.ptr(), (), 64)
+    for node, message in ((UOp.sink(N4K), r"bool\(\) of the SINK<void> node: it is not a value"),
+                          (buf, r"bool\(\) of the BUFFER<float32\*> node"),
+                          (buf.index(0).load() + 1.0, "ADD<float32> node: it depends on the LOAD<float32> node")):
+        with pytest.raises(TypeError, match=message):
+            bool(node)
+    with pytest.raises(TypeError, match="node is not None"):
+        int(buf.index(0).load())
+    assert buf is not None  # what to write instead
+
+
+@pytest.mark.parametrize("compare, message", [
+    (lambda: N4K == 0, r"the int32 expression n == 0: == on a UOp compares nodes.*x.eq\(0\)"),
+    (lambda: 0 == N4K, r"n == 0"),
+    (lambda: N4K != 0, r"n != 0: != on a UOp compares nodes, so against a number it would be True.*x.ne\(0\)"),
+    (lambda: UOp.const(i32, 3) == 3, r"the int32 expression 3 == 3.*int\(x\) == 3"),
+    (lambda: N4K == 1.5, r"n == 1.5"),
+    (lambda: 3 in [N4K], r"n == 3"),
+])
+def test_equality_against_a_number_is_an_error(compare, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(TypeError, match=message):
+        compare()
+
+
+def test_equality_and_hash_are_identity_for_dict_and_set_keys() -> None:
+    m = UOp.variable("m", 0, 9)
+    table = {N4K: "n", m: "m", N4K + 1: "n+1"}
+    assert table[UOp.variable("n", 1, 4096)] == "n" and table[N4K + 1] == "n+1" and (m + 1) not in table
+    assert N4K in {N4K} and N4K in [m, N4K] and N4K != m and not (N4K == m) and N4K != "n" and N4K is not None
+    assert N4K.eq(0).op is Ops.CMPEQ and N4K.ne(0).op is Ops.CMPNE
+    with pytest.raises(TypeError):
+        len(N4K)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        iter(N4K)  # type: ignore[call-overload]
