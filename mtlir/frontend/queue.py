@@ -208,8 +208,10 @@ def check_size(f: UOp, where: str) -> tuple[int, int]:
     lo, hi = _int_expression(f, where, "a size")
     if lo < 1 or hi > MAX_SIZE:
         what = f"can be {lo}, below 1" if lo < 1 else f"can be {hi}, above 2**32-1"
+        fix = f"({expr_text(f)}).maximum(1)" if lo < 1 else f"({expr_text(f)}).minimum(2**32 - 1)"
         raise QueueError(f"{where}: size {expr_text(f)} {what} (for {variable_bounds(f)}); a size must stay in "
-                         f"[1, 2**32-1] for every value of its variables (e.g. max(expr, 1))")
+                         f"[1, 2**32-1] for every value of its variables: e.g. {fix} (MAX/MIN nodes; Python's "
+                         f"max() and min() cannot compare run-time values)")
     return (lo, hi)
 
 

@@ -205,3 +205,55 @@ def test_element_types_accept_the_trace_and_msl_names() -> None:
     assert element_dtype("half") is dtypes.float16 and element_dtype("uint8") is dtypes.uint8
     assert KernelParam(None, 0, "dtypes.float", 8).element is dtypes.float32
     assert Kernel("k", "k", "", [KernelParam(None, 0)]).params == (KernelParam(None, 0),)  # a list becomes a tuple
+
+
+# ---- a size that can fall below 1: the hint builds a MAX node, and Python's max() over it is an error
+
+ADD1 = Kernel("add1", "add1", """#include <metal_stdlib>
+using namespace metal;
+kernel void add1(device float* x, constant int& n,
+                 uint3 gid [[threadgroup_position_in_grid]], uint3 lid [[thread_position_in_threadgroup]]) {
+  int i = gid.x * 128 + lid.x;
+  if (i < n) {
+    x[i] = x[i] + 1.0f;
+  }
+}
+""", (KernelParam(None, 0, "float32", 4096), KernelParam("n", 1, "int32")))
+
+
+def test_a_size_that_can_be_0_hints_at_maximum() -> None:
+    q = Queue()
+    with pytest.raises(QueueError) as e:
+        q.exec(ADD1, [buffer("x", 4 * 4096)], [N], grid=(N // 128,), threadgroup=(128,))
+    assert str(e.value) == ("command 0 (add1): grid.x: size n // 128 can be 0, below 1 (for n in [1, 4096]); a size "
+                            "must stay in [1, 2**32-1] for every value of its variables: e.g. (n // 128).maximum(1) "
+                            "(MAX/MIN nodes; Python's max() and min() cannot compare run-time values)")
+    with pytest.raises(QueueError, match=r"size n \* 2097152 can be 8589934592, above 2\*\*32-1 .* e.g. "
+                                         r"\(n \* 2097152\).minimum\(2\*\*32 - 1\)"):
+        q.exec(ADD1, [buffer("x", 4 * 4096)], [N], grid=(N.cast(dtypes.int64) * 2**21,))
+    with pytest.raises(TypeError, match=r"\(n // 128\) < 1: it can be True or False for n in \[1, 4096\]"):
+        q.exec(ADD1, [buffer("x", 4 * 4096)], [N], grid=(max(N // 128, 1),), threadgroup=(128,))  # was the constant 1
+    q.exec(ADD1, [buffer("x", 4 * 4096)], [N], grid=((N // 128).maximum(1),), threadgroup=(128,))
+    grid_x = q.ops[0].src[1].src[0]
+    assert [grid_x.evaluate({"n": n}) for n in (1, 127, 128, 4096)] == [1, 1, 1, 32]
+
+
+def test_following_the_hint_dispatches_every_threadgroup() -> None:
+    """The issue's case run on the simulated device: with max(n // 128, 1) the grid was one threadgroup for every n
+    and n = 4096 updated 128 of 4096 elements; (n // 128).maximum(1) updates all of them."""
+    import numpy as np
+
+    from mtlir.passes import lower
+    from mtlir.runtime import Session
+    from mtlir.runtime.sim.device import SimDevice
+    q = Queue(DeviceSpec("Apple7"))
+    q.exec(ADD1, [buffer("x", 4 * 4096)], [N], grid=((N // 128).maximum(1),), threadgroup=(128,))
+    q.signal(q.timeline, timeline_value())
+    program = lower(q.submit(), target="arm64", keep_stages=False).program
+    with SimDevice("arm64", family="Apple7") as dev, \
+            Session(program, dev, initial={"buffer:x": bytes(4 * 4096)}, timeout_s=60) as s:
+        for n in (4096, 200):
+            s.submit(n=n)
+            s.wait(timeout_s=60)
+        got = np.frombuffer(s.read("buffer:x"), np.float32)
+    assert (got[:128] == 2).all() and (got[128:] == 1).all()  # n = 200 still runs one threadgroup of 128 threads
