@@ -66,7 +66,8 @@ BLOCK_SUM = Kernel("block_sum", "block_sum", REDUCE_MSL, (KernelParam(None, 0, "
 def build_queue(device: DeviceSpec) -> UOp:
     """The queue graph of one submit: saxpy, then the block sums, then a signal of the timeline."""
     n = UOp.variable("n", 1, MAX_N)
-    blocks = (n + BLOCK - 1) // BLOCK                     # threadgroups: an expression of n
+    blocks = (n + BLOCK - 1) // BLOCK                     # threadgroups: an expression of n, computed per submit
+    #                                                       (a node: (n // BLOCK).maximum(1), never Python's max())
     x, y = buffer("x", 4 * MAX_N), buffer("y", 4 * MAX_N)
     params = buffer("params", 256)                        # a[0] lives at the start of a small buffer
     out = buffer("out", 4 * (MAX_N // BLOCK))
