@@ -132,15 +132,15 @@ def test_the_simulated_device_reads_the_same_signatures() -> None:
     """The core's reader and the simulated device's translator agree on every kernel of the traces and the forms
     above: name, buffer or variable, index, element type."""
     from mtlir.runtime.sim.msl.translate import translate
-    sources = [(SWAPPED, "scale"), ("kernel void k(const device half4* a [[buffer(0)]], device uchar* b [[buffer(1)]], "
-                                    "constant uint& n [[buffer(2)]]) {}", "k")]
+    sources = [(SWAPPED, "scale"), ("kernel void k(const device short4* a [[buffer(0)]], "
+                                    "device uchar* b [[buffer(1)]], constant uint& n [[buffer(2)]]) {}", "k")]
     for path in sorted(TRACES.glob("*.apple7.json")):
         sources += [(k.msl, k.function) for k in load_trace(path).kernels.values()]
     for msl, function in sources:
         ours = [(m.name, m.kind, m.index, m.dtype.name if m.width == 1 else f"{m.dtype.name}x{m.width}")
                 for m in kernel_signature(msl, function)]
         theirs = [(a.name, "buffer" if a.kind == "buffer" else "variable", a.index, a.dtype)
-                  for a in translate(msl, fp16=True).kernels[function].args]
+                  for a in translate(msl).kernels[function].args]
         assert ours == theirs, function
 
 
