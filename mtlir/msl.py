@@ -111,8 +111,10 @@ def msl_dtype(type_name: str) -> tuple[DType, int]:
 
     Raises ``ValueError`` for ``double`` (Metal has no 64-bit float, MSL spec §2.1) and for a type mtlir has no
     dtype for (``bfloat``, a struct)."""
-    words = [w for w in type_name.split() if w != "signed"] or ["int"]
-    if words[0] == "unsigned":
+    words = type_name.split()
+    if words[:1] == ["signed"]:
+        words = words[1:] or ["int"]
+    elif words[:1] == ["unsigned"]:
         words = [_UNSIGNED.get(words[1], words[1]) if len(words) > 1 else "uint", *words[2:]]
     name = " ".join(words)
     if name in _SCALARS:
@@ -123,7 +125,7 @@ def msl_dtype(type_name: str) -> tuple[DType, int]:
         return _SCALARS[m.group(1)], 1
     if re.fullmatch(r"double[234]?", name):
         raise ValueError(f"{type_name} does not exist in Metal (MSL has no 64-bit float type, MSL spec §2.1)")
-    raise ValueError(f"{type_name} has no mtlir dtype (kernel parameters take bool, integer or float elements: "
+    raise ValueError(f"{type_name or '(no type)'} has no mtlir dtype (kernel parameters take bool, integer or float elements: "
                      "float, half, int, uchar, ... or their vectors)")
 
 
