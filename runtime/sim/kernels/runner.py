@@ -61,7 +61,6 @@ class KernelRunner:
         self.device = device
         self.context = cl.Context([device])
         self.queue = cl.CommandQueue(self.context, device)
-        self.fp16: bool = "cl_khr_fp16" in device.extensions.split()
         self.base_align: int = max(1, device.mem_base_addr_align // 8)  # the device reports bits
         self._lock = threading.RLock()
         self._programs: dict[str, tuple[Translation, Any]] = {}
@@ -82,7 +81,7 @@ class KernelRunner:
         self.queue.finish()
 
     def __repr__(self) -> str:
-        return f"KernelRunner({self.device.name!r}, fp16={self.fp16}, base_align={self.base_align})"
+        return f"KernelRunner({self.device.name!r}, base_align={self.base_align})"
 
     def compile(self, msl: str, function: str) -> CompiledKernel:
         """The kernel ``function`` of the MSL library ``msl``, translated and built once (cached).
@@ -110,7 +109,7 @@ class KernelRunner:
         cl = self.cl
         got = self._programs.get(msl)
         if got is None:
-            translation = translate(msl, fp16=self.fp16)
+            translation = translate(msl)
             failed: str | None = None
             with _native_stderr() as captured:
                 try:

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from mtlir.runtime.sim.msl.lex import ID, Token
 
-__all__ = ["canonical_type_spellings", "SCALARS", "VECTORS", "VECTOR_ELEMENTS", "dtype_name", "scalar_size", "POSITIONS", "SAME_BUILTINS",
+__all__ = ["canonical_type_spellings", "SOFT_FLOATS", "is_soft", "storage_type", "SCALARS", "VECTORS",
+           "VECTOR_ELEMENTS", "dtype_name", "scalar_size", "POSITIONS", "SAME_BUILTINS",
            "RENAMED_BUILTINS", "HELPER_BUILTINS", "KEYWORDS", "TEMPLATES", "POSITIONS_LINEAR", "refused_construct",
            "is_type_name", "OPENCL_ONLY_KEYWORDS", "cl_name"]
 
-# MSL scalar type -> OpenCL C scalar type (MSL spec §2.1; OpenCL C §6.1.1). half needs cl_khr_fp16.
+# MSL scalar type -> OpenCL C scalar type (MSL spec §2.1; OpenCL C §6.1.1). half and bfloat are computed in
+# software (``softfloat``): in memory they are their 16 bits, a ushort (``storage_type``).
 SCALARS: dict[str, str] = {
     "bool": "bool", "char": "char", "uchar": "uchar", "short": "short", "ushort": "ushort", "int": "int",
-    "uint": "uint", "long": "long", "ulong": "ulong", "half": "half", "float": "float", "size_t": "size_t",
+    "uint": "uint", "long": "long", "ulong": "ulong", "half": "ushort", "bfloat": "ushort", "float": "float",
+    "size_t": "size_t",
     "ptrdiff_t": "ptrdiff_t", "void": "void",
     "int8_t": "char", "uint8_t": "uchar", "int16_t": "short", "uint16_t": "ushort", "int32_t": "int",
     "uint32_t": "uint", "int64_t": "long", "uint64_t": "ulong",
@@ -24,14 +27,18 @@ SCALARS: dict[str, str] = {
 }
 # Element types that have vector forms in both languages (bool vectors exist only in MSL: refused).
 VECTOR_ELEMENTS = ("char", "uchar", "short", "ushort", "int", "uint", "long", "ulong", "half", "float")
+# MSL's 16-bit floating types (MSL spec §2.1; bfloat since Metal 3.1), which OpenCL C lacks (half needs
+# cl_khr_fp16, bfloat has no type): the translator computes them in float, rounded after every operation
+# (``softfloat``), and keeps their 16 bits in memory.
+SOFT_FLOATS = ("half", "bfloat")
 # "float4" -> ("float", 4): MSL vectors of 2, 3, 4 elements; a 3-vector has the size of a 4-vector in both.
-VECTORS: dict[str, tuple[str, int]] = {f"{e}{n}": (e, n) for e in VECTOR_ELEMENTS for n in (2, 3, 4)}
+VECTORS: dict[str, tuple[str, int]] = {f"{e}{n}": (e, n) for e in VECTOR_ELEMENTS + ("bfloat",) for n in (2, 3, 4)}
 
 _DTYPES = {"bool": "bool", "char": "int8", "uchar": "uint8", "short": "int16", "ushort": "uint16", "int": "int32",
-           "uint": "uint32", "long": "int64", "ulong": "uint64", "half": "float16", "float": "float32",
-           "size_t": "uint64", "ptrdiff_t": "int64"}
+           "uint": "uint32", "long": "int64", "ulong": "uint64", "half": "float16", "bfloat": "bfloat16",
+           "float": "float32", "size_t": "uint64", "ptrdiff_t": "int64"}
 _SIZES = {"bool": 1, "char": 1, "uchar": 1, "short": 2, "ushort": 2, "int": 4, "uint": 4, "long": 8, "ulong": 8,
-          "half": 2, "float": 4, "size_t": 8, "ptrdiff_t": 8}
+          "half": 2, "bfloat": 2, "float": 4, "size_t": 8, "ptrdiff_t": 8}
 
 
 # The words of C's multi-word integer type names (MSL spec §2.1 allows C's spellings: ``unsigned char``,
@@ -78,6 +85,21 @@ def _one_word(words: list[str]) -> str | None:
     return _UNSIGNED_NAMES[word] if sign == ["unsigned"] else word
 
 
+def is_soft(msl_type: str) -> bool:
+    """True for ``half``, ``bfloat`` and their vectors (``SOFT_FLOATS``): types the translator computes in
+    software."""
+    return (VECTORS[msl_type][0] if msl_type in VECTORS else msl_type) in SOFT_FLOATS
+
+
+def storage_type(msl_type: str) -> str:
+    """The OpenCL C type holding an MSL type in memory: ``half``/``bfloat`` -> ``ushort`` (their 16 bits),
+    ``half4`` -> ``ushort4``; other scalars as ``SCALARS`` maps them; vectors and structs as they are."""
+    if msl_type in VECTORS:
+        elem, n = VECTORS[msl_type]
+        return f"ushort{n}" if elem in SOFT_FLOATS else msl_type
+    return SCALARS.get(msl_type, msl_type)
+
+
 def is_type_name(name: str) -> bool:
     """True for an MSL scalar or vector type name (``float``, ``uint8_t``, ``half4``)."""
     return name in SCALARS or name in VECTORS
@@ -89,7 +111,7 @@ def dtype_name(msl_type: str) -> str:
     if msl_type in VECTORS:
         elem, n = VECTORS[msl_type]
         return f"{_DTYPES[elem]}x{n}"
-    return _DTYPES.get(SCALARS.get(msl_type, msl_type), msl_type)
+    return _DTYPES.get(msl_type) or _DTYPES.get(SCALARS.get(msl_type, msl_type), msl_type)
 
 
 def scalar_size(msl_type: str) -> int:
@@ -168,7 +190,6 @@ _REFUSED: dict[str, str] = {
     "visible_function_table": "function tables are not supported",
     "intersection_function_table": "function tables are not supported",
     "packed_": "packed vector types (no padding) have no OpenCL C equivalent",
-    "bfloat": "bfloat has no OpenCL C type",
     "template": "C++ templates are not supported",
     "typename": "C++ templates are not supported",
     "class": "C++ classes are not supported",

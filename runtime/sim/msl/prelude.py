@@ -2,7 +2,8 @@
 
 ``Prelude`` collects what the translation rules asked for while they ran and renders the definitions:
 
-- ``#pragma OPENCL EXTENSION cl_khr_fp16 : enable`` when the MSL uses ``half`` (OpenCL C §9.4);
+- the libraries of definitions a part of the translator asks for by name (``need_library``): the software half
+  and bfloat of ``softfloat``;
 - an under-aligned alias per vector type used through a pointer, ``typedef float4 __mtl_float4_u
   __attribute__((aligned(4)));``: OpenCL requires a ``float4*`` dereference to be 16-byte aligned (OpenCL C
   §6.1.5), Metal buffer offsets need only be a multiple of the element size, and an alias with the element's
@@ -26,10 +27,9 @@ from mtlir.runtime.sim.msl.names import VECTOR_ELEMENTS, VECTORS, scalar_size
 __all__ = ["Prelude", "unaligned_name", "make_name", "helper_name"]
 
 _OL = "static inline __attribute__((overloadable))"
-_FLOATS = ("float", "half")
 _SIGNED = ("char", "short", "int", "long")
 _UNSIGNED = ("uchar", "ushort", "uint", "ulong")
-_CTOR_SCALARS = ("bool",) + _SIGNED + _UNSIGNED + _FLOATS
+_CTOR_SCALARS = ("bool",) + _SIGNED + _UNSIGNED + ("float",)
 
 
 # The bounds check of a buffer access (``guard``): ``a`` is in range when ``[a, a + size)`` lies inside the
@@ -92,16 +92,19 @@ def helper_name(builtin: str) -> str:
 
 @dataclass
 class Prelude:
-    """What the translated source needs before its first line; ``fp16`` says whether ``half`` may be used (the
-    device has cl_khr_fp16). Rules call ``need_*``; ``render`` gives the OpenCL C text (empty when nothing is
-    needed)."""
+    """What the translated source needs before its first line. Rules call ``need_*``; ``render`` gives the OpenCL C
+    text (empty when nothing is needed)."""
 
-    fp16: bool = False
-    uses_half: bool = False
+    libraries: dict[str, str] = field(default_factory=dict)
     unaligned: set[str] = field(default_factory=set)
     makers: set[str] = field(default_factory=set)
     helpers: set[str] = field(default_factory=set)
     bounds_check: bool = False
+
+    def need_library(self, name: str, text: str) -> None:
+        """Ask for a library of OpenCL C definitions (``text``) once, by ``name``; libraries come first, in the
+        order of their names."""
+        self.libraries[name] = text
 
     def need_unaligned(self, vector: str) -> str:
         """Ask for the under-aligned alias of ``vector`` (``float4``); returns its name."""
@@ -122,17 +125,12 @@ class Prelude:
         """Ask for ``__mtl_chk``, the bounds check of every buffer access (``guard``)."""
         self.bounds_check = True
 
-    def _floats(self) -> tuple[str, ...]:
-        return _FLOATS if self.fp16 else ("float",)
-
     def _vec(self, elems: tuple[str, ...]) -> list[str]:
         return list(elems) + [f"{e}{n}" for e in elems for n in (2, 3, 4)]
 
     def render(self) -> str:
         """The OpenCL C definitions asked for, in a fixed order (so the same MSL always gives the same text)."""
-        out: list[str] = []
-        if self.uses_half:
-            out.append("#pragma OPENCL EXTENSION cl_khr_fp16 : enable")
+        out: list[str] = [self.libraries[name] for name in sorted(self.libraries)]
         for v in sorted(self.unaligned):
             out.append(f"typedef {v} {unaligned_name(v)} __attribute__((aligned({scalar_size(v)})));")
         for v in sorted(self.makers):
@@ -146,10 +144,9 @@ class Prelude:
     def _render_maker(self, vector: str) -> list[str]:
         elem, n = VECTORS[vector]
         name = make_name(vector)
-        scalars = [s for s in _CTOR_SCALARS if s != "half" or self.fp16]
-        lines = [f"{_OL} {vector} {name}({s} x) {{ return ({vector})(({elem})x); }}" for s in scalars]
+        lines = [f"{_OL} {vector} {name}({s} x) {{ return ({vector})(({elem})x); }}" for s in _CTOR_SCALARS]
         for e in VECTOR_ELEMENTS:
-            if e == "half" and not self.fp16:
+            if e == "half":  # no half vectors reach OpenCL C: softfloat makes them float vectors
                 continue
             src = f"{e}{n}"
             body = "x" if src == vector else f"convert_{vector}(x)"
@@ -158,7 +155,7 @@ class Prelude:
 
     def _render_abs(self) -> list[str]:
         name = helper_name("abs")
-        lines = [f"{_OL} {t} {name}({t} x) {{ return fabs(x); }}" for t in self._vec(self._floats())]
+        lines = [f"{_OL} {t} {name}({t} x) {{ return fabs(x); }}" for t in self._vec(("float",))]
         for t in self._vec(_SIGNED):
             lines.append(f"{_OL} {t} {name}({t} x) {{ return as_{t}(abs(x)); }}")
         lines += [f"{_OL} {t} {name}({t} x) {{ return x; }}" for t in self._vec(_UNSIGNED)]
@@ -166,9 +163,9 @@ class Prelude:
 
     def _render_fract(self) -> list[str]:
         name = helper_name("fract")
-        return [f"{_OL} {t} {name}({t} x) {{ {t} i; return fract(x, &i); }}" for t in self._vec(self._floats())]
+        return [f"{_OL} {t} {name}({t} x) {{ {t} i; return fract(x, &i); }}" for t in self._vec(("float",))]
 
     def _render_saturate(self) -> list[str]:
         name = helper_name("saturate")
-        return [f"{_OL} {t} {name}({t} x) {{ return clamp(x, ({t})0, ({t})1); }}" for t in self._vec(self._floats())]
+        return [f"{_OL} {t} {name}({t} x) {{ return clamp(x, ({t})0, ({t})1); }}" for t in self._vec(("float",))]
 

@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, NoReturn
 from mtlir.errors import UnsupportedKernelError
 from mtlir.runtime.sim.msl.lex import EOF, ID, NUM, PP, PUNCT, MslSyntaxError, Token, render, tokenize
 from mtlir.runtime.sim.msl.names import (HELPER_BUILTINS, KEYWORDS, RENAMED_BUILTINS, SAME_BUILTINS, SCALARS,
-                                          VECTORS, cl_name)
+                                          VECTORS, cl_name, is_soft)
 from mtlir.runtime.sim.msl.prelude import Prelude
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.msl.guard.bound import Guard
 
-__all__ = ["Ctx", "TokenMatch", "TokenRule", "rewrite", "refuse", "group_end", "type_end", "need_half", "QUALIFIERS"]
+__all__ = ["Ctx", "TokenMatch", "TokenRule", "rewrite", "refuse", "group_end", "type_end", "soft_float_left",
+           "QUALIFIERS"]
 
 TokenMatch = tuple[int, list[Token]]
 
@@ -172,11 +173,11 @@ def rewrite(ts: list[Token], ctx: Ctx, start: int = 0, end: int | None = None) -
     return out
 
 
-def need_half(ctx: Ctx, t: Token) -> None:
-    """``half`` needs cl_khr_fp16 (OpenCL C §9.4): enable it, or refuse when the device lacks it."""
-    if not ctx.prelude.fp16:
-        refuse(t, "half", "half needs the OpenCL extension cl_khr_fp16, which this OpenCL device does not have")
-    ctx.prelude.uses_half = True
+def soft_float_left(t: Token) -> NoReturn:
+    """A ``half``/``bfloat`` type or ``h`` literal that reached the token rules: ``softfloat`` rewrites every one it
+    can type before the rules run, so this one is a use it does not handle (a macro body, a template argument)."""
+    refuse(t, t.text, "half and bfloat are computed in software on the simulated device, and this use of them "
+                      "(in a macro, a template argument, ...) is not one the rewrite handles")
 
 
 # --- namespaces: `metal::exp2`, `precise::sqrt`, `fast::exp` -> the OpenCL builtin (default precision) ---
@@ -271,8 +272,8 @@ def vector_type(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     t = ts[i]
     if t.text not in VECTORS:
         return None
-    if VECTORS[t.text][0] == "half":
-        need_half(ctx, t)
+    if is_soft(t.text):
+        soft_float_left(t)
     j = i + 1
     while at(ts, j).text in ("const", "volatile"):
         j += 1
@@ -289,13 +290,14 @@ def vector_type(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
 
 
 def scalar_type(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
-    """A scalar type name: fixed-width names -> OpenCL's (``uint8_t`` -> ``uchar``); ``half`` needs cl_khr_fp16;
-    a function-style cast ``float(x)`` -> ``((float)(x))``; a reference ``T& r`` is refused."""
+    """A scalar type name: fixed-width names -> OpenCL's (``uint8_t`` -> ``uchar``); a function-style cast
+    ``float(x)`` -> ``((float)(x))``; a reference ``T& r`` is refused (``half``/``bfloat`` never get here:
+    ``softfloat``)."""
     t = ts[i]
     if t.text not in SCALARS:
         return None
-    if t.text == "half":
-        need_half(ctx, t)
+    if is_soft(t.text):
+        soft_float_left(t)
     name = tok(SCALARS[t.text], ID)
     nxt = at(ts, i + 1).text
     if nxt == "&":
@@ -320,8 +322,8 @@ def _template_type(ts: list[Token], i: int, what: str) -> tuple[str, int]:
 def as_type(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``as_type<T>(x)`` -> ``as_T(x)``: reinterpret the bits (OpenCL C §6.2.4.2; same size required by both)."""
     name, j = _template_type(ts, i, "as_type")
-    if name.startswith("half"):
-        need_half(ctx, ts[i + 2])
+    if is_soft(name):
+        soft_float_left(ts[i + 2])
     return j - i, [tok(f"as_{SCALARS.get(name, name)}", ID)]
 
 
@@ -330,13 +332,11 @@ def static_cast(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     name, j = _template_type(ts, i, "static_cast")
     if at(ts, j).text != "(":
         refuse(ts[i], "static_cast", "expected static_cast<T>(x)")
+    if is_soft(name):
+        soft_float_left(ts[i + 2])
     if name in VECTORS:
-        if VECTORS[name][0] == "half":
-            need_half(ctx, ts[i + 2])
         return j - i, [tok(ctx.prelude.need_maker(name), ID)]
     end = group_end(ts, j)
-    if name == "half":
-        need_half(ctx, ts[i + 2])
     inner = rewrite(ts, ctx, j + 1, end)
     return end + 1 - i, [tok("("), tok("("), tok(SCALARS[name], ID), tok(")"), tok("("), *inner, tok(")"), tok(")")]
 
@@ -401,9 +401,9 @@ def opencl_keyword(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
 
 
 def half_literal(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
-    """A ``half`` literal (``1.0h``) needs cl_khr_fp16."""
+    """A ``half`` literal (``1.0h``) left by ``softfloat`` (in a macro body) is refused."""
     if ts[i].text[-1:] in ("h", "H") and not ts[i].text.lower().startswith("0x"):
-        need_half(ctx, ts[i])
+        soft_float_left(ts[i])
     return None
 
 

@@ -1,8 +1,9 @@
 """Metal Shading Language -> OpenCL C: how the simulated Metal device runs real kernels (METAL.md §4).
 
-``translate(msl, fp16=...)`` tokenizes the MSL (``lex``), refuses what it cannot translate
-(``UnsupportedKernelError`` naming the construct: SIMD-group matrices, atomics, textures, C++ features, ...),
-splits the source into top-level items and rewrites each with the token rules of ``token_rules``. Kernel
+``translate(msl)`` tokenizes the MSL (``lex``), refuses what it cannot translate (``UnsupportedKernelError``
+naming the construct: atomics, textures, C++ features, ...), rewrites half and bfloat into software arithmetic on
+floats (``softfloat``), splits the source into top-level items and rewrites each with the token rules of
+``token_rules``. Kernel
 signatures are rebuilt here, because Metal binds arguments differently from OpenCL:
 
 - every buffer parameter (``device float* data0``, ``constant T* p``) becomes an OpenCL buffer parameter
@@ -30,11 +31,13 @@ from dataclasses import dataclass, field
 from mtlir.errors import KernelCompileError
 from mtlir.runtime.sim.msl.lex import ID, NUM, PP, PUNCT, RAW, MslSyntaxError, Token, render, tokenize
 from mtlir.runtime.sim.msl.names import (POSITIONS, POSITIONS_LINEAR, SCALARS, TEMPLATES, VECTORS,
-                                          canonical_type_spellings, cl_name, dtype_name, refused_construct, scalar_size)
+                                          canonical_type_spellings, cl_name, dtype_name, is_soft, refused_construct,
+                                          scalar_size, storage_type)
 from mtlir.runtime.sim.msl.guard.access import guard_name, guarded_access, helper_bound_params
 from mtlir.runtime.sim.msl.guard.bound import ARGS_PARAM, FAULT_PARAM, Bound, Guard
 from mtlir.runtime.sim.msl.prelude import Prelude
-from mtlir.runtime.sim.msl.rewrite import Ctx, at, group_end, need_half, refuse, rewrite, tok
+from mtlir.runtime.sim.msl.rewrite import Ctx, at, group_end, refuse, rewrite, tok
+from mtlir.runtime.sim.msl.softfloat import SOFTFLOAT_PRELUDE, lower_soft_floats, uses_soft_floats
 from mtlir.runtime.sim.msl.token_rules import TOKEN_RULES
 
 __all__ = ["KernelArg", "ParamBinding", "KernelInfo", "LocalArray", "Translation", "translate", "kernel_functions"]
@@ -121,11 +124,11 @@ class Translation:
     kernels: dict[str, KernelInfo] = field(default_factory=dict)
 
 
-def translate(msl: str, fp16: bool = False, *, bounds_checks: bool = True) -> Translation:
+def translate(msl: str, *, bounds_checks: bool = True) -> Translation:
     """Translate the MSL library ``msl`` (every function in it, as Metal compiles a library whole) to OpenCL C.
 
-    ``fp16``: the OpenCL device has cl_khr_fp16 (else ``half`` is refused). ``bounds_checks``: every access
-    through a buffer pointer, and to a kernel's own fixed-size arrays, is checked against its memory
+    ``half`` and ``bfloat`` are computed in software (``softfloat``) on any OpenCL device. ``bounds_checks``: every
+    access through a buffer pointer, and to a kernel's own fixed-size arrays, is checked against its memory
     (``guard``; the kernel runner always translates with them); False gives the same kernels without the
     checks, for reading a translation only. Raises ``UnsupportedKernelError`` (``.construct`` names the first
     construct it cannot translate, with its line and column in the message; also a buffer pointer the checks
@@ -134,7 +137,10 @@ def translate(msl: str, fp16: bool = False, *, bounds_checks: bool = True) -> Tr
     more than 32 KiB of threadgroup arrays."""
     ts = canonical_type_spellings(tokenize(msl))
     _refuse_unsupported(ts)
-    prelude = Prelude(fp16=fp16)
+    prelude = Prelude()
+    if uses_soft_floats(ts):
+        ts = lower_soft_floats(ts, _items(ts), _struct_names(ts, _items(ts)))
+        prelude.need_library("softfloat", SOFTFLOAT_PRELUDE)
     items = _items(ts)
     ctx = Ctx(prelude, TOKEN_RULES, callables=_defined_functions(ts), name_rule=guard_name, checks=bounds_checks,
               type_names=_struct_names(ts, items), buffer_names=_buffer_names(ts, items) if bounds_checks else set())
@@ -511,11 +517,9 @@ def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[P
                "simulated device does not model")
     if space not in ("device", "constant") or (space == "device" and not pointer):
         refuse(p.name, what, f"`{space}` {'pointer' if pointer else 'reference'} parameters are not supported")
-    if elem == "half" or VECTORS.get(elem, ("",))[0] == "half":
-        need_half(ctx, types[0])
-    cl_elem = SCALARS.get(elem, elem)
-    if elem in VECTORS:
-        cl_elem = ctx.prelude.need_unaligned(elem)
+    cl_elem = storage_type(elem)  # half, bfloat: their 16 bits (softfloat)
+    if cl_elem in VECTORS:
+        cl_elem = ctx.prelude.need_unaligned(cl_elem)
     writable = space == "device" and pointer and "const" not in words
     const = "" if writable else "const "
     name = cl_name(p.name.text)
@@ -534,6 +538,10 @@ def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[P
     elif not known and ctx.guard is not None:
         read = render(guarded_access([tok(f"({ptr})({base} + {off})", RAW)], bound, False, ctx)).strip()
         lines.append(f"const {SCALARS.get(elem, elem)} {name} = {read};")
+    elif is_soft(elem):  # a constant half/bfloat: its 16 bits, widened to the float standing for it (softfloat)
+        widen = "__mtl_h2f" if VECTORS.get(elem, (elem,))[0] == "half" else "__mtl_b2f"
+        n = VECTORS[elem][1] if elem in VECTORS else 1
+        lines.append(f"const float{n if n > 1 else ''} {name} = {widen}(*(({ptr})({base} + {off})));")
     else:
         lines.append(f"const {SCALARS.get(elem, elem)} {name} = *(({ptr})({base} + {off}));")
     arg = KernelArg(p.name.text, "buffer" if pointer else "constant", index, dtype_name(elem))

@@ -52,8 +52,7 @@ def scale_bindings(out: tuple[np.ndarray, int], inp: tuple[np.ndarray, int], n: 
 
 def test_device_facts(runner: KernelRunner) -> None:
     assert runner.base_align == runner.device.mem_base_addr_align // 8
-    assert runner.fp16 == ("cl_khr_fp16" in runner.device.extensions)
-    assert "fp16" in repr(runner)
+    assert "base_align" in repr(runner)
 
 
 def test_compile_is_cached_and_describes_the_kernel(runner: KernelRunner) -> None:
