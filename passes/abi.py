@@ -28,7 +28,7 @@ from mtlir.ir.rewrite import graph_rewrite
 from mtlir.ir.upat import PatternMatcher, UPat
 from mtlir.ir.uop import UOp
 
-__all__ = ["Abi", "AbiError", "sel", "lower_msg", "lower_msgs"]
+__all__ = ["Abi", "sel", "lower_msg", "lower_msgs"]
 
 
 def sel(selector: str) -> UOp:

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtlir.ir.dtypes import DType, PtrDType
-from mtlir.ir.evaluate import ALU_FUNCS, wrap
+from mtlir.ir.dtypes import wrap
+from mtlir.ir.evaluate import ALU_FUNCS
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
 from mtlir.ir.rewrite import graph_rewrite

@@ -271,7 +271,7 @@ SPEC = Checks([
 ])
 
 
-# ---- the queue graph (the input of encode; mtlir/queue.py's layout)
+# ---- the queue graph (the input of encode; mtlir/frontend/queue.py's layout)
 
 
 def _check_submit(s: UOp) -> str | None:
@@ -330,8 +330,8 @@ QUEUE_SPEC = Checks([
 
 
 def verify_queue(root: UOp) -> None:
-    """Check a queue graph (a SUBMIT) against mtlir/queue.py's layout, every node once. ``encode`` makes the same
-    checks as it reads a submit (so ``lower`` does not run this); use it on hand-built graphs. Raises
+    """Check a queue graph (a SUBMIT) against mtlir/frontend/queue.py's layout, every node once. ``encode`` makes
+    the same checks as it reads a submit (so ``lower`` does not run this); use it on hand-built graphs. Raises
     ``VerifyError`` (pass name "input") naming the first bad node."""
     if root.op is not Ops.SUBMIT:
         raise VerifyError("input", root, f"a queue graph is a SUBMIT, not {root.op.name}")

@@ -2,14 +2,27 @@
 ``from conftest import graphs``)."""
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
-from hypothesis import strategies as st
+# The repository root must not be on sys.path: its bare mtlir/ folder would hide the installed package, which maps
+# passes/ and runtime/ into mtlir (`python -m pytest` puts the root first). The tests' own subprocesses (the CLI run
+# as a program) inherit PYTHONSAFEPATH, so they keep it off too.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONSAFEPATH"] = "1"
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT]
+_early = sys.modules.get("mtlir")
+if _early is not None and os.path.dirname(os.path.abspath(_early.__file__ or "")) == os.path.join(_ROOT, "mtlir"):
+    for _name in [m for m in sys.modules if m == "mtlir" or m.startswith("mtlir.")]:
+        del sys.modules[_name]
 
-from mtlir.ir.dtypes import DType, StructDType, dtypes
-from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj, Prototype, Signature
-from mtlir.ir.ops import Ops
-from mtlir.ir.uop import UOp
+from hypothesis import strategies as st  # noqa: E402
+
+from mtlir.ir.dtypes import DType, StructDType, dtypes  # noqa: E402
+from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj, Prototype, Signature  # noqa: E402
+from mtlir.ir.ops import Ops  # noqa: E402
+from mtlir.ir.uop import UOp  # noqa: E402
 
 ALL_DTYPES: list[DType] = [*dtypes.all, dtypes.voidptr, dtypes.float32.ptr(), dtypes.MTLSize.ptr(),
                            dtypes.int8.ptr().ptr(), StructDType("Pair", ("first", "second")),

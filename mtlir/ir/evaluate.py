@@ -10,7 +10,7 @@ from mtlir.ir.dtypes import DType, wrap
 from mtlir.ir.ops import Ops
 from mtlir.ir.uop import UOp
 
-__all__ = ["evaluate", "c_idiv", "c_mod", "wrap", "bitcast", "ALU_FUNCS"]
+__all__ = ["evaluate", "c_idiv", "c_mod", "bitcast", "ALU_FUNCS"]
 
 
 def c_idiv(a: int, b: int) -> int:

@@ -51,7 +51,7 @@ from mtlir.ir.rewrite import graph_rewrite
 from mtlir.ir.upat import PatternMatcher, UPat
 from mtlir.ir.uop import UOp
 
-__all__ = ["Encode", "EncodeError", "encode_submit"]
+__all__ = ["Encode", "encode_submit"]
 
 _RW = MTL.ResourceUsageRead | MTL.ResourceUsageWrite
 

@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from mtlir.ir.dtypes import DType, dtypes
-from mtlir.ir.evaluate import ALU_FUNCS, wrap
+from mtlir.ir.dtypes import wrap
+from mtlir.ir.evaluate import ALU_FUNCS
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.program.instructions import (INSTRUCTIONS, Alu, Bitcast, Call, Cast, End, Gep, Index, Instr, Load,
                                         Range, Store, Struct)

@@ -20,8 +20,7 @@ from mtlir.runtime.metal.marshal import (CSignature, ForeignCall, MTLSizeStruct,
                                       compile_fast, ctypes_signature, ret_kind)
 from mtlir.errors import BridgeError
 
-__all__ = ["MetalBridge", "NativeMemory", "CSignature", "MTLSizeStruct", "ctypes_signature", "host_target",
-           "metal_available", "DEFAULT_LIBOBJC", "DEFAULT_METAL", "DEFAULT_COREGRAPHICS", "NOT_AVAILABLE"]
+__all__ = ["MetalBridge", "host_target", "metal_available", "DEFAULT_LIBOBJC", "DEFAULT_METAL", "DEFAULT_COREGRAPHICS", "NOT_AVAILABLE"]
 
 DEFAULT_LIBOBJC = "/usr/lib/libobjc.A.dylib"
 DEFAULT_METAL = "/System/Library/Frameworks/Metal.framework/Metal"
@@ -53,7 +52,7 @@ def _load(path: str, what: str) -> ctypes.CDLL:
 
 
 class MetalBridge(NativeMemory):
-    """The Bridge protocol (runtime/bridge.py, docs/internals.md) on libobjc and Metal.framework through ctypes.
+    """The Bridge protocol (runtime/bridge/bridge.py, docs/internals.md) on libobjc and Metal.framework through ctypes.
 
     ``target`` is the ABI the calls follow (default: this machine's, ``host_target()``); the library paths
     default to macOS's (tests point them at a stand-in). CoreGraphics is loaded first (METAL.md §2: without it

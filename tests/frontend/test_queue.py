@@ -244,7 +244,7 @@ def test_following_the_hint_dispatches_every_threadgroup() -> None:
     import numpy as np
 
     from mtlir.passes import lower
-    from mtlir.runtime import Session
+    from mtlir.runtime.session import Session
     from mtlir.runtime.sim.device import SimDevice
     q = Queue(DeviceSpec("Apple7"))
     q.exec(ADD1, [buffer("x", 4 * 4096)], [N], grid=((N // 128).maximum(1),), threadgroup=(128,))

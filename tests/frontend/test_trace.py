@@ -244,7 +244,7 @@ def test_big_buffers_are_not_materialized() -> None:
 def test_sparse_initial_data_runs_like_full_buffers() -> None:
     """link accepts ``(offset, bytes)`` and zero-fills the rest: the output matches as with full buffers."""
     from mtlir.passes import lower
-    from mtlir.runtime import Session
+    from mtlir.runtime.session import Session
     from mtlir.runtime.sim.device import SimDevice
     t = load_trace(TRACES / "symbolic_kv.apple7.json")
     program = lower(t.queue(), target="x86_64", keep_stages=False).program

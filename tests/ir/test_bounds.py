@@ -10,7 +10,8 @@ from mtlir.ir.bounds import BoundsError, bounds, expr_text, single_value
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
 from mtlir.ir.ops import Ops
-from mtlir.passes import EncodeError, lower
+from mtlir.passes import lower
+from mtlir.passes.encode.submit import EncodeError
 from mtlir.frontend.queue import Queue, QueueError, buffer
 from mtlir.ir.uop import UOp
 

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtlir import Ops, PatternMatcher, RewriteLoopError, RewriteTrace, RuleError, UOp, UPat, dtypes, graph_rewrite
-from mtlir.ir.evaluate import ALU_FUNCS, wrap
+from mtlir.ir.dtypes import wrap
+from mtlir.ir.evaluate import ALU_FUNCS
 
 i32 = dtypes.int32
 x = UOp.variable("x", -50, 50)

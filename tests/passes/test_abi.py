@@ -9,7 +9,8 @@ import pytest
 from mtlir.ir.dtypes import DType, PtrDType, dtypes
 from mtlir.metal import SELECTORS, AbiError, DeviceSpec, Obj, abi_prototype
 from mtlir.ir.ops import Ops
-from mtlir.passes import Abi, PassContext
+from mtlir.passes.abi import Abi
+from mtlir.passes.pipeline import PassContext
 from mtlir.ir.uop import UOp
 
 ENC = UOp(Ops.OBJECT, dtypes.id, (), Obj("queue", "enc"))

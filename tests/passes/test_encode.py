@@ -14,7 +14,8 @@ from lowering_cases import N, SAXPY, SCALE, count_messages, message_lines, small
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj
 from mtlir.ir.ops import Ops
-from mtlir.passes import EncodeError, lower
+from mtlir.passes import lower
+from mtlir.passes.encode.submit import EncodeError
 from mtlir.program.instructions import Call, Store
 from mtlir.program.payloads import IcbCommand, IcbSpec, Stamp
 from mtlir.program.program import Program
@@ -422,7 +423,7 @@ def test_a_profiled_loop_runs_on_the_strict_simulated_device(family: str) -> Non
     mode: a command whose pipeline was not warmed up (rule 16) or whose buffer is not resident (rule 10) raises."""
     import numpy as np
 
-    from mtlir.runtime import Session
+    from mtlir.runtime.session import Session
     from mtlir.runtime.sim.device import SimDevice
     kernels = [Kernel(key, key, COPY.replace("KEY", key).replace("MUL", mul),
                       (KernelParam(None, 0), KernelParam(None, 1))) for key, mul in (("twice", "2.0f"), ("neg", "-1.0f"))]

@@ -11,7 +11,8 @@ from lowering_cases import TRACES, message_lines, small_queue
 
 from mtlir.ir.dtypes import PtrDType, dtypes
 from mtlir.metal import DeviceSpec
-from mtlir.passes import lower, timeline_read_program
+from mtlir.passes import lower
+from mtlir.passes.timeline import timeline_read_program
 from mtlir.passes.symbolic import simplifiable
 from mtlir.frontend.trace import load_trace
 from mtlir.program.instructions import Store

@@ -11,7 +11,8 @@ from lowering_cases import small_queue
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec, Obj, abi_prototype
 from mtlir.ir.ops import Ops
-from mtlir.passes import LinearizeError, lower
+from mtlir.passes import lower
+from mtlir.passes.linearize import LinearizeError
 from mtlir.passes.linearize import linearize, schedule
 from mtlir.passes.verify import VerifyError, verify_program
 from mtlir.program.instructions import Alu, Call, End, Index, Range, Store

@@ -11,8 +11,13 @@ from lowering_cases import small_queue
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec
 from mtlir.ir.ops import Ops
-from mtlir.passes import (DEFAULT_PIPELINE, PASSES, Abi, Encode, Linearize, Pass, PassContext, PassPipeline,
-                          PipelineError, Symbolic, VerifyError, default_pipeline, lower, register)
+from mtlir.passes import DEFAULT_PIPELINE, default_pipeline, lower
+from mtlir.passes.abi import Abi
+from mtlir.passes.encode.encode import Encode
+from mtlir.passes.linearize import Linearize
+from mtlir.passes.pipeline import PASSES, Pass, PassContext, PassPipeline, PipelineError, register
+from mtlir.passes.symbolic import Symbolic
+from mtlir.passes.verify import VerifyError
 from mtlir.program.instructions import Alu, Range
 from mtlir.program.program import Program
 from mtlir.ir.uop import UOp
@@ -147,7 +152,8 @@ def test_a_partial_pipeline_has_no_program() -> None:
 
 
 def test_the_graph_stage_is_where_the_pipeline_starts() -> None:
-    from mtlir.passes import graph_stage, timeline_read_program
+    from mtlir.passes.pipeline import graph_stage
+    from mtlir.passes.timeline import timeline_read_program
     from mtlir.passes.timeline import timeline_read
     g = small_queue(DeviceSpec("Apple9"))
     encoded = lower(g, pipeline="encode").result

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import DeviceSpec
 from mtlir.ir.ops import Ops
-from mtlir.passes import lower, simplify
+from mtlir.passes import lower
+from mtlir.passes.symbolic import simplify
 from mtlir.passes.symbolic import fold, simplifiable
 from mtlir.program.instructions import Alu
 from mtlir.ir.uop import UOp

@@ -11,7 +11,7 @@ from progbuild import submit_program
 
 from mtlir.cli.lower import lower_trace
 from mtlir.metal import DeviceSpec
-from mtlir.runtime import Session
+from mtlir.runtime.session import Session
 from mtlir.runtime.sim.device import SimDevice
 from mtlir.frontend.trace import Trace, load_trace
 

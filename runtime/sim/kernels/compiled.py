@@ -40,7 +40,7 @@ class CompiledKernel:
 
     ``function``: the MSL kernel name; ``params``: its Metal-bound parameters in MSL order (``KernelArg``:
     name, kind ``buffer`` | ``constant``, Metal buffer index, dtype); ``opencl_source``: the translated source of
-    the whole library; ``info``: what the translator learnt of it (``msl.KernelInfo``)."""
+    the whole library; ``info``: what the translator learnt of it (``msl.translate.KernelInfo``)."""
 
     def __init__(self, runner: KernelRunner, kernel: Any, info: KernelInfo, source: str) -> None:
         self.function: str = info.function

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def _access_error(ck: CompiledKernel, views: tuple[View, ...], bindings: dict[int, tuple[np.ndarray, int]],
                   words: np.ndarray) -> KernelAccessError:
-    """The ``KernelAccessError`` for the fault record ``words`` a run left (``msl_prelude``'s ``__mtl_chk``: code
+    """The ``KernelAccessError`` for the fault record ``words`` a run left (``msl.prelude``'s ``__mtl_chk``: code
     = 2 * binding position + 1 (+1 for a write), access size, byte offset in the MTLBuffer as two words)."""
     code, size = int(words[0]), int(words[1])
     position, write = (code - 1) // 2, (code - 1) % 2 == 1

@@ -16,8 +16,9 @@ from mtlir.ir.ops import Ops
 from mtlir.program.instructions import (Alu, Bitcast, Call, Cast, End, Gep, Index, Instr, Load, Range, Store,
                                         Struct)
 from mtlir.program.program import Program
-from mtlir.runtime import (CompiledReplay, Interpreter, ProgramError, RecordingBridge, make_executor,
-                           prepare_registers)
+from mtlir.runtime.bridge.recording import RecordingBridge
+from mtlir.runtime.executors.interpreter import Interpreter, ProgramError, prepare_registers
+from mtlir.runtime.executors.replay import CompiledReplay, make_executor
 from mtlir.errors import BridgeError, LinkError
 
 EXECUTORS = [Interpreter, CompiledReplay]

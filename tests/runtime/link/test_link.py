@@ -408,7 +408,7 @@ def test_an_error_mid_submit_is_raised_as_is_and_its_command_buffers_are_not_lea
 @pytest.mark.parametrize("icb", [True, False])
 def test_probe_device_asks_with_the_messages_link_sends(residency_sets: bool, icb: bool) -> None:
     from mtlir.runtime.probe import probe_device
-    from mtlir.runtime.sim import SimDevice
+    from mtlir.runtime.sim.device import SimDevice
     dev = SimDevice("arm64", residency_sets=residency_sets, icb=icb)
     rec = RecordingBridge(dev)
     caps = probe_device(rec)

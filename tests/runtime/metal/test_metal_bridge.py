@@ -20,8 +20,8 @@ from mtlir.ir.dtypes import PtrDType, dtypes
 from mtlir.metal import SELECTORS, Prototype, abi_prototype, c_prototype
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.errors import BridgeError
-from mtlir.runtime.metal.bridge import (NOT_AVAILABLE, NativeMemory, MetalBridge, MTLSizeStruct, ctypes_signature,
-                                 host_target, metal_available)
+from mtlir.runtime.metal.bridge import NOT_AVAILABLE, MetalBridge, host_target, metal_available
+from mtlir.runtime.metal.marshal import MTLSizeStruct, NativeMemory, ctypes_signature
 
 NATIVE = Path(__file__).resolve().parents[2] / "native"
 X86_64 = host_target() == "x86_64" and sys.platform in ("linux", "darwin")

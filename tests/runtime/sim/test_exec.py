@@ -220,7 +220,7 @@ def test_a_kernel_that_does_not_end_delays_neither_the_error_nor_close(monkeypat
     kernel still running (OpenCL cannot stop one): `mtlir run --timeout 3` on an endless kernel ended at 11.6 s."""
     from progbuild import submit_program
 
-    from mtlir.runtime import Session
+    from mtlir.runtime.session import Session
     from mtlir.runtime.sim.device import SimDevice
     from mtlir.runtime.sim.kernels.pyrunner import PyKernel, PyKernelArg, PyKernelRunner
 

@@ -510,7 +510,7 @@ def test_malformed_msl_is_a_compile_error() -> None:
         translate(HEAD + "kernel float k(device float* a) { a[0] = 0; }")
 
 
-# --- bounds checks (msl_guard): every access through a buffer pointer is checked; what cannot be followed is refused
+# --- bounds checks (msl/guard): every access through a buffer pointer is checked; what cannot be followed is refused
 
 def test_each_access_form_is_checked() -> None:
     msl = """kernel void k(device float* a, device const float* b, uint i [[thread_position_in_grid]]) {
