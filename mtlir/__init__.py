@@ -23,9 +23,10 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mtlir.errors import (BridgeError, DeviceError, GPUExecutionError, InputError, KernelAccessError,
-                              KernelBuildError, KernelCompileError, LinkError, LoweringError, MetalValidationError,
-                              MtlirError, UnsupportedError, UnsupportedKernelError, WaitTimeoutError)
+    from mtlir.errors import (ArgumentError, BridgeError, DeviceError, GPUExecutionError, InputError,
+                              KernelAccessError, KernelBuildError, KernelCompileError, LinkError, LoweringError,
+                              MetalValidationError, MtlirError, NoDeviceError, StateError, UnsupportedError,
+                              UnsupportedKernelError, WaitTimeoutError)
     from mtlir.frontend.queue import Queue
     from mtlir.frontend.trace import load_trace
     from mtlir.ir.dtypes import DType, PtrDType, StructDType, dtypes
@@ -45,9 +46,10 @@ __all__ = ["UOp", "Ops", "GroupOp", "dtypes", "DType", "PtrDType", "StructDType"
            "PatternRule", "RuleError", "graph_rewrite", "RewriteLoopError", "RewriteTrace", "RewriteStep", "render",
            "parse", "ParseError", "listing", "register_arg_type", "to_dot", "to_networkx", "write_picture",
            "GraphvizNotFoundError", "DeviceSpec", "Kernel", "KernelParam", "Queue", "load_trace", "lower",
-           "default_pipeline", "link", "Session", "SimDevice", "MtlirError", "InputError", "LoweringError",
-           "LinkError", "BridgeError", "DeviceError", "GPUExecutionError", "MetalValidationError", "KernelAccessError",
-           "WaitTimeoutError", "UnsupportedError", "UnsupportedKernelError", "KernelCompileError", "KernelBuildError"]
+           "default_pipeline", "link", "Session", "SimDevice", "MtlirError", "InputError", "ArgumentError",
+           "StateError", "LoweringError", "LinkError", "BridgeError", "NoDeviceError", "DeviceError",
+           "GPUExecutionError", "MetalValidationError", "KernelAccessError", "WaitTimeoutError", "UnsupportedError",
+           "UnsupportedKernelError", "KernelCompileError", "KernelBuildError"]
 
 # the module each public name lives in (the imports above, for the type checker, say the same)
 _MODULES: dict[str, tuple[str, ...]] = {
@@ -65,10 +67,10 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "mtlir.runtime.link.link": ("link",),
     "mtlir.runtime.session": ("Session",),
     "mtlir.runtime.sim.device": ("SimDevice",),
-    "mtlir.errors": ("MtlirError", "InputError", "LoweringError", "LinkError", "BridgeError", "DeviceError",
-                     "GPUExecutionError", "MetalValidationError", "KernelAccessError", "WaitTimeoutError",
-                     "UnsupportedError",
-                     "UnsupportedKernelError", "KernelCompileError", "KernelBuildError"),
+    "mtlir.errors": ("MtlirError", "InputError", "ArgumentError", "StateError", "LoweringError", "LinkError",
+                     "BridgeError", "NoDeviceError", "DeviceError", "GPUExecutionError", "MetalValidationError",
+                     "KernelAccessError", "WaitTimeoutError", "UnsupportedError", "UnsupportedKernelError",
+                     "KernelCompileError", "KernelBuildError"),
 }
 _WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
@@ -94,4 +96,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    """The public names and the module's own dunders (not the helpers this module imports)."""
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})

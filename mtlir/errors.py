@@ -7,13 +7,16 @@ line's exit codes come from the roots (``mtlir.cli.report.exit_code``):
   trace (``TraceError``), a queue (``QueueError``), a kernel whose parameters disagree with its MSL
   (``KernelSignatureError``), IR text (``ParseError``), a pass pipeline (``PipelineError``),
   a graph a pass refuses (``LoweringError``: ``VerifyError``, ``EncodeError``, ``AbiError``, ``LinearizeError``),
-  MSL that does not compile (``KernelCompileError``), Graphviz's ``dot`` (``GraphvizNotFoundError``).
+  MSL that does not compile (``KernelCompileError``), Graphviz's ``dot`` (``GraphvizNotFoundError``), an argument of
+  the Python API out of its range (``ArgumentError``: a variable's value, a timeline value no submit signals), a
+  call the object's state refuses (``StateError``: a closed Session).
 - ``LinkError`` (exit 2): link could not make a device object (Metal answered nil, a function is missing, the
   initial data does not fit, the host cannot allocate a buffer).
 - ``BridgeError`` (exit 2): a call the Bridge refuses (an unknown selector or object, an argument that does not
-  fit the prototype, Metal not available on this machine).
+  fit the prototype), or no device to run on (``NoDeviceError``).
 - ``DeviceError`` (exit 3): the GPU failed: a command buffer in status Error (``GPUExecutionError``), Metal's
-  validation layer (``MetalValidationError``), a wait past its timeout (``WaitTimeoutError``), a fault of the simulated GPU (``GPUFault``, ``KernelAccessError``).
+  validation layer (``MetalValidationError``), a wait past its timeout (``WaitTimeoutError``), a fault of the
+  simulated GPU (``GPUFault``, ``KernelAccessError``).
 - ``UnsupportedError`` (exit 4): something valid that mtlir cannot do yet (``UnsupportedKernelError``,
   ``KernelBuildError``).
 
@@ -30,8 +33,8 @@ from __future__ import annotations
 
 from typing import Self
 
-__all__ = ["MtlirError", "InputError", "LoweringError", "LinkError", "BridgeError", "DeviceError",
-           "WaitTimeoutError", "GPUExecutionError", "MetalValidationError", "KernelAccessError", "UnsupportedError",
+__all__ = ["MtlirError", "InputError", "ArgumentError", "StateError", "LoweringError", "LinkError", "BridgeError",
+           "NoDeviceError", "DeviceError", "WaitTimeoutError", "GPUExecutionError", "MetalValidationError", "KernelAccessError", "UnsupportedError",
            "UnsupportedKernelError", "KernelCompileError", "KernelBuildError"]
 
 class MtlirError(Exception):
@@ -59,6 +62,17 @@ class InputError(MtlirError):
     pipeline, MSL, a program mtlir runs); the message names it. The CLI exits with 2."""
 
 
+class ArgumentError(InputError, ValueError):
+    """A value given to mtlir's Python API is outside its range or names nothing: a variable's value outside its
+    bounds, a variable or buffer that does not exist, a timeline value no submit signals, an unknown target. The
+    message names the argument and what it may be. The CLI exits with 2."""
+
+
+class StateError(InputError, RuntimeError):
+    """A call that the object's state does not allow (a submit or a wait on a closed Session); the message names
+    the object and its state. The CLI exits with 2."""
+
+
 class LoweringError(InputError, ValueError):
     """A pass refuses the graph it is given (the verifier, encode, abi, linearize); the message names the pass and
     the node or command. The CLI exits with 2."""
@@ -72,6 +86,11 @@ class LinkError(MtlirError, RuntimeError):
 class BridgeError(MtlirError, RuntimeError):
     """A call a Bridge refuses: unknown selector or object, an argument that does not fit the prototype (a
     64-bit value cut to 32 bits, an MTLSize by value on arm64), a call into freed memory. The CLI exits with 2."""
+
+
+class NoDeviceError(BridgeError):
+    """There is no device to run on: Metal is not on this machine, or the simulated device finds no OpenCL platform,
+    no OpenCL device or no pyopencl; the message says what to install. The CLI exits with 2."""
 
 
 class DeviceError(MtlirError, RuntimeError):

@@ -40,6 +40,7 @@ class MTL:
     STATUS_NAMES = ("NotEnqueued", "Enqueued", "Committed", "Scheduled", "Completed", "Error")
     # MTLCommandBufferError
     ErrorNone = 0
+    ErrorInternal = 1
     ErrorTimeout = 2
     ErrorPageFault = 3
     ErrorNotPermitted = 7

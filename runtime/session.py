@@ -36,7 +36,7 @@ from mtlir.metal import MTL
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.bridge.recording import Message, RecordingBridge
-from mtlir.errors import GPUExecutionError, WaitTimeoutError
+from mtlir.errors import ArgumentError, GPUExecutionError, StateError, WaitTimeoutError
 from mtlir.runtime.executors.interpreter import Executor
 from mtlir.runtime.link.link import link
 from mtlir.runtime.link.linked import Linked
@@ -193,7 +193,7 @@ class Session:
         ``TimeoutError`` from waiting for the previous submit, and what the Bridge raises while the Program runs:
         that error itself, with what the cleanup after it raised as notes (``_failed_run``)."""
         if self.closed:
-            raise RuntimeError("submit on a closed Session")
+            raise StateError("submit on a closed Session")
         if self.serialize and self.inflight:
             self._wait(None, self.timeout_s)
         if self.timeline_var is not None and self.timeline_var not in values:
@@ -303,7 +303,7 @@ class Session:
         ``value`` an int >= 0: ``TypeError``/``ValueError`` otherwise, as for a wait on a closed Session
         (``RuntimeError``)."""
         if self.closed:
-            raise RuntimeError("wait on a closed Session")
+            raise StateError("wait on a closed Session")
         return self._wait(value, timeout_s)
 
     def _wait(self, value: int | None, timeout_s: float | None) -> list[Submission]:
@@ -317,11 +317,11 @@ class Session:
                 raise TypeError(f"wait(value={value!r}): a timeline value is an int (or None: everything "
                                 f"submitted), got {type(value).__name__}") from None
             if value < 0:
-                raise ValueError(f"wait({value}): timeline values are >= 0")
+                raise ArgumentError(f"wait({value}): timeline values are >= 0")
             if value > self.highest_value:
                 why = (f"the highest timeline value submitted is {self.highest_value}"
                        if self.timeline_var is not None else "this Program signals no timeline value")
-                raise ValueError(f"wait({value}): no submit signals timeline value {value}: {why}, and "
+                raise ArgumentError(f"wait({value}): no submit signals timeline value {value}: {why}, and "
                                  f"{self._signaled_text(self._timeline_now())}")
         target = self.last_value if value is None else value
         pending = self._pending(value)
@@ -350,7 +350,7 @@ class Session:
                     return done
                 current = self._timeline_now()  # once more: what completed has signaled by now
                 if current is not None and current < value:
-                    raise ValueError(f"wait({value}): no submit will signal timeline value {value}: every submit "
+                    raise ArgumentError(f"wait({value}): no submit will signal timeline value {value}: every submit "
                                      f"that could have signaled it has ended without doing so (its command "
                                      f"buffer failed, or the submit failed before committing its signal), and "
                                      f"{self._signaled_text(current)}")
@@ -490,5 +490,5 @@ def _seconds(value: Any, what: str, *, zero: bool = True) -> float:
     seconds = float(value)
     if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero):
         need = ">= 0" if zero else "> 0"
-        raise ValueError(f"{what}: {value!r} seconds: a finite number {need} is needed (nothing waits forever)")
+        raise ArgumentError(f"{what}: {value!r} seconds: a finite number {need} is needed (nothing waits forever)")
     return seconds

@@ -102,3 +102,34 @@ def test_locate_puts_the_place_in_front_once() -> None:
                          summary="could not build")
     raise_me = b.locate("program 'k'")
     assert raise_me.summary == "program 'k': could not build" and str(b).startswith("program 'k': could not build\n")
+
+
+def test_the_python_api_raises_the_family_where_the_user_can_act() -> None:
+    """A variable out of its bounds or misspelled, an unknown target, a closed Session, a wait for a value no submit
+    signals, a buffer that does not exist: each an ``InputError`` naming what is wrong (and still the ``ValueError``
+    or ``RuntimeError`` it was)."""
+    from mtlir.errors import ArgumentError, StateError
+    from mtlir.frontend.trace import load_trace
+    from mtlir.passes import lower
+    from mtlir.runtime.session import Session
+    from mtlir.runtime.sim.device import SimDevice
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    trace = load_trace(root / "examples" / "traces" / "symbolic_kv.apple7.json")
+    program = lower(trace.queue(), target="x86_64", keep_stages=False).program
+    with pytest.raises(ArgumentError, match="unknown target 'sparc'"):
+        SimDevice("sparc")
+    with SimDevice("x86_64", family="Apple7") as dev:
+        s = Session(program, dev, initial=trace.initial_data())
+        with pytest.raises(ArgumentError, match=r"'start_pos' = 1000000000 is outside its bounds \[1, 32\]"):
+            s.submit(start_pos=10**9)
+        with pytest.raises(ArgumentError, match=r"unknown variable\(s\) 'Start_pos'.*did you mean 'start_pos'\?"):
+            s.submit(Start_pos=3)
+        with pytest.raises(ArgumentError, match="no buffer named 'nope'"):
+            s.linked.read_buffer("nope")
+        s.submit(start_pos=3)
+        with pytest.raises(ArgumentError, match="no submit signals timeline value 5"):
+            s.wait(5, timeout_s=1)
+        s.close()
+        with pytest.raises(StateError, match="submit on a closed Session"):
+            s.submit(start_pos=3)
+        assert isinstance(StateError("x"), RuntimeError) and isinstance(ArgumentError("x"), ValueError)

@@ -82,10 +82,15 @@ def _lower(args: argparse.Namespace, log: TextIO, target: str, lower: LowerTrace
 
 def _write_pictures(stages: list[tuple[str, Any]], outdir: Path, log: TextIO) -> None:
     """One SVG per stage: ``00-input.svg``, ``01-encode.svg``, ...; a Program is drawn as its instruction chain. A
-    stage whose pass returned the very graph it was given says ``(unchanged)`` in its title."""
+    stage whose pass returned the very graph it was given says ``(unchanged)`` in its title. The stage pictures of an
+    earlier lowering in ``outdir`` (``NN-name.svg``) are removed first, so the folder shows this pipeline only."""
+    import re
     from mtlir.ir.uop import UOp
     from mtlir.viz import to_dot, write_picture
     outdir.mkdir(parents=True, exist_ok=True)
+    for old in outdir.glob("[0-9][0-9]-*.svg"):
+        if re.fullmatch(r"\d\d-[\w.{}=,-]+\.svg", old.name):
+            old.unlink()
     for i, (name, stage) in enumerate(stages):
         title = f"{name} (unchanged)" if i and stage is stages[i - 1][1] else name
         dot = to_dot(stage, name=title) if isinstance(stage, UOp) else _program_dot(stage, name)

@@ -35,7 +35,7 @@ class UsageError(InputError, ValueError):
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (UnsupportedError, EXIT_UNSUPPORTED),  # first: a KernelBuildError is a KernelCompileError (an InputError) too
     (DeviceError, EXIT_GPU_ERROR),
-    (TimeoutError, EXIT_GPU_ERROR),  # a wait past its timeout (Session.wait)
+    (TimeoutError, EXIT_GPU_ERROR),  # a wait past its timeout outside mtlir's own waits (WaitTimeoutError)
     (InputError, EXIT_BAD_INPUT),
     (LinkError, EXIT_BAD_INPUT),
     (BridgeError, EXIT_BAD_INPUT),

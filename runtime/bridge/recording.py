@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mtlir.errors import BridgeError
+from mtlir.errors import ArgumentError, BridgeError
 from mtlir.ir.dtypes import DType, PtrDType, dtypes
 from mtlir.metal import MTL, SELECTORS, TARGETS, Prototype
 from mtlir.runtime.bridge.bridge import Bridge
@@ -30,7 +30,7 @@ _NAMED_RESULTS = {"commandBuffer": "cmdbuf", "computeCommandEncoder": "encoder"}
 
 def _check_target(target: str) -> str:
     if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}: expected arm64 or x86_64")
+        raise ArgumentError(f"unknown target {target!r}: expected arm64 or x86_64")
     return target
 
 

@@ -12,6 +12,7 @@ float32 result is rounded to float32 (``mtlir.ir.evaluate`` gives ``c_idiv``, ``
 """
 from __future__ import annotations
 
+import difflib
 import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +26,7 @@ from mtlir.program.instructions import (INSTRUCTIONS, Alu, Bitcast, Call, Cast, 
                                         Range, Store, Struct)
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
-from mtlir.errors import LinkError, MtlirError
+from mtlir.errors import ArgumentError, LinkError, MtlirError
 
 __all__ = ["Executor", "Interpreter", "prepare_registers", "ProgramError", "format_instr", "alu_fn", "cast_fn",
            "bitcast_fn", "float_rounder", "check_program", "bind_variables"]
@@ -220,23 +221,27 @@ def check_program(program: Program, static: set[int]) -> dict[int, int]:
 
 
 def bind_variables(program: Program, values: Mapping[str, Any]) -> list[int]:
-    """The variables' values in ``program.variables`` order; raises ``ValueError`` naming a missing, unknown or
-    out-of-bounds variable (with its bounds) and ``TypeError`` for a value that is not an integer."""
+    """The variables' values in ``program.variables`` order; raises ``ArgumentError`` (a ``ValueError``) naming an
+    unknown variable (with the closest known name), a missing or an out-of-bounds one (with its bounds), and
+    ``TypeError`` for a value that is not an integer."""
+    unknown = sorted(set(values) - set(program.variables))
+    if unknown:
+        close = [m for u in unknown for m in difflib.get_close_matches(u, program.variables, n=1, cutoff=0.0)
+                 if u.lower() == m.lower() or difflib.SequenceMatcher(None, u, m).ratio() >= 0.6]
+        hint = f" (did you mean {', '.join(map(repr, dict.fromkeys(close)))}?)" if close else ""
+        raise ArgumentError(f"unknown variable(s) {', '.join(map(repr, unknown))}: the Program has "
+                            f"{', '.join(map(repr, program.variables)) or 'no variables'}{hint}")
     out: list[int] = []
     for name, (_, lo, hi) in program.variables.items():
         if name not in values:
-            raise ValueError(f"variable {name!r} has no value (bounds [{lo}, {hi}])")
+            raise ArgumentError(f"variable {name!r} has no value (bounds [{lo}, {hi}])")
         v = values[name]
         if isinstance(v, bool) or not hasattr(v, "__index__"):
             raise TypeError(f"variable {name!r} = {v!r} is not an integer (bounds [{lo}, {hi}])")
         v = int(v)
         if not lo <= v <= hi:
-            raise ValueError(f"variable {name!r} = {v} is outside its bounds [{lo}, {hi}]")
+            raise ArgumentError(f"variable {name!r} = {v} is outside its bounds [{lo}, {hi}]")
         out.append(v)
-    if len(values) != len(out):
-        unknown = sorted(set(values) - set(program.variables))
-        raise ValueError(f"unknown variable(s) {', '.join(map(repr, unknown))}: the Program has "
-                         f"{', '.join(map(repr, program.variables)) or 'no variables'}")
     return out
 
 

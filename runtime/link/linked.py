@@ -10,7 +10,7 @@ from mtlir.program.payloads import IcbCommand
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.bridge.messenger import Messenger
-from mtlir.errors import LinkError, MetalValidationError
+from mtlir.errors import ArgumentError, LinkError, MetalValidationError
 from mtlir.runtime.executors.interpreter import prepare_registers
 
 __all__ = ["Linked"]
@@ -56,10 +56,10 @@ class Linked:
 
     def _buffer(self, name: str, offset: int, nbytes: int) -> tuple[int, int]:
         if name not in self.buffers:
-            raise KeyError(f"no buffer named {name!r}: the linked buffers are {', '.join(self.buffers)}")
+            raise ArgumentError(f"no buffer named {name!r}: the linked buffers are {', '.join(self.buffers)}")
         _, contents, length = self.buffers[name]
         if offset < 0 or nbytes < 0 or offset + nbytes > length:
-            raise ValueError(f"{name}: bytes [{offset}, {offset + nbytes}) are outside its {length} bytes")
+            raise ArgumentError(f"{name}: bytes [{offset}, {offset + nbytes}) are outside its {length} bytes")
         return contents, length
 
     def read_buffer(self, name: str, offset: int = 0, nbytes: int | None = None) -> bytes:

@@ -16,11 +16,12 @@ from typing import Any, Callable
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import C_FUNCTIONS, TARGETS, Prototype, abi_prototype
-from mtlir.runtime.metal.marshal import (CSignature, ForeignCall, MTLSizeStruct, NativeMemory, Unfit, arg_names, checker,
-                                      compile_fast, ctypes_signature, ret_kind)
-from mtlir.errors import BridgeError
+from mtlir.runtime.metal.marshal import (CSignature, ForeignCall, MTLSizeStruct, NativeMemory, Unfit, arg_names,
+                                         checker, compile_fast, ctypes_signature, ret_kind)
+from mtlir.errors import BridgeError, NoDeviceError
 
-__all__ = ["MetalBridge", "host_target", "metal_available", "DEFAULT_LIBOBJC", "DEFAULT_METAL", "DEFAULT_COREGRAPHICS", "NOT_AVAILABLE"]
+__all__ = ["MetalBridge", "host_target", "metal_available", "DEFAULT_LIBOBJC", "DEFAULT_METAL", "DEFAULT_COREGRAPHICS",
+           "NOT_AVAILABLE"]
 
 DEFAULT_LIBOBJC = "/usr/lib/libobjc.A.dylib"
 DEFAULT_METAL = "/System/Library/Frameworks/Metal.framework/Metal"
@@ -48,7 +49,7 @@ def _load(path: str, what: str) -> ctypes.CDLL:
     try:
         return ctypes.CDLL(path)
     except OSError as e:
-        raise BridgeError(f"{NOT_AVAILABLE} (could not load {what} from {path!r}: {e})") from None
+        raise NoDeviceError(f"{NOT_AVAILABLE} (could not load {what} from {path!r}: {e})") from None
 
 
 class MetalBridge(NativeMemory):
@@ -57,7 +58,7 @@ class MetalBridge(NativeMemory):
     ``target`` is the ABI the calls follow (default: this machine's, ``host_target()``); the library paths
     default to macOS's (tests point them at a stand-in). CoreGraphics is loaded first (METAL.md §2: without it
     ``MTLCreateSystemDefaultDevice`` finds no device); ``coregraphics=None`` skips it. A bridge for a foreign
-    target can build and show prototypes (``signature``) but refuses calls. Raises ``BridgeError`` with
+    target can build and show prototypes (``signature``) but refuses calls. Raises ``NoDeviceError`` with
     ``NOT_AVAILABLE`` when the libraries cannot be loaded (any machine but a Mac with default paths).
     Host memory (``malloc``, ``free``, ``read``, ``write``, ``load``, ``store``) is ``NativeMemory``'s."""
 
@@ -74,7 +75,7 @@ class MetalBridge(NativeMemory):
         self._metal = _load(metal, "Metal")
         for sym in ("objc_msgSend", "sel_registerName", "objc_getClass"):
             if not hasattr(self._objc, sym):
-                raise BridgeError(f"{NOT_AVAILABLE} ({libobjc!r} has no {sym})")
+                raise NoDeviceError(f"{NOT_AVAILABLE} ({libobjc!r} has no {sym})")
         self._msgsend_addr = ctypes.cast(self._objc.objc_msgSend, ctypes.c_void_p).value or 0
         self._sel_register = self._objc.sel_registerName
         self._sel_register.argtypes, self._sel_register.restype = [ctypes.c_char_p], ctypes.c_void_p

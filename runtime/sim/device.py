@@ -21,7 +21,7 @@ import numpy as np
 
 from mtlir.ir.dtypes import DType, PtrDType, dtypes
 from mtlir.metal import C_FUNCTIONS, MTL, SELECTORS, TARGETS, DeviceSpec, Prototype, abi_prototype
-from mtlir.errors import BridgeError, WaitTimeoutError
+from mtlir.errors import ArgumentError, BridgeError, WaitTimeoutError
 from mtlir.runtime.metal.bridge import host_target
 from mtlir.runtime.sim.methods import encoding, icb, resources
 from mtlir.runtime.sim.msgsend import Method, MethodTable, check_prototype, decode_size, decode_word
@@ -111,7 +111,7 @@ class SimDevice:
                  constant_align: int = MTL.CONSTANT_OFFSET_ALIGN, max_buffer_length: int = 1 << 32) -> None:
         target = (host_target() or "x86_64") if target is None else target
         if target not in TARGETS:
-            raise ValueError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
+            raise ArgumentError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
         self.target = target
         self.strict = strict
         self.spec = DeviceSpec(family, residency_sets, icb)

@@ -191,7 +191,7 @@ class GPU:
             self._finish(cb, fault)
         except Exception as e:  # a bug of the simulator: fail this command buffer loudly, keep the GPU alive
             self.last_exception = e
-            self._finish(cb, GPUFault(1, f"the simulated GPU failed: {type(e).__name__}: {e}"))
+            self._finish(cb, GPUFault(MTL.ErrorInternal, f"the simulated GPU failed: {type(e).__name__}: {e}"))
         else:
             if gate is not None and not gate.ready():
                 cb.gate, cb.blocked_since = gate, clock()
@@ -400,7 +400,7 @@ class GPU:
             raise GPUFault(MTL.ErrorPageFault, f"{what}: {e}") from e
         except Exception as e:  # a kernel that crashes the runner fails its command buffer, never the worker
             self.last_exception = e
-            raise GPUFault(1, f"{what}: kernel {p.label} raised {type(e).__name__}: {e}") from e
+            raise GPUFault(MTL.ErrorInternal, f"{what}: kernel {p.label} raised {type(e).__name__}: {e}") from e
         finally:
             lock.acquire()
 

@@ -121,6 +121,13 @@ def test_viz_writes_one_svg_per_stage(tmp_path: Path) -> None:
                            "encode,symbolic,abi{target=arm64},linearize")
     assert code == 0 and "symbolic (unchanged)" in (tmp_path / "more" / "02-symbolic.svg").read_text()
     assert "IR after symbolic (unchanged)" in log and log.count("unchanged") == 1
+    # the same folder again with the default pipeline: the other pipeline's stage pictures are gone, the user's
+    # own files stay
+    (tmp_path / "more" / "notes.svg").write_text("<svg/>")
+    code, out, log = mtlir("lower", MLP7, "--viz", str(tmp_path / "more"))
+    assert code == 0, log
+    assert sorted(p.name for p in (tmp_path / "more").glob("*.svg")) == [
+        "00-input.svg", "01-encode.svg", "02-abi.svg", "03-linearize.svg", "notes.svg"]
 
 
 # ---- bad input: exit code 2, one line, no traceback

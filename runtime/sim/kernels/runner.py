@@ -26,7 +26,7 @@ import numpy as np
 
 # The pieces, one idea each: a kernel's bindings and sizes (``compiled``), the fault record read back as an error
 # (``faults``), the compiler's stderr (``stderr``); this module holds the device, the build cache and the launch.
-from mtlir.errors import KernelCompileError, WaitTimeoutError
+from mtlir.errors import KernelCompileError, NoDeviceError, WaitTimeoutError
 from mtlir.runtime.sim.kernels.buildlog import build_error
 from mtlir.runtime.sim.kernels.compiled import CompiledKernel, View
 from mtlir.runtime.sim.kernels.faults import _access_error
@@ -49,7 +49,7 @@ class KernelRunner:
 
     ``device``: a ``pyopencl.Device``; ``None`` takes the first device of the first platform that has one.
     ``cl``: the OpenCL API the runner calls: the pyopencl module (``None``: imported here) or a stand-in with the
-    same names. Raises ``RuntimeError`` saying what to install when pyopencl or an OpenCL device is missing.
+    same names. Raises ``NoDeviceError`` saying what to install when pyopencl or an OpenCL device is missing.
     Thread-safe: one lock serialises compiles and runs."""
 
     def __init__(self, device: Any = None, *, cl: Any = None) -> None:
@@ -221,19 +221,19 @@ class KernelRunner:
 
 
 def _import_pyopencl() -> Any:
-    """The pyopencl module; ``RuntimeError`` saying what to install when it is missing."""
+    """The pyopencl module; ``NoDeviceError`` saying what to install when it is missing."""
     try:
         return importlib.import_module("pyopencl")
     except ImportError:
-        raise RuntimeError(f"pyopencl is not installed: {INSTALL_HINT}") from None
+        raise NoDeviceError(f"pyopencl is not installed: {INSTALL_HINT}") from None
 
 
 def _first_device(cl: Any) -> Any:
-    """The first device of the first OpenCL platform that has one; ``RuntimeError`` saying what to install."""
+    """The first device of the first OpenCL platform that has one; ``NoDeviceError`` saying what to install."""
     try:
         platforms = cl.get_platforms()
     except cl.Error as e:
-        raise RuntimeError(f"no OpenCL platform found ({e}): {INSTALL_HINT}") from None
+        raise NoDeviceError(f"no OpenCL platform found ({e}): {INSTALL_HINT}") from None
     for platform in platforms:
         try:
             devices = platform.get_devices()
@@ -241,7 +241,7 @@ def _first_device(cl: Any) -> Any:
             continue
         if devices:
             return devices[0]
-    raise RuntimeError(f"no OpenCL device found: {INSTALL_HINT}")
+    raise NoDeviceError(f"no OpenCL device found: {INSTALL_HINT}")
 
 
 def _storage_key(storage: np.ndarray, known: dict[int, tuple[Any, np.ndarray]]) -> int:

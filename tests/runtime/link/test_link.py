@@ -11,7 +11,7 @@ from progbuild import submit_program
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL, Prototype
-from mtlir.errors import GPUExecutionError, LinkError
+from mtlir.errors import ArgumentError, GPUExecutionError, LinkError
 from mtlir.runtime.bridge.recording import FakeDevice, RecordingBridge
 from mtlir.runtime.link.link import link
 from mtlir.runtime.session import Session
@@ -80,7 +80,7 @@ def test_initial_data_and_buffer_access() -> None:
     assert linked.read_buffer("buffer:0", 254) == b"zz"
     with pytest.raises(ValueError, match="outside its 256 bytes"):
         linked.read_buffer("buffer:0", 250, 10)
-    with pytest.raises(KeyError, match="no buffer named 'buffer:9'"):
+    with pytest.raises(ArgumentError, match="no buffer named 'buffer:9'"):
         linked.read_buffer("buffer:9")
 
 
