@@ -266,12 +266,21 @@ def test_run_json_gpu_time_is_computed_in_integer_nanoseconds() -> None:
     assert 0 < one_json(out)["gpu_s_per_submit"] < 60  # the simulated device's own clock
 
 
-def test_run_unsupported_kernel_exits_4() -> None:
-    code, out, log = mtlir("run", str(TRACES / "mlp.apple9.json"), "--device", "sim", "--json")
+def test_run_unsupported_kernel_exits_4(tmp_path: Path) -> None:
+    def atomics(d: dict[str, Any]) -> None:
+        prog = next(iter(d["programs"].values()))
+        prog["msl"] = prog["msl"].replace("float buf0[1];", "atomic_int counter; float buf0[1];", 1)
+    code, out, log = mtlir("run", _bad_trace(tmp_path, atomics), "--device", "sim", "--json")
     assert code == 4 and one_json(out)["error_type"] == "UnsupportedKernelError"
-    assert log == ("mtlir: error: program 'r_32_4_2_4_8', kernel function 'r_32_4_2_4_8': MSL line 4, column 3: "
-                   "cannot translate `simdgroup_float8x8` to OpenCL C: SIMD-group matrices and functions (32-thread "
-                   "SIMD groups) have no OpenCL 1.2 form\n")
+    assert log == ("mtlir: error: program 'r_8_128_16_4', kernel function 'r_8_128_16_4': MSL line 4, column 3: "
+                   "cannot translate `atomic_int` to OpenCL C: atomics are not supported by the simulated device "
+                   "yet\n")
+
+
+@pytest.mark.parametrize("name", ["mlp", "mlp_deep", "layernorm_attn"])
+def test_run_apple9_simdgroup_matrix_traces(name: str) -> None:
+    code, out, log = mtlir("run", str(TRACES / f"{name}.apple9.json"), "--device", "sim", "--json")
+    assert code == 0 and one_json(out)["match"] is True, log
 
 
 def test_console_script() -> None:

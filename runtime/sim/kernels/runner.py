@@ -33,6 +33,7 @@ from mtlir.runtime.sim.kernels.faults import _access_error
 from mtlir.runtime.sim.kernels.stderr import _native_stderr, _pass_on
 from mtlir.runtime.sim.msl.translate import Translation, translate
 from mtlir.runtime.sim.msl.guard.bound import FAULT_WORDS, SCRATCH_BYTES
+from mtlir.runtime.sim.msl.simd import scratch_bytes
 
 __all__ = ["KernelRunner", "INSTALL_HINT", "BUILD_OPTIONS"]
 
@@ -157,6 +158,8 @@ class KernelRunner:
                 block[k + 2] = storage.nbytes
             args += [cl.Buffer(self.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=block),
                      self._fault_buf]
+            if ck.info.simd:  # the threadgroup scratch SIMD-group lanes exchange values through (msl.simd)
+                args.append(cl.LocalMemory(scratch_bytes(local_size[0] * local_size[1] * local_size[2])))
             ck._kernel.set_args(*args)
             what = f"kernel {ck.function!r}, global size {global_size}, threadgroup {local_size}"
             try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mtlir.runtime.sim.msl.lex import ID, Token
 
-__all__ = ["canonical_type_spellings", "SOFT_FLOATS", "is_soft", "storage_type", "SCALARS", "VECTORS",
+__all__ = ["canonical_type_spellings", "SOFT_FLOATS", "MATRIX_TYPES", "is_soft", "storage_type", "SCALARS", "VECTORS",
            "VECTOR_ELEMENTS", "dtype_name", "scalar_size", "POSITIONS", "SAME_BUILTINS",
            "RENAMED_BUILTINS", "HELPER_BUILTINS", "KEYWORDS", "TEMPLATES", "POSITIONS_LINEAR", "refused_construct",
            "is_type_name", "OPENCL_ONLY_KEYWORDS", "cl_name"]
@@ -31,6 +31,9 @@ VECTOR_ELEMENTS = ("char", "uchar", "short", "ushort", "int", "uint", "long", "u
 # cl_khr_fp16, bfloat has no type): the translator computes them in float, rounded after every operation
 # (``softfloat``), and keeps their 16 bits in memory.
 SOFT_FLOATS = ("half", "bfloat")
+# SIMD-group matrix types -> their element type (MSL spec, SIMD-group matrix data types: simdgroup_matrix<T, 8, 8>,
+# bfloat since Metal 3.1); the simulator emulates them (``simd``).
+MATRIX_TYPES = {"simdgroup_float8x8": "float", "simdgroup_half8x8": "half", "simdgroup_bfloat8x8": "bfloat"}
 # "float4" -> ("float", 4): MSL vectors of 2, 3, 4 elements; a 3-vector has the size of a 4-vector in both.
 VECTORS: dict[str, tuple[str, int]] = {f"{e}{n}": (e, n) for e in VECTOR_ELEMENTS + ("bfloat",) for n in (2, 3, 4)}
 
@@ -172,14 +175,10 @@ static inline const volatile extern register restrict
 
 # Refused identifiers (the whole identifier, or any identifier starting with a prefix ending in "_"), with why.
 _REFUSED: dict[str, str] = {
-    "simdgroup_": "SIMD-group matrices and functions (32-thread SIMD groups) have no OpenCL 1.2 form",
-    "thread_elements": "a SIMD-group matrix's per-thread elements have no OpenCL 1.2 form",
-    "simd_": "SIMD-group functions (32-thread SIMD groups) have no OpenCL 1.2 form",
-    "quad_": "quad-group functions have no OpenCL 1.2 form",
-    "threads_per_simdgroup": "SIMD-group positions have no OpenCL 1.2 form",
-    "thread_index_in_simdgroup": "SIMD-group positions have no OpenCL 1.2 form",
-    "simdgroups_per_threadgroup": "SIMD-group positions have no OpenCL 1.2 form",
-    "thread_index_in_quadgroup": "quad-group positions have no OpenCL 1.2 form",
+    # the SIMD-group and quad-group functions, matrices and positions the simulator has (``simd.SUPPORTED``) pass
+    "simdgroup_": "this SIMD-group function or matrix is not one the simulated device emulates (docs/kernels.md)",
+    "simd_": "this SIMD-group function is not one the simulated device emulates (docs/kernels.md)",
+    "quad_": "this quad-group function is not one the simulated device emulates (docs/kernels.md)",
     "atomic_": "atomics are not supported by the simulated device yet",
     "memory_order_": "atomics are not supported by the simulated device yet",
     "sampler": "samplers are not supported by the simulated device",
@@ -213,9 +212,10 @@ TEMPLATES = frozenset({"vec", "matrix", "array", "array_ref", "numeric_limits", 
 
 
 def refused_construct(name: str) -> str | None:
-    """Why the identifier ``name`` is refused (``None`` when it is not): SIMD-group and quad-group matrices,
-    functions and positions, atomics, textures, samplers, address spaces and types OpenCL C lacks, C++ features.
-    Matrix types such as ``float4x4`` and ``half8x8`` are refused too."""
+    """Why the identifier ``name`` is refused (``None`` when it is not): SIMD-group and quad-group names the
+    simulator does not emulate (the translator lets ``simd.SUPPORTED`` through before asking), atomics, textures,
+    samplers, address spaces and types OpenCL C lacks, C++ features. Matrix types such as ``float4x4`` and
+    ``half8x8`` are refused too."""
     if (why := _REFUSED.get(name)) is not None:
         return why
     if "_" in name and (why := _REFUSED.get(name[:name.index("_") + 1])) is not None:

@@ -2,8 +2,6 @@
 
 ``Prelude`` collects what the translation rules asked for while they ran and renders the definitions:
 
-- the libraries of definitions a part of the translator asks for by name (``need_library``): the software half
-  and bfloat of ``softfloat``;
 - an under-aligned alias per vector type used through a pointer, ``typedef float4 __mtl_float4_u
   __attribute__((aligned(4)));``: OpenCL requires a ``float4*`` dereference to be 16-byte aligned (OpenCL C
   §6.1.5), Metal buffer offsets need only be a multiple of the element size, and an alias with the element's
@@ -13,7 +11,10 @@
   scalar and converts a vector of another element type, OpenCL's ``(float4)(x)`` only broadcasts (a vector of
   another type needs ``convert_float4``); the overloads pick the right one by the argument's type;
 - ``__mtl_abs``, ``__mtl_fract``, ``__mtl_saturate``: MSL builtins whose OpenCL namesakes differ
-  (``names.HELPER_BUILTINS``).
+  (``names.HELPER_BUILTINS``);
+- the bounds check of buffer accesses (``guard``);
+- the libraries of definitions a part of the translator asks for by name (``need_library``): the software half
+  and bfloat of ``softfloat``, the SIMD groups of ``simd``.
 
 Overload sets use Clang's ``__attribute__((overloadable))``, which every Clang-based OpenCL compiler (PoCL among
 them) accepts in OpenCL C.
@@ -102,8 +103,9 @@ class Prelude:
     bounds_check: bool = False
 
     def need_library(self, name: str, text: str) -> None:
-        """Ask for a library of OpenCL C definitions (``text``) once, by ``name``; libraries come first, in the
-        order of their names."""
+        """Ask for a library of OpenCL C definitions (``text``) once, by ``name``; libraries come last (after the
+        bounds check, which they may use), in the order they were first asked for (a library asks for those it uses
+        before itself)."""
         self.libraries[name] = text
 
     def need_unaligned(self, vector: str) -> str:
@@ -130,7 +132,7 @@ class Prelude:
 
     def render(self) -> str:
         """The OpenCL C definitions asked for, in a fixed order (so the same MSL always gives the same text)."""
-        out: list[str] = [self.libraries[name] for name in sorted(self.libraries)]
+        out: list[str] = []
         for v in sorted(self.unaligned):
             out.append(f"typedef {v} {unaligned_name(v)} __attribute__((aligned({scalar_size(v)})));")
         for v in sorted(self.makers):
@@ -139,6 +141,7 @@ class Prelude:
             out += getattr(self, f"_render_{h}")()
         if self.bounds_check:
             out += _BOUNDS_CHECK
+        out += self.libraries.values()
         return "\n".join(out) + "\n" if out else ""
 
     def _render_maker(self, vector: str) -> list[str]:

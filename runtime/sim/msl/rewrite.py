@@ -47,7 +47,8 @@ class Ctx:
     identifier while a guard is active, ``helpers`` maps each helper function taking buffer pointers to the
     positions of those parameters, ``type_names`` are the struct names (for telling casts from parenthesised
     expressions) and ``buffer_names`` the buffer parameter names of every kernel (a top-level macro naming one is
-    refused)."""
+    refused). SIMD groups (``simd``): ``simd_helpers`` are the helper functions that take the scratch their
+    lanes exchange values through, ``simd_scratch`` whether the function being rewritten has it."""
 
     prelude: Prelude
     rules: Mapping[str, tuple[TokenRule, ...]]
@@ -62,6 +63,8 @@ class Ctx:
     helpers: dict[str, tuple[int, ...]] = field(default_factory=dict)
     type_names: set[str] = field(default_factory=set)
     buffer_names: set[str] = field(default_factory=set)
+    simd_helpers: set[str] = field(default_factory=set)
+    simd_scratch: bool = False
 
 
 TokenRule = Callable[[list[Token], int, Ctx], "TokenMatch | None"]
@@ -198,7 +201,8 @@ _FENCES = {"mem_threadgroup": "CLK_LOCAL_MEM_FENCE", "mem_device": "CLK_GLOBAL_M
 
 
 def threadgroup_barrier(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
-    """``threadgroup_barrier(`` -> ``barrier(``; the flags are rewritten by ``mem_flags``."""
+    """``threadgroup_barrier(`` -> ``barrier(``; the flags are rewritten by ``mem_flags``. ``simdgroup_barrier(``
+    too: every thread of the threadgroup meets at it, which includes the SIMD group's (``simd``)."""
     if at(ts, i + 1).text != "(":
         return None
     ctx.uses_barrier = True

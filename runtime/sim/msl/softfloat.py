@@ -33,13 +33,12 @@ import numpy as np
 
 from mtlir.runtime.sim.msl.cexpr import TYPE_QUALIFIERS, Declaration, Node, Parser
 from mtlir.runtime.sim.msl.lex import ID, NUM, PP, PUNCT, Token, tokenize
-from mtlir.runtime.sim.msl.names import POSITIONS, POSITIONS_LINEAR, SCALARS, SOFT_FLOATS, VECTORS, is_soft
+from mtlir.runtime.sim.msl.names import (MATRIX_TYPES, POSITIONS, POSITIONS_LINEAR, SCALARS, SOFT_FLOATS, VECTORS,
+                                          is_soft)
 from mtlir.runtime.sim.msl.rewrite import at, group_end, refuse
 
-__all__ = ["lower_soft_floats", "Ty", "SOFTFLOAT_PRELUDE", "MATRIX_TYPES", "uses_soft_floats"]
+__all__ = ["lower_soft_floats", "Ty", "SOFTFLOAT_PRELUDE", "uses_soft_floats"]
 
-# SIMD-group matrix types and their element types (MSL spec, SIMD-group matrix data types: simdgroup_matrix<T, 8, 8>).
-MATRIX_TYPES = {"simdgroup_float8x8": "float", "simdgroup_half8x8": "half", "simdgroup_bfloat8x8": "bfloat"}
 _MEMORY = frozenset({"device", "constant", "threadgroup"})  # where a 16-bit float is its 16 bits
 _SPACES = ("device", "constant", "threadgroup", "thread")
 _INT_RANK = {"bool": 0, "char": 1, "uchar": 1, "short": 2, "ushort": 2, "int": 3, "uint": 3, "long": 4,

@@ -4,7 +4,8 @@ A key is a token's text, or ``"<kind>"`` for every token of that kind (``<id>``,
 tries the rules of the text, then those of the kind, and the first that matches wins. The bounds checks' rules
 (``guard``) come first on their tokens: ``pointer_declaration`` ahead of the address-space rules (it records a
 pointer variable, then declines), ``deref`` on ``*``, ``device_cast`` on ``(``, ``loop_guard`` on ``for`` and
-``while``; they decline outside a guarded function. The translator passes the table in its ``Ctx``.
+``while``; they decline outside a guarded function. The SIMD-group rules (``simd``) run on their names, and
+``simd_helper_call`` before ``call`` on every identifier. The translator passes the table in its ``Ctx``.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from mtlir.runtime.sim.msl.guard.access import deref, device_cast, pointer_decla
 from mtlir.runtime.sim.msl.guard.bound import _SPACES
 from mtlir.runtime.sim.msl.guard.loops import loop_guard
 from mtlir.runtime.sim.msl.lex import ID, NUM, PP
-from mtlir.runtime.sim.msl.names import OPENCL_ONLY_KEYWORDS, SCALARS, VECTORS
+from mtlir.runtime.sim.msl.names import MATRIX_TYPES, OPENCL_ONLY_KEYWORDS, SCALARS, VECTORS
+from mtlir.runtime.sim.msl.simd import (MATRIX_FUNCTIONS, SIMD_FUNCTIONS, matrix_function, matrix_type, simd_function,
+                                        simd_helper_call, thread_elements)
 from mtlir.runtime.sim.msl.rewrite import (TokenRule, as_type, attribute_brackets, call, constant_space, constexpr,
                                            device_space, directive, drop_namespace, gnu_attribute, half_literal,
                                            mem_flags, metal_func, opencl_keyword, scalar_type, scope_operator,
@@ -32,7 +35,7 @@ _ENTRIES: tuple[tuple[TokenRule, tuple[str, ...]], ...] = (
     (pointer_declaration, tuple(sorted(_SPACES))),
     (drop_namespace, ("metal", "precise", "fast")),
     (scope_operator, ("::",)),
-    (threadgroup_barrier, ("threadgroup_barrier",)),
+    (threadgroup_barrier, ("threadgroup_barrier", "simdgroup_barrier")),
     (mem_flags, ("mem_flags",)),
     (device_space, ("device",)),
     (constant_space, ("constant",)),
@@ -48,6 +51,12 @@ _ENTRIES: tuple[tuple[TokenRule, tuple[str, ...]], ...] = (
     (gnu_attribute, ("__attribute__",)),
     (metal_func, ("METAL_FUNC",)),
     (opencl_keyword, tuple(OPENCL_ONLY_KEYWORDS)),
+    (simd_function, tuple(SIMD_FUNCTIONS) + ("simd_is_first", "quad_is_first", "simd_active_threads_mask",
+                                            "quad_active_threads_mask")),
+    (matrix_type, (*MATRIX_TYPES, "simdgroup_matrix")),
+    (matrix_function, tuple(MATRIX_FUNCTIONS)),
+    (thread_elements, ("thread_elements",)),
+    (simd_helper_call, ("<" + ID + ">",)),
     (call, ("<" + ID + ">",)),
     (half_literal, ("<" + NUM + ">",)),
     (directive, ("<" + PP + ">",)),

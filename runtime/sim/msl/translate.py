@@ -30,13 +30,14 @@ from dataclasses import dataclass, field
 
 from mtlir.errors import KernelCompileError
 from mtlir.runtime.sim.msl.lex import ID, NUM, PP, PUNCT, RAW, MslSyntaxError, Token, render, tokenize
-from mtlir.runtime.sim.msl.names import (POSITIONS, POSITIONS_LINEAR, SCALARS, TEMPLATES, VECTORS,
+from mtlir.runtime.sim.msl.names import (MATRIX_TYPES, POSITIONS, POSITIONS_LINEAR, SCALARS, TEMPLATES, VECTORS,
                                           canonical_type_spellings, cl_name, dtype_name, is_soft, refused_construct,
                                           scalar_size, storage_type)
 from mtlir.runtime.sim.msl.guard.access import guard_name, guarded_access, helper_bound_params
 from mtlir.runtime.sim.msl.guard.bound import ARGS_PARAM, FAULT_PARAM, Bound, Guard
 from mtlir.runtime.sim.msl.prelude import Prelude
 from mtlir.runtime.sim.msl.rewrite import Ctx, at, group_end, refuse, rewrite, tok
+from mtlir.runtime.sim.msl.simd import SIMD_PARAM, SIMD_POSITIONS, SUPPORTED, simd_helpers, uses_scratch
 from mtlir.runtime.sim.msl.softfloat import SOFTFLOAT_PRELUDE, lower_soft_floats, uses_soft_floats
 from mtlir.runtime.sim.msl.token_rules import TOKEN_RULES
 
@@ -48,6 +49,8 @@ MAX_BUFFER_INDEX = 30  # [[buffer(n)]]: n in 0..30 (MSL spec §5.2.1; Metal bind
 # maxThreadgroupMemoryLength of every Apple GPU family (Metal feature set tables): 32 KiB. PoCL offers more (2 MiB
 # here) and aborts the whole process when a kernel's __local arrays exceed its own limit.
 MAX_THREADGROUP_MEMORY = 32768
+# Scalar position attributes: the thread's index in its threadgroup, and its SIMD-group and quad-group positions.
+_LINEAR_POSITIONS = {**POSITIONS_LINEAR, **SIMD_POSITIONS}
 
 
 @dataclass(frozen=True)
@@ -100,8 +103,10 @@ class KernelInfo:
     OpenCL parameters are each binding's base, then the argument block ``__mtl_args`` (three ulongs per binding:
     ``ParamBinding``) and the fault buffer ``__mtl_fault`` (``guard``)), whether it uses barriers or
     threadgroup memory (then OpenCL's work-group must be exactly Metal's threadgroup), and the
-    ``[[max_total_threads_per_threadgroup(n)]]`` it declares (``None`` if none), and the fixed-size threadgroup
-    and thread arrays whose accesses are checked (``arrays``: their fault codes follow the bindings')."""
+    ``[[max_total_threads_per_threadgroup(n)]]`` it declares (``None`` if none), the fixed-size threadgroup
+    and thread arrays whose accesses are checked (``arrays``: their fault codes follow the bindings'), and
+    ``simd``: it exchanges values between SIMD-group lanes, so it takes one more OpenCL parameter after the fault
+    buffer, the threadgroup scratch ``__local uchar* __mtl_simd`` of ``simd.scratch_bytes(threads)`` bytes."""
 
     function: str
     bindings: tuple[ParamBinding, ...]
@@ -109,6 +114,7 @@ class KernelInfo:
     threadgroup_vars: tuple[str, ...]
     max_total_threads_per_threadgroup: int | None = None
     arrays: tuple[LocalArray, ...] = ()
+    simd: bool = False
 
     @property
     def args(self) -> tuple[KernelArg, ...]:
@@ -143,7 +149,9 @@ def translate(msl: str, *, bounds_checks: bool = True) -> Translation:
         prelude.need_library("softfloat", SOFTFLOAT_PRELUDE)
     items = _items(ts)
     ctx = Ctx(prelude, TOKEN_RULES, callables=_defined_functions(ts), name_rule=guard_name, checks=bounds_checks,
-              type_names=_struct_names(ts, items), buffer_names=_buffer_names(ts, items) if bounds_checks else set())
+              type_names=_struct_names(ts, items) | set(MATRIX_TYPES),
+              buffer_names=_buffer_names(ts, items) if bounds_checks else set(),
+              simd_helpers=simd_helpers(ts, _function_spans(ts, items)))
     out: list[Token] = []
     kernels: dict[str, KernelInfo] = {}
     for kind, start, end in items:
@@ -181,10 +189,11 @@ def kernel_functions(msl: str) -> tuple[str, ...]:
 
 
 def _refuse_unsupported(ts: list[Token]) -> None:
-    """Refuse, before anything else, the first identifier of a construct OpenCL C cannot express."""
+    """Refuse, before anything else, the first identifier of a construct OpenCL C cannot express (the SIMD-group
+    functions, matrices and positions ``simd`` emulates are not among them)."""
     for i, t in enumerate(ts):
-        if t.kind != ID or (t.text == "namespace" and i and ts[i - 1].text == "using"
-                            and at(ts, i + 1).text == "metal"):
+        if t.kind != ID or t.text in SUPPORTED or (t.text == "namespace" and i and ts[i - 1].text == "using"
+                                                   and at(ts, i + 1).text == "metal"):
             continue
         why = refused_construct(t.text)
         if why is None and t.text in TEMPLATES and at(ts, i + 1).text == "<":
@@ -248,6 +257,17 @@ def _defined_functions(ts: list[Token]) -> set[str]:
     return names
 
 
+def _function_spans(ts: list[Token], items: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """``(name, start, end)`` of every helper function (not kernel) the source defines."""
+    spans = []
+    for kind, start, end in items:
+        if kind == "function":
+            open_ = next((j for j in range(start, end) if ts[j].kind == PUNCT and ts[j].text == "("), None)
+            if open_ is not None and open_ > start and ts[open_ - 1].kind == ID:
+                spans.append((ts[open_ - 1].text, start, end))
+    return spans
+
+
 def _struct_names(ts: list[Token], items: list[tuple[str, int, int]]) -> set[str]:
     """The names of the structs the source defines (type names in casts)."""
     return {ts[k + 1].text for kind, start, end in items if kind == "struct" for k in range(start, end - 1)
@@ -273,26 +293,30 @@ def _buffer_names(ts: list[Token], items: list[tuple[str, int, int]]) -> set[str
 def _translate_function(ts: list[Token], start: int, end: int, ctx: Ctx) -> list[Token]:
     """A helper function: rewritten like code, with a Guard of its own. Each ``device``/``constant`` pointer
     parameter becomes a tracked pointer whose bounds come in three extra parameters after it, and the fault buffer
-    comes last (``guard.access.helper_bound_params``); calls pass them (``guard``)."""
+    comes after them (``guard.access.helper_bound_params``); calls pass them (``guard``). A helper that exchanges
+    values between SIMD-group lanes takes the scratch last (``simd``)."""
     ctx.scope, ctx.depth = "function", 0
-    if not ctx.checks:
+    open_ = next((j for j in range(start, end) if ts[j].kind == PUNCT and ts[j].text == "("), None)
+    if open_ is None or open_ == start or ts[open_ - 1].kind != ID:
         return rewrite(ts, ctx, start, end)
-    ctx.guard = Guard(fault=False)
+    close = group_end(ts, open_)
+    ctx.simd_scratch = ts[open_ - 1].text in ctx.simd_helpers
+    scratch = [tok(f"{', ' if close > open_ + 1 else ''}__local uchar* {SIMD_PARAM}", RAW)] if ctx.simd_scratch else []
+    name = ts[open_ - 1]  # kept as it is: the rule calling a helper with the scratch must not see a call here
     try:
-        open_ = next((j for j in range(start, end) if ts[j].kind == PUNCT and ts[j].text == "("), None)
-        if open_ is None or open_ == start or ts[open_ - 1].kind != ID:
-            return rewrite(ts, ctx, start, end)
+        if not ctx.checks:
+            return _head(ts, ctx, start, open_, close) + scratch + rewrite(ts, ctx, close, end)
+        ctx.guard = Guard(fault=False)
         head = [t for t in ts[start:open_] if t.kind in (ID, PUNCT)]
         if any(t.text in ("device", "constant") for t in head) and any(t.text == "*" for t in head):
             refuse(ts[open_ - 1], f"{ts[open_ - 1].text}()", "a function returning a device or constant pointer: "
                    "the accesses made through it could not be bounds-checked")
-        close = group_end(ts, open_)
         spans = _param_spans(ts, open_, close)
         extra = helper_bound_params(ts, spans, ctx)
         if not extra:
-            return rewrite(ts, ctx, start, end)
+            return _head(ts, ctx, start, open_, close) + scratch + rewrite(ts, ctx, close, end)
         ctx.guard.fault = True
-        out = rewrite(ts, ctx, start, open_ + 1)
+        out = _head(ts, ctx, start, open_, open_ + 1)
         for n, (a, b) in enumerate(spans):
             if n:
                 out.append(ts[a - 1])  # the comma
@@ -300,11 +324,19 @@ def _translate_function(ts: list[Token], start: int, end: int, ctx: Ctx) -> list
             if n in extra:
                 out.append(tok(extra[n], RAW))
         out.append(tok(f", __global uint* {FAULT_PARAM}", RAW))
+        out += scratch
         out += rewrite(ts, ctx, close, end)
-        ctx.helpers[ts[open_ - 1].text] = tuple(sorted(extra))  # calls after its definition pass the bounds
+        ctx.helpers[name.text] = tuple(sorted(extra))  # calls after its definition pass the bounds
         return out
     finally:
         ctx.guard = None
+        ctx.simd_scratch = False
+
+
+def _head(ts: list[Token], ctx: Ctx, start: int, open_: int, end: int) -> list[Token]:
+    """A function's tokens from ``start`` to ``end`` (past its ``(``), its name (before ``open_``) as it is."""
+    name = ts[open_ - 1]
+    return rewrite(ts, ctx, start, open_ - 1) + [tok(cl_name(name.text), ID, name.space)] + rewrite(ts, ctx, open_, end)
 
 
 def _param_spans(ts: list[Token], open_: int, close: int) -> list[tuple[int, int]]:
@@ -376,7 +408,7 @@ def _translate_kernel(ts: list[Token], start: int, end: int, ctx: Ctx) -> tuple[
     indices: dict[int, str] = {}
     ctx.guard = Guard() if ctx.checks else None
     for p in params:
-        if p.attr in POSITIONS or p.attr in POSITIONS_LINEAR:
+        if p.attr in POSITIONS or p.attr in _LINEAR_POSITIONS:
             prologue.append(_position_local(p, ctx))
             continue
         binding, decl, lines = _buffer_param(p, len(bindings), used, ctx)
@@ -388,7 +420,11 @@ def _translate_kernel(ts: list[Token], start: int, end: int, ctx: Ctx) -> tuple[
         cl_params += decl
         prologue += lines
     cl_params += [f"__global const ulong* {ARGS_PARAM}", f"__global uint* {FAULT_PARAM}"]
-    ctx.scope, ctx.depth, ctx.uses_barrier, ctx.threadgroup_vars = "kernel", 1, False, []
+    simd = uses_scratch(ts, close + 2, end - 1, ctx.simd_helpers)
+    if simd:  # the scratch SIMD-group lanes exchange values through, sized per run by the runner (simd)
+        cl_params.append(f"__local uchar* {SIMD_PARAM}")
+    ctx.scope, ctx.depth, ctx.uses_barrier, ctx.threadgroup_vars = "kernel", 1, simd, []
+    ctx.simd_scratch = simd
     guard = ctx.guard
     if guard is not None:
         guard.first_array_code = len(bindings)
@@ -396,6 +432,7 @@ def _translate_kernel(ts: list[Token], start: int, end: int, ctx: Ctx) -> tuple[
         body = rewrite(ts, ctx, close + 2, end - 1)
     finally:
         ctx.guard = None
+        ctx.simd_scratch = False
     arrays: tuple[LocalArray, ...] = ()
     if guard is not None:
         arrays = tuple(LocalArray(n, "threadgroup" if sp == "local" else "thread",
@@ -412,7 +449,8 @@ def _translate_kernel(ts: list[Token], start: int, end: int, ctx: Ctx) -> tuple[
     head = f"__kernel void {name}({', '.join(cl_params)}) {{"
     text = "".join(f"\n  {line}" for line in prologue)
     toks = [tok(head + text, RAW, ts[start].space), *body, ts[end - 1]]
-    info = KernelInfo(name, tuple(bindings), ctx.uses_barrier, tuple(ctx.threadgroup_vars), max_threads, arrays)
+    info = KernelInfo(name, tuple(bindings), ctx.uses_barrier, tuple(ctx.threadgroup_vars), max_threads, arrays,
+                      simd)
     return info, toks
 
 
@@ -467,11 +505,11 @@ def _position_local(p: _Param, ctx: Ctx) -> str:
     type_name = " ".join(t.text for t in p.tokens if t.text != "const")
     elem, n = VECTORS.get(type_name, (type_name, 1))
     attr = p.attr or ""
-    if elem not in ("uint", "ushort") or (attr in POSITIONS_LINEAR and n != 1):
+    if elem not in ("uint", "ushort") or (attr in _LINEAR_POSITIONS and n != 1):
         refuse(p.name, f"{type_name} [[{attr}]]", f"{attr} must be uint or ushort"
-               f"{'' if attr in POSITIONS_LINEAR else ' (or a 2- or 3-vector of them)'}")
-    if attr in POSITIONS_LINEAR:
-        return f"{type_name} {cl_name(p.name.text)} = ({elem})({POSITIONS_LINEAR[attr]});"
+               f"{'' if attr in _LINEAR_POSITIONS else ' (or a 2- or 3-vector of them)'}")
+    if attr in _LINEAR_POSITIONS:
+        return f"{type_name} {cl_name(p.name.text)} = ({elem})({_LINEAR_POSITIONS[attr]});"
     parts = [f"({elem}){POSITIONS[attr].format(d=d)}" for d in range(n)]
     value = parts[0] if n == 1 else f"({type_name})({', '.join(parts)})"
     return f"{type_name} {cl_name(p.name.text)} = {value};"

@@ -12,7 +12,8 @@ from mtlir.runtime.sim.msl.lex import ID, NUM, PUNCT, RAW, Token
 from mtlir.runtime.sim.msl.names import SCALARS, VECTORS, cl_name
 from mtlir.runtime.sim.msl.rewrite import Ctx, TokenMatch, at, group_end, refuse, rewrite, tok, type_end
 
-__all__ = ["guarded_access", "deref", "guard_name", "pointer_declaration", "helper_bound_params", "device_cast"]
+__all__ = ["guarded_access", "deref", "guard_name", "pointer_declaration", "helper_bound_params", "device_cast",
+           "pointer_argument"]
 
 
 def _bound_of(ts: list[Token], names: list[int], ctx: Ctx, where: Token, what: str) -> Bound:
@@ -196,8 +197,32 @@ def _helper_call(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch:
             out += rewrite(ts, ctx, a, b)
     if len(spans) <= max(positions):
         refuse(ts[i], ts[i].text, f"`{ts[i].text}` is called with {len(spans)} arguments")
-    out += [tok(f", {FAULT_PARAM}", RAW), ts[close]]
+    out.append(tok(f", {FAULT_PARAM}", RAW))
+    if ts[i].text in ctx.simd_helpers:  # it also takes the SIMD-group scratch (simd)
+        out.append(tok(", __mtl_simd", RAW))
+    out.append(ts[close])
     return close + 1 - i, out
+
+
+def pointer_argument(ts: list[Token], a: int, b: int, ctx: Ctx, write: bool, what: str) -> tuple[list[Token], str]:
+    """A pointer passed to a builtin that accesses memory through it (``simdgroup_load``, ``simdgroup_store``):
+    its rewritten tokens, and the bounds the builtin checks its accesses against, as the text of extra arguments
+    ``, start, length, code, __mtl_fault`` when it points into a buffer (``""`` for a threadgroup or thread array,
+    whose accesses through a pointer are not checked, and without checks). ``what`` names it in refusals."""
+    if ctx.guard is None:
+        return rewrite(ts, ctx, a, b), ""
+    names = _pointer_names(ts, a, b, ctx)
+    if not names:
+        return rewrite(ts, ctx, a, b), ""
+    bound = _bound_of(ts, names, ctx, ts[a], what)
+    ctx.guard.allow([ts[j] for j in names])
+    pointer = rewrite(ts, ctx, a, b)
+    if bound.space != "global":
+        return pointer, ""
+    code = (f"{2 * int(bound.code) + 1 + int(write)}u" if bound.code.isdigit()
+            else f"{bound.code} * 2u + {int(write) + 1}u")
+    ctx.prelude.need_bounds_check()
+    return pointer, f", {bound.start}, {bound.length}, {code}, {FAULT_PARAM}"
 
 
 def pointer_declaration(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:

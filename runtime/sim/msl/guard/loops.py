@@ -6,6 +6,7 @@ from __future__ import annotations
 from mtlir.runtime.sim.msl.guard.scan import _split_on, group_start
 from mtlir.runtime.sim.msl.lex import ID, PUNCT, RAW, Token
 from mtlir.runtime.sim.msl.rewrite import Ctx, TokenMatch, at, group_end, rewrite, tok
+from mtlir.runtime.sim.msl.simd import uses_scratch
 
 __all__ = ["loop_guard"]
 
@@ -16,8 +17,9 @@ def loop_guard(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``for (init; cond; step)`` / ``while (cond)`` / ``do ... while (cond);`` -> the condition also ends the loop
     once an access has been skipped in this run (``cond && !__MTL_FAULTED``): the command buffer fails anyway, and a
     loop running far past its buffer (10**8 skipped stores per thread) would otherwise keep the whole dispatch busy
-    for minutes where Metal stops at the first fault. Loops that contain a barrier or call a function of the source
-    are left alone: work-items leaving such a loop early would no longer meet at the barrier."""
+    for minutes where Metal stops at the first fault. Loops that contain a barrier (or a SIMD-group function) or call a
+    function of the source are left alone: work-items leaving such a loop early would no longer meet at the
+    barrier."""
     if ctx.guard is None or not ctx.guard.fault or at(ts, i + 1).text != "(":
         return None
     close = group_end(ts, i + 1)
@@ -72,10 +74,13 @@ def _statement_span(ts: list[Token], j: int) -> tuple[int, int]:
 
 
 def _may_meet_at_a_barrier(ts: list[Token], a: int, b: int, ctx: Ctx) -> bool:
-    """True when ``ts[a:b]`` has a barrier or a call of a function or macro the source defines."""
+    """True when ``ts[a:b]`` has a barrier (a SIMD-group function is one: ``simd``) or a call of a function or
+    macro the source defines."""
+    if uses_scratch(ts, a, b, ctx.simd_helpers):
+        return True
     for k in range(a, b):
         t = ts[k]
-        if t.kind == ID and (t.text == "threadgroup_barrier" or (t.text in ctx.callables
+        if t.kind == ID and (t.text in ("threadgroup_barrier", "simdgroup_barrier") or (t.text in ctx.callables
                                                                  and at(ts, k + 1).text == "(")):
             return True
         if t.kind == "pp":

@@ -1,6 +1,6 @@
-"""The recorded Apple7 kernel queues of examples/traces, run dispatch by dispatch with KernelRunner (no queue, no
-ICB: the kernels alone), compared with the expected output the trace carries; symbolic_kv at other start_pos
-values against a numpy reference computed from the trace's inputs."""
+"""The recorded kernel queues of examples/traces (Apple7, and Apple9 with SIMD-group matrices), run dispatch by
+dispatch with KernelRunner (no queue, no ICB: the kernels alone), compared with the expected output the trace
+carries; symbolic_kv at other start_pos values against a numpy reference computed from the trace's inputs."""
 from __future__ import annotations
 
 import base64
@@ -73,8 +73,10 @@ def recorded(trace: dict[str, Any]) -> dict[str, int]:
     return {name: var["value"] for name, var in trace["variables"].items()}
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in TRACES.glob("*.apple7.json")))
-def test_apple7_trace_matches_expected_output(runner: KernelRunner, name: str) -> None:
+@pytest.mark.parametrize("name", sorted(p.name for p in TRACES.glob("*.apple[79].json")))
+def test_trace_matches_expected_output(runner: KernelRunner, name: str) -> None:
+    """Every trace: the Apple7 ones and the Apple9 ones, whose matmuls use SIMD-group matrices (msl.simd), with the
+    same tolerance."""
     trace = load(name)
     got = output(trace, run_queue(runner, trace, recorded(trace)))
     want = np.frombuffer(base64.b64decode(trace["output"]["expected_b64"]), np.float32).reshape(got.shape)
@@ -82,9 +84,10 @@ def test_apple7_trace_matches_expected_output(runner: KernelRunner, name: str) -
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_every_apple7_trace_is_covered() -> None:
-    names = {p.name.split(".")[0] for p in TRACES.glob("*.apple7.json")}
-    assert {"mlp", "conv", "layernorm_attn", "symbolic_kv", "mlp_deep", "cnn"} <= names
+def test_every_trace_is_covered() -> None:
+    for arch in ("apple7", "apple9"):
+        names = {p.name.split(".")[0] for p in TRACES.glob(f"*.{arch}.json")}
+        assert {"mlp", "conv", "layernorm_attn", "symbolic_kv", "mlp_deep", "cnn"} <= names
 
 
 def attention_reference(trace: dict[str, Any], n: int) -> np.ndarray:

@@ -198,8 +198,9 @@ def test_compile_errors(runner: KernelRunner, capfd: pytest.CaptureFixture[str])
     assert lines[1] == f"  line {line}, column {col} of the translation: expected expression"
     assert lines[2].strip().startswith(f"{line} | ") and "undefined_name" in lines[2]
     assert lines[-1] == "  (the whole build log is in .log, the translated source in .source)" and len(lines) == 6
-    with pytest.raises(UnsupportedKernelError, match="simd_sum"):
-        runner.compile(HEAD + "kernel void k(device float* x) { x[0] = simd_sum(x[0]); }", "k")
+    with pytest.raises(UnsupportedKernelError, match="simd_shuffle_and_fill_down"):
+        runner.compile(HEAD + "kernel void k(device float* x) { x[0] = simd_shuffle_and_fill_down(x[0], 0.0f, 1u); }",
+                       "k")
 
 
 def test_a_kernel_past_its_timeout_is_reported_not_waited_for() -> None:

@@ -438,17 +438,11 @@ def test_max_total_threads_attribute_is_kept() -> None:
 # --- refusals: each names the construct, never a wrong answer ---
 
 @pytest.mark.parametrize("path", sorted(TRACES.glob("*.apple9.json")), ids=lambda p: p.stem)
-def test_apple9_simdgroup_kernels_are_refused_naming_the_construct(path: Path) -> None:
+def test_apple9_kernels_translate_and_the_simdgroup_ones_take_the_scratch(path: Path) -> None:
     trace = json.loads(path.read_text())
-    simd = {k: p for k, p in trace["programs"].items() if "simdgroup" in p["msl"]}
     for key, prog in trace["programs"].items():
-        if key in simd:
-            with pytest.raises(UnsupportedKernelError) as info:
-                translate(prog["msl"])
-            assert info.value.construct == "simdgroup_float8x8", key
-            assert "line 4, column 3" in str(info.value) and "SIMD-group" in str(info.value)
-        else:
-            assert prog["function"] in translate(prog["msl"]).kernels
+        info = translate(prog["msl"]).kernels[prog["function"]]
+        assert info.simd == ("simdgroup_multiply_accumulate" in prog["msl"]), key
 
 
 def test_apple9_traces_use_simdgroup_matrices_somewhere() -> None:
@@ -457,8 +451,10 @@ def test_apple9_traces_use_simdgroup_matrices_somewhere() -> None:
 
 
 @pytest.mark.parametrize("msl, construct", [
-    ("kernel void k(device float* x) { x[0] = simd_sum(x[1]); }", "simd_sum"),
-    ("kernel void k(device float* x) { x[0] = quad_shuffle(x[1], 0); }", "quad_shuffle"),
+    ("kernel void k(device float* x) { x[0] = simd_shuffle_and_fill_down(x[1], 0.0f, 1u); }",
+     "simd_shuffle_and_fill_down"),
+    ("kernel void k(device float* x) { x[0] = quad_shuffle_and_fill_up(x[1], 0.0f, 1u); }",
+     "quad_shuffle_and_fill_up"),
     ("kernel void k(device atomic_int* x) { atomic_fetch_add_explicit(x, 1, memory_order_relaxed); }", "atomic_int"),
     ("kernel void k(texture2d<float> t, device float* x) { x[0] = 0; }", "texture2d"),
     ("kernel void k(device float* x) { bool4 b = bool4(true); x[0] = 0; }", "bool4"),
@@ -469,7 +465,8 @@ def test_apple9_traces_use_simdgroup_matrices_somewhere() -> None:
     ("kernel void k(device float* x) { x[0] = numeric_limits<float>::max(); }", "numeric_limits"),
     ("kernel void k(device float* x) { x[0] = foo::bar; }", "::"),
     ("kernel void k(device float* x) { x[0] = erfc(x[1]); }", "erfc"),
-    ("kernel void k(device float* x, uint i [[thread_index_in_simdgroup]]) { x[i] = 0; }", "thread_index_in_simdgroup"),
+    ("kernel void k(device float* x, ushort i [[dispatch_simdgroups_per_threadgroup]]) { x[i] = 0; }",
+     "[[dispatch_simdgroups_per_threadgroup]]"),
     ("kernel void k(device float* x [[user(a)]]) { x[0] = 0; }", "[[user]]"),
     ("kernel void k(device float* x, float4 v [[stage_in]]) { x[0] = 0; }", "[[stage_in]]"),
     ("kernel void k(device float* x, threadgroup float* t [[threadgroup(0)]]) { x[0] = t[0]; }", "[[threadgroup]]"),
@@ -586,8 +583,6 @@ def test_an_attribute_closed_but_never_opened_is_a_syntax_error() -> None:
 def test_every_trace_kernel_translates_with_the_checks() -> None:
     for path in sorted(TRACES.glob("*.json")):
         for key, prog in json.loads(path.read_text())["programs"].items():
-            if "simdgroup" in prog["msl"]:
-                continue
             src = translate(prog["msl"]).source
             assert "__MTL_CHK(" in src, key
 
