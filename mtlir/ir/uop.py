@@ -374,10 +374,48 @@ class UOp(_Slots):
     def __rsub__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.SUB, self)
     def __mul__(self, x: UOp | int) -> UOp: return self.alu(Ops.MUL, x)
     def __rmul__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.MUL, self)
-    def __floordiv__(self, x: UOp | int) -> UOp: return self.alu(Ops.IDIV, x)
-    def __rfloordiv__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.IDIV, self)
-    def __mod__(self, x: UOp | int) -> UOp: return self.alu(Ops.MOD, x)
-    def __rmod__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.MOD, self)
+    def __floordiv__(self, x: UOp | int) -> UOp: return self._division(Ops.IDIV, self, self._ufix(x))
+    def __rfloordiv__(self, x: UOp | int) -> UOp: return self._division(Ops.IDIV, self._ufix(x), self)
+    def __mod__(self, x: UOp | int) -> UOp: return self._division(Ops.MOD, self, self._ufix(x))
+    def __rmod__(self, x: UOp | int) -> UOp: return self._division(Ops.MOD, self._ufix(x), self)
+
+    @staticmethod
+    def _division(op: Ops, a: UOp, b: UOp) -> UOp:
+        """``a // b`` or ``a % b`` as the graph's IDIV/MOD, which are C's (truncating toward zero). Python's
+        operators floor instead; the two agree when dividend and divisor have one sign (or the divisor is 1 or -1),
+        as for sizes (a dividend >= 0, a divisor >= 1), so where the
+        operands' ranges (over their variables' bounds) show that they may not, this raises ``TypeError`` naming the
+        expression rather than give C's answer to Python's question (``-(-n // 128)`` would be n // 128, not the
+        ceiling). A divisor that can be 0 raises too (``ZeroDivisionError`` for a constant 0, as Python does).
+        ``a.alu(Ops.IDIV, b)`` asks for C's division explicitly. Operands whose range cannot be computed (a loaded
+        value) and floats are not checked."""
+        node = a.alu(op, b)
+        if node.dtype.is_float or not node.dtype.is_word or node.dtype.kind == "bool":
+            return node
+        from mtlir.errors import InputError
+        from mtlir.ir.bounds import bounds, expr_text, variable_bounds
+        try:
+            (alo, ahi), (blo, bhi) = bounds(a), bounds(b)
+        except InputError:  # a range that cannot be computed (a LOAD): nothing to prove
+            return node
+        if (alo >= 0 and blo >= 1) or (ahi <= 0 and bhi <= -1) or (blo == bhi and abs(blo) == 1):
+            return node  # both results have one sign (or the divisor is +-1): floor and truncation agree
+        sym = "//" if op is Ops.IDIV else "%"
+        if blo == bhi == 0:
+            raise ZeroDivisionError(f"{expr_text(a)} {sym} {expr_text(b)}: division by zero")
+        if blo <= 0 <= bhi:
+            raise TypeError(f"{expr_text(a)} {sym} {expr_text(b)}: the divisor can be 0 for {variable_bounds(b)} (C "
+                            f"leaves a division by zero undefined): keep it >= 1, e.g. ({expr_text(b)}).maximum(1)")
+        def side(name: str, u: UOp, lo: int, hi: int) -> str:
+            text = expr_text(u)
+            return f"the {name} is {lo}" if text == str(lo) == str(hi) else \
+                f"the {name} {text} " + (f"is {lo}" if lo == hi else f"can be {lo}..{hi}")
+        dividend, divisor = side("dividend", a, alo, ahi), side("divisor", b, blo, bhi)
+        why = f"{dividend} and {divisor}"
+        raise TypeError(f"{expr_text(a)} {sym} {expr_text(b)}: Python's {sym} floors, the graph's {op.name} truncates "
+                        f"toward zero (C); they differ here, {why}. Write a.alu(Ops.{op.name}, b) for C's division, "
+                        f"or keep the dividend >= 0 and the divisor >= 1 (a ceiling: (n + 127) // 128, not "
+                        f"-(-n // 128))")
     def __lshift__(self, x: UOp | int) -> UOp: return self.alu(Ops.SHL, x)
     def __rshift__(self, x: UOp | int) -> UOp: return self.alu(Ops.SHR, x)
     def __and__(self, x: UOp | int) -> UOp: return self.alu(Ops.AND, x)

@@ -23,12 +23,12 @@ K = Kernel("k", "k", "", (KernelParam(None, 0),))
 
 @pytest.mark.parametrize("expr, lo, hi", [
     (N, 1, 32), (N - 5, -4, 27), ((N + 31) // 32, 1, 1), (N % 7 + 1, 1, 7), ((N - 5).maximum(1), 1, 27),
-    (N * M, -256, 256), (-M, -8, 8), (N << 2, 4, 128), (N >> 1, 0, 16), (N & 3, 0, 3), (M // 3, -2, 2),
-    (M % 3, -2, 2), (N.minimum(M), -8, 8), ((N < 3).where(N, 7), 1, 32), (N < 40, 1, 1), (N.eq(0), 0, 0),
+    (N * M, -256, 256), (-M, -8, 8), (N << 2, 4, 128), (N >> 1, 0, 16), (N & 3, 0, 3), (M.alu(Ops.IDIV, 3), -2, 2),
+    (M.alu(Ops.MOD, 3), -2, 2), (N.minimum(M), -8, 8), ((N < 3).where(N, 7), 1, 32), (N < 40, 1, 1), (N.eq(0), 0, 0),
     (UOp.const(u32, 5) - 6, 0, 2**32 - 1),            # wraps: the whole range of the dtype
     ((N - 5).cast(u64), 0, 2**64 - 1),                # a negative value cast to unsigned wraps
     ((N + 1).cast(u64), 2, 33), (UOp.const(dtypes.int8, 100) + N, -128, 127),
-    (N // (N - 16), -32, 32),                         # division by a range through 0 leaves out the undefined 0
+    (N.alu(Ops.IDIV, N - 16), -32, 32),                         # division by a range through 0 leaves out the undefined 0
 ])
 def test_ranges(expr: UOp, lo: int, hi: int) -> None:
     assert bounds(expr) == (lo, hi)

@@ -330,7 +330,7 @@ def test_groups_cover_the_alu_ops() -> None:
 
 def test_evaluate_has_c_semantics() -> None:
     x = UOp.variable("x", -100, 100)
-    assert (x // 3).evaluate({"x": -7}) == -2 and (x % 3).evaluate({"x": -7}) == -1
+    assert x.alu(Ops.IDIV, 3).evaluate({"x": -7}) == -2 and x.alu(Ops.MOD, 3).evaluate({"x": -7}) == -1
     assert ((x + 1) * 2).evaluate({"x": 4}) == 10
     assert (UOp.const(dtypes.uint8, 250) + 10).evaluate() == 4  # wraps to the dtype
     assert (UOp.const(dtypes.int8, 127) + 1).evaluate() == -128
@@ -471,3 +471,29 @@ def test_equality_and_hash_are_identity_for_dict_and_set_keys() -> None:
         len(N4K)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         iter(N4K)  # type: ignore[call-overload]
+
+
+def test_python_division_where_c_division_would_answer_differently_raises() -> None:
+    """IDIV/MOD truncate toward zero (C); Python's // and % floor. Where the ranges of the operands show the two may
+    differ (a negative dividend, a divisor that can be 0 or negative), the operator raises instead of building C's
+    answer: the ceiling idiom -(-n // 128) would silently be n // 128 (for n = 200: 1, not 2)."""
+    n = UOp.variable("n", 1, 4096)
+    x = UOp.variable("x", -100, 100)
+    with pytest.raises(TypeError, match=r"-n // 128: Python's // floors, the graph's IDIV truncates toward zero"
+                                        r".*the dividend -n can be -4096..-1 and the divisor is 128.*\(n \+ 127\) // 128"):
+        -(-n // 128)
+    with pytest.raises(TypeError, match=r"x % 3: .* the dividend x can be -100..100"):
+        x % 3
+    with pytest.raises(TypeError, match=r"n // x: the divisor can be 0 for x in \[-100, 100\]"):
+        n // x
+    with pytest.raises(TypeError, match=r"n // -x - 101: .*the divisor -x - 101 can be -201..-1"):
+        n // (-x - 101)
+    with pytest.raises(TypeError, match=r"7 // -2: .*the dividend is 7 and the divisor is -2"):
+        UOp.const(dtypes.int32, 7) // -2
+    # where the two agree: sizes (dividend >= 0, divisor >= 1), one sign on both sides, a divisor of +-1
+    assert ((n + 127) // 128).evaluate({"n": 200}) == 2 and (n % 7).evaluate({"n": 200}) == 4
+    assert ((-n) // -3).evaluate({"n": 7}) == 2 == (-7) // -3
+    assert (x // 1).evaluate({"x": -7}) == -7 and (x // -1).evaluate({"x": -7}) == 7
+    assert x.alu(Ops.IDIV, 2).evaluate({"x": -7}) == -3  # C's division, asked for explicitly
+    f = UOp.variable("f", 0, 10).cast(dtypes.float32)
+    assert (f // 2.0).op is Ops.IDIV  # floats are not checked
