@@ -71,9 +71,9 @@ class Rule(Enum):
                          "A dispatch whose threadgroup has more threads than the pipeline's "
                          "maxTotalThreadsPerThreadgroup is silently dropped (ml-explore/mlx PR #4018); a zero-size "
                          "dispatch is accepted and does nothing.")
-    FREED_IN_FLIGHT = (14, "a buffer freed while a command buffer that uses it is in flight",
-                       "Freeing a buffer that an in-flight command buffer uses ends that command buffer with "
-                       "InvalidResource (9).")
+    FREED_IN_FLIGHT = (14, "a buffer or pipeline freed while a command buffer that uses it is in flight",
+                       "Freeing a buffer or pipeline that an in-flight command buffer uses and does not retain (one "
+                       "reached only through ICB commands) ends that command buffer with InvalidResource (9).")
     CPU_WRITE_IN_FLIGHT = (15, "the CPU must not change ICB commands or argument bytes a committed command buffer "
                                "reads",
                            "The CPU writes ICB commands and argument bytes directly (shared storage): changing them "
