@@ -13,7 +13,9 @@ imports none of them, nor graphviz, networkx, numpy, pyopencl, the passes or the
   ``default_pipeline`` (``mtlir.passes``);
 - running: ``link``, ``Session`` (``mtlir.runtime``), ``SimDevice`` (the simulated Metal device);
 - the errors: ``MtlirError`` and its family (``mtlir.errors``), with the IR core's ``ParseError``, ``RuleError``,
-  ``RewriteLoopError`` and ``GraphvizNotFoundError``.
+  ``RewriteLoopError`` and ``GraphvizNotFoundError``;
+- ``__version__``: the installed distribution's version, read from its metadata (``importlib.metadata``) when first
+  asked; ``mtlir --version`` prints the same.
 """
 from __future__ import annotations
 
@@ -86,7 +88,12 @@ if not os.path.isdir(os.path.join(_HERE, "passes")) and os.path.isfile(os.path.j
 
 
 def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (and kept, so the next use is a plain lookup)."""
+    """A public name, imported from its module on first use (and kept, so the next use is a plain lookup);
+    ``__version__`` from the package metadata."""
+    if name == "__version__":
+        from importlib.metadata import version
+        globals()[name] = value = version("mtlir")
+        return value
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module 'mtlir' has no attribute {name!r}")
@@ -97,4 +104,4 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     """The public names and the module's own dunders (not the helpers this module imports)."""
-    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})
+    return sorted({*__all__, "__version__", *(n for n in globals() if n.startswith("__") and n.endswith("__"))})

@@ -129,13 +129,19 @@ class Session:
     wait timeout in seconds. ``serialize``: wait for the previous submit before the next (METAL.md §3 rule 15).
     ``keep_completed``: how many completed Submissions ``completed`` keeps.
 
-    Raises ``TypeError``/``ValueError`` for a ``timeout_s`` that is not a positive finite number of seconds, and
-    what ``link`` raises (``TypeError`` for initial data that is not bytes, naming the buffer; ``LinkError``); use
+    Raises ``TypeError`` when ``program`` is not a ``Program`` (the result of ``mtlir.lower`` is a ``Lowered``:
+    pass its ``.program``), ``TypeError``/``ValueError`` for a ``timeout_s`` that is not a positive finite number
+    of seconds, and what ``link`` raises (``TypeError`` for initial data that is not bytes, naming the buffer; ``LinkError``); use
     as a context manager or call ``close()``."""
 
     def __init__(self, program: Program, bridge: Bridge, *, initial: Mapping[str, Any] | None = None,
                  executor: str = "compiled", timeline_var: str = DEFAULT_TIMELINE_VAR, timeout_s: float = 30.0,
                  serialize: bool = True, max_command_buffers: int = 1024, keep_completed: int = 64) -> None:
+        if not isinstance(program, Program):
+            hint = (f"pass its .program (Session(lowered.program, ...)): mtlir.lower returns a {type(program).__name__}"
+                    " that holds the Program" if isinstance(getattr(program, "program", None), Program)
+                    else "lower a Queue with mtlir.lower(...) and pass the result's .program")
+            raise TypeError(f"Session(program, ...): a Program is needed, got {type(program).__name__}: {hint}")
         self.program, self.bridge = program, bridge
         self.timeout_s = _seconds(timeout_s, "Session(timeout_s=...)", zero=False)
         self.serialize = serialize

@@ -66,6 +66,8 @@ def _lower(args: argparse.Namespace, log: TextIO, target: str, lower: LowerTrace
         trace = load_trace(args.trace)
     except UnicodeDecodeError as e:  # a binary file: load_trace reads text
         raise UsageError(f"{args.trace}: not a JSON trace: byte {e.start} is not UTF-8 text ({e.reason})") from None
+    except OSError as e:  # missing, a folder, unreadable: name the argument
+        raise UsageError(f"TRACE {args.trace}: cannot read the trace: {e.strerror or e}") from None
     residency_set = not args.no_residency_set and (caps is None or caps.residency_sets)
     icb = not args.no_icb and (caps is None or caps.icb)
     device = DeviceSpec(ARCHS[args.arch] if args.arch else trace.arch, residency_set=residency_set, icb=icb)
@@ -87,15 +89,21 @@ def _write_pictures(stages: list[tuple[str, Any]], outdir: Path, log: TextIO) ->
     import re
     from mtlir.ir.uop import UOp
     from mtlir.viz import to_dot, write_picture
-    outdir.mkdir(parents=True, exist_ok=True)
-    for old in outdir.glob("[0-9][0-9]-*.svg"):
-        if re.fullmatch(r"\d\d-[\w.{}=,-]+\.svg", old.name):
-            old.unlink()
-    for i, (name, stage) in enumerate(stages):
-        title = f"{name} (unchanged)" if i and stage is stages[i - 1][1] else name
-        dot = to_dot(stage, name=title) if isinstance(stage, UOp) else _program_dot(stage, name)
-        path = write_picture(dot, outdir / f"{i:02d}-{name}.svg")
-        print(f"mtlir: wrote {path}", file=log)
+    if outdir.exists() and not outdir.is_dir():
+        raise UsageError(f"--viz {outdir}: is a file, not a folder: give a folder for the pictures")
+    try:
+        outdir.mkdir(parents=True, exist_ok=True)
+        for old in outdir.glob("[0-9][0-9]-*.svg"):
+            if re.fullmatch(r"\d\d-[\w.{}=,-]+\.svg", old.name):
+                old.unlink()
+        for i, (name, stage) in enumerate(stages):
+            title = f"{name} (unchanged)" if i and stage is stages[i - 1][1] else name
+            dot = to_dot(stage, name=title) if isinstance(stage, UOp) else _program_dot(stage, name)
+            path = write_picture(dot, outdir / f"{i:02d}-{name}.svg")
+            print(f"mtlir: wrote {path}", file=log)
+    except OSError as e:  # a parent that is a file, no permission, a full disk: name the flag and the file
+        where = f" ({e.filename})" if e.filename and str(e.filename) != str(outdir) else ""
+        raise UsageError(f"--viz {outdir}: cannot write the pictures{where}: {e.strerror or e}") from None
 
 
 def _program_dot(program: Any, name: str) -> Any:

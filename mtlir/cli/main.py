@@ -47,11 +47,28 @@ __all__ = ["main", "build_parser"]
 
 class _Parser(argparse.ArgumentParser):
     """argparse that raises ``UsageError`` (exit 2, one line) carrying the usage line of the (sub)command that
-    failed, instead of printing and exiting."""
+    failed, instead of printing and exiting. ``commands`` holds the subcommands' parsers, by name, so an argument
+    one of them does not know is reported with that subcommand's usage (``parse``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, _Parser] = {}
 
     def error(self, message: str) -> NoReturn:
+        """``message`` as a ``UsageError``: ``run: the following arguments are required: trace (usage: mtlir run
+        ...)`` for a subcommand, without the program's name (the report puts ``mtlir: error:`` in front)."""
         usage = " ".join(self.format_usage().split())
-        raise UsageError(f"{self.prog}: {message} ({usage})")
+        command = self.prog.partition(" ")[2]
+        raise UsageError(f"{command + ': ' if command else ''}{message} ({usage})")
+
+    def parse(self, argv: list[str]) -> argparse.Namespace:
+        """``parse_args(argv)``, except that arguments the subcommand does not know are reported by the
+        subcommand's parser (its usage, not the program's)."""
+        args, extras = self.parse_known_args(argv)
+        if extras:
+            parser = self.commands.get(getattr(args, "command", None) or "", self)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return args
 
 
 def _arch(text: str) -> str:
@@ -85,10 +102,11 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     """The argparse parser of ``mtlir`` with its two commands."""
     p = _Parser(prog="mtlir", description="Lower GPU queue operations to the Objective-C messages of Apple Metal "
                                           "and run them on real or simulated Metal.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def common(sp: argparse.ArgumentParser) -> None:
@@ -122,7 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=_positive_seconds, default=60.0, metavar="S",
                      help="seconds to wait for the GPU (default 60); past it the run fails with exit 3")
     run.set_defaults(pipeline=None, print_after_all=False)
+    p.commands.update(lower=lo, run=run)
     return p
+
+
+def _version() -> str:
+    """The installed distribution's version (``mtlir.__version__``: the package metadata)."""
+    import mtlir
+    return str(mtlir.__version__)
 
 
 def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextIO | None = None,
@@ -151,7 +176,7 @@ def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextI
             try:
                 if json_mode:
                     out = stack.enter_context(_stdout_for_json(out))
-                args = build_parser().parse_args(argv)
+                args = build_parser().parse(argv)
                 if args.command == "lower":
                     code = cmd_lower(args, out, log, lower_trace=lower_trace)
                 else:

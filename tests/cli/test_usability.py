@@ -1,0 +1,71 @@
+"""Issue 9, the command line behaving like its peers: ``python -m mtlir``, ``--version``, usage errors with the
+failing subcommand's usage and no doubled prefix, file errors naming their argument."""
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtlir.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+MLP7 = str(ROOT / "examples" / "traces" / "mlp.apple7.json")
+
+
+def mtlir(*argv: str) -> tuple[int, str, str]:
+    """``mtlir argv`` in this process: (exit code, stdout, stderr)."""
+    out, log = io.StringIO(), io.StringIO()
+    code = main(list(argv), out=out, log=log)
+    return code, out.getvalue(), log.getvalue()
+
+
+def test_python_dash_m_mtlir_runs_the_command_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "mtlir", "lower", MLP7, "--target", "arm64"], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("; Apple7, residency set, ICB, arm64")
+
+
+def test_version_is_the_package_metadata(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    import mtlir as package
+    assert package.__version__ == version("mtlir") and "__version__" in dir(package)
+    proc = subprocess.run([sys.executable, "-m", "mtlir", "--version"], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout == f"mtlir {version('mtlir')}\n", proc.stderr
+
+
+@pytest.mark.parametrize("argv, usage, match", [
+    (["run", MLP7, "--pipeline", "encode"], "usage: mtlir run ", "run: unrecognized arguments: --pipeline encode"),
+    (["lower", MLP7, "--repeat", "3"], "usage: mtlir lower ", "lower: unrecognized arguments: --repeat 3"),
+    (["run"], "usage: mtlir run ", "run: the following arguments are required: trace"),
+    ([], "usage: mtlir [-h] [--version]", "the following arguments are required: command"),
+])
+def test_a_usage_error_shows_the_failing_commands_usage_once(argv: list[str], usage: str, match: str) -> None:
+    code, out, log = mtlir(*argv)
+    assert code == 2 and out == "" and log.count("\n") == 1
+    assert log.startswith(f"mtlir: error: {match} (") and f"({usage}" in log
+    assert "mtlir: error: mtlir" not in log  # no doubled prefix
+
+
+def test_viz_naming_a_file_says_so(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    code, _, log = mtlir("lower", MLP7, "--viz", str(afile))
+    assert code == 2 and log == f"mtlir: error: --viz {afile}: is a file, not a folder: give a folder for the " \
+                                "pictures\n"
+    code, _, log = mtlir("lower", MLP7, "--viz", str(afile / "sub"))
+    assert code == 2 and log.startswith(f"mtlir: error: --viz {afile / 'sub'}: cannot write the pictures") \
+        and "Errno" not in log
+
+
+@pytest.mark.parametrize("make, why", [(lambda p: p / "missing.json", "No such file or directory"),
+                                       (lambda p: p, "Is a directory")])
+def test_a_trace_that_cannot_be_read_names_the_argument(tmp_path: Path, make: object, why: str) -> None:
+    path = make(tmp_path)  # type: ignore[operator]
+    code, _, log = mtlir("run", str(path))
+    assert code == 2 and log == f"mtlir: error: TRACE {path}: cannot read the trace: {why}\n"
