@@ -4,7 +4,7 @@ Apple GPUs run a threadgroup's threads in SIMD groups of 32 (``threadExecutionWi
 threads in the threadgroup's linear order (``thread_index_in_threadgroup``), lane ``t % 32`` of SIMD group
 ``t / 32``; quad groups are 4 consecutive lanes. The OpenCL devices here (PoCL on the CPU, NVIDIA's OpenCL) have no
 sub-group functions, so every exchange between lanes goes through threadgroup memory with barriers: each kernel
-that uses one gets a ``__local uchar* __mtl_simd`` scratch argument (``SIMD_PARAM``, 32 bytes per thread, given at
+that uses one gets a ``__local uchar* __mtl_simd`` scratch argument (``SIMD_PARAM``, 68 bytes per thread, given at
 each run by the runner: ``scratch_bytes``), and each helper function that uses one, directly or through another
 helper, gets the same pointer as a last parameter, passed at every call (``simd_helpers``). A SIMD-group function
 is a macro of ``SIMD_PRELUDE``: a barrier, each lane writes its value in its slot, a barrier, each lane reads its
@@ -23,8 +23,9 @@ Lane ``L`` holds row ``(L >> 1 & 3) | (L >> 2 & 4)``, columns ``c`` and ``c + 1`
 (L >> 1 & 4)``, for A, B, C and D alike (the layout tinygrad's Python emulator of the Metal tensor cores states,
 ``tinygrad/runtime/ops_python.py``; Apple's specification leaves it unstated). ``simdgroup_load`` and
 ``simdgroup_store`` read and write each lane's two elements directly (bounds-checked for buffers);
-``simdgroup_multiply_accumulate`` exchanges A and B through the scratch and each lane computes its two elements of
-D in float, rounded once to D's element type.
+``simdgroup_multiply_accumulate`` exchanges A and B through the scratch (one barrier: consecutive multiplies
+alternate between two buffers, so one's writes never meet the previous one's reads) and each lane computes its two
+elements of D in float, rounded once to D's element type.
 """
 from __future__ import annotations
 
@@ -34,14 +35,20 @@ from mtlir.runtime.sim.msl.names import MATRIX_TYPES
 from mtlir.runtime.sim.msl.rewrite import Ctx, TokenMatch, arg_count, at, group_end, refuse, rewrite, tok
 from mtlir.runtime.sim.msl.softfloat import SOFTFLOAT_PRELUDE
 
-__all__ = ["SIMD_PARAM", "SIMD_WIDTH", "SUPPORTED", "SIMD_FUNCTIONS", "MATRIX_FUNCTIONS", "SIMD_POSITIONS",
-           "SIMD_PRELUDE", "scratch_bytes", "uses_scratch", "simd_helpers", "simd_function", "matrix_type",
-           "matrix_function", "thread_elements", "simd_helper_call"]
+__all__ = ["SIMD_PARAM", "SIMD_BEGIN", "SIMD_WIDTH", "SUPPORTED", "SIMD_FUNCTIONS", "MATRIX_FUNCTIONS",
+           "SIMD_POSITIONS", "SIMD_PRELUDE", "scratch_bytes", "uses_scratch", "simd_helpers", "simd_function",
+           "matrix_type", "matrix_function", "thread_elements", "simd_helper_call"]
 
 SIMD_PARAM = "__mtl_simd"  # the scratch argument of kernels and helpers that exchange values between lanes
+SIMD_BEGIN = f"__mtl_simd_begin({SIMD_PARAM});"  # a kernel's first statement: its thread's buffer phase
 SIMD_WIDTH = 32  # threadExecutionWidth of every Apple GPU family
-SLOT_BYTES = 32  # scratch bytes per thread: the largest value a SIMD-group function moves (long4), and a
-# SIMD group's 32 slots hold the 2 x 64 floats of a matrix multiply's A and B
+# The scratch, per thread of every SIMD group (the last partial one counted whole): a slot for the value a SIMD-group
+# function moves (32 bytes: the largest, a long4), a 32-byte share of its SIMD group's two buffers for a matrix
+# multiply's A and B (2 x 128 floats: consecutive multiplies alternate, so one barrier each suffices), and the
+# thread's buffer phase (4 bytes).
+SLOT_BYTES = 32
+MATRIX_BYTES = 32
+PHASE_BYTES = 4
 
 _LINEAR = "((get_local_id(2) * get_local_size(1) + get_local_id(1)) * get_local_size(0) + get_local_id(0))"
 _THREADS = "(get_local_size(0) * get_local_size(1) * get_local_size(2))"
@@ -93,9 +100,10 @@ SUPPORTED = (frozenset(SIMD_FUNCTIONS) | frozenset(_LOCAL_FUNCTIONS) | frozenset
 
 
 def scratch_bytes(threads: int) -> int:
-    """The scratch a kernel with SIMD-group functions needs for a threadgroup of ``threads`` threads: 32 bytes per
-    thread of every SIMD group, the last partial one included."""
-    return -(-threads // SIMD_WIDTH) * SIMD_WIDTH * SLOT_BYTES
+    """The scratch a kernel with SIMD-group functions needs for a threadgroup of ``threads`` threads: 68 bytes per
+    thread of every SIMD group, the last partial one included (``SLOT_BYTES``, ``MATRIX_BYTES``,
+    ``PHASE_BYTES``)."""
+    return -(-threads // SIMD_WIDTH) * SIMD_WIDTH * (SLOT_BYTES + MATRIX_BYTES + PHASE_BYTES)
 
 
 def uses_scratch(ts: list[Token], start: int, end: int, helpers: set[str]) -> bool:
@@ -324,14 +332,17 @@ def _matrix_definitions() -> list[str]:
                                "uint code, __global uint* f) { uint r = __mtl_matrix_row(), c = __mtl_matrix_col(); "
                                f"for (uint j = 0u; j < 2u; j++) {{ {where} {chk.format(const='')} float v = m.e[j]; "
                                f"*q = {store}; }} }}")
-    # D = A B + C: A's and B's elements go through the scratch (A at float 0, B at float 64 of the SIMD group's
-    # 256 floats); an inactive lane's elements are written as 0 by the active ones
+    # D = A B + C: A's and B's elements go through the scratch (A at float 0, B at float 64 of one of the SIMD
+    # group's two 128-float buffers, alternately); an inactive lane's elements are written as 0 by the active ones
     out += [
         "static float2 __mtl_matrix_mma(__local uchar* scratch, float2 a, float2 b, float2 c) {",
-        "  uint t = __mtl_thread_index(), l = t & 31u, n = min(32u, __mtl_threads() - (t - l));",
-        "  __local float* s = (__local float*)scratch + (t - l) * 8u;",
+        "  uint t = __mtl_thread_index(), l = t & 31u, n = min(32u, __mtl_threads() - (t - l)), "
+        "span = __mtl_simd_span();",
+        "  __local uint* phase = (__local uint*)(scratch + 64u * span) + t;",
+        "  uint ph = *phase;",
+        "  *phase = ph ^ 1u;  /* the next multiply uses the other buffer: its writes cannot meet this one's reads */",
+        "  __local float* s = (__local float*)(scratch + 32u * span) + (t - l) * 8u + ph * 128u;",
         "  uint r = __mtl_matrix_row(), col = __mtl_matrix_col();",
-        "  barrier(CLK_LOCAL_MEM_FENCE);",
         "  s[r * 8u + col] = a.x; s[r * 8u + col + 1u] = a.y; s[64u + r * 8u + col] = b.x; "
         "s[65u + r * 8u + col] = b.y;",
         "  for (uint k = l + n; k < 32u; k += n) {",
@@ -364,6 +375,11 @@ def _simd_prelude() -> str:
         "get_local_id(1)) * get_local_size(0) + get_local_id(0); }",
         "static inline uint __mtl_threads(void) { return get_local_size(0) * get_local_size(1) * "
         "get_local_size(2); }",
+        "/* the scratch: [0, 32 S) the SIMD-group functions' slots, [32 S, 64 S) two 512-byte buffers per SIMD group",
+        "   for a matrix multiply, [64 S, 68 S) each thread's buffer phase; S: the threads of the whole SIMD groups */",
+        "static inline uint __mtl_simd_span(void) { return (__mtl_threads() + 31u) & ~31u; }",
+        "static inline void __mtl_simd_begin(__local uchar* scratch) "
+        "{ ((__local uint*)(scratch + 64u * __mtl_simd_span()))[__mtl_thread_index()] = 0u; }",
         "static inline ulong __mtl_active_mask(uint w) { uint t = __mtl_thread_index(), b = t - t % w, "
         "n = min(w, __mtl_threads() - b); return n >= 64u ? ~0ul : (1ul << n) - 1ul; }",
         "#define __MTL_T(x) __typeof__((__typeof__(x))(x))",

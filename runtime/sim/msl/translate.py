@@ -37,7 +37,7 @@ from mtlir.runtime.sim.msl.guard.access import guard_name, guarded_access, helpe
 from mtlir.runtime.sim.msl.guard.bound import ARGS_PARAM, FAULT_PARAM, Bound, Guard
 from mtlir.runtime.sim.msl.prelude import Prelude
 from mtlir.runtime.sim.msl.rewrite import Ctx, at, group_end, refuse, rewrite, tok
-from mtlir.runtime.sim.msl.simd import SIMD_PARAM, SIMD_POSITIONS, SUPPORTED, simd_helpers, uses_scratch
+from mtlir.runtime.sim.msl.simd import SIMD_BEGIN, SIMD_PARAM, SIMD_POSITIONS, SUPPORTED, simd_helpers, uses_scratch
 from mtlir.runtime.sim.msl.softfloat import SOFTFLOAT_PRELUDE, lower_soft_floats, uses_soft_floats
 from mtlir.runtime.sim.msl.token_rules import TOKEN_RULES
 
@@ -423,6 +423,7 @@ def _translate_kernel(ts: list[Token], start: int, end: int, ctx: Ctx) -> tuple[
     simd = uses_scratch(ts, close + 2, end - 1, ctx.simd_helpers)
     if simd:  # the scratch SIMD-group lanes exchange values through, sized per run by the runner (simd)
         cl_params.append(f"__local uchar* {SIMD_PARAM}")
+        prologue.append(SIMD_BEGIN)
     ctx.scope, ctx.depth, ctx.uses_barrier, ctx.threadgroup_vars = "kernel", 1, simd, []
     ctx.simd_scratch = simd
     guard = ctx.guard

@@ -224,3 +224,82 @@ def test_libraries_without_half_or_bfloat_are_left_as_they_are() -> None:
         for prog in json.loads(path.read_text())["programs"].values():
             ts = canonical_type_spellings(tokenize(prog["msl"]))
             assert lower_soft_floats(ts, [], set()) is ts
+
+
+# --- bfloat: the top 16 bits of a float, rounded to nearest even (MSL 3.1); numpy has no bfloat16, so the model
+# computes in float32 (correctly rounded) and rounds the same way: float's 24 bits make that the correctly rounded
+# bfloat result (8 bits) too ---
+
+def to_bfloat(f: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat bits, to nearest even; a NaN stays a quiet NaN."""
+    u = f.astype(np.float32).view(np.uint32).astype(np.uint64)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    bits[nan] = (u[nan] >> 16) | 0x40
+    return bits.astype(np.uint16)
+
+
+def from_bfloat(b: np.ndarray) -> np.ndarray:
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def assert_same_bfloat(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    nan = np.isnan(from_bfloat(want))
+    assert (np.isnan(from_bfloat(got)) == nan).all(), what
+    bad = ~nan & (got != want)
+    assert not bad.any(), f"{what}: {bad.sum()} differ, first at {np.argmax(bad)}: {got[bad][:4]} != {want[bad][:4]}"
+
+
+BFLOAT_UNARY = {
+    "-v": lambda v: -v,
+    "abs(v)": np.abs,
+    "sqrt(v)": np.sqrt,
+    "v * v": lambda v: v * v,
+    "v + (bfloat)1.0f": lambda v: v + np.float32(1),
+    "v / (bfloat)3.0f": lambda v: v / from_bfloat(to_bfloat(np.float32([3])))[0],
+    "(bfloat)((float)v * 0.1f)": lambda v: v * np.float32(0.1),
+    "bfloat(v * 0.1f) * 3": lambda v: from_bfloat(to_bfloat(v * np.float32(0.1))) * np.float32(3),
+}
+
+
+def test_bfloat_unary_operations_are_bit_exact_over_all_inputs(runner: KernelRunner) -> None:
+    body = "\n".join(f"  o[{k} * 65536 + i] = as_type<ushort>((bfloat)({expr}));"
+                     for k, expr in enumerate(BFLOAT_UNARY))
+    msl = f"kernel void k(device ushort* o, device const bfloat* x, uint i [[thread_position_in_grid]]) {{\n" \
+          f"  bfloat v = x[i];\n{body}\n}}"
+    every = np.arange(65536, dtype=np.uint16)
+    got = run(runner, msl, np.zeros((len(BFLOAT_UNARY), 65536), np.uint16), every, threads=65536)
+    with np.errstate(all="ignore"):
+        for k, (expr, ref) in enumerate(BFLOAT_UNARY.items()):
+            assert_same_bfloat(got[k], to_bfloat(ref(from_bfloat(every))), expr)
+
+
+def test_bfloat_binary_operations_conversions_and_matrices(runner: KernelRunner) -> None:
+    n = 1 << 18
+    rng = np.random.default_rng(14)
+    a, b = (rng.integers(0, 65536, n, dtype=np.uint16) for _ in range(2))
+    f = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    msl = f"""kernel void k(device bfloat* o, device const bfloat* a, device const bfloat* b, device const float* f,
+                           uint i [[thread_position_in_grid]]) {{
+      const uint n = {n};
+      bfloat x = a[i], y = b[i];
+      o[i] = x + y; o[n + i] = x - y; o[2 * n + i] = x * y; o[3 * n + i] = x / y; o[4 * n + i] = f[i];
+      o[5 * n + i] = x * y + x;
+    }}"""
+    got = run(runner, msl, np.zeros((6, n), np.uint16), a, b, f, threads=n)
+    x, y = from_bfloat(a), from_bfloat(b)
+    with np.errstate(all="ignore"):
+        want = [x + y, x - y, x * y, x / y, f, from_bfloat(to_bfloat(x * y)) + x]
+    for k, (w, what) in enumerate(zip(want, ["+", "-", "*", "/", "(bfloat)float", "x * y + x"])):
+        assert_same_bfloat(got[k], to_bfloat(w), what)
+    msl = """kernel void k(device float* d, device const bfloat* a, device const bfloat* b) {
+      simdgroup_bfloat8x8 ma, mb;
+      simdgroup_float8x8 md;
+      simdgroup_load(ma, a);
+      simdgroup_load(mb, b);
+      simdgroup_multiply(md, ma, mb);
+      simdgroup_store(md, d);
+    }"""
+    ma, mb = (to_bfloat(rng.integers(-8, 9, 64).astype(np.float32)) for _ in range(2))
+    d = run(runner, msl, np.zeros(64, np.float32), ma, mb, threads=32)
+    np.testing.assert_array_equal(d.reshape(8, 8), from_bfloat(ma).reshape(8, 8) @ from_bfloat(mb).reshape(8, 8))
