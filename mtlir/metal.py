@@ -284,6 +284,8 @@ SELECTORS: dict[str, Signature] = {
     "gpuAddress": _S(_u64), "contents": _S(_ptr), "length": _S(_u64),
     # MTLComputePipelineState
     "maxTotalThreadsPerThreadgroup": _S(_u64),
+    # MTLDevice: the largest MTLBuffer it creates, in bytes (newBufferWithLength:options: returns nil above it)
+    "maxBufferLength": _S(_u64),
     # MTLResidencySet
     "addAllocation:": _S(_void, (_id,)), "removeAllocation:": _S(_void, (_id,)),
     # NSString, NSError, NSObject

@@ -145,13 +145,14 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
     trace, lowered = _lower(args, log, target, lower_trace, caps)
     program = lowered.program
     values = program_values(program, trace, log)
-    # what one submit sends, as `lower --json` records it
-    messages = record_one_submit(program, values, target, args.executor)
     bridge, device_name = make_bridge(kind, target, args.faithful, program, metal)
     o = trace.output
     try:
-        with Session(program, bridge, initial=trace.initial_data(), executor=args.executor,
+        with Session(program, bridge, initial=trace.initial_data(full=False), executor=args.executor,
                      timeout_s=args.timeout) as s:
+            # what one submit sends, as `lower --json` records it; after the link, so what the device refuses (a
+            # buffer above its maxBufferLength) is said by the device, not by the recording's host memory
+            messages = record_one_submit(program, values, target, args.executor)
             for _ in range(args.repeat):
                 s.submit(**values)
             s.wait(timeout_s=args.timeout)

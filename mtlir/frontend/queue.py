@@ -35,11 +35,15 @@ from mtlir.ir.uop import UOp
 
 __all__ = ["Queue", "QueueError", "buffer", "view", "buffer_variable", "timeline", "timeline_value",
            "ExecParts", "exec_parts", "buffer_base", "buffer_nbytes", "placeholder_name", "param_dtype", "var_dtype",
-           "check_size", "check_threads", "check_var_value", "check_elements", "SIZE_OPS", "MAX_SIZE", "MAX_THREADS"]
+           "check_size", "check_threads", "check_var_value", "check_elements", "SIZE_OPS", "MAX_SIZE", "MAX_THREADS",
+           "MAX_BUFFER_BYTES"]
 
 MAX_HANDLE = 2**64 - 1
 MAX_SIZE = 2**32 - 1  # the largest grid or threadgroup size (threadgroups or threads per axis) encode accepts
 MAX_THREADS = 2**32 - 1  # threads per axis (grid x threadgroup): MSL thread positions are 32-bit uint
+# the largest buffer a queue (built by hand or loaded from a trace) may declare: 64 GiB, more than any Apple GPU's
+# memory. The device's own limit (MTLDevice.maxBufferLength, smaller) is checked when link creates the buffer.
+MAX_BUFFER_BYTES = 2**36
 SIZE_OPS = frozenset({Ops.CONST, Ops.DEFINE_VAR, Ops.CAST}) | GroupOp.ALU
 
 
@@ -61,11 +65,15 @@ def timeline_value(name: str = "timeline") -> UOp:
 def buffer(name: str, nbytes: int, tag: object = None) -> UOp:
     """A device buffer placeholder of ``nbytes`` bytes (BUFFER, dtype id); link creates ``buffer:<name>``.
 
-    Raises ``QueueError`` for an empty name or a size below 1 byte."""
+    Raises ``QueueError`` for an empty name, a size below 1 byte or above ``MAX_BUFFER_BYTES`` (2**36, 64 GiB: the
+    trace loader's limit too)."""
     if not isinstance(name, str) or not name:
         raise QueueError(f"buffer: the name must be a non-empty string, got {name!r}")
     if type(nbytes) is not int or nbytes < 1:
         raise QueueError(f"buffer {name!r}: nbytes must be an int >= 1, got {nbytes!r}")
+    if nbytes > MAX_BUFFER_BYTES:
+        raise QueueError(f"buffer {name!r}: {nbytes} bytes is above 2**36 (64 GiB), more than any Apple GPU has: "
+                         "it cannot be created")
     return UOp(Ops.BUFFER, dtypes.id, (), (name, nbytes), tag)
 
 

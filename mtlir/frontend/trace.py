@@ -23,13 +23,11 @@ from mtlir.ir.dtypes import DType
 from mtlir.errors import InputError
 from mtlir.metal import FAMILIES, DeviceSpec, Kernel, KernelParam
 from mtlir.msl import KernelSignatureError
-from mtlir.frontend.queue import Queue, QueueError, buffer, param_dtype, timeline_value, view
+from mtlir.frontend.queue import MAX_BUFFER_BYTES, Queue, QueueError, buffer, param_dtype, timeline_value, view
 from mtlir.ir.uop import UOp
 
 __all__ = ["load_trace", "parse_trace", "Trace", "TraceError", "TraceBuffer", "TraceVariable", "Dispatch",
-           "BufferArg", "OutputSpec", "MAX_BUFFER_BYTES"]
-
-MAX_BUFFER_BYTES = 2**36  # 64 GiB: more than any Apple GPU's memory; a bigger "size" is a broken trace
+           "BufferArg", "OutputSpec"]
 
 # the fields of each object of the format (docs/lowering.md, "Traces"); anything else is refused. The format calls
 # the kernels "programs" (the recorder's word): the code calls them kernels, keyed by their key (``Kernel.key``)

@@ -12,6 +12,7 @@ from mtlir.errors import KernelCompileError, LinkError, UnsupportedKernelError
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL, Kernel, Obj
 from mtlir.program.payloads import IcbCommand, IcbSpec
+from mtlir.runtime.link.linked import above_max_buffer_length
 from mtlir.runtime.link.state import LinkState, obj_name
 from mtlir.runtime.link.threadgroups import check_threadgroup
 
@@ -61,6 +62,8 @@ def make_buffer(ls: LinkState, device: int, o: Obj) -> None:
         made = m.send(device, "newBufferWithLength:options:", nbytes, ls.buffer_options)
     except MemoryError:  # the device's (or a recording's) host memory for it could not be allocated
         raise LinkError(f"{o.name} ({nbytes} bytes): not enough memory to create it") from None
+    if not made:
+        above_max_buffer_length(m, device, o.name, nbytes)
     buf = ls.keep(o.name, ls.checked(made, f"{o.name} ({nbytes} bytes)"))
     contents = ls.checked(m.send(buf, "contents"), f"contents of {o.name}")
     ls.out.buffers[o.name] = (buf, contents, nbytes)

@@ -13,7 +13,7 @@ from mtlir.runtime.bridge.messenger import Messenger
 from mtlir.errors import ArgumentError, LinkError, MetalValidationError
 from mtlir.runtime.executors.interpreter import prepare_registers
 
-__all__ = ["Linked"]
+__all__ = ["Linked", "above_max_buffer_length"]
 
 
 @dataclass
@@ -87,6 +87,7 @@ class Linked:
         m = self.messenger
         buf = int(m.send(self.device, "newBufferWithLength:options:", nbytes, options) or 0)
         if not buf:
+            above_max_buffer_length(m, self.device, f"new_buffer {name!r}", nbytes)
             raise LinkError(f"new_buffer {name!r} ({nbytes} bytes): Metal returned nil")
         self.handles[name], self.names[buf] = buf, name
         self.cleanup.append(("release", buf, name))
@@ -136,3 +137,16 @@ class Linked:
             again = f" ({len(refused)} refused, kept: call release() again once the work in flight completes)" \
                 if refused else ""
             raise LinkError("release failed for " + "; ".join(errors) + again)
+
+
+def above_max_buffer_length(messenger: Messenger, device: int, what: str, nbytes: int) -> None:
+    """After ``newBufferWithLength:options:`` returned nil for ``nbytes``: a ``LinkError`` naming ``what``, the size
+    and the device's ``maxBufferLength`` (asked now) when the size is above it; returns when that does not explain
+    the nil (the caller then says nil), or the device cannot be asked."""
+    try:
+        limit = int(messenger.send(device, "maxBufferLength") or 0)
+    except Exception:  # a device without the property (a stand-in): the caller's plain message
+        return
+    if 0 < limit < nbytes:
+        raise LinkError(f"{what} ({nbytes} bytes): the size is above the device's maxBufferLength ({limit} bytes): "
+                        "Metal returned nil")

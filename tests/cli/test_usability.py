@@ -69,3 +69,25 @@ def test_a_trace_that_cannot_be_read_names_the_argument(tmp_path: Path, make: ob
     path = make(tmp_path)  # type: ignore[operator]
     code, _, log = mtlir("run", str(path))
     assert code == 2 and log == f"mtlir: error: TRACE {path}: cannot read the trace: {why}\n"
+
+
+# ---- limits named as limits
+
+
+def _trace_with_buffer_size(tmp_path: Path, size: int) -> str:
+    import json
+    doc = json.loads(Path(MLP7).read_text())
+    doc["buffers"]["3"]["size"] = size
+    path = tmp_path / f"big{size}.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("size", [5 << 30, 1 << 36], ids=["5GiB", "64GiB"])
+def test_a_buffer_above_max_buffer_length_names_both_numbers(tmp_path: Path, size: int) -> None:
+    """5 GiB and 64 GiB fail the same way: above the simulated device's maxBufferLength (4 GiB), both numbers
+    given (before: 'Metal returned nil' alone, and 'not enough memory' or a MemoryError at 64 GiB)."""
+    code, out, log = mtlir("run", _trace_with_buffer_size(tmp_path, size), "--device", "sim", "--json")
+    assert code == 2 and log == (f"mtlir: error: buffer:3 ({size} bytes): the size is above the device's "
+                                 "maxBufferLength (4294967296 bytes): Metal returned nil\n")
+    assert out.count("\n") == 1 and '"error_type": "LinkError"' in out

@@ -136,6 +136,12 @@ def _new_fence(dev: SimDevice, d: Device) -> Fence:
     return dev.new(Fence())  # type: ignore[no-any-return]
 
 
+@METHODS.method(Device, "maxBufferLength", lockless=True)
+def _max_buffer_length(dev: SimDevice, d: Device) -> int:
+    """The largest buffer ``newBufferWithLength:options:`` creates, in bytes (``SimDevice(max_buffer_length=)``)."""
+    return dev.max_buffer_length
+
+
 @METHODS.method(Device, "newBufferWithLength:options:")
 def _new_buffer(dev: SimDevice, d: Device, length: int, options: int) -> Buffer | None:
     """Shared (0) and managed (1) storage map ``contents`` into host memory; private (2) has none (NULL);
