@@ -10,22 +10,24 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import platform
-import sys
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import C_FUNCTIONS, TARGETS, Prototype, abi_prototype
 from mtlir.runtime.metal.marshal import (CSignature, ForeignCall, MTLSizeStruct, NativeMemory, Unfit, arg_names,
                                          checker, compile_fast, ctypes_signature, ret_kind)
-from mtlir.errors import BridgeError, NoDeviceError
+from mtlir.errors import ArgumentError, BridgeError, NoDeviceError
 
-__all__ = ["MetalBridge", "host_target", "metal_available", "DEFAULT_LIBOBJC", "DEFAULT_METAL", "DEFAULT_COREGRAPHICS",
-           "NOT_AVAILABLE"]
+__all__ = ["MetalBridge", "host_target", "metal_available", "library_paths", "DEFAULT_LIBOBJC", "DEFAULT_METAL",
+           "DEFAULT_COREGRAPHICS", "LIBS_ENV", "NOT_AVAILABLE"]
 
 DEFAULT_LIBOBJC = "/usr/lib/libobjc.A.dylib"
 DEFAULT_METAL = "/System/Library/Frameworks/Metal.framework/Metal"
 DEFAULT_COREGRAPHICS = "/System/Library/Frameworks/CoreGraphics.framework/CoreGraphics"
+LIBS_ENV = "MTLIR_METAL_LIBS"
 NOT_AVAILABLE = "MetalBridge needs macOS with Metal; use --device sim"
 _FAST_CACHE = 4096  # prototypes remembered by identity
 
@@ -43,6 +45,22 @@ def host_target() -> str | None:
     return None
 
 
+def library_paths(environ: Mapping[str, str] | None = None) -> tuple[str, str, str | None]:
+    """The libraries a ``MetalBridge`` loads by default: ``(libobjc, Metal, CoreGraphics or None)``.
+
+    macOS's (``DEFAULT_LIBOBJC``, ``DEFAULT_METAL``, ``DEFAULT_COREGRAPHICS``) unless the debug variable
+    ``MTLIR_METAL_LIBS`` (``LIBS_ENV``) in ``environ`` (default ``os.environ``) names others as
+    ``LIBOBJC:METAL[:COREGRAPHICS]``: then CoreGraphics is loaded only when given (the fake Metal of tests/native
+    needs none). Raises ``ArgumentError`` for a value without both of the first two paths."""
+    value = (os.environ if environ is None else environ).get(LIBS_ENV, "")
+    if not value:
+        return DEFAULT_LIBOBJC, DEFAULT_METAL, DEFAULT_COREGRAPHICS
+    parts = value.split(":")
+    if len(parts) not in (2, 3) or not all(parts[:2]):
+        raise ArgumentError(f"{LIBS_ENV}={value!r}: expected LIBOBJC:METAL[:COREGRAPHICS] (library paths)")
+    return parts[0], parts[1], (parts[2] or None) if len(parts) == 3 else None
+
+
 # ---- the bridge ----
 
 def _load(path: str, what: str) -> ctypes.CDLL:
@@ -55,15 +73,22 @@ def _load(path: str, what: str) -> ctypes.CDLL:
 class MetalBridge(NativeMemory):
     """The Bridge protocol (runtime/bridge/bridge.py, docs/internals.md) on libobjc and Metal.framework through ctypes.
 
-    ``target`` is the ABI the calls follow (default: this machine's, ``host_target()``); the library paths
-    default to macOS's (tests point them at a stand-in). CoreGraphics is loaded first (METAL.md §2: without it
+    ``target`` is the ABI the calls follow (default: this machine's, ``host_target()``); the library paths not
+    given are ``library_paths()``'s: macOS's, or those of the debug variable ``MTLIR_METAL_LIBS`` (the fake Metal
+    of tests/native over GNU's libobjc on Linux). CoreGraphics is loaded first (METAL.md §2: without it
     ``MTLCreateSystemDefaultDevice`` finds no device); ``coregraphics=None`` skips it. A bridge for a foreign
     target can build and show prototypes (``signature``) but refuses calls. Raises ``NoDeviceError`` with
-    ``NOT_AVAILABLE`` when the libraries cannot be loaded (any machine but a Mac with default paths).
+    ``NOT_AVAILABLE`` when the libraries cannot be loaded (any machine but a Mac with default paths) or libobjc
+    lacks ``objc_msgSend``, ``sel_registerName`` or ``objc_getClass``.
     Host memory (``malloc``, ``free``, ``read``, ``write``, ``load``, ``store``) is ``NativeMemory``'s."""
 
-    def __init__(self, target: str | None = None, libobjc: str = DEFAULT_LIBOBJC, metal: str = DEFAULT_METAL,
+    def __init__(self, target: str | None = None, libobjc: str | None = None, metal: str | None = None,
                  coregraphics: str | None = DEFAULT_COREGRAPHICS) -> None:
+        if libobjc is None or metal is None:
+            env_objc, env_metal, env_cg = library_paths()
+            libobjc, metal = libobjc or env_objc, metal or env_metal
+            if coregraphics == DEFAULT_COREGRAPHICS:
+                coregraphics = env_cg
         host = host_target()
         self.target: str = target if target is not None else (host or "")
         if self.target not in TARGETS:
@@ -260,11 +285,12 @@ class MetalBridge(NativeMemory):
 
 @functools.lru_cache(maxsize=1)
 def metal_available() -> bool:
-    """True on a Mac whose Metal gives a default device (for ``--device auto``); False anywhere else.
+    """True where the Metal libraries load and give a default device (for ``--device auto``): a Mac, or the
+    libraries ``MTLIR_METAL_LIBS`` names; False anywhere else.
 
-    Loads the libraries and calls ``MTLCreateSystemDefaultDevice`` once (the device is released); the answer is
-    cached for the process."""
-    if sys.platform != "darwin" or host_target() is None:
+    Loads the libraries (``library_paths``) and calls ``MTLCreateSystemDefaultDevice`` once (the device is
+    released); the answer is cached for the process."""
+    if host_target() is None:
         return False
     try:
         bridge = MetalBridge()
