@@ -13,14 +13,17 @@ import html
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mtlir.errors import InputError
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.metal import Obj
-from mtlir.program.payloads import CallList, MessageList
+from mtlir.program.instructions import End
+from mtlir.program.payloads import CallList, IcbSpec, MessageList
+from mtlir.program.program import Program
+from mtlir.program.tables import ICB_COLUMNS, icb_rows
 from mtlir.ir.render import short_arg
 from mtlir.ir.uop import UOp
 
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
     import graphviz
     import networkx as nx
 
-__all__ = ["to_dot", "to_networkx", "write_picture", "GraphvizNotFoundError", "OP_COLORS"]
+__all__ = ["to_dot", "to_networkx", "write_picture", "to_svg", "GraphvizNotFoundError", "OP_COLORS"]
 
 
 class GraphvizNotFoundError(InputError, RuntimeError):
@@ -72,7 +75,10 @@ def _arg_rows(arg: object, width: int) -> list[str]:
         return rows + ([f"… {len(sels) - _MAX_ROWS} more"] if len(sels) > _MAX_ROWS else [])
     if isinstance(arg, Obj):
         name = arg.name if arg.name.split(":")[0].split("[")[0] == arg.kind else f"{arg.kind} {arg.name}"
-        return [name if len(name) <= width else name[:width - 1] + "…"]
+        rows = [name if len(name) <= width else name[:width - 1] + "…"]
+        if arg.kind == "icb" and arg.payload and isinstance(arg.payload[0], IcbSpec):
+            rows.extend(_icb_label_rows(arg.payload[0], width))
+        return rows
     if isinstance(arg, str) and len(arg) + 2 > width and _SELECTOR.fullmatch(arg):
         rows = [""]
         for piece in re.findall(r"[^:]*:", f"'{arg}"):
@@ -84,6 +90,27 @@ def _arg_rows(arg: object, width: int) -> list[str]:
     return [short_arg(arg, width)]
 
 
+def _icb_label_rows(spec: IcbSpec, width: int) -> list[str]:
+    """The commands of an ICB placeholder as label rows (the columns of ``mtlir.program.tables.icb_rows``), at most
+    ``_MAX_ROWS``: ``#0 pipeline:k grid [?, 1, 1] tg [16, 1, 1] barrier`` and the bindings under it."""
+    rows = [f"{len(spec.commands)} commands:"]
+    for row in icb_rows(spec)[:_MAX_ROWS // 2]:
+        index, pipeline, bindings, grid, tg, barrier, patched = row
+        rows.append(f"#{index} {pipeline} grid {grid} tg {tg}{' barrier' if barrier == 'yes' else ''}")
+        line = "  "
+        for binding in bindings.split():  # wrapped at width, never cut: the offsets are what a reader looks for
+            if len(line) + len(binding) + 1 > width and line.strip():
+                rows.append(line)
+                line = "  "
+            line += " " + binding
+        rows.append(line)
+        if patched != "-":
+            rows.append(f"   per submit: {patched}")
+    if len(spec.commands) > _MAX_ROWS // 2:
+        rows.append(f"… {len(spec.commands) - _MAX_ROWS // 2} more commands")
+    return rows
+
+
 def _label(u: UOp, width: int) -> str:
     rows = [f"<B>{_html(u.op.name)}</B>", _html(u.dtype.name)]
     if u.arg is not None:
@@ -93,19 +120,26 @@ def _label(u: UOp, width: int) -> str:
     return "<" + "<BR/>".join(rows) + ">"
 
 
-def to_dot(graph: UOp, name: str = "mtlir", highlight: Iterable[UOp] = (), width: int = 40,
-           max_nodes: int = 5000) -> graphviz.Digraph:
-    """A ``graphviz.Digraph`` of ``graph`` (building it needs no ``dot`` program).
+def to_dot(graph: UOp | Program, name: str = "mtlir", highlight: Iterable[UOp] = (), width: int = 40,
+           max_nodes: int = 5000, setup: Sequence[str] = ()) -> graphviz.Digraph:
+    """A ``graphviz.Digraph`` of ``graph``, any stage of a lowering (building it needs no ``dot`` program).
 
-    One box per node labelled op, dtype, arg and tag (args cut to ``width`` characters), filled by op group;
-    an edge from each source to its user, labelled with the argument position when the user has several
-    sources. Nodes in ``highlight`` get a thick red border. ``name`` is the picture's title (any text). Above
-    ``max_nodes`` nodes only the ``max_nodes`` nearest the root (by toposort position) are drawn, and one box
-    stands for the rest. Raises ``TypeError`` when ``graph`` is not a UOp."""
+    A graph (UOp): one box per node labelled op, dtype, arg and tag (args cut to ``width`` characters), filled by
+    op group; the box of an ICB placeholder lists its commands (pipeline, grid, threadgroup, barrier, bindings,
+    what a submit patches); an edge from each source to its user, labelled with the argument position when the
+    user has several sources. Nodes in ``highlight`` get a thick red border. Above ``max_nodes`` nodes only the
+    ``max_nodes`` nearest the root (by toposort position) are drawn, and one box stands for the rest.
+
+    A ``Program``: its instructions as a chain of boxes (a loop's end points back to its start), the table of
+    each ICB it builds, and ``setup`` (lines of the messages link sends once, e.g. ``mtlir lower --setup``'s
+    listing) as a box of its own. ``name`` is the picture's title (any text). Raises ``TypeError`` when ``graph``
+    is neither a UOp nor a Program."""
     import graphviz  # imported here: only drawing needs the graphviz package
 
+    if isinstance(graph, Program):
+        return _program_dot(graph, name, setup)
     if not isinstance(graph, UOp):
-        raise TypeError(f"to_dot: {type(graph).__name__} is not a UOp")
+        raise TypeError(f"to_dot: {type(graph).__name__} is neither a UOp nor a Program")
     order = graph.toposort()
     ids = {u: f"n{i}" for i, u in enumerate(order)}
     marked = set(highlight)
@@ -134,6 +168,46 @@ def to_dot(graph: UOp, name: str = "mtlir", highlight: Iterable[UOp] = (), width
     return dot
 
 
+def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], color: str) -> str:
+    """An HTML-like DOT label: a table with a title row, a header row and one row per entry, every cell escaped."""
+    cells = [f'<TR><TD COLSPAN="{len(header)}" BGCOLOR="{color}"><B>{_html(title)}</B></TD></TR>',
+             "<TR>" + "".join(f"<TD><B>{_html(h)}</B></TD>" for h in header) + "</TR>"]
+    cells.extend("<TR>" + "".join(f'<TD ALIGN="LEFT">{_html(c)}</TD>' for c in row) + "</TR>" for row in rows)
+    return '<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="3">' + "".join(cells) + "</TABLE>>"
+
+
+def _program_dot(program: Program, name: str, setup: Sequence[str]) -> graphviz.Digraph:
+    """A Program as a picture (``to_dot``): the instruction chain, its ICB tables, the setup messages."""
+    import graphviz
+
+    dot = graphviz.Digraph(name="g_" + _SAFE_ID.sub("_", name),
+                           graph_attr={"label": f"<{_html(name)}>", "labelloc": "t", "fontname": "Helvetica",
+                                       "rankdir": "TB"},
+                           node_attr={"shape": "box", "style": "rounded,filled", "fontname": "Courier",
+                                      "fontsize": "10", "fillcolor": "#ffd8a8"},
+                           edge_attr={"arrowsize": "0.6"})
+    for pc, ins in enumerate(program.instrs):
+        dot.node(f"i{pc}", f"<{pc}: {_html(program.format(pc))}>")
+        if pc:
+            dot.edge(f"i{pc - 1}", f"i{pc}")
+        if type(ins) is End:
+            dot.edge(f"i{pc}", f"i{ins.range_pc + 1}", style="dashed", constraint="false")
+    seen: set[str] = set()
+    for obj in program.objects.values():
+        if obj.kind == "icb" and obj.payload and isinstance(obj.payload[0], IcbSpec) and obj.name not in seen:
+            seen.add(obj.name)
+            spec = obj.payload[0]
+            title = (f"ICB {obj.name}: {len(spec.commands)} commands (built once by link; "
+                     f"max kernel buffer bind count {spec.max_bind_count})")
+            dot.node(f"icb{len(seen)}", _table(title, ICB_COLUMNS, icb_rows(spec), "#cfe2ff"), shape="plain",
+                     style="")
+    if setup:
+        rows = [(str(i), line) for i, line in enumerate(setup)]
+        dot.node("setup", _table(f"link: {len(setup)} setup messages, sent once", ("#", "message"), rows, "#d3f9d8"),
+                 shape="plain", style="")
+    return dot
+
+
 def write_picture(dot: graphviz.Digraph, path: str | Path, format: str | None = None,
                   timeout: float = 60.0) -> Path:
     """Render ``dot`` to ``path`` with Graphviz's ``dot`` program and return the path.
@@ -145,20 +219,33 @@ def write_picture(dot: graphviz.Digraph, path: str | Path, format: str | None = 
     fmt = (format or path.suffix.lstrip(".") or "svg").lower()
     if fmt not in ("svg", "png"):
         raise ValueError(f"write_picture: format {fmt!r} is not svg or png")
+    _run_dot(dot, ["-T" + fmt, "-o", str(path)], timeout, "write_picture: dot", str(path))
+    return path
+
+
+def to_svg(dot: graphviz.Digraph, timeout: float = 60.0) -> str:
+    """``dot`` rendered by Graphviz's ``dot`` program as the text of an ``<svg>`` element (no XML prolog nor
+    DOCTYPE: ready to inline in an HTML page). ``timeout`` in seconds. Raises what ``write_picture`` raises."""
+    text = _run_dot(dot, ["-Tsvg"], timeout, "to_svg: dot", "an SVG").decode("utf-8")
+    return text[text.index("<svg"):]
+
+
+def _run_dot(dot: graphviz.Digraph, flags: list[str], timeout: float, who: str, what: str) -> bytes:
+    """Run Graphviz's ``dot`` with ``flags`` on ``dot``'s source; its stdout. Errors name ``who`` and ``what``."""
     exe = shutil.which("dot")
     if exe is None:
-        raise GraphvizNotFoundError("write_picture: Graphviz's 'dot' program is not installed (or not on PATH). "
-                                    "Install it: Debian/Ubuntu: sudo apt-get install graphviz; "
+        raise GraphvizNotFoundError(f"{who.split(':')[0]}: Graphviz's 'dot' program is not installed (or not on "
+                                    "PATH). Install it: Debian/Ubuntu: sudo apt-get install graphviz; "
                                     "macOS: brew install graphviz; then run again.")
     try:
-        proc = subprocess.run([exe, f"-T{fmt}", "-o", str(path)], input=dot.source.encode("utf-8"),
+        proc = subprocess.run([exe, *flags], input=dot.source.encode("utf-8"),
                               capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"write_picture: dot took longer than {timeout} s for {path}") from None
+        raise RuntimeError(f"{who} took longer than {timeout} s for {what}") from None
     if proc.returncode != 0:
-        raise RuntimeError(f"write_picture: dot failed ({proc.returncode}) for {path}: "
+        raise RuntimeError(f"{who} failed ({proc.returncode}) for {what}: "
                            f"{proc.stderr.decode('utf-8', 'replace').strip()}")
-    return path
+    return bytes(proc.stdout)
 
 
 def to_networkx(graph: UOp) -> nx.MultiDiGraph:

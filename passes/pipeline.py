@@ -291,7 +291,7 @@ class PassPipeline:
 
     def _run(self, graph: UOp, print_after_all: bool, keep_stages: bool, out: TextIO | None,
              verify: bool) -> Lowered:
-        from mtlir.passes.verify import stage_text
+        from mtlir.program.tables import describe
         ctx = PassContext()
         stages: list[tuple[str, UOp | Program]] = [("input", graph)] if keep_stages else []
         timings: list[PassTiming] = []
@@ -314,7 +314,7 @@ class PassPipeline:
                 print(f"// -----// IR after {p} (unchanged) //----- //", file=stream)
             elif print_after_all:
                 print(f"// -----// IR after {p} //----- //", file=stream)
-                print(stage_text(cur), file=stream)
+                print(describe(cur), file=stream)  # the listing, its messages and ICB commands spelled out
         return Lowered(cur, stages, timings, ctx.diagnostics, self)
 
 

@@ -106,7 +106,7 @@ def test_write_picture_refuses_other_formats(tmp_path: Path) -> None:
 
 
 def test_bad_graph_arguments() -> None:
-    with pytest.raises(TypeError, match="not a UOp"):
+    with pytest.raises(TypeError, match="str is neither a UOp nor a Program"):
         to_dot("x")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="not a UOp"):
         to_networkx(None)  # type: ignore[arg-type]
@@ -139,3 +139,44 @@ def test_networkx_export_equals_the_graph_in_structure(g: UOp) -> None:
         edges = sorted((d["index"], s) for s, _, d in nxg.in_edges(i, data=True))
         assert edges == [(k, ids[s]) for k, s in enumerate(u.src)]
     assert nx.is_directed_acyclic_graph(nxg)
+
+
+# ---- every stage of a lowering, the Program included (issue 15)
+
+def _lowered(trace: str = "symbolic_kv.apple7.json"):  # type: ignore[no-untyped-def]
+    from mtlir import DeviceSpec, load_trace, lower
+    root = Path(__file__).resolve().parents[1]
+    t = load_trace(root / "examples" / "traces" / trace)
+    return lower(t.queue(DeviceSpec(t.arch)), target="arm64")
+
+
+def test_every_stage_of_a_lowering_draws_the_program_included() -> None:
+    lowered = _lowered()
+    program = lowered.stages[-1][1]
+    dot = to_dot(program, name="linearize", setup=["[device newFence]", "[icb[0] setBarrier]"])
+    src = dot.source
+    for pc in range(len(program.instrs)):
+        assert f'"i{pc}"' in src or f"i{pc} " in src
+    assert "executeCommandsInBuffer:withRange:" in src
+    # the ICB's table: every command with its pipeline, a binding with its offset, what a submit patches
+    assert "ICB icb: 5 commands" in src and "pipeline:r_start_pos_16" in src and "buffer:3+256@0" in src
+    assert "start_pos (varbuf @3)" in src and "[?, 1, 1]" in src
+    assert "2 setup messages, sent once" in src and "[icb[0] setBarrier]" in src
+    for name, stage in lowered.stages:
+        run_dot(to_dot(stage, name=name).source) if HAS_DOT else to_dot(stage, name=name)
+
+
+def test_the_icb_placeholder_box_lists_its_commands() -> None:
+    encoded = _lowered().stages[1][1]
+    src = to_dot(encoded).source
+    assert "5 commands:" in src
+    assert "#0 pipeline:r_start_pos_16 grid [?, 1, 1] tg [16, 1, 1] barrier" in src
+    assert "buffer:3+0@0 buffer:2+0@1<BR/>   buffer:1+0@2 varbuf+0@3" in src  # wrapped, never cut
+    assert "per submit: grid, start_pos (varbuf @3)" in src
+
+
+@needs_dot
+def test_to_svg_is_an_inline_svg_element() -> None:
+    from mtlir.viz import to_svg
+    text = to_svg(to_dot(UOp.variable("x", 0, 1)))
+    assert text.startswith("<svg") and text.rstrip().endswith("</svg>") and "<?xml" not in text

@@ -294,3 +294,19 @@ def test_every_public_callable_of_the_core_and_the_passes_has_a_docstring() -> N
                     if isinstance(ch, ast.ClassDef):
                         stack.append((ch, f"{prefix}{ch.name}."))
     assert missing == []
+
+
+def test_print_after_all_spells_out_the_messages_and_the_icb_commands() -> None:
+    """Issue 15: the MSGS/CALLS nodes print their messages and the ICB placeholder its command table, not
+    ``MessageList(<8 messages>)`` / ``CommandList(<2 commands>)``; the Program's listing is followed by the table."""
+    out = io.StringIO()
+    lower(small_queue(DeviceSpec("Apple7"), symbolic=True), target="arm64", print_after_all=True, out=out)
+    text = out.getvalue()
+    after_encode = text.split("// -----// IR after abi")[0]
+    assert "; messages of %" in after_encode and "waitForFence: %" in after_encode
+    assert "executeCommandsInBuffer:withRange: %" in after_encode
+    assert "; ICB icb: 3 commands" in after_encode and "patched per submit" in after_encode
+    after_abi = text.split("// -----// IR after abi{target=arm64} //----- //")[1].split("// -----// IR after lin")[0]
+    assert "objc_msgSend [%" in after_abi and "waitForFence: %" in after_abi
+    after_linearize = text.split("// -----// IR after linearize //----- //")[1]
+    assert "; ICB icb: 3 commands" in after_linearize and "pipeline:saxpy" in after_linearize
