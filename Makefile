@@ -17,14 +17,26 @@ APT_PACKAGES := graphviz pocl-opencl-icd ocl-icd-libopencl1 build-essential
 MODULES := $(sort $(shell find mtlir passes runtime -name '*.py' 2>/dev/null))
 export PYTHONSAFEPATH := 1
 
-.PHONY: run test typecheck setup sysdeps bench example clean FORCE
+.PHONY: run test typecheck setup sysdeps browser bench example clean FORCE
 
 run: $(STAMP)
 	$(VENV)/bin/mtlir run $(TRACE) --viz $(OUT)/$(notdir $(basename $(TRACE)))
 	@echo "pictures of every lowering stage: $(OUT)/$(notdir $(basename $(TRACE)))/*.svg"
 
-test: typecheck
+test: typecheck browser
 	$(PY) -m pytest tests
+
+# a headless browser for the test that opens the --html page (tests/cli/test_page.py): Debian's chromium, installed
+# with apt-get when missing; elsewhere that test is skipped and says why
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  command -v google-chrome >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; echo "installing chromium (headless browser for the page test)"; \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || \
+	    echo "apt-get could not install chromium: the page test will be skipped"; \
+	  else echo "no chromium: the page test will be skipped (install Chromium or Chrome to run it)"; fi; }
 
 # mypy --strict over the installed package (run from .venv: from the repository root mypy would read the bare mtlir/)
 typecheck: $(STAMP)

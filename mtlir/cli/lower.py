@@ -72,7 +72,7 @@ def _lower(args: argparse.Namespace, log: TextIO, target: str, lower: LowerTrace
     icb = not args.no_icb and (caps is None or caps.icb)
     device = DeviceSpec(ARCHS[args.arch] if args.arch else trace.arch, residency_set=residency_set, icb=icb)
     lowered = lower(trace, device, target, pipeline=args.pipeline, print_after_all=args.print_after_all, log=log,
-                    keep_stages=args.viz is not None)
+                    keep_stages=args.viz is not None or getattr(args, "html", None) is not None)
     for d in lowered.diagnostics:
         print(f"mtlir: note: {d}", file=log)
     for bid in getattr(trace, "unused_buffers", ()):
@@ -87,7 +87,7 @@ def _write_pictures(stages: list[tuple[str, Any]], outdir: Path, log: TextIO) ->
     stage whose pass returned the very graph it was given says ``(unchanged)`` in its title. The stage pictures of an
     earlier lowering in ``outdir`` (``NN-name.svg``) are removed first, so the folder shows this pipeline only."""
     import re
-    from mtlir.ir.uop import UOp
+    from mtlir.program.program import Program
     from mtlir.viz import to_dot, write_picture
     if outdir.exists() and not outdir.is_dir():
         raise UsageError(f"--viz {outdir}: is a file, not a folder: give a folder for the pictures")
@@ -98,7 +98,9 @@ def _write_pictures(stages: list[tuple[str, Any]], outdir: Path, log: TextIO) ->
                 old.unlink()
         for i, (name, stage) in enumerate(stages):
             title = f"{name} (unchanged)" if i and stage is stages[i - 1][1] else name
-            dot = to_dot(stage, name=title) if isinstance(stage, UOp) else _program_dot(stage, name)
+            setup = ([format_message(m) for m in record_setup(stage, stage.target)] if isinstance(stage, Program)
+                     else [])
+            dot = to_dot(stage, name=title, setup=setup)
             path = write_picture(dot, outdir / f"{i:02d}-{name}.svg")
             print(f"mtlir: wrote {path}", file=log)
     except OSError as e:  # a parent that is a file, no permission, a full disk: name the flag and the file
@@ -106,25 +108,24 @@ def _write_pictures(stages: list[tuple[str, Any]], outdir: Path, log: TextIO) ->
         raise UsageError(f"--viz {outdir}: cannot write the pictures{where}: {e.strerror or e}") from None
 
 
-def _program_dot(program: Any, name: str) -> Any:
-    """A picture of a Program: its listing lines as a chain of boxes (loops as back edges)."""
-    import graphviz
-    from mtlir.program.instructions import End
-    dot = graphviz.Digraph(name, graph_attr={"rankdir": "TB"}, node_attr={"shape": "box", "fontname": "monospace"})
-    for pc, ins in enumerate(program.instrs):
-        label = program.format(pc) if hasattr(program, "format") else repr(ins)
-        dot.node(f"i{pc}", f"{pc}: {label}".replace("\\", "\\\\"))
-        if pc:
-            dot.edge(f"i{pc - 1}", f"i{pc}")
-        if type(ins) is End:
-            dot.edge(f"i{pc}", f"i{ins.range_pc + 1}", style="dashed", constraint="false")
-    return dot
-
-
 def format_message(m: dict[str, Any]) -> str:
     """A recorded message as one line: ``[encoder executeCommandsInBuffer:withRange: icb, [0, 5]]``."""
     args = ", ".join(json.dumps(a) if not isinstance(a, str) else a for a in m["args"])
     return f"[{m['receiver']} {m['selector']}{' ' + args if args else ''}]"
+
+
+def record_setup(program: Any, target: str) -> list[dict[str, Any]]:
+    """The messages ``link`` sends once for ``program`` (queue, event, buffers, libraries and pipelines, the ICB and
+    each command's ``indirectComputeCommandAtIndex:``, ``setKernelBuffer:offset:atIndex:``, ``setBarrier``, the
+    residency set), in order, recorded on a standalone ``RecordingBridge`` over a ``FakeDevice``; the objects are
+    released afterwards (those messages are not listed)."""
+    from mtlir.runtime import RecordingBridge
+    from mtlir.runtime.link.link import link
+    bridge = RecordingBridge(target=target)
+    linked = link(program, bridge)
+    setup = list(bridge.messages)
+    linked.release()
+    return setup
 
 
 def record_one_submit(program: Any, values: dict[str, int], target: str,
@@ -171,14 +172,26 @@ def cmd_lower(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace
     target = _target(args)
     trace, lowered = _lower(args, log, target, lower_trace)
     program = lowered.program
-    if args.json:
+    setup = record_setup(program, target) if args.json or args.setup or args.html else []
+    if args.json or args.html:
         messages = record_one_submit(program, program_values(program, trace, log), target, args.executor)
-        doc = {"messages": messages, "count": len(messages), "workload": trace.workload,
+    if args.html:
+        from mtlir.cli.page import write_page
+        path = write_page(args.html, lowered, title=f"mtlir lower {trace.workload} ({program.device.family}, "
+                                                     f"{target})", setup=setup, messages=messages)
+        print(f"mtlir: wrote {path}", file=log)
+    if args.json:
+        doc = {"messages": messages, "count": len(messages), "setup": setup, "setup_count": len(setup),
+               "workload": trace.workload,
                "arch": program.device.family, "target": target, "residency_set": program.device.residency_set,
                "icb": program.device.icb, "path": _path(program), "kernels": len(trace.dispatches),
                "pipeline": str(lowered.pipeline)}
         json.dump(doc, out, allow_nan=False)
         out.write("\n")
+    elif args.setup:
+        print(f"; link: {len(setup)} setup messages, sent once ({program.device.family}, {target})", file=out)
+        for m in setup:
+            print(format_message(m), file=out)
     else:
         print(_listing(program), file=out)
     return EXIT_MATCH

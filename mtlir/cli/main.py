@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from mtlir.cli.lower import ARCHS, LowerTrace, cmd_lower, lower_trace
+from mtlir.cli.opt import cmd_opt
 from mtlir.cli.report import (EXIT_BAD_INPUT, EXIT_INTERNAL, UsageError, _output_error, _report, _silence_stdout,
                               _stdout_for_json)
 from mtlir.cli.run import MakeBridge, cmd_run, make_bridge, metal_available, metal_bridge
@@ -115,6 +116,8 @@ def build_parser() -> _Parser:
                         help="GPU family, any case (default: the trace's arch)")
         sp.add_argument("--target", choices=["arm64", "x86_64"], help="ABI of objc_msgSend (default: this machine's)")
         sp.add_argument("--viz", type=Path, metavar="DIR", help="write one SVG per stage into DIR")
+        sp.add_argument("--html", type=Path, metavar="FILE", help="write one self-contained HTML page of the lowering "
+                                                                  "(every stage, setup, ICB, messages) to FILE")
         sp.add_argument("--json", action="store_true", help="one JSON object on stdout, everything else on stderr")
         sp.add_argument("--debug", action="store_true", help="show the traceback of an error")
         sp.add_argument("--executor", choices=["compiled", "interpreter"], default="compiled",
@@ -129,6 +132,7 @@ def build_parser() -> _Parser:
     common(lo)
     lo.add_argument("--pipeline", metavar="P", help="the pass pipeline (default: the standard one for --target)")
     lo.add_argument("--print-after-all", action="store_true", help="print every stage to stderr")
+    lo.add_argument("--setup", action="store_true", help="list the messages link sends once instead of one submit's")
 
     run = sub.add_parser("run", help="lower, link, submit, and check the output against the trace")
     common(run)
@@ -139,8 +143,15 @@ def build_parser() -> _Parser:
     run.add_argument("--repeat", type=_positive_int, default=1, metavar="N", help="number of submits (default 1)")
     run.add_argument("--timeout", type=_positive_seconds, default=60.0, metavar="S",
                      help="seconds to wait for the GPU (default 60); past it the run fails with exit 3")
+    run.add_argument("--profile", type=Path, metavar="FILE",
+                     help="write a profile of the run (Chrome trace event JSON: Perfetto, chrome://tracing) to FILE")
     run.set_defaults(pipeline=None, print_after_all=False)
-    p.commands.update(lower=lo, run=run)
+    opt = sub.add_parser("opt", help="run passes on a graph in the text form and print the result (as mlir-opt)")
+    opt.add_argument("file", type=Path, metavar="FILE", help="a graph in the text form (mtlir.ir.render); - for stdin")
+    opt.add_argument("-p", "--pipeline", required=True, metavar="P", help="the passes, e.g. encode,abi{target=arm64}")
+    opt.add_argument("--print-after-all", action="store_true", help="print every stage to stderr")
+    opt.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    p.commands.update(lower=lo, run=run, opt=opt)
     return p
 
 
@@ -179,6 +190,8 @@ def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextI
                 args = build_parser().parse(argv)
                 if args.command == "lower":
                     code = cmd_lower(args, out, log, lower_trace=lower_trace)
+                elif args.command == "opt":
+                    code = cmd_opt(args, out, log)
                 else:
                     code = cmd_run(args, out, log, lower_trace=lower_trace, make_bridge=make_bridge,
                                    metal_available=metal_available, metal_bridge=metal_bridge)

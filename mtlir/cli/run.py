@@ -136,26 +136,35 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
     bridge ``metal_bridge()`` makes, probed first."""
     import numpy as np
 
+    from mtlir.cli.profile import HostClock
     from mtlir.runtime import Session
+    clock = HostClock()  # the host spans of --profile
     if args.repeat < 1:
         raise UsageError(f"--repeat {args.repeat}: at least one submit")
     target = _target(args)
     kind = _device_kind(args.device, target, args.faithful, metal_available)
     metal, caps = _open_metal(log, metal_bridge) if kind == "metal" else (None, None)
+    clock.start("lower")
     trace, lowered = _lower(args, log, target, lower_trace, caps)
+    clock.stop()
     program = lowered.program
     values = program_values(program, trace, log)
     bridge, device_name = make_bridge(kind, target, args.faithful, program, metal)
     o = trace.output
+    clock.start("link")
     try:
         with Session(program, bridge, initial=trace.initial_data(full=False), executor=args.executor,
                      timeout_s=args.timeout) as s:
+            clock.stop()
             # what one submit sends, as `lower --json` records it; after the link, so what the device refuses (a
             # buffer above its maxBufferLength) is said by the device, not by the recording's host memory
             messages = record_one_submit(program, values, target, args.executor)
-            for _ in range(args.repeat):
+            for i in range(args.repeat):
+                clock.start(f"submit {i}")
                 s.submit(**values)
+            clock.start("wait")
             s.wait(timeout_s=args.timeout)
+            clock.stop()
             got = np.frombuffer(s.read(o.placeholder, o.offset, o.nbytes), dtype=np.float32).reshape(o.shape)
     finally:
         close = getattr(bridge, "close", None)
@@ -189,4 +198,27 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
                "lower_s": lowered.seconds}
         json.dump(doc, out, allow_nan=False)
         out.write("\n")
+    _write_views(args, log, lowered, s, clock, messages, cmp, device_name, [d.kernel for d in trace.dispatches])
     return EXIT_MATCH if cmp.match else EXIT_MISMATCH
+
+
+def _write_views(args: argparse.Namespace, log: TextIO, lowered: Any, s: Any, clock: Any, messages: list[Any],
+                 cmp: Comparison, device_name: str, kernels: list[str]) -> None:
+    """``--html`` (the page of the lowering with the run's result, ``mtlir.cli.page``) and ``--profile`` (the
+    Chrome trace of the run, ``mtlir.cli.profile``), each when asked."""
+    program = lowered.program
+    if args.html:
+        from mtlir.cli.lower import record_setup
+        from mtlir.cli.page import write_page
+        result = {"match": cmp.match, "max_abs_err": cmp.max_abs_err, "mismatches": cmp.mismatches,
+                  "submits": s.submits, "device": device_name, "host_s_per_submit": s.host_s_per_submit,
+                  "gpu_s_per_submit": gpu_s_per_submit(s.completed)}
+        path = write_page(args.html, lowered, title=f"mtlir run {args.trace.name} ({program.device.family}, "
+                          f"{program.target}, {device_name})", setup=record_setup(program, program.target),
+                          messages=messages, result=result)
+        print(f"mtlir: wrote {path}", file=log)
+    if args.profile:
+        from mtlir.cli.profile import chrome_trace, write_profile
+        doc = chrome_trace(clock.spans, list(s.completed), clock.starts("submit"), kernels, origin_s=clock.origin,
+                           metadata={"trace": str(args.trace), "device": device_name, "executor": args.executor})
+        print(f"mtlir: wrote {write_profile(args.profile, doc)}", file=log)
