@@ -436,7 +436,19 @@ class Session:
             parts.append(f"submit {rec.index} (value {rec.value}): {', '.join(sts) or 'no command buffers'}")
         more = f" and {len(pending) - 4} more" if len(pending) > 4 else ""
         return (f"timed out after {timeout:g} s waiting for timeline value {target} "
-                f"({self._signaled_text(current)}); command buffer statuses: {'; '.join(parts)}{more}")
+                f"({self._signaled_text(current)}){self._running_text()}; command buffer statuses: "
+                f"{'; '.join(parts)}{more}")
+
+    def _running_text(self) -> str:
+        """``: kernel 'k' is still running (ICB command 0 of ...), in command buffer 0 of submit 3 (value 4)`` when
+        the bridge can tell which kernel runs now (``SimDevice.running_kernel``; real Metal cannot), else ""."""
+        running = getattr(self.bridge, "running_kernel", None)
+        if not running:
+            return ""
+        function, dispatch, cb = running
+        where = next((f", in command buffer {rec.cbs.index(cb)} of submit {rec.index} (value {rec.value})"
+                      for rec in self.inflight if cb and cb in rec.cbs), "")
+        return f": kernel {function!r} is still running ({dispatch}){where}"
 
     # ---- data and teardown
 

@@ -396,6 +396,7 @@ class Interpreter(Executor):
                         pc = ins[3]
                 pc += 1
         except Exception as e:
-            e.add_note(f"while running instruction {format_instr(program, pc)} ({self.name})")
+            if not getattr(e, "deferred", False):  # a deferred device error: GPU work before, not this instruction
+                e.add_note(f"while running instruction {format_instr(program, pc)} ({self.name})")
             raise
         return tuple(regs[r] for r in self.results)

@@ -272,7 +272,7 @@ class CompiledReplay(Executor):
                 if tb.tb_frame.f_code.co_filename == self._filename:
                     pc = self.lines.get(tb.tb_lineno)
                 tb = tb.tb_next
-            if pc is not None:
+            if pc is not None and not getattr(e, "deferred", False):  # deferred: GPU work before, not this call
                 e.add_note(f"while running instruction {format_instr(self.program, pc)} ({self.name})")
             raise
 

@@ -259,8 +259,10 @@ class SimDevice:
     def defer_error(self, error: Exception) -> None:
         """Raise ``error`` at the host's next message or C call to the device (once): how strict mode reports what
         only the GPU sees, such as a kernel's out-of-bounds access, after the call that caused it has returned. The
-        first error waiting wins."""
+        first error waiting wins. The error gets ``deferred = True``: the call it surfaces at did not cause it, so
+        the executors do not name that call's instruction in a note."""
         if self._deferred is None:
+            setattr(error, "deferred", True)
             self._deferred = error
 
     def _raise_deferred(self) -> None:
@@ -584,6 +586,13 @@ class SimDevice:
         Its OpenCL queue cannot be released while it runs: a program that must end then should leave with
         ``os._exit`` after flushing its output (the CLI does)."""
         return self.gpu.in_kernel
+
+    @property
+    def running_kernel(self) -> tuple[str, str, int] | None:
+        """The kernel running on the simulated GPU now: (its function's name, the dispatch, e.g. ``ICB command 0 of
+        MTLIndirectCommandBuffer 0x... (k)``, the handle of its command buffer); None when none runs. A Session
+        names it when a wait times out (real Metal cannot tell which kernel runs)."""
+        return self.gpu.running
 
     def __enter__(self) -> SimDevice:
         return self

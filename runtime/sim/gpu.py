@@ -140,6 +140,9 @@ class GPU:
         self.kernels_run = 0
         self.last_exception: BaseException | None = None
         self.in_kernel = False  # a kernel is running (on the worker thread, the device lock released)
+        self.advancing: CommandBuffer | None = None  # the command buffer of the operation running now
+        # the kernel running now: (its function, the dispatch, its command buffer's handle); None between kernels
+        self.running: tuple[str, str, int] | None = None
 
     # ---------------------------------------------------------------- scheduling
     def submit(self, cb: CommandBuffer) -> None:
@@ -183,6 +186,7 @@ class GPU:
     def _advance(self, cb: CommandBuffer) -> None:
         assert cb.run is not None
         self.busy = True
+        self.advancing = cb
         try:
             gate = next(cb.run)
         except StopIteration:
@@ -197,6 +201,7 @@ class GPU:
                 cb.gate, cb.blocked_since = gate, clock()
         finally:
             self.busy = False
+            self.advancing = None
 
     def _ensure_worker(self) -> None:
         if self.thread is None or not self.thread.is_alive():
@@ -388,10 +393,13 @@ class GPU:
         try:
             with self.kernel_lock:
                 self.in_kernel = True
+                cb = self.advancing
+                self.running = (p.label, what, cb.handle if cb is not None else 0)
                 try:
                     p.kernel.run(bindings, grid, threadgroup)
                 finally:
                     self.in_kernel = False
+                    self.running = None
         except KernelAccessError as e:  # the bounds checks skipped an access outside a buffer: a GPU address fault
             if self.dev.strict:
                 self.dev.defer_error(MetalValidationError(

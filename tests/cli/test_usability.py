@@ -91,3 +91,20 @@ def test_a_buffer_above_max_buffer_length_names_both_numbers(tmp_path: Path, siz
     assert code == 2 and log == (f"mtlir: error: buffer:3 ({size} bytes): the size is above the device's "
                                  "maxBufferLength (4294967296 bytes): Metal returned nil\n")
     assert out.count("\n") == 1 and '"error_type": "LinkError"' in out
+
+
+@pytest.mark.parametrize("executor", ["compiled", "interpreter"])
+def test_an_out_of_bounds_access_carries_no_note_of_an_unrelated_instruction(tmp_path: Path, executor: str) -> None:
+    """Strict mode reports the access at the host's next call to the device (the timeline read): the error used to
+    carry 'while running instruction 0: r2 = CALL ... (signaledValue)', an instruction that did not cause it."""
+    import json
+    import re
+    doc = json.loads(Path(MLP7).read_text())
+    prog = next(iter(doc["programs"].values()))
+    first = re.search(r"device float\* (\w+)", prog["msl"]).group(1)  # type: ignore[union-attr]
+    prog["msl"] = prog["msl"].replace(") {", f") {{ *({first}+100000) = 1.0f;", 1)
+    path = tmp_path / "oob.json"
+    path.write_text(json.dumps(doc))
+    code, _, log = mtlir("run", str(path), "--device", "sim", "--debug", "--executor", executor)
+    assert code == 3 and "wrote 4 bytes out of bounds" in log and "MetalValidationError" in log
+    assert "while running instruction" not in log
