@@ -17,14 +17,34 @@ APT_PACKAGES := graphviz pocl-opencl-icd ocl-icd-libopencl1 build-essential
 MODULES := $(sort $(shell find mtlir passes runtime -name '*.py' 2>/dev/null))
 export PYTHONSAFEPATH := 1
 
-.PHONY: run test typecheck setup sysdeps browser bench example clean FORCE
+.PHONY: run test test-arm64 typecheck setup sysdeps browser objc bench example clean FORCE
 
 run: $(STAMP)
 	$(VENV)/bin/mtlir run $(TRACE) --viz $(OUT)/$(notdir $(basename $(TRACE)))
 	@echo "pictures of every lowering stage: $(OUT)/$(notdir $(basename $(TRACE)))/*.svg"
 
-test: typecheck browser
+test: typecheck browser objc
 	$(PY) -m pytest tests
+
+# The real-Metal path on AArch64 under qemu-user (docs/metal-bridge.md): tests/arm64/setup.sh installs qemu and the
+# AArch64 cross compilers and caches an AArch64 Python with its wheels under .cache/arm64 (a second run reuses them).
+ARM64_CACHE := .cache/arm64
+test-arm64: $(STAMP) objc
+	timeout 1200 tests/arm64/setup.sh $(ARM64_CACHE)
+	timeout 2400 $(PY) tests/arm64/run_arm64.py --cache $(ARM64_CACHE)
+
+# The fake Metal of tests/native is Objective-C for GNU's runtime: on Linux x86_64, gobjc-12 and libobjc4 (apt-get)
+objc:
+	@if [ "$$(uname)" = Linux ] && [ "$$(uname -m)" = x86_64 ] && \
+	  ! printf '@interface A\n@end\n' | gcc-12 -x objective-c -fsyntax-only - >/dev/null 2>&1; then \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  echo "installing system packages: gobjc-12 libobjc4 (the fake Metal of tests/native)"; \
+	  command -v apt-get >/dev/null 2>&1 && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gobjc-12 libobjc4 >/dev/null || \
+	  { echo "could not install gobjc-12 and libobjc4: install them by hand (the fake-Metal tests need them)"; \
+	    exit 1; }; \
+	fi
 
 # a headless browser for the test that opens the --html page (tests/cli/test_page.py): Debian's chromium, installed
 # with apt-get when missing; elsewhere that test is skipped and says why
@@ -88,4 +108,4 @@ $(STAMP): pyproject.toml $(VENV)/.modules | sysdeps
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) $(OUT) build dist *.egg-info .pytest_cache .hypothesis .mypy_cache
+	rm -rf $(VENV) $(OUT) build dist *.egg-info .pytest_cache .hypothesis .mypy_cache .cache

@@ -4,7 +4,9 @@ simulator's ``KernelRunner`` (PoCL), over a Unix socket, so the fake's commit co
 The fake connects once per process (``FAKE_METAL_KERNELS`` names the socket); the protocol is fakemetal.m's
 (little-endian uint64 words, the same on x86_64 and AArch64). Under qemu the fake runs in an AArch64 process and
 this server in an x86_64 one, since PoCL does not run under qemu. Every dispatch is recorded: ``{"function",
-"grid", "threadgroup", "bindings": [[index, buffer handle, offset, buffer length], ...]}``.
+"grid", "threadgroup", "bindings": [[index, buffer handle, offset, buffer length], ...], "run": LABEL}`` (only the
+indices the kernel declares); a client other than the fake may send ``OP_LABEL`` (``label``) to tag the records
+of the runs that follow.
 
 Run alone: ``python kernel_server.py SOCKET [RECORDS.jsonl]`` serves until killed, appending each record as a
 JSON line to RECORDS.jsonl.
@@ -24,7 +26,7 @@ import numpy as np
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 from mtlir.runtime.sim.msl.translate import translate
 
-OP_COMPILE, OP_DISPATCH = 1, 2
+OP_COMPILE, OP_DISPATCH, OP_LABEL = 1, 2, 3
 
 
 def _exact(conn: socket.socket, n: int) -> bytes:
@@ -62,6 +64,7 @@ class KernelServer:
         self.path = path
         self._runner = runner
         self.record = record or (lambda rec: None)
+        self.label = ""
         self._lock = threading.Lock()
         if os.path.exists(path):
             os.unlink(path)
@@ -102,6 +105,9 @@ class KernelServer:
                         self._compile(conn)
                     elif op == OP_DISPATCH:
                         self._dispatch(conn)
+                    elif op == OP_LABEL:
+                        self.label = _text(conn)
+                        _answer(conn, 0)
                     else:
                         _answer(conn, 2, f"unknown request {op}")
                         return
@@ -133,13 +139,22 @@ class KernelServer:
             bindings = {i: (storages[k][1], off) for i, k, off in bound if i in used}
             self.record({"function": function, "grid": list(grid), "threadgroup": list(group),
                          "bindings": [[i, storages[k][0], off, storages[k][1].nbytes] for i, k, off in bound
-                                      if i in used]})
+                                      if i in used], "run": self.label})
             kernel.run(bindings, grid, group)
         except Exception as e:
             _answer(conn, 1, f"{type(e).__name__}: {e}")
             return
         _answer(conn, 0)
         conn.sendall(b"".join(s.tobytes() for _, s in storages))
+
+
+def label(path: str, text: str) -> None:
+    """Tag the records of what follows with ``text`` (the server at ``path``)."""
+    raw = text.encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(path)
+        conn.sendall(struct.pack("<QQ", OP_LABEL, len(raw)) + raw)
+        _exact(conn, 16)
 
 
 def main(argv: list[str]) -> int:

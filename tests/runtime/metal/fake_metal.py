@@ -123,8 +123,7 @@ def run_on_fake(trace: str, flags: list[str], libs: Libs, socket_path: str, log_
     """``mtlir run TRACE --device metal --json FLAGS`` in this process on a ``MetalBridge`` over ``libs`` (wrapped in
     a ``RecordingBridge`` only to learn the names link gives the objects); the fake logs to ``log_path`` and runs
     kernels through the server at ``socket_path``."""
-    if log_path.exists():
-        log_path.unlink()
+    log_path.write_text("")  # truncated, not removed: the fake may hold it open (it appends)
     made: list[RecordingBridge] = []
 
     def bridge() -> RecordingBridge:
