@@ -40,6 +40,7 @@ from mtlir.runtime.sim.msl.rewrite import Ctx, at, group_end, refuse, rewrite, t
 from mtlir.runtime.sim.msl.simd import SIMD_BEGIN, SIMD_PARAM, SIMD_POSITIONS, SUPPORTED, simd_helpers, uses_scratch
 from mtlir.runtime.sim.msl.softfloat import SOFTFLOAT_PRELUDE, lower_soft_floats, uses_soft_floats
 from mtlir.runtime.sim.msl.token_rules import TOKEN_RULES
+from mtlir.runtime.sim.msl.uniform import check_simd_control_flow
 
 __all__ = ["KernelArg", "ParamBinding", "KernelInfo", "LocalArray", "Translation", "translate", "kernel_functions"]
 
@@ -152,6 +153,7 @@ def translate(msl: str, *, bounds_checks: bool = True) -> Translation:
               type_names=_struct_names(ts, items) | set(MATRIX_TYPES),
               buffer_names=_buffer_names(ts, items) if bounds_checks else set(),
               simd_helpers=simd_helpers(ts, _function_spans(ts, items)))
+    check_simd_control_flow(ts, items, ctx.simd_helpers, _struct_names(ts, items))
     out: list[Token] = []
     kernels: dict[str, KernelInfo] = {}
     for kind, start, end in items:

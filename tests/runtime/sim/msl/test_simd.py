@@ -163,6 +163,58 @@ def test_scratch_size_covers_every_simd_group() -> None:
     assert scratch_bytes(1024) == 1024 * per_thread
 
 
+def test_a_branch_that_all_lanes_of_a_simd_group_take_alike_runs(runner: KernelRunner) -> None:
+    """The reduction of many Metal kernels: SIMD group 0 alone reduces the groups' partial sums (its condition is
+    the same for a whole SIMD group); a loop of literal bounds; a condition on a reduction's result."""
+    msl = """kernel void k(device float* out, device const float* x, constant int& n,
+                          uint t [[thread_index_in_threadgroup]], ushort lane [[thread_index_in_simdgroup]],
+                          ushort sg [[simdgroup_index_in_threadgroup]]) {
+      threadgroup float part[4];
+      float v = simd_sum(x[t]);
+      if (lane == 0) part[sg] = v;
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      if (sg == 0) { v = simd_sum(lane < 4 ? part[lane] : 0.0f); }
+      int rounds = n * 2;
+      for (int r = 0; r < rounds; r++) { if (simd_all(v > 0.0f)) v = v + simd_broadcast(v, 0) * 0.0f; }
+      if (t == 0) out[0] = v;
+    }"""
+    x = np.arange(128, dtype=np.float32)
+    out, *_ = run(runner, msl, [np.zeros(1, np.float32), x, np.int32([2])], (128, 1, 1))
+    assert out[0] == x.sum()
+
+
+@pytest.mark.parametrize("body, construct, where", [
+    ("if (lane < 16) { out[t] = simd_sum(x[t]); }", "simd_sum", "line 5, column 11"),
+    ("if (t >= 40) return;\n      out[t] = simd_shuffle_down(x[t], 1);", "simd_shuffle_down", "line 5, column 11"),
+    ("simdgroup_float8x8 m = simdgroup_float8x8(1.0f);\n      if (x[t] > 0.0f) simdgroup_multiply(m, m, m);",
+     "simdgroup_multiply", "line 6, column 11"),
+    ("for (uint i = lane; i < 40; i += 8) out[t] += simd_sum(x[i]);", "simd_sum", "line 5, column 27"),
+    ("out[t] = lane & 1 ? simd_sum(x[t]) : 0.0f;", "simd_sum", "line 5, column 16"),
+    ("for (int i = 0; i < 4; i++) { if (x[t + i] > 1.0f) break; out[t] = simd_max(x[i]); }", "simd_max",
+     "line 5, column 23"),  # the loop's condition: lanes that took the break are no longer in the loop
+    ("float w = x[t];\n      while (w < 8.0f) { w = simd_sum(w); }", "simd_sum", "line 6, column 14"),
+])
+def test_an_exchange_where_the_lanes_of_a_simd_group_may_part_is_refused(body: str, construct: str,
+                                                                          where: str) -> None:
+    """On Metal the lanes that are not there are inactive; OpenCL barriers reached by some work-items and not
+    others are undefined (PoCL crashes the process): refused when translating, naming the call and the condition."""
+    msl = f"""kernel void k(device float* out, device const float* x, uint t [[thread_index_in_threadgroup]],
+                           ushort lane [[thread_index_in_simdgroup]]) {{
+      {body}
+    }}"""
+    with pytest.raises(UnsupportedKernelError, match=f"the condition at {where} may differ between them") as info:
+        translate(HEAD + msl)
+    assert info.value.construct == construct
+
+
+def test_a_helper_that_exchanges_under_a_condition_on_its_parameters_is_refused() -> None:
+    """A helper's parameters are taken as per lane (its callers are not followed)."""
+    msl = """float f(float v, int k) { if (k > 0) { return simd_sum(v); } return v; }
+    kernel void k(device float* out, uint t [[thread_index_in_threadgroup]]) { out[t] = f(1.0f, 1); }"""
+    with pytest.raises(UnsupportedKernelError, match="the condition at line 3, column 31"):
+        translate(HEAD + msl)
+
+
 # --- 8x8 SIMD-group matrices: lane L holds row (L // 2) % 4 + 4 (L // 16), columns 2 (L % 2) + 4 ((L // 8) % 2) + e
 # for its elements e = 0, 1 (tinygrad's Metal tensor-core emulator states this layout for A, B, C and D alike) ---
 
