@@ -32,8 +32,8 @@ pre { background: #f6f8fa; padding: 0.8em; overflow-x: auto; font-size: 12px; }
 table { border-collapse: collapse; font-size: 12px; margin: 0.5em 0; }
 td, th { border: 1px solid #bbb; padding: 2px 6px; text-align: left; font-family: monospace; vertical-align: top; }
 th { background: #eef; font-family: Helvetica, Arial, sans-serif; }
-.picture { overflow: auto; max-height: 80vh; border: 1px solid #ddd; padding: 0.5em; }
-.picture svg { max-width: none; height: auto; }
+.picture { overflow: auto; max-height: 90vh; border: 1px solid #ddd; padding: 0.5em; }
+.picture svg { max-width: 100%; height: auto; }
 .unchanged { color: #555; background: #f3f3f3; padding: 0.3em 0.6em; display: inline-block; }
 .changed { color: #8a0000; background: #fff0f0; padding: 0.3em 0.6em; display: inline-block; }
 .match { color: #06610c; font-weight: bold; } .mismatch { color: #b00000; font-weight: bold; }
