@@ -181,7 +181,9 @@ def cmd_lower(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace
                                                      f"{target})", setup=setup, messages=messages)
         print(f"mtlir: wrote {path}", file=log)
     if args.json:
-        doc = {"messages": messages, "count": len(messages), "setup": setup, "setup_count": len(setup),
+        from mtlir.program.tables import icb_records, program_icbs
+        icb = [{"name": name, "commands": icb_records(spec)} for name, spec in program_icbs(program)]
+        doc = {"messages": messages, "count": len(messages), "setup": setup, "setup_count": len(setup), "icbs": icb,
                "workload": trace.workload,
                "arch": program.device.family, "target": target, "residency_set": program.device.residency_set,
                "icb": program.device.icb, "path": _path(program), "kernels": len(trace.dispatches),

@@ -12,6 +12,7 @@ by its message lists and ICB tables, or the Program's listing followed by its IC
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from mtlir.ir.render import listing
 from mtlir.ir.uop import UOp
@@ -19,7 +20,8 @@ from mtlir.metal import Obj
 from mtlir.program.payloads import CallList, IcbCommand, IcbSpec, MessageList
 from mtlir.program.program import Program
 
-__all__ = ["ICB_COLUMNS", "icb_rows", "icb_table", "message_lines", "describe"]
+__all__ = ["ICB_COLUMNS", "icb_rows", "icb_table", "icb_records", "program_icbs", "message_lines",
+           "describe"]
 
 ICB_COLUMNS = ("#", "pipeline", "bindings (buffer+offset @index)", "grid", "threadgroup", "barrier",
                "patched per submit")
@@ -49,6 +51,20 @@ def icb_rows(spec: IcbSpec) -> list[tuple[str, ...]]:
         rows.append((str(i), cmd.pipeline, bindings or "-", _size(cmd.grid, cmd.symbolic),
                      _size(cmd.threadgroup, cmd.symbolic), "yes" if cmd.barrier else "no", _patched(cmd)))
     return rows
+
+
+def icb_records(spec: IcbSpec) -> list[dict[str, Any]]:
+    """The commands of ``spec`` as JSON-ready objects (``mtlir lower --json``'s ``"icb"``): ``index``, ``pipeline``,
+    ``bindings`` (``{"buffer", "offset", "index"}``, offsets in bytes), ``grid`` and ``threadgroup`` (null for an
+    entry set per submit), ``barrier``, ``variables`` (``{"name", "index"}``: the variables-buffer slot bound at that
+    buffer index) and ``rebound`` (buffer indices a submit binds)."""
+    def size(v: tuple[int, int, int], symbolic: bool) -> list[int | None]:
+        return [None if symbolic and x == 0 else x for x in v]
+    return [{"index": i, "pipeline": c.pipeline,
+             "bindings": [{"buffer": b, "offset": off, "index": idx} for b, off, idx in c.bindings],
+             "grid": size(c.grid, c.symbolic), "threadgroup": size(c.threadgroup, c.symbolic), "barrier": c.barrier,
+             "variables": [{"name": n, "index": idx} for n, idx in c.variables], "rebound": list(c.rebound)}
+            for i, c in enumerate(spec.commands)]
 
 
 def icb_table(spec: IcbSpec, name: str = "icb") -> str:
@@ -81,6 +97,11 @@ def message_lines(node: UOp, ids: dict[UOp, int]) -> list[str]:
             else:
                 lines.append(f"{fn}({', '.join(refs_text)})")
     return lines
+
+
+def program_icbs(program: Program) -> list[tuple[str, IcbSpec]]:
+    """The ICB placeholders of ``program``: (name, ``IcbSpec``) each once, in register order."""
+    return list(_icbs(iter(program.objects.values())))
 
 
 def _icbs(objects: Iterator[Obj]) -> Iterator[tuple[str, IcbSpec]]:

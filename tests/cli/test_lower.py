@@ -64,3 +64,25 @@ def test_record_setup_is_the_same_on_both_targets(target: str) -> None:
     arm = record_setup(lower(t.queue(DeviceSpec("Apple7")), target="arm64").program, "arm64")
     strip = [(m["receiver"], m["selector"]) for m in setup]
     assert strip == [(m["receiver"], m["selector"]) for m in arm]
+
+
+def test_json_carries_the_icb_commands() -> None:
+    code, out, log = _mtlir("lower", KV7, "--json", "--target", "arm64")
+    assert code == 0, log
+    (icb,) = json.loads(out)["icbs"]
+    assert icb["name"] == "icb" and len(icb["commands"]) == 5
+    first, second = icb["commands"][:2]
+    assert first["grid"] == [None, 1, 1] and first["threadgroup"] == [16, 1, 1]  # the grid is set per submit
+    assert first["variables"] == [{"name": "start_pos", "index": 3}] and first["barrier"] is True
+    assert second["bindings"][0] == {"buffer": "buffer:3", "offset": 256, "index": 0}
+
+
+def test_the_program_picture_of_viz_shows_the_setup_and_the_icb(tmp_path: Path) -> None:
+    import shutil
+    if shutil.which("dot") is None:
+        pytest.skip("Graphviz's dot is not installed")
+    code, _, log = _mtlir("lower", KV7, "--target", "arm64", "--viz", str(tmp_path))
+    assert code == 0, log
+    svg = (tmp_path / "03-linearize.svg").read_text()
+    assert "setup messages, sent once" in svg and "indirectComputeCommandAtIndex: 1" in svg
+    assert "ICB icb: 5 commands" in svg and "buffer:3+256@0" in svg

@@ -47,3 +47,13 @@ def test_describe_spells_out_what_the_listing_only_counts() -> None:
     assert program_text.startswith(lowered.program.listing()) and "; ICB icb: 3 commands" in program_text
     with pytest.raises(TypeError, match="neither a graph"):
         describe("x")  # type: ignore[arg-type]
+
+
+def test_icb_records_are_json_ready() -> None:
+    import json
+    from mtlir.program.tables import icb_records
+    recs = icb_records(_spec())
+    assert json.loads(json.dumps(recs)) == recs
+    assert recs[0]["grid"] == [None, 1, 1] and recs[0]["bindings"][1] == {"buffer": "buffer:y", "offset": 256,
+                                                                          "index": 1}
+    assert recs[1]["barrier"] is False and recs[1]["rebound"] == [1] and recs[1]["variables"] == []
