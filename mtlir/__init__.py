@@ -6,8 +6,9 @@ imports none of them, nor graphviz, networkx, numpy, pyopencl, the passes or the
 
 - the IR core: ``UOp`` (nodes), ``Ops``/``GroupOp`` (what a node is), ``dtypes``/``DType``/``PtrDType``/
   ``StructDType`` (value types), ``UPat``/``PatternMatcher``/``PatternRule`` (rules), ``graph_rewrite`` (passes),
-  ``render``/``parse``/``listing``/``register_arg_type`` (text), ``to_dot``/``to_networkx``/``write_picture``
-  (pictures; ``mtlir.viz``);
+  ``render``/``parse``/``listing``/``register_arg_type`` (text), ``describe`` (any stage's text with its messages
+  and ICB commands spelled out, the Program included; ``mtlir.program.tables``), ``to_dot``/``to_networkx``/
+  ``write_picture`` (pictures of any stage; ``mtlir.viz``);
 - Metal's facts: ``DeviceSpec``, ``Kernel``, ``KernelParam`` (``mtlir.metal``);
 - the front end: ``Queue`` (a queue by hand), ``load_trace`` (a recorded queue); the lowering: ``lower``,
   ``default_pipeline`` (``mtlir.passes``);
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from mtlir.ir.upat import PatternMatcher, PatternRule, RuleError, UPat
     from mtlir.metal import DeviceSpec, Kernel, KernelParam
     from mtlir.passes import default_pipeline, lower
+    from mtlir.program.tables import describe
     from mtlir.runtime.link.link import link
     from mtlir.runtime.session import Session
     from mtlir.runtime.sim.device import SimDevice
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["UOp", "Ops", "GroupOp", "dtypes", "DType", "PtrDType", "StructDType", "UPat", "PatternMatcher",
            "PatternRule", "RuleError", "graph_rewrite", "RewriteLoopError", "RewriteTrace", "RewriteStep", "render",
-           "parse", "ParseError", "listing", "register_arg_type", "to_dot", "to_networkx", "write_picture",
+           "parse", "ParseError", "listing", "register_arg_type", "describe", "to_dot", "to_networkx", "write_picture",
            "GraphvizNotFoundError", "DeviceSpec", "Kernel", "KernelParam", "Queue", "load_trace", "lower",
            "default_pipeline", "link", "Session", "SimDevice", "MtlirError", "InputError", "ArgumentError",
            "StateError", "LoweringError", "LinkError", "BridgeError", "NoDeviceError", "DeviceError",
@@ -61,6 +63,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "mtlir.ir.upat": ("UPat", "PatternMatcher", "PatternRule", "RuleError"),
     "mtlir.ir.rewrite": ("graph_rewrite", "RewriteLoopError", "RewriteTrace", "RewriteStep"),
     "mtlir.ir.render": ("render", "parse", "ParseError", "listing", "register_arg_type"),
+    "mtlir.program.tables": ("describe",),
     "mtlir.viz": ("to_dot", "to_networkx", "write_picture", "GraphvizNotFoundError"),
     "mtlir.metal": ("DeviceSpec", "Kernel", "KernelParam"),
     "mtlir.frontend.queue": ("Queue",),

@@ -115,7 +115,8 @@ def chrome_trace(host: Sequence[HostSpan], submissions: Sequence[Any], submit_st
     return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": dict(metadata or {})}
 
 
-_X_FIELDS: dict[str, type | tuple[type, ...]] = {"name": str, "ph": str, "pid": int, "tid": int, "ts": (int, float), "dur": (int, float)}
+_X_FIELDS: dict[str, type | tuple[type, ...]] = {"name": str, "ph": str, "pid": int, "tid": int, "ts": (int, float),
+                                                 "dur": (int, float)}
 
 
 def check_chrome_trace(doc: Any) -> None:

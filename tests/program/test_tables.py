@@ -57,3 +57,17 @@ def test_icb_records_are_json_ready() -> None:
     assert recs[0]["grid"] == [None, 1, 1] and recs[0]["bindings"][1] == {"buffer": "buffer:y", "offset": 256,
                                                                           "index": 1}
     assert recs[1]["barrier"] is False and recs[1]["rebound"] == [1] and recs[1]["variables"] == []
+
+
+def test_every_stage_prints_through_the_public_api() -> None:
+    import mtlir
+    from mtlir.program.payloads import CallList, MessageList
+    lowered = lower(small_queue(DeviceSpec("Apple9"), symbolic=True), target="x86_64")
+    assert mtlir.describe is describe
+    for name, stage in lowered.stages[1:-1]:  # every message of every MSGS/CALLS node, one line each
+        text = mtlir.describe(stage)
+        count = sum(len(u.arg) for u in stage.toposort() if isinstance(u.arg, (MessageList, CallList)))
+        assert count and sum(line.startswith(";   [") or line.startswith(";   objc_msgSend [")
+                             for line in text.splitlines()) == count, name
+    last = mtlir.describe(lowered.stages[-1][1])
+    assert "; ICB icb: 3 commands" in last and "[encoder executeCommandsInBuffer:withRange: icb, 0, 3]" in last
