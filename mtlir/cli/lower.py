@@ -2,9 +2,11 @@
 pictures of ``--viz``, the messages of one submit, the listing.
 
 ``mtlir lower TRACE.json [--arch apple7|apple8|apple9|mac2] [--no-residency-set] [--no-icb] [--target arm64|x86_64]
-[--pipeline P] [--print-after-all] [--viz DIR] [--json]`` lowers a recorded kernel queue and prints the Program.
-With ``--json`` it prints one JSON object, ``{"messages": [...], ...}``: the messages one submit sends, in order,
-recorded by running the Program against a ``RecordingBridge`` (loops unrolled, no link-time messages, no waits).
+[--pipeline P] [--print-after-all] [--viz DIR] [--html FILE] [--setup] [--json]`` lowers a recorded kernel queue and
+prints the Program. With ``--json`` it prints one JSON object, ``{"messages": [...], "setup": [...], "icbs": [...],
+...}``: the messages one submit sends, in order, recorded by running the Program against a ``RecordingBridge`` (loops
+unrolled, no link-time messages, no waits), the messages link sends once (``record_setup``; ``--setup`` lists them
+instead of the Program) and each ICB's commands. ``--html`` writes the page of the lowering (``mtlir.cli.page``).
 
 Both commands lower through a ``lower_trace`` they are given (``LowerTrace``; ``mtlir.cli.main.main`` passes
 ``lower_trace`` below, a test may pass another).

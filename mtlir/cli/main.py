@@ -6,7 +6,8 @@ With ``--json`` it prints one JSON object, ``{"messages": [...], ...}``: the mes
 recorded by running the Program against a ``RecordingBridge`` (loops unrolled, no link-time messages, no waits).
 
 ``mtlir run TRACE.json [--device auto|sim|metal] ...`` (the main job) lowers, links, submits ``--repeat`` times and
-compares the output with the trace's; ``mtlir.cli.run`` describes it.
+compares the output with the trace's; ``mtlir.cli.run`` describes it. ``mtlir opt FILE -p PIPELINE`` runs passes on
+a graph in the text form (``mtlir.cli.opt``).
 
 Exit codes (``exit_code``): 0 match (or a successful ``lower``), 1 mismatch, 2 bad input, 3 GPU execution error (a
 command buffer in status Error, a Metal validation error, a wait past its timeout), 4 a kernel the simulated

@@ -6,7 +6,9 @@ with the trace's expected output as float32 (rtol 1e-4, atol 1e-5). With ``--dev
 first (``mtlir.runtime.probe``) and the submit lowered for what it offers (residency sets, ICBs); the flags can
 only turn them off. ``--json``: one object ``{"match", "max_abs_err", "kernels", "messages_per_submit", "submits",
 ...}`` on stdout, everything else on stderr (``max_abs_err`` is null when the error is not a finite number,
-``gpu_s_per_submit`` when the device reports a GPU time as not available).
+``gpu_s_per_submit`` when the device reports a GPU time as not available). ``--html FILE`` writes the page of the
+lowering with the run's result (``mtlir.cli.page``), ``--profile FILE`` the run as Chrome trace events
+(``mtlir.cli.profile``).
 
 The command is given its collaborators (``mtlir.cli.main.main`` passes the real ones, a test may pass others):
 ``lower_trace`` (``mtlir.cli.lower``), ``make_bridge`` (the device to run on), and for ``--device metal``
