@@ -100,14 +100,24 @@ def _write_pictures(stages: list[tuple[str, Any]], outdir: Path, log: TextIO) ->
                 old.unlink()
         for i, (name, stage) in enumerate(stages):
             title = f"{name} (unchanged)" if i and stage is stages[i - 1][1] else name
-            setup = ([format_message(m) for m in record_setup(stage, stage.target)] if isinstance(stage, Program)
-                     else [])
-            dot = to_dot(stage, name=title, setup=setup)
+            dot = to_dot(stage, name=title, setup=_setup_lines(stage, log) if isinstance(stage, Program) else [])
             path = write_picture(dot, outdir / f"{i:02d}-{name}.svg")
             print(f"mtlir: wrote {path}", file=log)
     except OSError as e:  # a parent that is a file, no permission, a full disk: name the flag and the file
         where = f" ({e.filename})" if e.filename and str(e.filename) != str(outdir) else ""
         raise UsageError(f"--viz {outdir}: cannot write the pictures{where}: {e.strerror or e}") from None
+
+
+def _setup_lines(program: Any, log: TextIO) -> list[str]:
+    """The setup messages of ``program`` as listing lines for its picture; none, with a note on ``log``, when the
+    recording's host memory cannot hold the Program's buffers (a buffer of many GiB: the device says what it
+    refuses when ``run`` links)."""
+    try:
+        return [format_message(m) for m in record_setup(program, program.target)]
+    except MemoryError:
+        print("mtlir: note: the Program's picture shows no setup messages: the recording could not allocate its "
+              "buffers in host memory", file=log)
+        return []
 
 
 def format_message(m: dict[str, Any]) -> str:
