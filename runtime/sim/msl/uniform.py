@@ -23,8 +23,8 @@ from collections.abc import Iterable
 
 from mtlir.runtime.sim.msl.cexpr import Node, Parser
 from mtlir.runtime.sim.msl.lex import ID, PP, PUNCT, Token
-from mtlir.runtime.sim.msl.names import (HELPER_BUILTINS, MATRIX_TYPES, POSITIONS, RENAMED_BUILTINS, SAME_BUILTINS,
-                                          SCALARS, VECTORS)
+from mtlir.runtime.sim.msl.names import (HELPER_BUILTINS, MATRIX_TYPES, RENAMED_BUILTINS, SAME_BUILTINS, SCALARS,
+                                          VECTORS)
 from mtlir.runtime.sim.msl.rewrite import at, group_end, refuse
 from mtlir.runtime.sim.msl.simd import SIMD_FUNCTIONS, uses_scratch
 

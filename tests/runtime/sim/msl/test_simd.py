@@ -311,6 +311,36 @@ def test_half_matrices_round_once_to_their_type(runner: KernelRunner) -> None:
     assert np.abs(h.astype(np.float64) - exact).max() <= np.abs(exact).max() * 2**-11  # rounded once to half
 
 
+def test_tinygrad_half_wmma_helpers(runner: KernelRunner) -> None:
+    """tinygrad's helpers for half inputs with a float and with a half accumulator: half2 parameters, elements
+    moved through thread_elements(), half2 loads through a pointer cast."""
+    helper = """{ret}2 __WMMA_8_8_8_half_{ret}(half2 a, half2 b, {ret}2 c){{
+      simdgroup_half8x8 mat_a, mat_b; simdgroup_{ret}8x8 mat_c;
+      mat_a.thread_elements()[0] = a[0]; mat_b.thread_elements()[0] = b[0]; mat_c.thread_elements()[0] = c[0];
+      mat_a.thread_elements()[1] = a[1]; mat_b.thread_elements()[1] = b[1]; mat_c.thread_elements()[1] = c[1];
+      simdgroup_multiply_accumulate(mat_c, mat_a, mat_b, mat_c);
+      return {ret}2(mat_c.thread_elements()[0], mat_c.thread_elements()[1]);
+    }}
+    """
+    msl = helper.format(ret="float") + helper.format(ret="half") + """kernel void k(device float* df, device half* dh,
+        device const half* a, device const half* b, uint3 lid [[thread_position_in_threadgroup]]) {
+      int l = lid.x;
+      half2 va = half2(a[2 * l], a[2 * l + 1]);
+      half2 vb = *((device half2*)(b + 2 * l));
+      *((device float2*)(df + 2 * l)) = __WMMA_8_8_8_half_float(va, vb, float2(0.0f));
+      *((device half2*)(dh + 2 * l)) = __WMMA_8_8_8_half_half(va, vb, half2((half)(1.0f), (half)(0.0f)));
+    }"""
+    rng = np.random.default_rng(7)
+    a, b = (rng.integers(-3, 4, (8, 8)).astype(np.float16) for _ in range(2))
+    df, dh, *_ = run(runner, msl, [np.zeros(64, np.float32), np.zeros(64, np.float16), lane_elements(a),
+                                   lane_elements(b)], (32, 1, 1))
+    product = a.astype(np.float32) @ b.astype(np.float32)
+    np.testing.assert_array_equal(df, lane_elements(product))
+    want = lane_elements(product)
+    want[0::2] += 1  # C: element 0 of every lane is 1
+    np.testing.assert_array_equal(dh, want.astype(np.float16))
+
+
 def test_several_simd_groups_and_a_partial_one_multiply_independently(runner: KernelRunner) -> None:
     """Threadgroups of 64 (two SIMD groups, each its own matrices) and of 24 (one partial group: the elements of
     the 8 inactive lanes count as 0)."""
