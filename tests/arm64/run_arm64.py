@@ -133,7 +133,10 @@ def main(argv: list[str]) -> int:
         server.close()
     for f in failures:
         print(f"FAILED: {f}")
-    print(f"test-arm64: {len(results['runs'])} runs, {len(failures)} failures, {time.monotonic() - t0:.0f} s")
+    print(f"test-arm64: {len(results['runs'])} runs in {time.monotonic() - t0:.0f} s")
+    # the closing line in the plain form CI reads: checks that passed (every run, the negative control), failed
+    checks = len(results["runs"]) + 1
+    print(f"test-arm64: {checks - min(len(failures), checks)} passed, {len(failures)} failed")
     return 1 if failures else 0
 
 
