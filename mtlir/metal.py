@@ -273,7 +273,7 @@ SELECTORS: dict[str, Signature] = {
     "setBuffer:offset:atIndex:": _S(_void, (_id, _u64, _u64)),
     "setBytes:length:atIndex:": _S(_void, (_ptr, _u64, _u64)),
     # MTLSharedEvent
-    "signaledValue": _S(_u64),
+    "signaledValue": _S(_u64), "setSignaledValue:": _S(_void, (_u64,)),
     "waitUntilSignaledValue:timeoutMS:": _S(_bool, (_u64, _u64)),
     # MTLIndirectCommandBuffer and its compute commands
     "indirectComputeCommandAtIndex:": _S(_id, (_u64,)),

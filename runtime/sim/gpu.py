@@ -5,7 +5,8 @@ one dispatch, one ICB command, an event signal) or yields a ``Gate`` it must wai
 encoder's start, ``encodeWaitForEvent:value:``). ``step_locked`` advances the oldest runnable head of any queue by
 one yield; a worker thread calls it while there is work (``autorun``), or tests call ``SimDevice.step``. A gate
 that stays closed longer than ``gpu_timeout_s`` fails its command buffer with MTLCommandBufferErrorTimeout, like
-the GPU watchdog: nothing waits forever.
+the GPU watchdog: nothing waits forever; when the command buffer is part of a deadlock (``rules.deadlock``: a wait
+cycle, or a full queue the host is blocked on) its error describes the deadlock.
 
 What the GPU checks while it runs (both modes; strict mode has refused most of these at the call already): rule 8
 (range past the ICB, commands past 16,384, unbound buffer indices), 10 (residency), 13 (dispatch dropped), 14
@@ -36,6 +37,7 @@ from mtlir.errors import DeviceError, KernelAccessError, MetalValidationError
 from mtlir.runtime.sim.rules.checks import size_problem
 from mtlir.runtime.sim.objects import (ICB, Binding, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute,
                                        Gate, ICBSlot, Pipeline, SharedEvent, SignalStep, WaitStep)
+from mtlir.runtime.sim.rules.deadlock import find_deadlock
 from mtlir.runtime.sim.rules.rule import Rule
 
 if TYPE_CHECKING:
@@ -143,6 +145,7 @@ class GPU:
         self.advancing: CommandBuffer | None = None  # the command buffer of the operation running now
         # the kernel running now: (its function, the dispatch, its command buffer's handle); None between kernels
         self.running: tuple[str, str, int] | None = None
+        self.host_blocked: CommandQueue | None = None  # the queue a host thread is blocked on in commandBuffer
 
     # ---------------------------------------------------------------- scheduling
     def submit(self, cb: CommandBuffer) -> None:
@@ -174,8 +177,13 @@ class GPU:
                 if gate.ready():
                     cb.gate = None
                 elif now - cb.blocked_since > self.dev.gpu_timeout_s:
-                    self._finish(cb, GPUFault(MTL.ErrorTimeout, f"GPU watchdog: blocked {now - cb.blocked_since:.3g}"
-                                                                f" s waiting for {gate.what}", gate.rule))
+                    blocked = f"GPU watchdog: blocked {now - cb.blocked_since:.3g} s"
+                    dead = find_deadlock(self.queues, blocked=self.host_blocked)
+                    if dead is not None and cb in dead.members:
+                        fault = GPUFault(MTL.ErrorTimeout, f"{blocked}: {dead.description}", dead.rule)
+                    else:
+                        fault = GPUFault(MTL.ErrorTimeout, f"{blocked} waiting for {gate.what}", gate.rule)
+                    self._finish(cb, fault)
                     return True
                 else:
                     continue
@@ -198,10 +206,20 @@ class GPU:
             self._finish(cb, GPUFault(MTL.ErrorInternal, f"the simulated GPU failed: {type(e).__name__}: {e}"))
         else:
             if gate is not None and not gate.ready():
+                self.sync()  # the host may be what the gate waits for: it sees the results so far
                 cb.gate, cb.blocked_since = gate, clock()
         finally:
             self.busy = False
             self.advancing = None
+
+    def sync(self) -> None:
+        """Bring what kernels wrote into the buffers' host memory and drop the kernel runner's device copies (the
+        next kernel copies in what the host wrote since): called where the host may look or write, at a command
+        buffer's start and end, an event signal and a gate the command buffer blocks on. Between those, buffers
+        stay on the OpenCL device (``KernelRunner.sync``)."""
+        runner = self.dev._runner
+        if runner is not None:
+            runner.sync()
 
     def _ensure_worker(self) -> None:
         if self.thread is None or not self.thread.is_alive():
@@ -253,6 +271,7 @@ class GPU:
     def _execute(self, cb: CommandBuffer) -> Iterator[Gate | None]:
         cb.status = MTL.StatusScheduled
         cb.start_time = clock()
+        self.sync()  # what the host wrote before the commit
         yield None
         for step in cb.steps:
             if isinstance(step, WaitStep):
@@ -284,7 +303,9 @@ class GPU:
         self.dev._cv.notify_all()
 
     def signal(self, ev: SharedEvent, value: int) -> None:
-        """The GPU signals ``ev``: the value only increases, a smaller one is ignored (rule 12)."""
+        """The GPU signals ``ev``: the value only increases, a smaller one is ignored (rule 12). The results so far
+        reach the host first (``sync``): a waiter may read them once it sees the value."""
+        self.sync()
         if value > ev.value:
             ev.value = value
             self.dev._cv.notify_all()
@@ -396,7 +417,7 @@ class GPU:
                 cb = self.advancing
                 self.running = (p.label, what, cb.handle if cb is not None else 0)
                 try:
-                    p.kernel.run(bindings, grid, threadgroup)
+                    p.kernel.run(bindings, grid, threadgroup, keep=True)  # results stay on the device until sync
                 finally:
                     self.in_kernel = False
                     self.running = None
@@ -419,6 +440,7 @@ class GPU:
             p.kernel.run(bindings, grid, threadgroup)
 
     def _finish(self, cb: CommandBuffer, fault: GPUFault | None) -> None:
+        self.sync()  # the command buffer's results reach the host before its status says completed
         if fault is None and cb.late_fault is not None:
             fault = GPUFault(cb.late_fault[0], cb.late_fault[1], Rule.FREED_IN_FLIGHT)
         if fault is None:

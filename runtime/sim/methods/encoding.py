@@ -22,6 +22,7 @@ from mtlir.runtime.sim.msgsend import NIL, MethodTable
 from mtlir.runtime.sim.rules.checks import check_commit, check_execute, collect_reads, size_problem
 from mtlir.runtime.sim.objects import (ICB, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute, Fence,
                                        Pipeline, SharedEvent, SignalStep, SimObject, WaitStep)
+from mtlir.runtime.sim.rules.deadlock import find_deadlock, may_deadlock
 from mtlir.runtime.sim.rules.rule import Call, Rule, assertion, violation
 
 if TYPE_CHECKING:
@@ -38,8 +39,10 @@ _MAX_SET_BYTES = 4096  # setBytes:length:atIndex: takes at most 4 KB (Apple's do
 @METHODS.method(CommandQueue, "commandBuffer")
 def _command_buffer(dev: SimDevice, q: CommandQueue) -> CommandBuffer:
     """A new command buffer (+0). At maxCommandBufferCount uncompleted command buffers it blocks until one
-    completes (rule 7): strict mode raises at once when none can (all uncommitted, or the GPU held); a block
-    that outlives the device's ``timeout_s`` raises ``TimeoutError``."""
+    completes (rule 7): strict mode raises at once when none can (all uncommitted, the GPU held, or a deadlock:
+    each waits for work only this thread could encode, ``rules.deadlock``); faithful mode blocks, the GPU watchdog
+    ends the deadlocked command buffers with the same description; a block that outlives the device's
+    ``timeout_s`` raises ``TimeoutError``."""
     call = Call("commandBuffer", q)
     if len(q.live) >= q.max_count:
         committed = any(cb.status >= MTL.StatusCommitted for cb in q.live)
@@ -48,9 +51,18 @@ def _command_buffer(dev: SimDevice, q: CommandQueue) -> CommandBuffer:
             raise violation(Rule.IN_FLIGHT_LIMIT, call,
                             f"{len(q.live)} command buffers of the queue are not completed "
                             f"(maxCommandBufferCount {q.max_count}) and {why}: Metal blocks here forever")
-        if not dev.wait_for(lambda: len(q.live) < q.max_count, dev.timeout_s):
+        if dev.strict and (dead := find_deadlock(dev.gpu.queues, blocked=q)) is not None:
+            raise violation(dead.rule, call, dead.description)
+        dev.gpu.host_blocked = q
+        try:
+            ok = dev.wait_for(lambda: len(q.live) < q.max_count, dev.timeout_s)
+        finally:
+            dev.gpu.host_blocked = None
+        if not ok:
+            dead = find_deadlock(dev.gpu.queues, blocked=q)
+            why = f": {dead.description}" if dead is not None else ""
             raise WaitTimeoutError(f"{call}: blocked {dev.timeout_s} s with {len(q.live)} command buffers not completed "
-                               f"(maxCommandBufferCount {q.max_count}; METAL.md §3 rule 7)")
+                               f"(maxCommandBufferCount {q.max_count}; METAL.md §3 rule 7){why}")
     cb = dev.new_autoreleased(CommandBuffer(q))
     q.live.add(cb)
     return cb  # type: ignore[no-any-return]
@@ -118,6 +130,8 @@ def _commit(dev: SimDevice, cb: CommandBuffer) -> None:
     dev.retain(cb)  # the GPU holds it until it finishes
     collect_reads(dev, cb)
     dev.gpu.submit(cb)
+    if dev.strict and may_deadlock(cb) and (dead := find_deadlock(dev.gpu.queues)) is not None:
+        raise violation(dead.rule, call, dead.description)
 
 
 @METHODS.method(CommandBuffer, "waitUntilCompleted")

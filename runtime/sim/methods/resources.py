@@ -237,6 +237,13 @@ def _signaled_value(dev: SimDevice, ev: SharedEvent) -> int:
     return ev.value
 
 
+@METHODS.method(SharedEvent, "setSignaledValue:")
+def _set_signaled_value(dev: SimDevice, ev: SharedEvent, value: int) -> None:
+    """The host signals ``ev``: the value changes only if it is larger (Apple's documentation of signaledValue);
+    command buffers waiting for a value it reaches run on (rule 12)."""
+    dev.gpu.signal(ev, value)
+
+
 def _unreachable(dev: SimDevice, ev: SharedEvent, value: int) -> CommandBuffer | None:
     """The failed command buffer whose skipped signal was the only way ``ev`` could reach ``value`` (rule 6),
     or None while some committed, unfinished command buffer may still signal it."""

@@ -82,6 +82,10 @@ class Rule(Enum):
     ICB_PIPELINE_WARMUP = (16, "pre-Apple9: an ICB command's pipeline must be bound on the encoder first",
                            "On pre-Apple9 families an ICB command whose pipeline was not bound on the encoder first "
                            "(the warm-up of §1 step 5) faults the GPU: status Error, InvalidResource (9).")
+    DEADLOCK = (17, "an event wait that only work it blocks can signal deadlocks",
+                "An `encodeWaitForEvent:value:` whose value only work it blocks can signal — a command buffer behind "
+                "it on its queue, or a cycle of such waits across queues — never ends: Metal hangs until the GPU "
+                "watchdog ends the command buffers (Error, Timeout (2)).")
 
     def __new__(cls, number: int, summary: str, text: str) -> Rule:
         rule = object.__new__(cls)
