@@ -41,6 +41,7 @@ def timeline_read_program(device: DeviceSpec, target: str = "arm64") -> Program:
 
 
 def uses_timeline(program: Program) -> bool:
-    """Whether ``program`` has the event placeholder (it signals or waits on the timeline), so the runtime reads
-    the timeline to know when its submits are done."""
-    return any(o.kind == "event" for o in program.objects.values())
+    """Whether ``program`` has the default queue's event placeholder (``event``: it signals or waits on that
+    timeline), so the runtime reads the timeline to know when its submits are done. (Other queues' timelines,
+    ``event:<name>``, are read by the host with ``signaledValue`` on the linked event.)"""
+    return any(o.kind == "event" and o.name == "event" for o in program.objects.values())

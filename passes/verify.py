@@ -333,8 +333,10 @@ def verify_queue(root: UOp) -> None:
     """Check a queue graph (a SUBMIT) against mtlir/frontend/queue.py's layout, every node once. ``encode`` makes
     the same checks as it reads a submit (so ``lower`` does not run this); use it on hand-built graphs. Raises
     ``VerifyError`` (pass name "input") naming the first bad node."""
-    if root.op is not Ops.SUBMIT:
-        raise VerifyError("input", root, f"a queue graph is a SUBMIT, not {root.op.name}")
+    several = root.op is Ops.SINK and bool(root.src) and all(u.op is Ops.SUBMIT for u in root.src)
+    if root.op is not Ops.SUBMIT and not several:
+        raise VerifyError("input", root, f"a queue graph is a SUBMIT (or a SINK of SUBMITs: several queues), not "
+                                         f"{root.op.name}")
     for u in root.toposort():
         problem = QUEUE_SPEC.problem(u) or SPEC.problem(u)
         if problem is not None:

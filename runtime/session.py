@@ -150,8 +150,9 @@ class Session:
         self.executor_kind = executor
         self.executor: Executor = make_executor(executor, program, bridge, self.linked.registers)
         self.messenger = self.linked.messenger  # the bookkeeping messages (pool, status, release, errors)
-        events = self.linked.of_kind("event")
-        self.event: int | None = self.linked.handles[events[0]] if events else None
+        events = self.linked.of_kind("event")  # the default queue's timeline, "event", is the one submits wait for
+        timeline = "event" if "event" in events else (events[0] if events else None)
+        self.event: int | None = self.linked.handles[timeline] if timeline is not None else None
         self.timeline_reader = "none" if self.event is None else "message"
         self._read_timeline: Executor | None = None
         if self.event is not None and program.timeline_read is not None:
@@ -190,6 +191,34 @@ class Session:
         return int(self.messenger.send(self.event, "signaledValue")) if self.event else 0
 
     # ---- submit
+    # ---- any event of the Program, from the host (several queues: docs/runtime.md)
+
+    def _event(self, name: str) -> int:
+        if name not in self.linked.of_kind("event"):
+            raise ArgumentError(f"no event {name!r} in this Program: it has "
+                                f"{', '.join(self.linked.of_kind('event')) or 'none'}")
+        return int(self.linked.handles[name])
+
+    def event_value(self, name: str) -> int:
+        """The ``signaledValue`` of the Program's event ``name`` (``"event"``, ``"event:copy"``: a queue's timeline or
+        a shared_event). Raises ``ValueError`` for a name the Program has no event of."""
+        return int(self.messenger.send(self._event(name), "signaledValue"))
+
+    def signal_event(self, name: str, value: int) -> None:
+        """Signal event ``name`` from the host (``setSignaledValue:``; Metal keeps the larger of the two values):
+        command buffers waiting for ``value`` or less go on. Raises ``ValueError`` for an unknown name."""
+        self.messenger.send(self._event(name), "setSignaledValue:", int(value))
+
+    def wait_event(self, name: str, value: int, timeout_s: float | None = None) -> None:
+        """Wait on the host until event ``name`` reaches ``value`` (``waitUntilSignaledValue:timeoutMS:``); raises
+        ``WaitTimeoutError`` after ``timeout_s`` seconds (default: the session's) naming the event, the value and its
+        current value, ``ValueError`` for an unknown name."""
+        timeout = self.timeout_s if timeout_s is None else _seconds(timeout_s, "wait_event(timeout_s=...)")
+        handle = self._event(name)
+        if not self.messenger.send(handle, "waitUntilSignaledValue:timeoutMS:", int(value), int(timeout * 1000)):
+            raise WaitTimeoutError(f"wait_event({name!r}, {value}): not reached after {timeout} s (its value is "
+                                   f"{self.event_value(name)})")
+
 
     def submit(self, **values: Any) -> Submission:
         """Run the Program once with ``values`` (variables by name); returns the in-flight Submission.

@@ -6,7 +6,7 @@ graph"). Layouts, all checked by ``Queue`` as they are built and again by the ``
 
 | node | dtype | src | arg |
 |---|---|---|---|
-| SUBMIT | void | the queue ops (EXEC, WAIT, SIGNAL, TIMESTAMP) in order | ``DeviceSpec`` |
+| SUBMIT | void | the queue ops (EXEC, WAIT, SIGNAL, TIMESTAMP) in order | ``DeviceSpec``; tag: the queue's name (None: the default queue) |
 | EXEC | void | ``(KERNEL, grid, threadgroup, *buffers, *vars)`` | None |
 | KERNEL | void | () | ``mtlir.metal.Kernel`` |
 | WAIT / SIGNAL | void | ``(event, value)``: the event placeholder, a uint64 value | None |
@@ -20,6 +20,12 @@ expressions of run-time variables (DEFINE_VAR). Grid sizes count threadgroups, t
 order: a BUFFER, a BUFFER_VIEW, or a *buffer variable* (a DEFINE_VAR of dtype id: an MTLBuffer handle given per
 submit, "a rebound input"). ``vars`` are one per ``constant int&`` parameter, in order: integer constants or
 expressions of DEFINE_VARs, of the parameter's dtype.
+
+Several queues on one device (docs/lowering.md, "Several queues"): each ``Queue(device, name=...)`` has its own
+command queue, fence and timeline (placeholders ``queue:<name>``, ``fence:<name>``, ``event:<name>``; the default
+queue, ``name=None``, keeps ``queue``, ``fence`` and ``event``), and its SUBMIT carries the name as its tag.
+``queues(*qs)`` joins them into one queue graph, ``SINK(SUBMIT, SUBMIT, ...)`` (arg: the DeviceSpec), submitted in
+that order. ``shared_event(name)`` is an event no queue owns (``event:<name>``, signaled by queues or the host).
 """
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ from mtlir.metal import MTL, DeviceSpec, Kernel, KernelParam, Obj, element_dtype
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.ir.uop import UOp
 
-__all__ = ["Queue", "QueueError", "buffer", "view", "buffer_variable", "timeline", "timeline_value",
+__all__ = ["Queue", "QueueError", "queues", "shared_event", "timeline_name", "buffer", "view", "buffer_variable", "timeline", "timeline_value",
            "ExecParts", "exec_parts", "buffer_base", "buffer_nbytes", "placeholder_name", "param_dtype", "var_dtype",
            "check_size", "check_threads", "check_var_value", "check_elements", "SIZE_OPS", "MAX_SIZE", "MAX_THREADS",
            "MAX_BUFFER_BYTES"]
@@ -52,9 +58,23 @@ class QueueError(InputError, ValueError):
     argument."""
 
 
-def timeline() -> UOp:
-    """The queue's timeline: the device's MTLSharedEvent placeholder (``Obj("event", "event")``, dtype id)."""
-    return UOp(Ops.OBJECT, dtypes.id, (), Obj("event", "event"))
+def timeline(queue: str | None = None) -> UOp:
+    """A queue's timeline: its MTLSharedEvent placeholder (dtype id): ``Obj("event", "event")`` for the default
+    queue, ``Obj("event", "event:<queue>")`` for a named one."""
+    return UOp(Ops.OBJECT, dtypes.id, (), Obj("event", timeline_name(queue)))
+
+
+def timeline_name(queue: str | None) -> str:
+    """The placeholder name of a queue's timeline: ``event`` (default queue) or ``event:<queue>``."""
+    return "event" if queue is None else f"event:{queue}"
+
+
+def shared_event(name: str) -> UOp:
+    """An MTLSharedEvent no queue owns (placeholder ``event:<name>``): queues wait for it and signal it, the host
+    signals it (``Session.signal_event``). Raises ``QueueError`` for a name that is not a Python identifier."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise QueueError(f"shared_event: the name must be an identifier (letters, digits, _), got {name!r}")
+    return UOp(Ops.OBJECT, dtypes.id, (), Obj("event", f"event:{name}"))
 
 
 def timeline_value(name: str = "timeline") -> UOp:
@@ -335,11 +355,14 @@ class Queue:
     >>> q.exec(saxpy, [x, y], [n], grid=((n + 31) // 32,), threadgroup=(32,)).signal(q.timeline, timeline_value())
     """
 
-    def __init__(self, device: DeviceSpec | None = None) -> None:
+    def __init__(self, device: DeviceSpec | None = None, name: str | None = None) -> None:
         if device is not None and not isinstance(device, DeviceSpec):
             raise QueueError(f"Queue: device must be a DeviceSpec, got {device!r}")
+        if name is not None and (not isinstance(name, str) or not name.isidentifier()):
+            raise QueueError(f"Queue: the name must be an identifier (letters, digits, _) or None, got {name!r}")
         self.device = device or DeviceSpec()
-        self.timeline = timeline()
+        self.name = name
+        self.timeline = timeline(name)
         self.ops: list[UOp] = []
         self._kernels: dict[Kernel, UOp] = {}
         self._stamped: dict[int, int] = {}  # timestamp slot -> the number of commands before it
@@ -394,7 +417,8 @@ class Queue:
         where = f"{what} after command {self.ncommands}"
         if not isinstance(event, UOp) or event.op is not Ops.OBJECT or not isinstance(event.arg, Obj) \
                 or event.arg.kind != "event":
-            raise QueueError(f"{where}: the signal must be an event placeholder (e.g. queue.timeline), got {event!r}")
+            raise QueueError(f"{where}: the event must be an event placeholder (a queue's timeline or a "
+                             f"shared_event), got {event!r}")
         if isinstance(value, bool) or not isinstance(value, (int, UOp)):
             raise QueueError(f"{where}: the value must be an int or a uint64 UOp, got {value!r}")
         if isinstance(value, int):
@@ -410,12 +434,14 @@ class Queue:
 
     def wait(self, signal: UOp, value: UOp | int) -> Queue:
         """Wait until ``signal`` (an event placeholder) reaches ``value``. On the queue's own timeline this lowers
-        to nothing; other events are refused by ``encode`` (cross-queue waits come with multiple queues)."""
+        to nothing (the fence orders the queue); on another queue's timeline or a ``shared_event`` it is
+        ``encodeWaitForEvent:value:`` on the command buffer of the commands after it, before its encoder."""
         return self._event_op(Ops.WAIT, signal, value, "wait")
 
     def signal(self, signal: UOp, value: UOp | int) -> Queue:
-        """Set ``signal`` (the queue's timeline) to ``value`` once the work before it is done
-        (``encodeSignalEvent:value:``); usually ``value`` is a run-time variable such as ``timeline_value()``."""
+        """Set ``signal`` (any event placeholder: usually the queue's timeline) to ``value`` once the work before it
+        is done (``encodeSignalEvent:value:``); usually ``value`` is a run-time variable such as
+        ``timeline_value()``."""
         return self._event_op(Ops.SIGNAL, signal, value, "signal")
 
     def timestamp(self, slot: int) -> Queue:
@@ -437,5 +463,20 @@ class Queue:
     def submit(self) -> UOp:
         """The queue graph: ``SUBMIT(*ops, arg=device)``. Raises ``QueueError`` for an empty queue."""
         if not self.ops:
-            raise QueueError("submit: the queue is empty")
-        return UOp(Ops.SUBMIT, dtypes.void, tuple(self.ops), self.device)
+            raise QueueError(f"submit: the queue{'' if self.name is None else f' {self.name!r}'} is empty")
+        return UOp(Ops.SUBMIT, dtypes.void, tuple(self.ops), self.device, self.name)
+
+
+def queues(*qs: Queue) -> UOp:
+    """The queue graph of several queues of one device: ``SINK(q.submit() for q in qs)``, arg the DeviceSpec. One
+    submit of the lowered Program submits to each queue in this order. Raises ``QueueError`` for no queue, queues
+    of different devices or two queues of one name."""
+    if not qs or not all(isinstance(q, Queue) for q in qs):
+        raise QueueError(f"queues: expected one or more Queue, got {qs!r}")
+    if len({q.device for q in qs}) != 1:
+        raise QueueError("queues: the queues are for different devices: " + ", ".join(str(q.device) for q in qs))
+    names = [q.name for q in qs]
+    dup = next((n for n in names if names.count(n) > 1), "?")
+    if dup != "?":
+        raise QueueError(f"queues: two queues are named {dup!r}" if dup else "queues: two default queues")
+    return UOp(Ops.SINK, dtypes.void, tuple(q.submit() for q in qs), qs[0].device)

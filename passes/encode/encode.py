@@ -136,6 +136,11 @@ class _Builder:
         cb = msg("commandBuffer", self.queue.after(*deps))
         at = self.cbslots if slot.op is Ops.CONST and slot.arg == 0 else self.cbslots.index(slot)  # see ph.slot_ptr
         done = at.store(msg("retain", cb))
+        if span.waits:  # other queues' timelines or shared events: before the encoder (METAL.md §3 rule 3)
+            waits = MessageBatch()
+            for ev, value in span.waits:
+                waits.send("encodeWaitForEvent:value:", ev, value)
+            done = waits.node(cb.after(done))
         if span.ncmds:
             enc = MessageBatch()
             enc.send("waitForFence:", self.fence)
@@ -172,8 +177,9 @@ class _Builder:
             done = enc.node(msg("computeCommandEncoder", cb.after(done)))
         tail = MessageBatch()
         if span.signal is not None:
-            assert self.e.timeline is not None
-            tail.send("encodeSignalEvent:value:", self.e.timeline, span.signal)
+            event = span.event if span.event is not None else self.e.timeline
+            assert event is not None
+            tail.send("encodeSignalEvent:value:", event, span.signal)
         tail.send("commit")
         return tail.node(cb.after(done))
 
@@ -182,6 +188,7 @@ class _Builder:
         e = self.e
         profiled = bool(e.stamps_at)
         spans = e.command_buffers(profiled, loops=profiled and self.ph.icb_path)
+        owner = [q.name for q in e.queues for _ in e.queue_command_buffers(q)] if not profiled else [None] * len(spans)
         stamps = e.stamps(spans) if profiled else ()
         ncbs = sum(p.ncmds if p.loop else 1 for p in spans)
         self.cbslots = placeholder("cbslots", "cbslots", (ncbs, stamps), dtypes.id.ptr())
@@ -190,7 +197,9 @@ class _Builder:
             self.ph.input_arrays(spans)
             deps += self.ph.input_patches
         slot = 0
-        for p in spans:
+        for p, name in zip(spans, owner):
+            self.queue = placeholder("queue", "queue" if name is None else f"queue:{name}")
+            self.fence = placeholder("fence", "fence" if name is None else f"fence:{name}")
             if p.loop:
                 rng = UOp.range(u64(p.ncmds).after(*deps), self.e.ctx.fresh("range"), dtypes.uint64)
                 cmd = rng + p.first if p.first else rng
@@ -205,11 +214,30 @@ class _Builder:
 
 def encode_submit(ctx: _EncodeCtx, submit: UOp) -> UOp:
     """Lower one SUBMIT (module docstring). Raises ``EncodeError`` naming the command at fault."""
-    device = submit.arg
+    return encode_queues(ctx, (submit,))
+
+
+def encode_queues(ctx: _EncodeCtx, submits: tuple[UOp, ...]) -> UOp:
+    """Lower the SUBMITs of several queues of one device (``mtlir.frontend.queue.queues``) into one message chain:
+    one ICB, variables buffer and command-buffer table for all, each queue's command buffers on its own queue and
+    fence, the queues one after another in the order given. Raises ``EncodeError`` naming the queue and command:
+    also for TIMESTAMPs in a program of several queues or with cross-queue events (profiling is single-queue)."""
+    device = submits[0].arg
     if not isinstance(device, DeviceSpec):
         raise EncodeError(f"a SUBMIT's arg is the DeviceSpec, got {type(device).__name__}")
     e = SubmitReader(device, ctx.max_range, ctx.pass_ctx)
-    e.read(submit)
+    for submit in submits:
+        if submit.arg != device:
+            raise EncodeError(f"the queues of one program are on one device: {submit.arg} is not {device}")
+        e.read(submit)
+    names = [q.name for q in e.queues]
+    if len(set(names)) != len(names):
+        raise EncodeError(f"two queues of the program are named {next(n for n in names if names.count(n) > 1)!r}")
+    e.check_events()
+    foreign = any(kind == "wait" or ev is not e.timeline for q in e.queues for _, kind, _, ev in q.marks)
+    if e.stamps_at and (len(e.queues) > 1 or foreign):
+        raise EncodeError("TIMESTAMPs (a profiled submit) are supported in a program of one queue that signals "
+                          "only its own timeline")
     icb_path = device.icb and bool(e.cmds)
     if icb_path and e.too_far:
         ctx.pass_ctx.diagnostics.append(f"encode: {e.too_far}: the submit is lowered on the direct path")
@@ -225,6 +253,11 @@ class _EncodeCtx:
 
 # a SUBMIT becomes the argument layout, the ICB placeholder and the message chain of METAL.md §1
 ENCODE = PatternMatcher([(UPat(Ops.SUBMIT, name="submit"), encode_submit)])
+
+
+def _several_queues(graph: UOp) -> bool:
+    """A queue graph of several queues: ``SINK(SUBMIT, ...)`` (``mtlir.frontend.queue.queues``)."""
+    return graph.op is Ops.SINK and bool(graph.src) and all(u.op is Ops.SUBMIT for u in graph.src)
 
 
 @register
@@ -245,4 +278,6 @@ class Encode(Pass):
     def apply(self, graph: UOp, ctx: PassContext) -> UOp:
         """Every SUBMIT of ``graph`` as its message chain (module docstring); the diagnostics (a submit moved to
         the direct path) go to ``ctx``. Raises ``EncodeError`` naming the command."""
+        if _several_queues(graph):
+            return encode_queues(_EncodeCtx(self.max_range, ctx), graph.src)
         return graph_rewrite(graph, ENCODE, ctx=_EncodeCtx(self.max_range, ctx), name="encode")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from mtlir.ir.bounds import bounds, expr_text
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.errors import LoweringError
 from mtlir.metal import MTL, DeviceSpec, Kernel, Obj
@@ -20,10 +21,10 @@ from mtlir.passes.pipeline import PassContext
 from mtlir.passes.symbolic import simplify
 from mtlir.program.payloads import Stamp
 from mtlir.frontend.queue import (MAX_THREADS, QueueError, check_size, check_threads, check_var_value, param_dtype,
-                         placeholder_name, var_dtype)
+                         placeholder_name, timeline_name, var_dtype)
 from mtlir.ir.uop import UOp
 
-__all__ = ["SubmitReader", "EncodeError", "KernelLayout", "Size", "Binding", "Command", "CommandBufferSpan",
+__all__ = ["SubmitReader", "EncodeError", "KernelLayout", "Size", "Binding", "Command", "CommandBufferSpan", "QueueRange",
            "VAR_SLOT", "MAX_ICB_OFFSET", "placeholder"]
 
 VAR_SLOT = MTL.CONSTANT_OFFSET_ALIGN  # bytes per variable slot in the variables buffer (256: any family)
@@ -86,12 +87,48 @@ class Command(NamedTuple):
 
 class CommandBufferSpan(NamedTuple):
     """The span of commands one command buffer of the submit encodes, ``first`` .. ``first + ncmds - 1``, and the
-    value its ``signal`` sends; with ``loop``, a loop (RANGE) of ``ncmds`` one-command buffers over the span."""
+    value its ``signal`` sends; with ``loop``, a loop (RANGE) of ``ncmds`` one-command buffers over the span.
+    ``event``: the event it signals (None: the queue's timeline); ``waits``: ``(event, value)`` of each
+    ``encodeWaitForEvent:value:`` before its encoder (waits on other queues' timelines or shared events)."""
 
     first: int                                  # first command
     ncmds: int                                  # commands (0: a command buffer that only signals)
     signal: UOp | None                          # the value encodeSignalEvent:value: sends
     loop: bool                                  # a RANGE over `ncmds` one-command buffers
+    event: UOp | None = None                    # the event signaled (None: the queue's timeline)
+    waits: tuple[tuple[UOp, UOp], ...] = ()     # (event, value) waited for before the encoder
+
+
+class QueueRange(NamedTuple):
+    """One queue of the program as ``SubmitReader.read`` found it: its ``name`` (None: the default queue), its
+    commands ``first`` .. ``end - 1`` and its event ops in order: ``(position, "signal" | "wait", value, event)``
+    (waits on its own timeline left out: the fence orders the queue)."""
+
+    name: str | None
+    first: int
+    end: int
+    marks: tuple[tuple[int, str, UOp, UOp], ...]
+
+
+def _of(name: str | None) -> str:
+    return "" if name is None else f" of queue {name!r}"
+
+
+def _goes_down(prev: UOp, value: UOp) -> bool:
+    """Whether ``value`` is below ``prev`` for every value of their variables (by their bounds, or as a negative
+    constant difference of the same expression)."""
+    if bounds(value)[1] < bounds(prev)[0]:
+        return True
+    (base0, k0), (base1, k1) = _offset(prev), _offset(value)
+    return base0 is base1 and k1 < k0
+
+
+def _offset(u: UOp) -> tuple[UOp, int]:
+    """``u`` as ``base + k`` with ``k`` a constant (``v - 1``: ``(v, -1)``)."""
+    if u.op in (Ops.ADD, Ops.SUB) and u.src[1].op is Ops.CONST:
+        base, k = _offset(u.src[0])
+        return base, k + int(u.src[1].arg) * (1 if u.op is Ops.ADD else -1)
+    return u, 0
 
 
 def where(i: int, k: KernelLayout, index: int, what: str) -> str:
@@ -127,6 +164,8 @@ class SubmitReader:
     slot_values: list[tuple[UOp, DType]] = field(default_factory=list)    # slot -> (simplified value, dtype)
     # signals and timestamps by the number of commands before them (the commands themselves are implicit, in order)
     signals: list[tuple[int, UOp]] = field(default_factory=list)          # (position, value)
+    marks: list[tuple[int, str, UOp, UOp]] = field(default_factory=list)  # (position, signal|wait, value, event)
+    queues: list[QueueRange] = field(default_factory=list)                # the queues read, in order
     stamps_at: list[tuple[int, int, bool]] = field(default_factory=list)  # (position, slot, right after an EXEC)
     timeline: UOp | None = None
     too_far: str = ""
@@ -134,8 +173,15 @@ class SubmitReader:
     # ---- reading the queue graph
 
     def read(self, submit: UOp) -> None:
-        """Parse and check every queue op. Raises ``EncodeError`` naming the command."""
+        """Parse and check every queue op of one queue (SUBMIT; its tag names the queue), after the queues read
+        before. Raises ``EncodeError`` naming the command."""
         cmds = self.cmds
+        qname = submit.tag
+        if qname is not None and (not isinstance(qname, str) or not qname.isidentifier()):
+            raise EncodeError(f"a SUBMIT's tag is its queue's name (an identifier) or None, got {qname!r}")
+        own = timeline_name(qname)
+        first, nmarks = len(cmds), len(self.marks)
+        label = "" if qname is None else f" of queue {qname!r}"
         after_exec = False
         kernels, grids, tgs, memos, check = self.kernels, self.grids, self.tgs, self.memos, self.check_bind
         exec_op = Ops.EXEC
@@ -158,17 +204,22 @@ class SubmitReader:
                 continue
             if op.op in (Ops.WAIT, Ops.SIGNAL):
                 what = "wait" if op.op is Ops.WAIT else "signal"
-                where = f"{what} after command {len(cmds)}"
+                where = f"{what} after command {len(cmds) - first}{label}"
                 if len(op.src) != 2 or not op.src[1].dtype.is_int:
                     raise EncodeError(f"{where}: sources are (event, integer value)")
                 ev = op.src[0]
                 if ev.op is not Ops.OBJECT or not isinstance(ev.arg, Obj) or ev.arg.kind != "event" \
-                        or ev.arg.name != "event":
-                    raise EncodeError(f"{where}: only the queue's own timeline (the 'event' placeholder) can be "
-                                      f"used; cross-queue events come with multiple queues")
-                self.timeline = ev
+                        or not (ev.arg.name == "event" or ev.arg.name.startswith("event:")):
+                    raise EncodeError(f"{where}: the event must be an event placeholder ('event' or 'event:<name>': "
+                                      "a queue's timeline or a shared_event)")
+                if ev.arg.name == own:
+                    self.timeline = ev
+                value = simplify(op.src[1].cast(dtypes.uint64))
                 if op.op is Ops.SIGNAL:
-                    self.signals.append((len(cmds), simplify(op.src[1].cast(dtypes.uint64))))
+                    self.signals.append((len(cmds), value))
+                    self.marks.append((len(cmds), "signal", value, ev))
+                elif ev.arg.name != own:
+                    self.marks.append((len(cmds), "wait", value, ev))
             elif op.op is Ops.TIMESTAMP:
                 if type(op.arg) is not int or op.arg < 0:
                     raise EncodeError(f"timestamp after command {len(cmds)}: the slot must be an int >= 0, "
@@ -178,10 +229,45 @@ class SubmitReader:
                 raise EncodeError(f"queue op after command {len(cmds)}: {op.op.name} is not a queue op (EXEC, WAIT, "
                                   "SIGNAL, TIMESTAMP)")
             after_exec = False
-        if not cmds and not self.signals:
-            raise EncodeError("the submit has no command and no signal: nothing to encode")
+        if len(cmds) == first and len(self.marks) == nmarks:
+            raise EncodeError(f"the submit{label} has no command and no signal: nothing to encode")
+        self.queues.append(QueueRange(qname, first, len(cmds), tuple(self.marks[nmarks:])))
         if any(g * t > MAX_THREADS for g, t in zip(self.grid_hi, self.tg_hi)):
             self.check_threads()
+
+    def check_events(self) -> None:
+        """Refuse what can never complete, once every queue is read: a wait on the timeline of a queue of the program
+        for a value no queue signals (no signal of that event, or every signal's largest value below the wait's
+        smallest), and signals of one event on one queue whose value goes down (Metal ignores the smaller one: a
+        wait for it may never end, METAL.md §3 rule 12). A wait on an event that is no queue's timeline (a
+        ``shared_event``) is left to the host, which may signal it. Raises ``EncodeError`` naming the queue op."""
+        timelines = {timeline_name(q.name) for q in self.queues}
+        signaled: dict[UOp, list[UOp]] = {}
+        for q in self.queues:
+            last: dict[UOp, UOp] = {}
+            for pos, kind, value, ev in q.marks:
+                if kind != "signal":
+                    continue
+                prev = last.get(ev)
+                if prev is not None and _goes_down(prev, value):
+                    raise EncodeError(f"signal after command {pos - q.first}{_of(q.name)}: {ev.arg.name} goes down from "
+                                      f"{expr_text(prev)} to {expr_text(value)}; an event's value only increases, "
+                                      "Metal ignores the smaller one (METAL.md §3 rule 12)")
+                last[ev] = value
+                signaled.setdefault(ev, []).append(value)
+        for q in self.queues:
+            for pos, kind, value, ev in q.marks:
+                if kind != "wait" or ev.arg.name not in timelines:
+                    continue
+                values = signaled.get(ev, [])
+                where = f"wait after command {pos - q.first}{_of(q.name)}: {ev.arg.name} >= {expr_text(value)}"
+                if not values:
+                    raise EncodeError(f"{where}: no queue of the program signals {ev.arg.name}, so the wait can "
+                                      "never complete")
+                top = max(bounds(v)[1] for v in values)
+                if bounds(value)[0] > top:
+                    raise EncodeError(f"{where}: the queues signal {ev.arg.name} up to {top} at most, so the wait "
+                                      "can never complete")
 
     def check_threads(self) -> None:
         """Find the command whose grid x threadgroup can exceed 2**32-1 threads on an axis (``read`` calls this only
@@ -355,6 +441,25 @@ class SubmitReader:
 
     # ---- cutting the submit into command buffers
 
+    def queue_command_buffers(self, q: QueueRange) -> list[CommandBufferSpan]:
+        """The command buffers of queue ``q`` (not profiled): a SIGNAL closes one (signaling its event); a WAIT on
+        another event starts a new one (closing the current one when it has commands) whose
+        ``encodeWaitForEvent:value:`` comes before its encoder."""
+        spans: list[CommandBufferSpan] = []
+        start, waits = q.first, list[tuple[UOp, UOp]]()
+        for pos, kind, value, ev in q.marks:
+            if kind == "signal":
+                spans.append(CommandBufferSpan(start, pos - start, value, False, ev, tuple(waits)))
+                start, waits = pos, []
+                continue
+            if pos > start:
+                spans.append(CommandBufferSpan(start, pos - start, None, False, None, tuple(waits)))
+                start, waits = pos, []
+            waits.append((ev, value))
+        if start < q.end or waits:
+            spans.append(CommandBufferSpan(start, q.end - start, None, False, None, tuple(waits)))
+        return spans
+
     def command_buffers(self, profiled: bool, loops: bool) -> list[CommandBufferSpan]:
         """The command buffers of the submit (module docstring), in order; ``profiled``: one per command (the
         submit has TIMESTAMPs); ``loops``: fold runs of one-command buffers without a signal into loops."""
@@ -362,13 +467,7 @@ class SubmitReader:
         signals = self.signals
         spans: list[CommandBufferSpan] = []
         if not profiled:
-            start = 0
-            for pos, val in signals:
-                spans.append(CommandBufferSpan(start, pos - start, val, False))
-                start = pos
-            if start < n:
-                spans.append(CommandBufferSpan(start, n - start, None, False))
-            return spans
+            return [span for q in self.queues for span in self.queue_command_buffers(q)]
         j = 0
         for pos in range(n + 1):
             while j < len(signals) and signals[j][0] == pos:

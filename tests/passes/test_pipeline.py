@@ -267,7 +267,8 @@ def test_verify_queue_checks_hand_built_queue_graphs() -> None:
                                                       UOp.const(dtypes.uint64, 1))),)), "the event placeholder"),
         (g.replace(src=(ex.replace(src=(*ex.src[:3], UOp(Ops.BUFFER_VIEW, dtypes.id, (x,), (8000, 256)),
                                         *ex.src[4:])),)), "the view [8000, 8256) runs past the end"),
-        (UOp.sink(g), "a queue graph is a SUBMIT, not SINK"),
+        (UOp.sink(g, UOp.const(dtypes.int32, 1)), "a queue graph is a SUBMIT (or a SINK of SUBMITs: several queues), "
+                                                   "not SINK"),
     ]
     for bad, message in cases:
         with pytest.raises(VerifyError) as e:

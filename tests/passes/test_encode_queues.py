@@ -1,0 +1,100 @@
+"""Several queues on one device (issue 17): each queue's command buffers on its own queue and fence, cross-queue
+waits as encodeWaitForEvent:value: before the encoder, signals of any event, one submit for all queues in order,
+and the lowering's refusals of what can never complete."""
+from __future__ import annotations
+
+import pytest
+from lowering_cases import SCALE, message_lines
+
+from mtlir.frontend.queue import Queue, QueueError, buffer, queues, shared_event, timeline_value
+from mtlir.metal import DeviceSpec
+from mtlir.passes import lower
+from mtlir.passes.encode.submit import EncodeError
+from mtlir.passes.verify import verify_queue
+
+DEV = DeviceSpec("Apple9")
+
+
+def two_queues() -> tuple[Queue, Queue]:
+    x, y, z = buffer("x", 64), buffer("y", 64), buffer("z", 64)
+    v = timeline_value()
+    copy = Queue(DEV, name="copy")
+    compute = Queue(DEV)
+    copy.exec(SCALE, [x, y]).signal(copy.timeline, v)
+    compute.exec(SCALE, [z, z]).wait(copy.timeline, v).exec(SCALE, [y, z]).signal(compute.timeline, v)
+    return copy, compute
+
+
+def test_a_cross_queue_wait_is_encoded_before_the_encoder_on_the_waiting_queue() -> None:
+    copy, compute = two_queues()
+    graph = queues(copy, compute)
+    verify_queue(graph)
+    lines = [line for line in message_lines(lower(graph).program) if " retain" not in line]
+    waits = [i for i, line in enumerate(lines) if "encodeWaitForEvent:value:" in line]
+    assert len(waits) == 1
+    # the copy queue's command buffer first (the order given), then compute's two: the wait splits them
+    queue_msgs = [line.split()[0] for line in lines if line.endswith("commandBuffer")]
+    assert queue_msgs == ["queue:copy", "queue", "queue"]
+    w = waits[0]
+    assert lines[w].split()[2] == "event:copy"
+    assert lines[w - 1].endswith("commandBuffer") and lines[w + 1].endswith("computeCommandEncoder")
+    fences = [line.split()[2] for line in lines if "waitForFence:" in line]
+    assert fences == ["fence:copy", "fence", "fence"]
+    signals = [line.split()[2] for line in lines if "encodeSignalEvent:value:" in line]
+    assert signals == ["event:copy", "event"]
+
+
+def test_one_queue_lowers_as_before_when_named_default() -> None:
+    """``queues(q)`` of one default queue lowers to exactly the messages of ``q.submit()``."""
+    x = buffer("x", 64)
+    q = Queue(DEV)
+    q.exec(SCALE, [x, x]).signal(q.timeline, timeline_value())
+    assert message_lines(lower(queues(q)).program) == message_lines(lower(q.submit()).program)
+
+
+def test_signal_of_a_shared_event_and_a_wait_the_host_may_end() -> None:
+    x = buffer("x", 64)
+    ready = shared_event("ready")
+    q = Queue(DEV)
+    q.wait(ready, 1).exec(SCALE, [x, x]).signal(ready, 2).signal(q.timeline, timeline_value())
+    lines = message_lines(lower(q.submit()).program)
+    assert any("encodeWaitForEvent:value:" in line and "event:ready" in line for line in lines)
+    assert any("encodeSignalEvent:value:" in line and "event:ready" in line for line in lines)
+
+
+def test_a_wait_no_queue_signals_is_refused() -> None:
+    x = buffer("x", 64)
+    copy, compute = Queue(DEV, name="copy"), Queue(DEV)
+    copy.exec(SCALE, [x, x])
+    compute.wait(copy.timeline, 1).exec(SCALE, [x, x])
+    with pytest.raises(EncodeError, match=r"wait after command 0: event:copy >= 1: no queue of the program signals "
+                                          r"event:copy, so the wait can never complete"):
+        lower(queues(copy, compute))
+
+
+def test_a_wait_above_every_signal_is_refused() -> None:
+    x = buffer("x", 64)
+    copy, compute = Queue(DEV, name="copy"), Queue(DEV, name="compute")
+    copy.exec(SCALE, [x, x]).signal(copy.timeline, 2)
+    compute.wait(copy.timeline, 3).exec(SCALE, [x, x])
+    with pytest.raises(EncodeError, match=r"of queue 'compute': event:copy >= 3: the queues signal event:copy up to "
+                                          r"2 at most"):
+        lower(queues(copy, compute))
+
+
+@pytest.mark.parametrize("first, second", [(5, 4), (timeline_value(), timeline_value() - 1)])
+def test_signal_values_that_go_down_are_refused(first: object, second: object) -> None:
+    x = buffer("x", 64)
+    q = Queue(DEV)
+    q.exec(SCALE, [x, x]).signal(q.timeline, first).exec(SCALE, [x, x]).signal(q.timeline, second)  # type: ignore
+    with pytest.raises(EncodeError, match=r"signal after command 2: event goes down from .* to .*only increases"):
+        lower(q.submit())
+
+
+def test_queues_checks_its_queues() -> None:
+    with pytest.raises(QueueError, match="two queues are named 'copy'"):
+        queues(Queue(DEV, name="copy"), Queue(DEV, name="copy"))
+    with pytest.raises(QueueError, match="different devices"):
+        queues(Queue(DEV, name="a"), Queue(DeviceSpec("Apple7")))
+    with pytest.raises(QueueError, match="identifier"):
+        Queue(DEV, name="a b")

@@ -1,0 +1,68 @@
+"""Several queues in one Program on the simulated device (issue 17): link makes each queue, fence and timeline;
+one submit commits to each queue in order; a cross-queue wait orders the work; the host signals and waits on any
+event of the Program."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from mtlir.errors import WaitTimeoutError
+from mtlir.frontend.queue import Queue, buffer, queues, shared_event, timeline_value
+from mtlir.metal import DeviceSpec, Kernel, KernelParam
+from mtlir.passes import lower
+from mtlir.runtime.session import Session
+from mtlir.runtime.sim.device import SimDevice
+
+N = 64
+ADD1_MSL = """#include <metal_stdlib>
+using namespace metal;
+kernel void add1(device float* out, device float* x, uint3 gid [[threadgroup_position_in_grid]],
+                 uint3 lid [[thread_position_in_threadgroup]]) {
+  int i = gid.x * 64 + lid.x;
+  out[i] = x[i] + 1.0f;
+}
+"""
+ADD1 = Kernel("add1", "add1", ADD1_MSL, (KernelParam(None, 0, "float32", N), KernelParam(None, 1, "float32", N)))
+DEV = DeviceSpec("Apple9")
+
+
+def _program(host_wait: bool = False) -> Session:
+    a, b, c = buffer("a", 4 * N), buffer("b", 4 * N), buffer("c", 4 * N)
+    v = timeline_value()
+    copy, compute = Queue(DEV, name="copy"), Queue(DEV)
+    if host_wait:
+        copy.wait(shared_event("go"), v)
+    copy.exec(ADD1, [b, a], grid=(1,), threadgroup=(N,)).signal(copy.timeline, v)
+    compute.wait(copy.timeline, v).exec(ADD1, [c, b], grid=(1,), threadgroup=(N,)).signal(compute.timeline, v)
+    program = lower(queues(copy, compute), target="x86_64").program
+    dev = SimDevice("x86_64", family="Apple9")
+    return Session(program, dev, initial={"buffer:a": np.arange(N, dtype=np.float32).tobytes()}, timeout_s=10)
+
+
+def test_a_cross_queue_wait_orders_two_queues() -> None:
+    s = _program()
+    with s.bridge, s:  # type: ignore[attr-defined]
+        for _ in range(3):
+            s.submit()
+            s.wait()
+        c = np.frombuffer(s.read("buffer:c"), np.float32)
+        assert (c == np.arange(N) + 2).all()
+        assert s.event_value("event:copy") == s.event_value("event") == 3
+        assert s.timeline_value() == 3
+
+
+def test_the_host_signals_a_shared_event_the_copy_queue_waits_for() -> None:
+    s = _program(host_wait=True)
+    with s.bridge, s:  # type: ignore[attr-defined]
+        s.submit()
+        with pytest.raises(WaitTimeoutError, match=r"wait_event\('event', 1\): not reached after 0.1 s \(its value "
+                                                   r"is 0\)"):
+            s.wait_event("event", 1, timeout_s=0.1)
+        threading.Timer(0.05, s.signal_event, ("event:go", 1)).start()
+        s.wait_event("event", 1, timeout_s=5)
+        s.wait()
+        assert (np.frombuffer(s.read("buffer:c"), np.float32) == np.arange(N) + 2).all()
+        with pytest.raises(ValueError, match="no event 'event:nope' in this Program: it has event"):
+            s.event_value("event:nope")
