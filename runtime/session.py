@@ -127,7 +127,7 @@ class Session:
     ``timeline_var``: the Program variable holding the value a submit signals on the timeline; when the Program
     has it and ``submit`` is not given it, each submit takes the next value (1, 2, ...). ``timeout_s``: the default
     wait timeout in seconds. ``serialize``: wait for the previous submit before the next (METAL.md §3 rule 15).
-    ``keep_completed``: how many completed Submissions ``completed`` keeps.
+    ``keep_completed``: how many completed Submissions ``completed`` keeps (``submits_completed`` counts them all).
 
     Raises ``TypeError`` when ``program`` is not a ``Program`` (the result of ``mtlir.lower`` is a ``Lowered``:
     pass its ``.program``), ``TypeError``/``ValueError`` for a ``timeout_s`` that is not a positive finite number
@@ -171,6 +171,7 @@ class Session:
         self.last_value = 0
         self.highest_value = 0
         self.submits = 0
+        self.submits_completed = 0  # submits whose command buffers all completed (waited for: ``_finish``)
         self.host_s_total = 0.0
         self.closed = False
 
@@ -429,6 +430,7 @@ class Session:
         self._release(rec)
         self._drop(rec)
         self.completed.append(rec)
+        self.submits_completed += 1
 
     def _release(self, rec: Submission) -> None:
         """Release the command buffers the Program retained when it stored them into cbslots."""

@@ -40,8 +40,8 @@ from typing import Any, NoReturn, TextIO
 
 from mtlir.cli.lower import ARCHS, LowerTrace, cmd_lower, lower_trace
 from mtlir.cli.opt import cmd_opt
-from mtlir.cli.report import (EXIT_BAD_INPUT, EXIT_INTERNAL, UsageError, _output_error, _report, _silence_stdout,
-                              _stdout_for_json)
+from mtlir.cli.report import (EXIT_BAD_INPUT, EXIT_INTERNAL, UsageError, _interrupted, _output_error, _report,
+                              _silence_stdout, _stdout_for_json)
 from mtlir.cli.run import MakeBridge, cmd_run, make_bridge, metal_available, metal_bridge
 
 __all__ = ["main", "build_parser"]
@@ -197,9 +197,8 @@ def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextI
                     code = cmd_run(args, out, log, lower_trace=lower_trace, make_bridge=make_bridge,
                                    metal_available=metal_available, metal_bridge=metal_bridge)
                 out.flush()  # a closed or full stdout shows here, inside the handlers below
-            except KeyboardInterrupt:
-                print("mtlir: interrupted", file=log)
-                code = 130
+            except KeyboardInterrupt:  # Ctrl-C: one line (and with --json the one object), exit 130
+                code = _interrupted(args, json_mode, out, log)
             except BrokenPipeError:  # stdout closed early (`mtlir lower ... | head`): stop quietly, as SIGPIPE would
                 if out is sys.stdout:
                     _silence_stdout()

@@ -17,12 +17,12 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator
-from typing import TextIO
+from typing import Any, TextIO
 
 from mtlir.errors import BridgeError, DeviceError, InputError, LinkError, UnsupportedError
 
 __all__ = ["UsageError", "exit_code", "EXIT_CODES", "EXIT_MATCH", "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_GPU_ERROR",
-           "EXIT_UNSUPPORTED", "EXIT_INTERNAL"]
+           "EXIT_UNSUPPORTED", "EXIT_INTERNAL", "EXIT_INTERRUPTED"]
 
 EXIT_MATCH, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_GPU_ERROR, EXIT_UNSUPPORTED, EXIT_INTERNAL = range(6)
 
@@ -110,6 +110,25 @@ def _silence_stdout() -> None:
     fail a second time after the error has been reported."""
     with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a program Ctrl-C ended
+
+
+def _interrupted(args: Any, json_mode: bool, out: TextIO, log: TextIO) -> int:
+    """Ctrl-C: one line on ``log`` (for ``run``, how many of the ``--repeat`` submits completed: ``args``'s
+    ``submits_completed``), with ``--json`` the one object on ``out`` (``"interrupted": true``); returns 130."""
+    done = getattr(args, "submits_completed", None) if getattr(args, "command", None) == "run" else None
+    text = "interrupted" if done is None else f"interrupted: {done} of {args.repeat} submits completed"
+    print(f"mtlir: {text}", file=log)
+    if json_mode:
+        doc: dict[str, Any] = {"interrupted": True, "error": text, "error_type": "KeyboardInterrupt",
+                               "exit_code": EXIT_INTERRUPTED}
+        if done is not None:
+            doc["submits_completed"] = done
+        json.dump(doc, out)
+        out.write("\n")
+    return EXIT_INTERRUPTED
 
 
 def _report(e: Exception, debug: bool, json_mode: bool, out: TextIO, log: TextIO) -> int:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from mtlir.cli.progress import activity, submit_bar, wanted
 from mtlir.cli.report import EXIT_MATCH, EXIT_MISMATCH, UsageError
 from mtlir.cli.lower import LowerTrace, _lower, _path, _target, format_message, program_values, record_one_submit
 
@@ -146,14 +147,18 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
     target = _target(args)
     kind = _device_kind(args.device, target, args.faithful, metal_available)
     metal, caps = _open_metal(log, metal_bridge) if kind == "metal" else (None, None)
+    show = wanted(log, args.json)  # progress on a terminal's stderr, never with --json (mtlir.cli.progress)
+    args.submits_completed = 0  # what main reports when the run is interrupted (Ctrl-C)
     clock.start("lower")
-    trace, lowered = _lower(args, log, target, lower_trace, caps)
+    with activity("lowering", log, show):
+        trace, lowered = _lower(args, log, target, lower_trace, caps)
     clock.stop()
     program = lowered.program
     values = program_values(program, trace, log)
     bridge, device_name = make_bridge(kind, target, args.faithful, program, metal)
     o = trace.output
     clock.start("link")
+    s: Any = None
     try:
         with Session(program, bridge, initial=trace.initial_data(full=False), executor=args.executor,
                      timeout_s=args.timeout) as s:
@@ -161,13 +166,19 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
             # what one submit sends, as `lower --json` records it; after the link, so what the device refuses (a
             # buffer above its maxBufferLength) is said by the device, not by the recording's host memory
             messages = record_one_submit(program, values, target, args.executor)
-            for i in range(args.repeat):
-                clock.start(f"submit {i}")
-                s.submit(**values)
+            with submit_bar(args.repeat, log, show) as bar:
+                for i in range(args.repeat):
+                    clock.start(f"submit {i}")
+                    s.submit(**values)
+                    bar.update(1)
             clock.start("wait")
             s.wait(timeout_s=args.timeout)
             clock.stop()
             got = np.frombuffer(s.read(o.placeholder, o.offset, o.nbytes), dtype=np.float32).reshape(o.shape)
+    except KeyboardInterrupt:
+        # Session's exit has waited (a few seconds at most) for what was in flight: count what completed
+        args.submits_completed = s.submits_completed if s is not None else 0
+        raise
     finally:
         close = getattr(bridge, "close", None)
         if close is not None:
