@@ -40,6 +40,7 @@ from typing import Any, NoReturn, TextIO
 
 from mtlir.cli.lower import ARCHS, LowerTrace, cmd_lower, lower_trace
 from mtlir.cli.opt import cmd_opt
+from mtlir.cli.translate import cmd_translate
 from mtlir.cli.report import (EXIT_BAD_INPUT, EXIT_INTERNAL, UsageError, _interrupted, _output_error, _report,
                               _silence_stdout, _stdout_for_json)
 from mtlir.cli.run import MakeBridge, cmd_run, make_bridge, metal_available, metal_bridge
@@ -147,6 +148,13 @@ def build_parser() -> _Parser:
     run.add_argument("--profile", type=Path, metavar="FILE",
                      help="write a profile of the run (Chrome trace event JSON: Perfetto, chrome://tracing) to FILE")
     run.set_defaults(pipeline=None, print_after_all=False)
+    tr = sub.add_parser("translate", help="print the OpenCL C the simulated device runs for the trace's kernels")
+    tr.add_argument("trace", type=Path, help="a recorded kernel queue (JSON, examples/traces/*.json)")
+    tr.add_argument("--kernel", metavar="NAME", help="only this kernel (its key or its MSL function name)")
+    tr.add_argument("--no-bounds-checks", action="store_true",
+                    help="leave out the bounds checks added to every buffer access (easier to read; not what runs)")
+    tr.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    p.commands["translate"] = tr
     opt = sub.add_parser("opt", help="run passes on a graph in the text form and print the result (as mlir-opt)")
     opt.add_argument("file", type=Path, metavar="FILE", help="a graph in the text form (mtlir.ir.render); - for stdin")
     opt.add_argument("-p", "--pipeline", required=True, metavar="P", help="the passes, e.g. encode,abi{target=arm64}")
@@ -191,6 +199,8 @@ def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextI
                 args = build_parser().parse(argv)
                 if args.command == "lower":
                     code = cmd_lower(args, out, log, lower_trace=lower_trace)
+                elif args.command == "translate":
+                    code = cmd_translate(args, out)
                 elif args.command == "opt":
                     code = cmd_opt(args, out, log)
                 else:

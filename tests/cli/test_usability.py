@@ -108,3 +108,29 @@ def test_an_out_of_bounds_access_carries_no_note_of_an_unrelated_instruction(tmp
     code, _, log = mtlir("run", str(path), "--device", "sim", "--debug", "--executor", executor)
     assert code == 3 and "wrote 4 bytes out of bounds" in log and "MetalValidationError" in log
     assert "while running instruction" not in log
+
+
+# ---- mtlir translate
+
+
+def test_translate_prints_the_opencl_c_of_one_kernel() -> None:
+    from mtlir.frontend.trace import load_trace
+    from mtlir.runtime.sim.msl.translate import translate
+    code, out, log = mtlir("translate", MLP7, "--kernel", "E_5_8_2")
+    assert code == 0, log
+    msl = load_trace(MLP7).kernels["E_5_8_2"].msl
+    assert out == "// kernel E_5_8_2 (function E_5_8_2)\n" + translate(msl).source.rstrip("\n") + "\n"
+    assert "__kernel void E_5_8_2(" in out
+
+
+def test_translate_prints_every_kernel_and_picks_one_by_function_name() -> None:
+    code, out, _ = mtlir("translate", MLP7, "--no-bounds-checks")
+    assert code == 0 and out.count("\n// kernel ") + out.startswith("// kernel ") == 5
+    code, out, _ = mtlir("translate", MLP7, "--kernel", "r_8_10")  # r_8_10_v3's function is r_8_10 too
+    assert code == 0 and "// kernel r_8_10 (function r_8_10)" in out and "// kernel r_8_10_v3 (function r_8_10)" in out
+
+
+def test_translate_of_an_unknown_kernel_names_those_there_are() -> None:
+    code, out, log = mtlir("translate", MLP7, "--kernel", "nope")
+    assert code == 2 and out == "" and log.startswith("mtlir: error: --kernel nope: the trace has no kernel") \
+        and "r_8_10_v3 (function r_8_10)" in log
