@@ -17,14 +17,31 @@ APT_PACKAGES := graphviz pocl-opencl-icd ocl-icd-libopencl1 build-essential
 MODULES := $(sort $(shell find mtlir passes runtime -name '*.py' 2>/dev/null))
 export PYTHONSAFEPATH := 1
 
-.PHONY: run test test-arm64 typecheck setup sysdeps browser objc bench example clean FORCE
+.PHONY: run test test-gpu test-arm64 typecheck setup sysdeps browser objc oclgrind bench example clean FORCE
 
 run: $(STAMP)
 	$(VENV)/bin/mtlir run $(TRACE) --viz $(OUT)/$(notdir $(basename $(TRACE)))
 	@echo "pictures of every lowering stage: $(OUT)/$(notdir $(basename $(TRACE)))/*.svg"
 
-test: typecheck browser objc
+test: typecheck browser objc oclgrind
 	$(PY) -m pytest tests
+
+# the tests marked gpu (tests/runtime/sim/kernels/test_gpu.py): every trace on an OpenCL device that is a GPU; they
+# skip, saying why, where there is none (docs/performance.md: how they ran on an NVIDIA H200)
+test-gpu: $(STAMP)
+	$(PY) -m pytest -m gpu -rs tests
+
+# Oclgrind: a second OpenCL device for the test of views of one buffer on every device
+# (tests/runtime/sim/kernels/test_devices.py); Debian's package oclgrind, installed with apt-get when missing
+OCLGRIND_ICD := /usr/lib/oclgrind/liboclgrind-rt-icd.so
+oclgrind:
+	@[ "$$(uname)" != Linux ] || [ -e $(OCLGRIND_ICD) ] || { \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; echo "installing oclgrind (a second OpenCL device for tests)"; \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq oclgrind >/dev/null || \
+	    echo "apt-get could not install oclgrind: the Oclgrind test will be skipped"; \
+	  else echo "no oclgrind: the Oclgrind test will be skipped (install Oclgrind to run it)"; fi; }
 
 # The real-Metal path on AArch64 under qemu-user (docs/metal-bridge.md): tests/arm64/setup.sh installs qemu and the
 # AArch64 cross compilers and caches an AArch64 Python with its wheels under .cache/arm64 (a second run reuses them).

@@ -43,7 +43,7 @@ from mtlir.cli.opt import cmd_opt
 from mtlir.cli.translate import cmd_translate
 from mtlir.cli.report import (EXIT_BAD_INPUT, EXIT_INTERNAL, UsageError, _interrupted, _output_error, _report,
                               _silence_stdout, _stdout_for_json)
-from mtlir.cli.run import MakeBridge, cmd_run, make_bridge, metal_available, metal_bridge
+from mtlir.cli.run import MakeBridge, cmd_list_devices, cmd_run, make_bridge, metal_available, metal_bridge
 
 __all__ = ["main", "build_parser"]
 
@@ -147,6 +147,11 @@ def build_parser() -> _Parser:
                      help="seconds to wait for the GPU (default 60); past it the run fails with exit 3")
     run.add_argument("--profile", type=Path, metavar="FILE",
                      help="write a profile of the run (Chrome trace event JSON: Perfetto, chrome://tracing) to FILE")
+    run.add_argument("--opencl-device", metavar="NAME|INDEX",
+                     help="simulated device: run the kernels on this OpenCL device, an index or a substring of its "
+                          "platform or device name (default: the first; mtlir run --list-devices lists them)")
+    run.add_argument("--list-devices", action="store_true",
+                     help="list the OpenCL devices the simulated device can run kernels on, and exit (no TRACE)")
     run.set_defaults(pipeline=None, print_after_all=False)
     tr = sub.add_parser("translate", help="print the OpenCL C the simulated device runs for the trace's kernels")
     tr.add_argument("trace", type=Path, help="a recorded kernel queue (JSON, examples/traces/*.json)")
@@ -196,6 +201,10 @@ def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextI
             try:
                 if json_mode:
                     out = stack.enter_context(_stdout_for_json(out))
+                if argv[:1] == ["run"] and "--list-devices" in argv:  # the one form of run without a TRACE
+                    code = cmd_list_devices(out)
+                    out.flush()
+                    return code
                 args = build_parser().parse(argv)
                 if args.command == "lower":
                     code = cmd_lower(args, out, log, lower_trace=lower_trace)

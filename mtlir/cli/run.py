@@ -132,6 +132,16 @@ def gpu_s_per_submit(completed: Iterable[Submission]) -> float | None:
     return sum(n for n in ns if n is not None) / (len(ns) * NS_PER_S)
 
 
+def cmd_list_devices(out: TextIO) -> int:
+    """``mtlir run --list-devices``: one line per OpenCL device the simulated device can run kernels on
+    (``kernels.runner.list_devices``: ``index: platform / device (type, version)``), what ``--opencl-device``
+    takes. Raises ``NoDeviceError`` (exit 2) when pyopencl or an OpenCL platform is missing."""
+    from mtlir.runtime.sim.kernels.runner import list_devices
+    for line in list_devices():
+        print(line, file=out)
+    return 0
+
+
 def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: LowerTrace, make_bridge: MakeBridge,
             metal_available: Callable[[], bool], metal_bridge: Callable[[], Any]) -> int:
     """``mtlir run``: lower (``lower_trace``), link, submit ``--repeat`` times on the bridge ``make_bridge`` gives,
@@ -156,6 +166,12 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
     program = lowered.program
     values = program_values(program, trace, log)
     bridge, device_name = make_bridge(kind, target, args.faithful, program, metal)
+    if getattr(args, "opencl_device", None) is not None:
+        choose = getattr(bridge, "choose_opencl_device", None)
+        if choose is None:
+            raise UsageError(f"--opencl-device picks the OpenCL device of the simulated device; this run is on "
+                             f"{device_name}")
+        choose(args.opencl_device)
     o = trace.output
     clock.start("link")
     s: Any = None
@@ -186,6 +202,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
         # a kernel that never ends (past --timeout) keeps its OpenCL queue: main() then leaves with os._exit
         args.kernel_stuck = bool(getattr(bridge, "kernel_running", False))
     gpu_s = gpu_s_per_submit(s.completed)
+    opencl = getattr(bridge, "opencl_device_name", None)  # the OpenCL device the simulated kernels ran on
     host_s = s.host_s_per_submit
     cmp = compare_output(got, o.expected_array())
     kernels = len(trace.dispatches)
@@ -200,13 +217,14 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
     result = "match" if cmp.match else f"MISMATCH in {cmp.mismatches} of {got.size} elements"
     print(f"kernels: {kernels}, messages per submit: {len(messages)}, submits: {s.submits}, "
           f"host time per submit: {host_s * 1e6:.1f} us ({args.executor}), "
+          f"{f'OpenCL device: {opencl}, ' if opencl else ''}"
           f"result: {result} (max abs err {cmp.max_abs_err:.3g}{nan_text})", file=listing)
     if args.json:
         doc = {"match": cmp.match, "max_abs_err": cmp.json_error(), "mismatches": cmp.mismatches,
                "nan_mismatches": cmp.nan_mismatches, "kernels": kernels, "messages_per_submit": len(messages),
                "submits": s.submits, "workload": trace.workload, "arch": dev.family, "target": target,
                "residency_set": dev.residency_set, "icb": dev.icb, "path": _path(program), "device": device_name,
-               "executor": args.executor, "host_s_per_submit": host_s,
+               "opencl_device": opencl, "executor": args.executor, "host_s_per_submit": host_s,
                "gpu_s_per_submit": gpu_s,
                "lower_s": lowered.seconds}
         json.dump(doc, out, allow_nan=False)

@@ -99,15 +99,18 @@ class SimDevice:
     ``autorun``: True runs committed work on a worker thread; False holds the GPU until ``step()`` or
     ``run_until_idle()``. ``timeout_s``: the longest any CPU-side wait blocks (then ``TimeoutError``).
     ``gpu_timeout_s``: the GPU watchdog: a command buffer blocked on a fence or event that long ends in Error,
-    Timeout (2). ``kernel_runner``: compiles MSL (default: ``mtlir.runtime.sim.kernels.runner.KernelRunner``).
+    Timeout (2). ``kernel_runner``: compiles MSL (default: ``mtlir.runtime.sim.kernels.runner.KernelRunner`` on
+    the OpenCL device ``opencl_device`` names: an index into ``list_devices()`` or a substring of its platform or
+    device name, ``select_device``; None: the first device).
     ``constant_align``: the offset alignment required of ``constant`` buffer bindings in bytes (METAL.md §1).
 
-    ``bridge`` is the device itself. Raises ``ValueError`` for an unknown target or family.
+    ``bridge`` is the device itself. Raises ``ValueError`` for an unknown target or family, ``ArgumentError``
+    for both ``kernel_runner`` and ``opencl_device``.
     """
 
     def __init__(self, target: str | None = None, *, strict: bool = True, family: str = "Apple9",
                  residency_sets: bool = True, icb: bool = True, autorun: bool = True, timeout_s: float = 10.0,
-                 gpu_timeout_s: float = 2.0, kernel_runner: Any = None,
+                 gpu_timeout_s: float = 2.0, kernel_runner: Any = None, opencl_device: str | int | None = None,
                  constant_align: int = MTL.CONSTANT_OFFSET_ALIGN, max_buffer_length: int = 1 << 32) -> None:
         target = (host_target() or "x86_64") if target is None else target
         if target not in TARGETS:
@@ -132,7 +135,10 @@ class SimDevice:
         self._pools: list[tuple[int, list[SimObject]]] = []
         self._next_pool = _POOL_BASE
         self._classes: dict[str, ClassObject] = {}
+        if kernel_runner is not None and opencl_device is not None:
+            raise ArgumentError("give SimDevice a kernel_runner or an opencl_device, not both")
         self._runner = kernel_runner
+        self._opencl_device = opencl_device
         self._gpu_va = 0x3_0000_0000
         self.leaked_autoreleased = 0
         self._deferred: Exception | None = None
@@ -153,8 +159,24 @@ class SimDevice:
     def kernel_runner(self) -> Any:
         """The MSL compiler/runner (created at first use: building an OpenCL context takes a moment)."""
         if self._runner is None:
-            self._runner = KernelRunner()
+            self._runner = KernelRunner(self._opencl_device)
         return self._runner
+
+    def choose_opencl_device(self, which: str | int) -> None:
+        """Run the kernels on the OpenCL device ``which`` (as ``opencl_device``: an index or a name substring),
+        chosen before the first kernel is built (``mtlir run --opencl-device``). Raises ``ArgumentError`` once a
+        kernel runner exists; ``NoDeviceError`` (at the first build) when no device matches."""
+        if self._runner is not None:
+            raise ArgumentError(f"the kernels already run on {self.opencl_device_name or 'a given kernel runner'}: "
+                                "choose the OpenCL device before the first kernel is built")
+        self._opencl_device = which
+
+    @property
+    def opencl_device_name(self) -> str | None:
+        """``"platform / device"`` of the OpenCL device the kernels run on; None before the first kernel is built
+        or where the kernel runner is not on OpenCL (``PyKernelRunner``)."""
+        name = getattr(self._runner, "device_name", None)
+        return name if isinstance(name, str) else None
 
     # ------------------------------------------------------------------ objects
     def _register(self, obj: SimObject) -> Any:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mtlir.runtime.sim.msl.simd import SIMD_WIDTH, scratch_bytes
 from mtlir.runtime.sim.msl.translate import KernelArg, KernelInfo
 
 if TYPE_CHECKING:
@@ -26,9 +27,9 @@ MAX_GLOBAL_THREADS = 1 << 40
 
 @dataclass(frozen=True)
 class View:
-    """How ``run`` binds one parameter: ``how`` is ``"buffer"`` (offset 0: the whole buffer), ``"sub-buffer"``
-    (an OpenCL sub-buffer starting at the view, offset argument 0) or ``"offset"`` (the whole buffer, the byte
-    ``offset`` passed to the kernel); ``offset`` is the byte offset of the view in its storage."""
+    """How ``run`` binds one parameter: ``how`` is ``"buffer"`` (offset 0: the whole buffer) or ``"offset"`` (the
+    whole buffer, the byte ``offset`` passed to the kernel; never an OpenCL sub-buffer, ``kernels.runner`` says
+    why); ``offset`` is the byte offset of the view in its storage."""
 
     arg: KernelArg
     how: str
@@ -51,6 +52,11 @@ class CompiledKernel:
         self._kernel = kernel
         wg = kernel.get_work_group_info(runner.cl.kernel_work_group_info.WORK_GROUP_SIZE, runner.device)
         self.max_threads_per_threadgroup: int = min(int(wg), runner.device.max_work_group_size)
+        # the kernel's own threadgroup arrays, and (with SIMD-group functions) the most threads whose scratch fits
+        self.local_mem_bytes: int = int(kernel.get_work_group_info(runner.cl.kernel_work_group_info.LOCAL_MEM_SIZE,
+                                                                   runner.device))
+        room = runner.device.local_mem_size - self.local_mem_bytes
+        self.max_simd_threads: int = max(0, room // scratch_bytes(SIMD_WIDTH)) * SIMD_WIDTH
 
     def __repr__(self) -> str:
         return f"CompiledKernel({self.function!r}, params={[a.name for a in self.params]})"
@@ -62,7 +68,6 @@ class CompiledKernel:
         is not a 1-D C-contiguous ``numpy.uint8`` array (or is read-only where the kernel writes), an offset
         outside the storage, or an offset that is not a multiple of the element size (Metal requires it,
         METAL.md §1)."""
-        align = self._runner.base_align
         views = []
         for b in self.info.bindings:
             arg = b.arg
@@ -79,21 +84,25 @@ class CompiledKernel:
                                  f"{storage.nbytes}-byte buffer")
             if offset % b.align:
                 raise ValueError(f"{where}: offset {offset} is not a multiple of the element size {b.align} bytes")
-            how = "buffer" if offset == 0 else "sub-buffer" if offset % align == 0 else "offset"
+            how = "buffer" if offset == 0 else "offset"
             views.append(View(arg, how, offset))
         return tuple(views)
 
     def run(self, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
-            threadgroup: tuple[int, int, int], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+            threadgroup: tuple[int, int, int], *, timeout_s: float = DEFAULT_TIMEOUT_S, keep: bool = False) -> None:
         """Run ``grid`` threadgroups (per axis) of ``threadgroup`` threads each, synchronously.
 
         ``bindings`` maps each Metal buffer index to ``(storage, byte offset)``: ``storage`` is the whole
         MTLBuffer's host memory as a 1-D ``numpy.uint8`` array; a ``constant T&`` variable is the value at that
-        offset. Views of one storage alias as they do in Metal. Results are in the arrays when ``run`` returns.
+        offset. Views of one storage alias as they do in Metal. Results are in the arrays when ``run`` returns;
+        with ``keep`` they stay in the device's copies of the buffers until the runner's ``sync()`` (the simulated
+        GPU syncs where the host may look: a signal, a wait, a command buffer's start and end).
         A grid or threadgroup with a zero axis runs nothing (Metal accepts such a dispatch, METAL.md §3 rule 13).
 
         Raises ``ValueError`` for bad bindings (``views``) or sizes, for a threadgroup larger than the OpenCL
-        device runs (``max_threads_per_threadgroup``: 4096 on PoCL here, above Metal's 1024), and for a global
+        device runs (``max_threads_per_threadgroup``: 4096 on PoCL here, above Metal's 1024), for a kernel with
+        SIMD-group functions whose threadgroup needs more local memory than the device has (68 bytes of scratch
+        per thread, ``msl.simd.scratch_bytes``: 1024 threads need 68 KiB, NVIDIA's OpenCL has 48 KiB), for a global
         size of 2**32 threads or more on an axis or more than 2**40 in all (``MAX_GLOBAL_PER_AXIS``,
         ``MAX_GLOBAL_THREADS``: a wrapped size would otherwise abort the process inside PoCL); ``TimeoutError``
         when the kernel has not finished after ``timeout_s`` seconds (the runner then refuses further work,
@@ -110,6 +119,14 @@ class CompiledKernel:
                              f"than the OpenCL device {dev.name!r} runs in one work-group (at most "
                              f"{self.max_threads_per_threadgroup} threads, {per_axis} per "
                              "axis); the simulated device cannot run it")
+        if self.info.simd:
+            need = scratch_bytes(threads) + self.local_mem_bytes
+            if need > dev.local_mem_size:
+                raise ValueError(f"kernel {self.function!r}: a threadgroup of {threads} threads needs {need} bytes of "
+                                 f"local memory ({scratch_bytes(threads)} of them the scratch its SIMD-group "
+                                 f"functions exchange values through), more than the {dev.local_mem_size} bytes of "
+                                 f"the OpenCL device {dev.name!r}; the simulated device cannot run it with threadgroups "
+                                 f"above {self.max_simd_threads} threads")
         global_size = tuple(g * t for g, t in zip(grid, threadgroup))
         total = global_size[0] * global_size[1] * global_size[2]
         if any(n >= MAX_GLOBAL_PER_AXIS for n in global_size) or total > MAX_GLOBAL_THREADS:
@@ -118,7 +135,7 @@ class CompiledKernel:
                              f"{global_size} ({total} threads) is more than the simulated device runs (below 2**32 "
                              f"threads per axis, as Metal addresses them, and at most 2**{limit} in all); a run-time "
                              "size that went below 1 and wrapped?")
-        self._runner._launch(self, views, bindings, global_size, threadgroup, timeout_s)
+        self._runner._launch(self, views, bindings, global_size, threadgroup, timeout_s, keep)
 
 
 def _check_storage(storage: Any, where: str, writable: bool) -> None:

@@ -42,9 +42,10 @@ class PyKernel:
     runs: list[tuple[tuple[int, int, int], tuple[int, int, int]]] = field(default_factory=list)
 
     def run(self, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
-            threadgroup: tuple[int, int, int]) -> None:
-        """Run once: ``bindings`` maps buffer index -> (whole buffer uint8 storage, byte offset). Raises
-        ``KeyError`` for an unbound parameter."""
+            threadgroup: tuple[int, int, int], *, keep: bool = False) -> None:
+        """Run once: ``bindings`` maps buffer index -> (whole buffer uint8 storage, byte offset). ``keep`` changes
+        nothing: a Python kernel works in the host arrays themselves. Raises ``KeyError`` for an unbound
+        parameter."""
         args: dict[int, np.ndarray] = {}
         for p in self.params:
             storage, offset = bindings[p.index]
@@ -72,3 +73,6 @@ class PyKernelRunner:
         if kernel is None:
             raise KernelCompileError(f"no Python kernel registered for function {function!r}")
         return kernel
+
+    def sync(self) -> None:
+        """Nothing to copy back: Python kernels work in the host arrays (``KernelRunner.sync``)."""

@@ -1,18 +1,22 @@
-"""Run Metal kernels for real on the OpenCL device present (PoCL on the CPU here): the simulated device's GPU.
+"""Run Metal kernels for real on an OpenCL device (PoCL on the CPU here, a GPU where one is): the simulated device's GPU.
 
-``KernelRunner`` owns one pyopencl context and queue. ``compile(msl, function)`` translates the MSL library with
+``KernelRunner`` owns one pyopencl context and queue on the device ``opencl_device`` picks (``select_device``: an
+index, or a substring of the platform or device name; the first device by default; ``list_devices`` lists them). ``compile(msl, function)`` translates the MSL library with
 ``msl.translate`` and builds it once (cached per MSL source; kernels per (source, function)).
 ``CompiledKernel.run(bindings, grid, threadgroup)`` binds each Metal buffer index to (host storage, byte offset),
 runs ``grid`` threadgroups of ``threadgroup`` threads (Metal's dispatchThreadgroups convention, METAL.md §4:
 OpenCL global size = grid x threadgroup per axis, local size = threadgroup) and returns when the results are in
 the storage arrays.
 
-Memory: each distinct storage array becomes one OpenCL buffer over the same host memory (``CL_MEM_USE_HOST_PTR``:
-nothing is copied where the device can use host memory, as PoCL's CPU device does); the buffers the kernel may
-write are mapped for reading after the run, which is where OpenCL guarantees the host sees the results. A view
-at a byte offset is bound as an OpenCL sub-buffer when the offset is a multiple of the device's
-``mem_base_addr_align`` (OpenCL 1.2 §5.2.1: sub-buffer origins must be), else as the whole buffer with the
-offset passed in the kernel's offset parameter (the translator adds one per buffer, ``msl.translate``).
+Memory: each distinct storage array (one MTLBuffer's bytes) becomes one OpenCL buffer in the device's own memory,
+copied in at its first use and kept there between kernels (``resident``): a run with ``keep=True`` leaves what it
+wrote on the device until ``sync()`` copies it back to the host arrays and forgets every device copy (the next use
+copies in again, so what the host wrote in between is seen). A run without ``keep`` syncs at once: its results are
+in the arrays when it returns. A view at a byte offset is always bound as the whole buffer with the offset passed in
+the kernel's offset argument (the translator adds one per buffer, ``msl.translate``), never as an OpenCL
+sub-buffer: a kernel whose views of one buffer overlap (an arena that holds a kernel's inputs and output, as
+tinygrad's memory planner makes) would read and write overlapping sub-buffers at once, which OpenCL leaves
+undefined (OpenCL 3.0 §5.2.2) and NVIDIA's driver answers by losing the writes.
 """
 from __future__ import annotations
 
@@ -35,7 +39,8 @@ from mtlir.runtime.sim.msl.translate import Translation, translate
 from mtlir.runtime.sim.msl.guard.bound import FAULT_WORDS, SCRATCH_BYTES
 from mtlir.runtime.sim.msl.simd import scratch_bytes
 
-__all__ = ["KernelRunner", "INSTALL_HINT", "BUILD_OPTIONS"]
+__all__ = ["KernelRunner", "INSTALL_HINT", "BUILD_OPTIONS", "list_devices", "select_device", "device_name",
+           "device_kind"]
 
 INSTALL_HINT = ("install an OpenCL runtime for the CPU (Debian/Ubuntu: `sudo apt-get install pocl-opencl-icd "
                 "ocl-icd-libopencl1`) and the Python package pyopencl (`pip install pyopencl`)")
@@ -48,18 +53,24 @@ SPIN_S = 2e-4  # poll without sleeping this long first: a sleep costs ~60 us her
 class KernelRunner:
     """Compiles and runs translated kernels on one OpenCL device (one context, one in-order queue).
 
-    ``device``: a ``pyopencl.Device``; ``None`` takes the first device of the first platform that has one.
+    ``device``: a ``pyopencl.Device``, or what ``select_device`` takes (an index into ``list_devices()``, or a
+    substring of ``"platform / device"``); ``None`` takes the first device of the first platform that has one.
     ``cl``: the OpenCL API the runner calls: the pyopencl module (``None``: imported here) or a stand-in with the
-    same names. Raises ``NoDeviceError`` saying what to install when pyopencl or an OpenCL device is missing.
+    same names. Raises ``NoDeviceError`` saying what to install when pyopencl or an OpenCL device is missing, or
+    naming the devices present when none matches ``device``. ``in_host_memory``: whether kernels work in the host
+    arrays themselves (``USE_HOST_PTR`` buffers, nothing copied); ``None`` (default): where the device does, as
+    PoCL's CPU device (a map of such a buffer returns the host pointer, checked once here); ``False``: copies in
+    and out as on a discrete GPU, whatever the device (``True`` where it does not is refused: ``ValueError``).
     Thread-safe: one lock serialises compiles and runs."""
 
-    def __init__(self, device: Any = None, *, cl: Any = None) -> None:
+    def __init__(self, device: Any = None, *, cl: Any = None, in_host_memory: bool | None = None) -> None:
         if cl is None:
             cl = _import_pyopencl()
         self.cl = cl
-        if device is None:
-            device = _first_device(cl)
+        if device is None or isinstance(device, (str, int)):
+            device = select_device(cl, device)
         self.device = device
+        self.device_name: str = device_name(device)
         self.context = cl.Context([device])
         self.queue = cl.CommandQueue(self.context, device)
         self.base_align: int = max(1, device.mem_base_addr_align // 8)  # the device reports bits
@@ -68,21 +79,64 @@ class KernelRunner:
         self._kernels: dict[tuple[str, str], CompiledKernel] = {}
         self._stuck: str | None = None
         self._stuck_refs: list[Any] = []
+        # storage address -> its OpenCL buffer, kept across syncs while it is used (``_DeviceBuffer``); holding
+        # the array keeps its address, the key, from being reused by another while the entry lives
+        self._buffers: dict[int, _DeviceBuffer] = {}
+        self._generation = 0  # syncs so far: an entry not used since the one before last is dropped
+        self._blocks: dict[bytes, Any] = {}  # argument blocks by content: most dispatches repeat one
         # The fault record and scratch area every kernel gets as its last argument (``guard``): one per runner
         # (runs are serialised by the lock), its record cleared after a run that faulted. Where the device works in
         # the host memory itself (PoCL's CPU device: a map returns the host pointer, checked once here), the record
-        # is read there once the kernel has completed; elsewhere it is mapped after each run like the outputs.
+        # is read there once the kernel has completed; elsewhere it is copied back after each run.
         self._fault_host = np.zeros(FAULT_WORDS * 4 + SCRATCH_BYTES, np.uint8)
         self._fault_buf = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR,
                                     hostbuf=self._fault_host)
         mapped, _ = cl.enqueue_map_buffer(self.queue, self._fault_buf, cl.map_flags.READ, 0, (FAULT_WORDS * 4,),
                                           np.uint8, is_blocking=True)
-        self.fault_in_host_memory: bool = _address(mapped) == _address(self._fault_host)
+        works_in_place = _address(mapped) == _address(self._fault_host)
         mapped.base.release(self.queue)
         self.queue.finish()
+        if in_host_memory and not works_in_place:
+            raise ValueError(f"the OpenCL device {self.device_name!r} keeps its own copy of buffers: it cannot work "
+                             "in the host arrays (in_host_memory=True)")
+        self.in_host_memory: bool = works_in_place if in_host_memory is None else in_host_memory
 
     def __repr__(self) -> str:
-        return f"KernelRunner({self.device.name!r}, base_align={self.base_align})"
+        return f"KernelRunner({self.device_name!r}, base_align={self.base_align})"
+
+    @property
+    def resident(self) -> int:
+        """How many buffers have a device copy that is current now (copied in, or worked in, since the last
+        ``sync``)."""
+        return sum(1 for e in self._buffers.values() if e.current)
+
+    def sync(self) -> None:
+        """Copy what kernels run with ``keep=True`` wrote back into the host arrays, and forget every device copy:
+        the next run copies its buffers in again, so it sees what the host wrote since. Raises ``RuntimeError``
+        when OpenCL refuses a copy."""
+        with self._lock:
+            self._sync_locked()
+
+    def _sync_locked(self) -> None:
+        cl = self.cl
+        if self._stuck is not None:
+            self._buffers.clear()
+            return  # the queue is blocked: nothing more comes back (the error said so)
+        self._generation += 1
+        copied = False
+        try:
+            for e in self._buffers.values():
+                if e.dirty and not e.in_place:
+                    cl.enqueue_copy(self.queue, e.storage, e.buf, is_blocking=False)
+                    copied = True
+                e.current = e.dirty = False
+            if copied:
+                self.queue.finish()
+        except cl.Error as err:
+            raise RuntimeError(f"OpenCL could not copy the kernels' results back to the host: {err}") from None
+        finally:
+            for key in [k for k, e in self._buffers.items() if e.used < self._generation - 1]:
+                del self._buffers[key]
 
     def compile(self, msl: str, function: str) -> CompiledKernel:
         """The kernel ``function`` of the MSL library ``msl``, translated and built once (cached).
@@ -127,78 +181,82 @@ class KernelRunner:
         return got
 
     def _launch(self, ck: CompiledKernel, views: tuple[View, ...], bindings: dict[int, tuple[np.ndarray, int]],
-                global_size: tuple[int, ...], local_size: tuple[int, int, int], timeout_s: float) -> None:
+                global_size: tuple[int, ...], local_size: tuple[int, int, int], timeout_s: float,
+                keep: bool) -> None:
         cl = self.cl
         with self._lock:
             if self._stuck is not None:
                 raise RuntimeError(f"the OpenCL queue is blocked by an earlier kernel that never finished "
                                    f"({self._stuck}); make a new KernelRunner")
-            buffers: dict[int, tuple[Any, np.ndarray]] = {}
-            writes: set[int] = set()
             args: list[Any] = []
             # The argument block (msl.ParamBinding): per binding its offset from the base pointer, the bytes of the
-            # MTLBuffer before that pointer and the MTLBuffer's length (the bounds of the guard's checks).
+            # MTLBuffer before that pointer (0: views are offsets from the buffer's start) and the MTLBuffer's
+            # length (the bounds of the guard's checks).
             block = np.zeros(3 * max(1, len(views)), np.uint64)
-            for b, view in zip(ck.info.bindings, views):
-                storage = bindings[b.arg.index][0]
-                key = _storage_key(storage, buffers)
-                if key not in buffers:
-                    buffers[key] = (self._buffer(storage), storage)
-                if b.writable:
-                    writes.add(key)
-                buf = buffers[key][0]
-                k = 3 * b.slot
-                if view.how == "sub-buffer":
-                    flags = cl.mem_flags.READ_WRITE if b.writable else cl.mem_flags.READ_ONLY
-                    args.append(buf.get_sub_region(view.offset, storage.nbytes - view.offset, flags))
-                    block[k + 1] = view.offset
-                else:
-                    args.append(buf)
-                    block[k] = view.offset
-                block[k + 2] = storage.nbytes
-            args += [cl.Buffer(self.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=block),
-                     self._fault_buf]
-            if ck.info.simd:  # the threadgroup scratch SIMD-group lanes exchange values through (msl.simd)
-                args.append(cl.LocalMemory(scratch_bytes(local_size[0] * local_size[1] * local_size[2])))
-            ck._kernel.set_args(*args)
             what = f"kernel {ck.function!r}, global size {global_size}, threadgroup {local_size}"
             try:
+                for b, view in zip(ck.info.bindings, views):
+                    storage = bindings[b.arg.index][0]
+                    args.append(self._device_buffer(storage, b.writable))
+                    k = 3 * b.slot
+                    block[k] = view.offset
+                    block[k + 2] = storage.nbytes
+                args += [self._block(block), self._fault_buf]
+                if ck.info.simd:  # the threadgroup scratch SIMD-group lanes exchange values through (msl.simd)
+                    args.append(cl.LocalMemory(scratch_bytes(local_size[0] * local_size[1] * local_size[2])))
+                ck._kernel.set_args(*args)
                 last = cl.enqueue_nd_range_kernel(self.queue, ck._kernel, global_size, local_size)
-                # Map what the kernel may write, in the same round trip: once a map completes, OpenCL guarantees
-                # the host memory holds the results (OpenCL 1.2 §5.4.2.1).
-                maps = []
-                for key in sorted(writes):
-                    buf, storage = buffers[key]
-                    mapped, last = cl.enqueue_map_buffer(self.queue, buf, cl.map_flags.READ, 0, (storage.nbytes,),
-                                                         np.uint8, is_blocking=False)
-                    maps.append((mapped, storage))
-                fault: Any = self._fault_host[:FAULT_WORDS * 4]
-                if not self.fault_in_host_memory:
-                    fault, last = cl.enqueue_map_buffer(self.queue, self._fault_buf,
-                                                        cl.map_flags.READ | cl.map_flags.WRITE, 0,
-                                                        (FAULT_WORDS * 4,), np.uint8, is_blocking=False)
+                fault: np.ndarray = self._fault_host[:FAULT_WORDS * 4]
+                if not self.in_host_memory:  # the device keeps its own copy: read the record back
+                    fault = np.empty(FAULT_WORDS * 4, np.uint8)
+                    last = cl.enqueue_copy(self.queue, fault, self._fault_buf, is_blocking=False)
                 self.queue.flush()
             except cl.Error as e:
                 raise RuntimeError(f"OpenCL refused to run {what}: {e}") from None
-            self._wait(last, timeout_s, what, (args, [s for _, s in buffers.values()]))
-            for mapped, storage in maps:
-                if _address(mapped) != _address(storage):  # the device kept its own copy: bring the results home
-                    storage[...] = mapped
-                mapped.base.release(self.queue)  # the unmap is queued; later commands come after it
+            self._wait(last, timeout_s, what, (args, list(self._buffers.values())))
             words = fault.view(np.uint32)
             error = _access_error(ck, views, bindings, words) if words[0] else None
-            if error is not None:
-                words[:4] = 0  # cleared (through the mapping, if any): the next run starts with no fault
-            if not self.fault_in_host_memory:
-                fault.base.release(self.queue)
+            if error is not None:  # cleared: the next run starts with no fault
+                words[:4] = 0
+                if not self.in_host_memory:
+                    cl.enqueue_copy(self.queue, self._fault_buf, fault, is_blocking=True)
+            if not keep:
+                self._sync_locked()
             if error is not None:
                 raise error
 
-    def _buffer(self, storage: np.ndarray) -> Any:
+    def _device_buffer(self, storage: np.ndarray, writable: bool) -> Any:
+        """The OpenCL buffer of ``storage``, current: where the device works in host memory (PoCL's CPU device) a
+        ``USE_HOST_PTR`` buffer over the array itself, nothing copied; elsewhere a buffer of the device's own,
+        copied in at its first use since the last sync. Marked written when the kernel may write it."""
         cl = self.cl
-        if storage.flags.writeable:
-            return cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=storage)
-        return cl.Buffer(self.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=storage)
+        key = _storage_key(storage, self._buffers)
+        e = self._buffers.get(key)
+        if e is None:
+            in_place = self.in_host_memory and storage.flags.writeable
+            flags = cl.mem_flags.READ_WRITE | (cl.mem_flags.USE_HOST_PTR if in_place else 0)
+            buf = cl.Buffer(self.context, flags, size=0 if in_place else storage.nbytes,
+                            hostbuf=storage if in_place else None)
+            e = self._buffers[key] = _DeviceBuffer(buf, storage, in_place)
+        if not e.current:
+            if not e.in_place:
+                cl.enqueue_copy(self.queue, e.buf, storage, is_blocking=False)  # the in-order queue runs it first
+            e.current = True
+        e.used = self._generation
+        e.dirty = e.dirty or writable
+        return e.buf
+
+    def _block(self, block: np.ndarray) -> Any:
+        """A read-only device buffer holding ``block``, one per distinct content (at most 4096 kept)."""
+        data = block.tobytes()
+        buf = self._blocks.get(data)
+        if buf is None:
+            if len(self._blocks) >= 4096:
+                self._blocks.clear()
+            cl = self.cl
+            buf = self._blocks[data] = cl.Buffer(self.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                                                 hostbuf=block)
+        return buf
 
     def _wait(self, event: Any, timeout_s: float, what: str, keep: Any) -> None:
         """Poll ``event`` until it completes: spin for the first ``SPIN_S`` (a small kernel is done by then), then
@@ -231,30 +289,93 @@ def _import_pyopencl() -> Any:
         raise NoDeviceError(f"pyopencl is not installed: {INSTALL_HINT}") from None
 
 
-def _first_device(cl: Any) -> Any:
-    """The first device of the first OpenCL platform that has one; ``NoDeviceError`` saying what to install."""
+def _devices(cl: Any) -> list[Any]:
+    """Every OpenCL device, platform by platform in the order the ICD loader gives; ``NoDeviceError`` when there is
+    no platform."""
     try:
         platforms = cl.get_platforms()
     except cl.Error as e:
         raise NoDeviceError(f"no OpenCL platform found ({e}): {INSTALL_HINT}") from None
+    devices: list[Any] = []
     for platform in platforms:
         try:
-            devices = platform.get_devices()
+            devices += platform.get_devices()
         except cl.Error:
             continue
-        if devices:
-            return devices[0]
-    raise NoDeviceError(f"no OpenCL device found: {INSTALL_HINT}")
+    return devices
 
 
-def _storage_key(storage: np.ndarray, known: dict[int, tuple[Any, np.ndarray]]) -> int:
+def device_name(device: Any) -> str:
+    """``"platform / device"``: the name ``--opencl-device`` matches and the run's result reports."""
+    return f"{device.platform.name.strip()} / {device.name.strip()}"
+
+
+def list_devices(cl: Any = None) -> list[str]:
+    """One line per OpenCL device, ``"index: platform / device (type, OpenCL version)"``, in the order
+    ``select_device`` counts them. Raises ``NoDeviceError`` when pyopencl or an OpenCL platform is missing."""
+    cl = _import_pyopencl() if cl is None else cl
+    return [f"{i}: {_describe(cl, d)}" for i, d in enumerate(_devices(cl))]
+
+
+def _describe(cl: Any, device: Any) -> str:
+    """``"platform / device (type, OpenCL version)"``."""
+    return f"{device_name(device)} ({device_kind(cl, device)}, {device.version.strip()})"
+
+
+def device_kind(cl: Any, device: Any) -> str:
+    """``GPU``, ``CPU``, ``accelerator`` or ``custom``: the one kind ``CL_DEVICE_TYPE`` names; ``unknown`` where it
+    sets several (Oclgrind sets them all)."""
+    t = cl.device_type
+    kinds = [name for bit, name in ((t.GPU, "GPU"), (t.CPU, "CPU"), (t.ACCELERATOR, "accelerator"),
+                                    (getattr(t, "CUSTOM", 0), "custom")) if bit and int(device.type) & int(bit)]
+    return kinds[0] if len(kinds) == 1 else "unknown"
+
+
+def select_device(cl: Any, which: str | int | None = None) -> Any:
+    """The OpenCL device ``which`` names: ``None`` the first device of the first platform that has one; an int (or
+    a string of digits) its index in ``list_devices``; another string the first device whose line there
+    (``"platform / device (type, version)"``: ``pocl``, ``nvidia``, ``gpu``, ``oclgrind``) contains it, in any case. ``NoDeviceError`` saying what to install when there is none,
+    or naming the devices present when none matches."""
+    devices = _devices(cl)
+    if not devices:
+        raise NoDeviceError(f"no OpenCL device found: {INSTALL_HINT}")
+    if which is None:
+        return devices[0]
+    names = [_describe(cl, d) for d in devices]
+    present = "; ".join(f"{i}: {n}" for i, n in enumerate(names))
+    if isinstance(which, int) or which.strip().isdigit():
+        index = int(which)
+        if not 0 <= index < len(devices):
+            raise NoDeviceError(f"no OpenCL device {index}: the devices present are {present}")
+        return devices[index]
+    for d, n in zip(devices, names):
+        if which.strip().lower() in n.lower():
+            return d
+    raise NoDeviceError(f"no OpenCL device matches {which!r}: the devices present are {present}")
+
+
+class _DeviceBuffer:
+    """One storage array's OpenCL buffer: ``in_place`` (a ``USE_HOST_PTR`` buffer the device works in directly),
+    ``current`` (its bytes are the host's: copied in, or in place, since the last sync), ``dirty`` (a kernel may
+    have written it since), ``used`` (the runner's generation, its sync count, at the last use)."""
+
+    __slots__ = ("buf", "storage", "in_place", "current", "dirty", "used")
+
+    def __init__(self, buf: Any, storage: np.ndarray, in_place: bool) -> None:
+        self.buf, self.storage, self.in_place = buf, storage, in_place
+        self.current = self.dirty = False
+        self.used = 0
+
+
+def _storage_key(storage: np.ndarray, known: dict[int, _DeviceBuffer]) -> int:
     """The key of the OpenCL buffer for ``storage``: arrays over the same memory share one (views alias as in
     Metal); ``ValueError`` for two storages that overlap without being the same memory."""
     addr = _address(storage)
-    for key, (_, other) in known.items():
-        if key == addr and other.nbytes == storage.nbytes:
-            return key
-        if np.may_share_memory(storage, other):
+    same = known.get(addr)
+    if same is not None and same.storage.nbytes == storage.nbytes:
+        return addr
+    for e in known.values():
+        if np.may_share_memory(storage, e.storage):
             raise ValueError("two bound storages overlap without being the same array: bind one MTLBuffer's "
                              "memory as one storage array")
     return addr
