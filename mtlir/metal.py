@@ -272,6 +272,11 @@ SELECTORS: dict[str, Signature] = {
     "endEncoding": _S(_void),
     "setBuffer:offset:atIndex:": _S(_void, (_id, _u64, _u64)),
     "setBytes:length:atIndex:": _S(_void, (_ptr, _u64, _u64)),
+    # MTLCommandBuffer -> MTLBlitCommandEncoder (copies and fills between buffers; on macOS offsets and sizes are
+    # multiples of 4: Apple's documentation of copyFromBuffer:... and fillBuffer:range:value:)
+    "blitCommandEncoder": _S(_id),
+    "copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:": _S(_void, (_id, _u64, _id, _u64, _u64)),
+    "fillBuffer:range:value:": _S(_void, (_id, dtypes.NSRange, dtypes.uint8)),
     # MTLSharedEvent
     "signaledValue": _S(_u64), "setSignaledValue:": _S(_void, (_u64,)),
     "waitUntilSignaledValue:timeoutMS:": _S(_bool, (_u64, _u64)),

@@ -47,7 +47,7 @@ _GROUP_COLORS: tuple[tuple[frozenset[Ops], str], ...] = (
     (GroupOp.ALU, "#fff3bf"),
     (frozenset({Ops.RANGE, Ops.END}), "#d3f9d8"),
     (frozenset({Ops.MSG, Ops.CALL, Ops.MSGS, Ops.CALLS}), "#ffd8a8"),
-    (frozenset({Ops.KERNEL, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP, Ops.SUBMIT}), "#ffc9c9"),
+    (frozenset({Ops.KERNEL, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP, Ops.COPY, Ops.FILL, Ops.SUBMIT}), "#ffc9c9"),
 )
 OP_COLORS: dict[Ops, str] = {op: color for ops, color in _GROUP_COLORS for op in ops}
 _OTHER_COLOR = "#f3d9fa"  # ops added later that no group above names

@@ -38,8 +38,8 @@ from mtlir.ir.uop import UOp
 __all__ = ["Linearize", "LinearizeError", "linearize", "schedule"]
 
 # readable names of the registers some messages return (listings; names repeat with a number)
-_RESULT_NAMES = {"commandBuffer": "cmdbuf", "computeCommandEncoder": "encoder", "signaledValue": "value",
-                 "indirectComputeCommandAtIndex:": "icbcmd", "contents": "contents"}
+_RESULT_NAMES = {"commandBuffer": "cmdbuf", "computeCommandEncoder": "encoder", "blitCommandEncoder": "blit",
+                 "signaledValue": "value", "indirectComputeCommandAtIndex:": "icbcmd", "contents": "contents"}
 
 
 class LinearizeError(LoweringError):

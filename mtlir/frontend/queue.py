@@ -6,11 +6,13 @@ graph"). Layouts, all checked by ``Queue`` as they are built and again by the ``
 
 | node | dtype | src | arg |
 |---|---|---|---|
-| SUBMIT | void | the queue ops (EXEC, WAIT, SIGNAL, TIMESTAMP) in order | ``DeviceSpec``; tag: the queue's name (None: the default queue) |
+| SUBMIT | void | the queue ops (EXEC, WAIT, SIGNAL, TIMESTAMP, COPY, FILL) in order | ``DeviceSpec`` |
 | EXEC | void | ``(KERNEL, grid, threadgroup, *buffers, *vars)`` | None |
 | KERNEL | void | () | ``mtlir.metal.Kernel`` |
 | WAIT / SIGNAL | void | ``(event, value)``: the event placeholder, a uint64 value | None |
 | TIMESTAMP | void | () | the slot (int >= 0) |
+| COPY | void | ``(src, src_offset, dst, dst_offset, size)``: buffers (BUFFER or buffer variable), uint64 bytes | None |
+| FILL | void | ``(buffer, offset, size)``: a buffer, uint64 bytes | the byte value (0..255) |
 | BUFFER | id | () | ``(name, nbytes)``; the placeholder link creates is ``buffer:<name>`` |
 | BUFFER_VIEW | id | ``(BUFFER or buffer variable,)`` | ``(offset, nbytes)`` in bytes |
 
@@ -23,7 +25,8 @@ expressions of DEFINE_VARs, of the parameter's dtype.
 
 Several queues on one device (docs/lowering.md, "Several queues"): each ``Queue(device, name=...)`` has its own
 command queue, fence and timeline (placeholders ``queue:<name>``, ``fence:<name>``, ``event:<name>``; the default
-queue, ``name=None``, keeps ``queue``, ``fence`` and ``event``), and its SUBMIT carries the name as its tag.
+queue, ``name=None``, keeps ``queue``, ``fence`` and ``event``), and its SUBMIT carries the name as its tag (None for
+the default queue).
 ``queues(*qs)`` joins them into one queue graph, ``SINK(SUBMIT, SUBMIT, ...)`` (arg: the DeviceSpec), submitted in
 that order. ``shared_event(name)`` is an event no queue owns (``event:<name>``, signaled by queues or the host).
 """
@@ -39,8 +42,9 @@ from mtlir.metal import MTL, DeviceSpec, Kernel, KernelParam, Obj, element_dtype
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.ir.uop import UOp
 
-__all__ = ["Queue", "QueueError", "queues", "shared_event", "timeline_name", "buffer", "view", "buffer_variable", "timeline", "timeline_value",
-           "ExecParts", "exec_parts", "buffer_base", "buffer_nbytes", "placeholder_name", "param_dtype", "var_dtype",
+__all__ = ["Queue", "QueueError", "queues", "shared_event", "timeline_name", "buffer", "view", "buffer_variable",
+           "timeline", "timeline_value", "ExecParts", "exec_parts", "buffer_base", "buffer_nbytes", "placeholder_name",
+           "param_dtype", "var_dtype",
            "check_size", "check_threads", "check_var_value", "check_elements", "SIZE_OPS", "MAX_SIZE", "MAX_THREADS",
            "MAX_BUFFER_BYTES"]
 
@@ -443,6 +447,64 @@ class Queue:
         is done (``encodeSignalEvent:value:``); usually ``value`` is a run-time variable such as
         ``timeline_value()``."""
         return self._event_op(Ops.SIGNAL, signal, value, "signal")
+
+    def _bytes(self, v: UOp | int, where: str, lo: int) -> tuple[UOp, tuple[int, int]]:
+        """A byte offset or size (an int or an integer expression of run-time variables) as uint64 with its range;
+        macOS needs multiples of 4 for blits (Apple's documentation of the MTLBlitCommandEncoder methods)."""
+        if isinstance(v, bool) or not isinstance(v, (int, UOp)):
+            raise QueueError(f"{where}: expected an int or an integer expression of run-time variables, got {v!r}")
+        node = UOp.const(dtypes.uint64, v) if isinstance(v, int) else v
+        if not node.dtype.is_int:
+            raise QueueError(f"{where}: expected an integer, got dtype {node.dtype.name}")
+        rng = (v, v) if isinstance(v, int) else _int_expression(v, where, "a byte count")
+        if rng[0] < lo:
+            raise QueueError(f"{where}: {expr_text(node)} can be {rng[0]}, below {lo}")
+        if isinstance(v, int) and v % 4:
+            raise QueueError(f"{where}: {v} is not a multiple of 4, which blits need on macOS")
+        return node.cast(dtypes.uint64), rng
+
+    def _blit_target(self, buf: UOp, offset: UOp | int, size: UOp | int | None, where: str) -> tuple[UOp, UOp, UOp]:
+        """(buffer, offset, size) of a blit operand: a view's offset added; the bytes inside the buffer for every
+        value of the variables."""
+        if not isinstance(buf, UOp) or not _is_buffer(buffer_base(buf)[0]):
+            raise QueueError(f"{where}: {buf!r} is not a buffer (BUFFER, BUFFER_VIEW or buffer_variable)")
+        base, off0 = buffer_base(buf)
+        limit = buffer_nbytes(buf)
+        if size is None:
+            if limit is None:
+                raise QueueError(f"{where}: a buffer variable has no known size: give nbytes")
+            size = limit - (offset if isinstance(offset, int) else 0)
+        off, (_, off_hi) = self._bytes(offset, f"{where}: offset", 0)
+        n, (_, n_hi) = self._bytes(size, f"{where}: nbytes", 1)
+        if limit is not None and off_hi + n_hi > limit:
+            raise QueueError(f"{where}: bytes up to {off_hi + n_hi} run past the end of the {limit}-byte "
+                             f"{'view' if buf.op is Ops.BUFFER_VIEW else 'buffer'} {_bufname(base)}")
+        if off0 % 4:
+            raise QueueError(f"{where}: the view's offset {off0} is not a multiple of 4, which blits need on macOS")
+        return base, (off + off0) if off0 else off, n
+
+    def copy(self, src: UOp, dst: UOp, nbytes: UOp | int | None = None, src_offset: UOp | int = 0,
+             dst_offset: UOp | int = 0) -> Queue:
+        """Copy ``nbytes`` bytes (default: what ``src`` holds) from ``src`` at ``src_offset`` to ``dst`` at
+        ``dst_offset`` (buffers or views; offsets and size ints or expressions of run-time variables, multiples of 4
+        on macOS) with a blit encoder's ``copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:``, in queue
+        order with the commands around it. Raises ``QueueError`` for bytes outside a buffer for some variable value."""
+        where = f"copy after command {self.ncommands}"
+        s_buf, s_off, n = self._blit_target(src, src_offset, nbytes, f"{where}: source")
+        d_buf, d_off, _ = self._blit_target(dst, dst_offset, nbytes if nbytes is not None else n,
+                                            f"{where}: destination")
+        self.ops.append(UOp(Ops.COPY, dtypes.void, (s_buf, s_off, d_buf, d_off, n)))
+        return self
+
+    def fill(self, buf: UOp, value: int, nbytes: UOp | int | None = None, offset: UOp | int = 0) -> Queue:
+        """Set ``nbytes`` bytes (default: the rest of ``buf``) of ``buf`` from ``offset`` to the byte ``value``
+        (0..255) with a blit encoder's ``fillBuffer:range:value:`` (multiples of 4 on macOS)."""
+        where = f"fill after command {self.ncommands}"
+        if type(value) is not int or not 0 <= value <= 255:
+            raise QueueError(f"{where}: the value is a byte (an int in [0, 255]), got {value!r}")
+        base, off, n = self._blit_target(buf, offset, nbytes, where)
+        self.ops.append(UOp(Ops.FILL, dtypes.void, (base, off, n), value))
+        return self
 
     def timestamp(self, slot: int) -> Queue:
         """Record a GPU time into timestamp ``slot`` (an int >= 0). A submit with timestamps is profiled: one

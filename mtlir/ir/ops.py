@@ -65,6 +65,8 @@ class Ops(Enum):
     WAIT = auto()
     SIGNAL = auto()
     TIMESTAMP = auto()
+    COPY = auto()
+    FILL = auto()
     SUBMIT = auto()
 
     # identity hash in C: Enum's own __hash__ is Python code, and every node creation and rule lookup hashes an op
@@ -87,6 +89,6 @@ class GroupOp:
     ALU = Unary | Binary | Ternary
     Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.AND, Ops.OR, Ops.XOR, Ops.CMPEQ, Ops.CMPNE})
     Comparison = frozenset({Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE})
-    Queue = frozenset({Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP})
+    Queue = frozenset({Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP, Ops.COPY, Ops.FILL})
     Effect = frozenset({Ops.STORE, Ops.MSG, Ops.CALL, Ops.MSGS, Ops.CALLS, Ops.END, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP,
-                        Ops.SUBMIT})
+                        Ops.COPY, Ops.FILL, Ops.SUBMIT})

@@ -45,7 +45,8 @@ from mtlir.ir.ops import Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
 from mtlir.passes.encode.messages import MessageBatch, msg, u64
 from mtlir.passes.encode.placeholders import SubmitPlaceholders
-from mtlir.passes.encode.submit import VAR_SLOT, Command, CommandBufferSpan, EncodeError, SubmitReader, placeholder
+from mtlir.passes.encode.submit import (VAR_SLOT, Blit, Command, CommandBufferSpan, EncodeError, SubmitReader,
+                                        placeholder)
 from mtlir.program.payloads import TableEntries
 from mtlir.ir.rewrite import graph_rewrite
 from mtlir.ir.upat import PatternMatcher, UPat
@@ -123,6 +124,55 @@ class _Builder:
         dt = c.kernel.vars[j - nb][1]
         return "setBytes:length:atIndex:", (self.ph.slot_ptr(t[1] // VAR_SLOT), u64(dt.itemsize), u64(t[2]))
 
+    def blit_encoder(self, cb: UOp, done: UOp, blits: tuple[Blit, ...]) -> UOp:
+        """A blit encoder on ``cb`` after ``done``: ``waitForFence:``, the copies and fills, ``updateFence:``,
+        ``endEncoding`` (the fence orders it with the encoders before and after, as for compute). Returns its MSGS."""
+        enc = MessageBatch()
+        enc.send("waitForFence:", self.fence)
+        for blit in blits:
+            enc.send(blit.selector, *blit.args)
+        enc.send("updateFence:", self.fence)
+        enc.send("endEncoding")
+        return enc.node(msg("blitCommandEncoder", cb.after(done)))
+
+    def compute_encoder(self, cb: UOp, done: UOp, span: CommandBufferSpan, first: UOp | None,
+                        counter: UOp | None) -> UOp:
+        """The compute encoder of ``span``'s commands on ``cb`` after ``done`` (METAL.md §1 steps 2-9). Returns
+        its MSGS."""
+        enc = MessageBatch()
+        enc.send("waitForFence:", self.fence)
+        if self.ph.icb_path and not self.e.device.residency_set:
+            arr, count = self.ph.resources(span, counter)
+            if count.op is not Ops.CONST or count.arg:  # an encoder whose commands bind only buffer variables
+                enc.send("useResources:count:usage:", arr, count, u64(_RW))
+            inputs = self.ph.inputs.get(span.first)
+            if inputs is not None:
+                arr, count = inputs
+                offsets = self.ph.loop_offsets.get(span.first)
+                if offsets is not None:  # a profiled loop whose iterations bind different inputs
+                    assert counter is not None
+                    arr, count = arr.index(offsets.index(counter).load()), count.index(counter).load()
+                enc.send("useResources:count:usage:", arr, count, u64(_RW))
+        if self.ph.icb_path:
+            if self.e.device.needs_warmup and counter is not None:
+                self.loop_warmup(enc, span, counter)
+            elif self.e.device.needs_warmup:
+                self.warmup(enc, span.first, span.ncmds)
+            icb = self.ph.icb
+            assert icb is not None
+            if first is not None:
+                enc.send("executeCommandsInBuffer:withRange:", icb, UOp.struct(dtypes.NSRange, first, u64(1)))
+            else:
+                end = span.first + span.ncmds
+                for j in range(span.first, end, self.e.max_range):
+                    enc.send("executeCommandsInBuffer:withRange:", icb,
+                             UOp.struct(dtypes.NSRange, j, min(self.e.max_range, end - j)))
+        else:
+            self.direct_commands(enc, span.first, span.ncmds)
+        enc.send("updateFence:", self.fence)
+        enc.send("endEncoding")
+        return enc.node(msg("computeCommandEncoder", cb.after(done)))
+
     def command_buffer(self, deps: list[UOp], span: CommandBufferSpan, slot: UOp, first: UOp | None,
                        counter: UOp | None = None) -> UOp:
         """One command buffer of ``span``; in a profiled loop ``first`` is the command this iteration executes (a
@@ -141,40 +191,11 @@ class _Builder:
             for ev, value in span.waits:
                 waits.send("encodeWaitForEvent:value:", ev, value)
             done = waits.node(cb.after(done))
-        if span.ncmds:
-            enc = MessageBatch()
-            enc.send("waitForFence:", self.fence)
-            if self.ph.icb_path and not self.e.device.residency_set:
-                arr, count = self.ph.resources(span, counter)
-                if count.op is not Ops.CONST or count.arg:  # an encoder whose commands bind only buffer variables
-                    enc.send("useResources:count:usage:", arr, count, u64(_RW))
-                inputs = self.ph.inputs.get(span.first)
-                if inputs is not None:
-                    arr, count = inputs
-                    offsets = self.ph.loop_offsets.get(span.first)
-                    if offsets is not None:  # a profiled loop whose iterations bind different inputs
-                        assert counter is not None
-                        arr, count = arr.index(offsets.index(counter).load()), count.index(counter).load()
-                    enc.send("useResources:count:usage:", arr, count, u64(_RW))
-            if self.ph.icb_path:
-                if self.e.device.needs_warmup and counter is not None:
-                    self.loop_warmup(enc, span, counter)
-                elif self.e.device.needs_warmup:
-                    self.warmup(enc, span.first, span.ncmds)
-                icb = self.ph.icb
-                assert icb is not None
-                if first is not None:
-                    enc.send("executeCommandsInBuffer:withRange:", icb, UOp.struct(dtypes.NSRange, first, u64(1)))
-                else:
-                    end = span.first + span.ncmds
-                    for j in range(span.first, end, self.e.max_range):
-                        enc.send("executeCommandsInBuffer:withRange:", icb,
-                                 UOp.struct(dtypes.NSRange, j, min(self.e.max_range, end - j)))
+        for seg in _encoders(span):
+            if isinstance(seg, CommandBufferSpan):
+                done = self.compute_encoder(cb, done, seg, first, counter)
             else:
-                self.direct_commands(enc, span.first, span.ncmds)
-            enc.send("updateFence:", self.fence)
-            enc.send("endEncoding")
-            done = enc.node(msg("computeCommandEncoder", cb.after(done)))
+                done = self.blit_encoder(cb, done, seg)
         tail = MessageBatch()
         if span.signal is not None:
             event = span.event if span.event is not None else self.e.timeline
@@ -194,7 +215,7 @@ class _Builder:
         self.cbslots = placeholder("cbslots", "cbslots", (ncbs, stamps), dtypes.id.ptr())
         deps = self.ph.patches()
         if self.ph.icb_path and not e.device.residency_set and e.inputs:
-            self.ph.input_arrays(spans)
+            self.ph.input_arrays([c for p in spans for c in _compute_spans(p)])
             deps += self.ph.input_patches
         slot = 0
         for p, name in zip(spans, owner):
@@ -210,6 +231,20 @@ class _Builder:
                 deps = [self.command_buffer(deps, p, UOp.const(dtypes.int64, slot), None)]
                 slot += 1
         return UOp.sink(*deps, arg=e.device)
+
+
+def _encoders(span: CommandBufferSpan) -> list[CommandBufferSpan | tuple[Blit, ...]]:
+    """The encoders of ``span``'s command buffer in order: a span of commands per compute encoder, a tuple of
+    blits per blit encoder (``CommandBufferSpan.segments``)."""
+    if not span.blits:
+        return [span] if span.ncmds else []
+    return [span._replace(first=seg[0], ncmds=seg[1] - seg[0], blits=()) if isinstance(seg[0], int) else seg
+            for seg in span.segments()]
+
+
+def _compute_spans(span: CommandBufferSpan) -> list[CommandBufferSpan]:
+    """The spans of ``span``'s compute encoders."""
+    return [seg for seg in _encoders(span) if isinstance(seg, CommandBufferSpan)]
 
 
 def encode_submit(ctx: _EncodeCtx, submit: UOp) -> UOp:
@@ -237,7 +272,7 @@ def encode_queues(ctx: _EncodeCtx, submits: tuple[UOp, ...]) -> UOp:
     foreign = any(kind == "wait" or ev is not e.timeline for q in e.queues for _, kind, _, ev in q.marks)
     if e.stamps_at and (len(e.queues) > 1 or foreign):
         raise EncodeError("TIMESTAMPs (a profiled submit) are supported in a program of one queue that signals "
-                          "only its own timeline")
+                          "only its own timeline, without blits")
     icb_path = device.icb and bool(e.cmds)
     if icb_path and e.too_far:
         ctx.pass_ctx.diagnostics.append(f"encode: {e.too_far}: the submit is lowered on the direct path")

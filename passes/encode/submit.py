@@ -24,8 +24,8 @@ from mtlir.frontend.queue import (MAX_THREADS, QueueError, check_size, check_thr
                          placeholder_name, timeline_name, var_dtype)
 from mtlir.ir.uop import UOp
 
-__all__ = ["SubmitReader", "EncodeError", "KernelLayout", "Size", "Binding", "Command", "CommandBufferSpan", "QueueRange",
-           "VAR_SLOT", "MAX_ICB_OFFSET", "placeholder"]
+__all__ = ["SubmitReader", "EncodeError", "KernelLayout", "Size", "Binding", "Command", "CommandBufferSpan",
+           "QueueRange", "Blit", "VAR_SLOT", "MAX_ICB_OFFSET", "placeholder"]
 
 VAR_SLOT = MTL.CONSTANT_OFFSET_ALIGN  # bytes per variable slot in the variables buffer (256: any family)
 MAX_ICB_OFFSET = 0xFFFFFFFF
@@ -97,12 +97,42 @@ class CommandBufferSpan(NamedTuple):
     loop: bool                                  # a RANGE over `ncmds` one-command buffers
     event: UOp | None = None                    # the event signaled (None: the queue's timeline)
     waits: tuple[tuple[UOp, UOp], ...] = ()     # (event, value) waited for before the encoder
+    blits: tuple[tuple[int, Blit], ...] = ()    # (command position, blit): a blit encoder before that command
+
+    def segments(self) -> list[tuple[int, int] | tuple[Blit, ...]]:
+        """The encoders of this command buffer in order: ``(first, end)`` command ranges for compute encoders and
+        tuples of blits for blit encoders (the blits between two commands share one)."""
+        out: list[tuple[int, int] | tuple[Blit, ...]] = []
+        cur, end = self.first, self.first + self.ncmds
+        group: list[Blit] = []
+        for pos, blit in self.blits:
+            if pos > cur:
+                if group:
+                    out.append(tuple(group))
+                    group = []
+                out.append((cur, pos))
+                cur = pos
+            group.append(blit)
+        if group:
+            out.append(tuple(group))
+        if cur < end:
+            out.append((cur, end))
+        return out
+
+
+class Blit(NamedTuple):
+    """A COPY or FILL as encode keeps it: ``selector`` and its arguments (buffer handles or placeholders, uint64
+    offsets and sizes simplified, ``fillBuffer:range:value:``'s NSRange and uint8 value)."""
+
+    selector: str
+    args: tuple[UOp, ...]
 
 
 class QueueRange(NamedTuple):
     """One queue of the program as ``SubmitReader.read`` found it: its ``name`` (None: the default queue), its
-    commands ``first`` .. ``end - 1`` and its event ops in order: ``(position, "signal" | "wait", value, event)``
-    (waits on its own timeline left out: the fence orders the queue)."""
+    commands ``first`` .. ``end - 1`` and its event ops and blits in order: ``(position, "signal" | "wait", value,
+    event)``, ``(position, "blit", COPY or FILL node, the same node)`` (waits on its own timeline left out: the fence
+    orders the queue)."""
 
     name: str | None
     first: int
@@ -166,6 +196,7 @@ class SubmitReader:
     signals: list[tuple[int, UOp]] = field(default_factory=list)          # (position, value)
     marks: list[tuple[int, str, UOp, UOp]] = field(default_factory=list)  # (position, signal|wait, value, event)
     queues: list[QueueRange] = field(default_factory=list)                # the queues read, in order
+    blits: dict[UOp, Blit] = field(default_factory=dict)                  # COPY / FILL node -> its message
     stamps_at: list[tuple[int, int, bool]] = field(default_factory=list)  # (position, slot, right after an EXEC)
     timeline: UOp | None = None
     too_far: str = ""
@@ -220,6 +251,10 @@ class SubmitReader:
                     self.marks.append((len(cmds), "signal", value, ev))
                 elif ev.arg.name != own:
                     self.marks.append((len(cmds), "wait", value, ev))
+            elif op.op in (Ops.COPY, Ops.FILL):
+                what = "copy" if op.op is Ops.COPY else "fill"
+                self.blits[op] = self.read_blit(op, f"{what} after command {len(cmds) - first}{label}")
+                self.marks.append((len(cmds), "blit", op, op))
             elif op.op is Ops.TIMESTAMP:
                 if type(op.arg) is not int or op.arg < 0:
                     raise EncodeError(f"timestamp after command {len(cmds)}: the slot must be an int >= 0, "
@@ -227,7 +262,7 @@ class SubmitReader:
                 self.stamps_at.append((len(cmds), op.arg, after_exec))
             else:
                 raise EncodeError(f"queue op after command {len(cmds)}: {op.op.name} is not a queue op (EXEC, WAIT, "
-                                  "SIGNAL, TIMESTAMP)")
+                                  "SIGNAL, TIMESTAMP, COPY, FILL)")
             after_exec = False
         if len(cmds) == first and len(self.marks) == nmarks:
             raise EncodeError(f"the submit{label} has no command and no signal: nothing to encode")
@@ -250,9 +285,9 @@ class SubmitReader:
                     continue
                 prev = last.get(ev)
                 if prev is not None and _goes_down(prev, value):
-                    raise EncodeError(f"signal after command {pos - q.first}{_of(q.name)}: {ev.arg.name} goes down from "
-                                      f"{expr_text(prev)} to {expr_text(value)}; an event's value only increases, "
-                                      "Metal ignores the smaller one (METAL.md §3 rule 12)")
+                    raise EncodeError(f"signal after command {pos - q.first}{_of(q.name)}: {ev.arg.name} goes down "
+                                      f"from {expr_text(prev)} to {expr_text(value)}; an event's value only "
+                                      "increases, Metal ignores the smaller one (METAL.md §3 rule 12)")
                 last[ev] = value
                 signaled.setdefault(ev, []).append(value)
         for q in self.queues:
@@ -268,6 +303,36 @@ class SubmitReader:
                 if bounds(value)[0] > top:
                     raise EncodeError(f"{where}: the queues signal {ev.arg.name} up to {top} at most, so the wait "
                                       "can never complete")
+
+    def read_blit(self, op: UOp, where: str) -> Blit:
+        """A COPY or FILL as its blit message: the buffers' placeholders (or buffer variables), offsets and sizes
+        simplified, each byte range inside its buffer for every value of the variables."""
+        n = 5 if op.op is Ops.COPY else 3
+        if len(op.src) != n or any(not b.dtype.is_int for b in op.src[1::2]):
+            layout = "(src, src_offset, dst, dst_offset, size)" if n == 5 else "(buffer, offset, size)"
+            raise EncodeError(f"{where}: a {op.op.name}'s sources are {layout}, offsets and size integers")
+        size = simplify(op.src[-1].cast(dtypes.uint64))
+        targets = [(op.src[0], op.src[1])] + ([(op.src[2], op.src[3])] if n == 5 else [])
+        args: list[UOp] = []
+        for buf, off in targets:
+            name = self.base_names.get(buf, "?")
+            if name == "?":
+                name = self.read_base(buf, where)
+            offset = simplify(off.cast(dtypes.uint64))
+            limit = buf.arg[1] if buf.op is Ops.BUFFER else None
+            top = bounds(offset)[1] + bounds(size)[1]
+            if limit is not None and top > limit:
+                raise EncodeError(f"{where}: bytes up to {top} run past the end of buffer {buf.arg[0]!r} ({limit} "
+                                  "bytes)")
+            args += [self.buffers[name] if name is not None else buf, offset]
+        if bounds(size)[0] < 1:
+            raise EncodeError(f"{where}: the size {expr_text(size)} can be 0; a blit moves at least one byte")
+        if n == 5:
+            return Blit("copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:", (*args, size))
+        if type(op.arg) is not int or not 0 <= op.arg <= 255:
+            raise EncodeError(f"{where}: a FILL's arg is the byte value (0..255), got {op.arg!r}")
+        return Blit("fillBuffer:range:value:", (args[0], UOp.struct(dtypes.NSRange, args[1], size),
+                                                UOp.const(dtypes.uint8, op.arg)))
 
     def check_threads(self) -> None:
         """Find the command whose grid x threadgroup can exceed 2**32-1 threads on an axis (``read`` calls this only
@@ -447,17 +512,20 @@ class SubmitReader:
         ``encodeWaitForEvent:value:`` comes before its encoder."""
         spans: list[CommandBufferSpan] = []
         start, waits = q.first, list[tuple[UOp, UOp]]()
+        blits: list[tuple[int, Blit]] = []
         for pos, kind, value, ev in q.marks:
-            if kind == "signal":
-                spans.append(CommandBufferSpan(start, pos - start, value, False, ev, tuple(waits)))
-                start, waits = pos, []
-                continue
-            if pos > start:
-                spans.append(CommandBufferSpan(start, pos - start, None, False, None, tuple(waits)))
-                start, waits = pos, []
-            waits.append((ev, value))
-        if start < q.end or waits:
-            spans.append(CommandBufferSpan(start, q.end - start, None, False, None, tuple(waits)))
+            if kind == "blit":
+                blits.append((pos, self.blits[value]))
+            elif kind == "signal":
+                spans.append(CommandBufferSpan(start, pos - start, value, False, ev, tuple(waits), tuple(blits)))
+                start, waits, blits = pos, [], []
+            else:
+                if pos > start or blits:
+                    spans.append(CommandBufferSpan(start, pos - start, None, False, None, tuple(waits), tuple(blits)))
+                    start, waits, blits = pos, [], []
+                waits.append((ev, value))
+        if start < q.end or waits or blits:
+            spans.append(CommandBufferSpan(start, q.end - start, None, False, None, tuple(waits), tuple(blits)))
         return spans
 
     def command_buffers(self, profiled: bool, loops: bool) -> list[CommandBufferSpan]:

@@ -25,7 +25,7 @@ __all__ = ["RecordingBridge", "FakeDevice", "Message"]
 
 Message = dict[str, Any]
 
-_NAMED_RESULTS = {"commandBuffer": "cmdbuf", "computeCommandEncoder": "encoder"}
+_NAMED_RESULTS = {"commandBuffer": "cmdbuf", "computeCommandEncoder": "encoder", "blitCommandEncoder": "blit"}
 
 
 def _check_target(target: str) -> str:

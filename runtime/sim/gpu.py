@@ -35,8 +35,9 @@ from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
 from mtlir.errors import DeviceError, KernelAccessError, MetalValidationError
 from mtlir.runtime.sim.rules.checks import size_problem
-from mtlir.runtime.sim.objects import (ICB, Binding, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute,
-                                       Gate, ICBSlot, Pipeline, SharedEvent, SignalStep, WaitStep)
+from mtlir.runtime.sim.objects import (ICB, Binding, BlitCopy, BlitEncoder, BlitFill, Buffer, CommandBuffer,
+                                       CommandQueue, Dispatch, Encoder, Execute, Gate, ICBSlot, Pipeline, SharedEvent,
+                                       SignalStep, WaitStep)
 from mtlir.runtime.sim.rules.deadlock import find_deadlock
 from mtlir.runtime.sim.rules.rule import Rule
 
@@ -299,8 +300,29 @@ class GPU:
                 yield None
             else:
                 yield from self._execute_icb(cb, enc, command)
+        if isinstance(enc, BlitEncoder):
+            for blit in enc.blits:
+                self._blit(blit)
+                yield None
         enc.done = True  # updates act at the encoder's end
         self.dev._cv.notify_all()
+
+    def _blit(self, blit: BlitCopy | BlitFill) -> None:
+        """One blit command on the buffers' bytes (what kernels wrote reaches them first: ``sync``); a buffer
+        released meanwhile faults as for a kernel (rule 14)."""
+        self.sync()
+        if isinstance(blit, BlitCopy):
+            for buf in (blit.src, blit.dst):
+                if not buf.alive:
+                    raise GPUFault(MTL.ErrorInvalidResource, f"copyFromBuffer: reaches {buf.describe()}, which was "
+                                                             "released", Rule.FREED_IN_FLIGHT)
+            data = blit.src.storage[blit.src_offset:blit.src_offset + blit.size].copy()
+            blit.dst.storage[blit.dst_offset:blit.dst_offset + blit.size] = data
+        else:
+            if not blit.buffer.alive:
+                raise GPUFault(MTL.ErrorInvalidResource, f"fillBuffer: reaches {blit.buffer.describe()}, which was "
+                                                         "released", Rule.FREED_IN_FLIGHT)
+            blit.buffer.storage[blit.offset:blit.offset + blit.length] = blit.value
 
     def signal(self, ev: SharedEvent, value: int) -> None:
         """The GPU signals ``ev``: the value only increases, a smaller one is ignored (rule 12). The results so far

@@ -174,6 +174,36 @@ class Encoder(SimObject):
         self.discarded = False  # its command buffer was released uncommitted: it never runs
 
 
+class BlitCopy:
+    """``copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:`` on a blit encoder (bytes)."""
+
+    __slots__ = ("src", "src_offset", "dst", "dst_offset", "size")
+
+    def __init__(self, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int, size: int) -> None:
+        self.src, self.src_offset, self.dst, self.dst_offset, self.size = src, src_offset, dst, dst_offset, size
+
+
+class BlitFill:
+    """``fillBuffer:range:value:`` on a blit encoder: ``length`` bytes from ``offset`` set to ``value``."""
+
+    __slots__ = ("buffer", "offset", "length", "value")
+
+    def __init__(self, buffer: Buffer, offset: int, length: int, value: int) -> None:
+        self.buffer, self.offset, self.length, self.value = buffer, offset, length, value
+
+
+class BlitEncoder(Encoder):
+    """An MTLBlitCommandEncoder of command buffer ``cb``: the encoder state of ``Encoder`` (fences, ``ended``,
+    ``done``) with ``BlitCopy`` / ``BlitFill`` commands; the compute selectors are not its own (the device answers
+    them with "unrecognized selector", as the Objective-C runtime does)."""
+
+    objc_class = "MTLBlitCommandEncoder"
+
+    def __init__(self, cb: CommandBuffer) -> None:
+        super().__init__(cb)
+        self.blits: list[BlitCopy | BlitFill] = []
+
+
 class CommandBuffer(SimObject):
     """An MTLCommandBuffer: ``status`` (MTLCommandBufferStatus), ``error`` (NSError or None), GPU times in
     seconds (0.0 until Completed), the steps it encoded in order (encoders and event signals/waits), and the

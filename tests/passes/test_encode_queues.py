@@ -98,3 +98,32 @@ def test_queues_checks_its_queues() -> None:
         queues(Queue(DEV, name="a"), Queue(DeviceSpec("Apple7")))
     with pytest.raises(QueueError, match="identifier"):
         Queue(DEV, name="a b")
+
+
+def test_blits_get_their_own_encoder_between_compute_encoders() -> None:
+    x, y = buffer("x", 64), buffer("y", 64)
+    q = Queue(DEV)
+    q.exec(SCALE, [x, y]).copy(x, y, 32, dst_offset=32).fill(x, 0, 16).exec(SCALE, [y, x]).signal(q.timeline, 1)
+    lines = [line for line in message_lines(lower(q.submit()).program) if " retain" not in line]
+    encoders = [line.split()[1] for line in lines if line.endswith("Encoder")]
+    assert encoders == ["computeCommandEncoder", "blitCommandEncoder", "computeCommandEncoder"]
+    blit = lines.index(next(line for line in lines if line.endswith("blitCommandEncoder")))
+    assert [line.split()[1] for line in lines[blit + 1:blit + 6]] == [
+        "waitForFence:", "copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:", "fillBuffer:range:value:",
+        "updateFence:", "endEncoding"]
+    assert lines[blit + 3].split()[2:] == ["buffer:x", "0", "16", "0"]  # buffer, NSRange(0, 16), value 0
+
+
+def test_blit_ranges_are_checked() -> None:
+    from mtlir.ir.uop import UOp
+    x, y = buffer("x", 64), buffer("y", 64)
+    k = UOp.variable("k", 0, 4)
+    with pytest.raises(QueueError, match=r"copy after command 0: destination: bytes up to 80 run past the end of "
+                                         r"the 64-byte buffer 'y'"):
+        Queue(DEV).copy(x, y, 16, dst_offset=k * 16)
+    with pytest.raises(QueueError, match="fill after command 0: offset: 2 is not a multiple of 4"):
+        Queue(DEV).fill(x, 1, 8, offset=2)
+    with pytest.raises(QueueError, match=r"the value is a byte"):
+        Queue(DEV).fill(x, 256)
+    with pytest.raises(EncodeError, match="TIMESTAMPs .* without blits"):
+        lower(Queue(DEV).fill(x, 1).timestamp(0).submit())

@@ -20,8 +20,9 @@ from mtlir.metal import MTL
 from mtlir.errors import BridgeError, WaitTimeoutError
 from mtlir.runtime.sim.msgsend import NIL, MethodTable
 from mtlir.runtime.sim.rules.checks import check_commit, check_execute, collect_reads, size_problem
-from mtlir.runtime.sim.objects import (ICB, Buffer, CommandBuffer, CommandQueue, Dispatch, Encoder, Execute, Fence,
-                                       Pipeline, SharedEvent, SignalStep, SimObject, WaitStep)
+from mtlir.runtime.sim.objects import (ICB, BlitCopy, BlitEncoder, BlitFill, Buffer, CommandBuffer, CommandQueue,
+                                       Dispatch, Encoder, Execute, Fence, Pipeline, SharedEvent, SignalStep, SimObject,
+                                       WaitStep)
 from mtlir.runtime.sim.rules.deadlock import find_deadlock, may_deadlock
 from mtlir.runtime.sim.rules.rule import Call, Rule, assertion, violation
 
@@ -61,8 +62,8 @@ def _command_buffer(dev: SimDevice, q: CommandQueue) -> CommandBuffer:
         if not ok:
             dead = find_deadlock(dev.gpu.queues, blocked=q)
             why = f": {dead.description}" if dead is not None else ""
-            raise WaitTimeoutError(f"{call}: blocked {dev.timeout_s} s with {len(q.live)} command buffers not completed "
-                               f"(maxCommandBufferCount {q.max_count}; METAL.md §3 rule 7){why}")
+            raise WaitTimeoutError(f"{call}: blocked {dev.timeout_s} s with {len(q.live)} command buffers not "
+                                   f"completed (maxCommandBufferCount {q.max_count}; METAL.md §3 rule 7){why}")
     cb = dev.new_autoreleased(CommandBuffer(q))
     q.live.add(cb)
     return cb  # type: ignore[no-any-return]
@@ -82,6 +83,20 @@ def _compute_encoder(dev: SimDevice, cb: CommandBuffer) -> Encoder:
     if cb.open_encoder is not None:
         raise assertion(Rule.ONE_OPEN_ENCODER, call, "A command encoder is already encoding to this command buffer")
     enc = dev.new_autoreleased(Encoder(cb))
+    cb.open_encoder = enc
+    cb.steps.append(enc)
+    return enc  # type: ignore[no-any-return]
+
+
+@METHODS.method(CommandBuffer, "blitCommandEncoder")
+def _blit_encoder(dev: SimDevice, cb: CommandBuffer) -> BlitEncoder:
+    """A new blit command encoder (+0): copies and fills between buffers, ordered with fences like a compute
+    encoder (rules 1 and 4 as for ``computeCommandEncoder``)."""
+    call = Call("blitCommandEncoder", cb)
+    _not_committed(cb, "blitCommandEncoder", call)
+    if cb.open_encoder is not None:
+        raise assertion(Rule.ONE_OPEN_ENCODER, call, "A command encoder is already encoding to this command buffer")
+    enc = dev.new_autoreleased(BlitEncoder(cb))
     cb.open_encoder = enc
     cb.steps.append(enc)
     return enc  # type: ignore[no-any-return]
@@ -298,6 +313,56 @@ def _execute(dev: SimDevice, enc: Encoder, icb: ICB, first: int, count: int) -> 
         check_execute(dev, enc, icb, first, count, call)
     enc.commands.append(Execute(icb, first, count, frozenset(enc.bound_pipelines)))
     _hold(dev, enc, icb)  # the ICB itself, not what its commands reference
+
+
+# ---------------------------------------------------------------------------- MTLBlitCommandEncoder
+def _blit_range(dev: SimDevice, call: Call, buf: Buffer, offset: int, size: int, what: str) -> bool:
+    """Strict: ``size`` > 0, ``offset`` and ``size`` multiples of 4 (macOS, Apple's documentation of the blit
+    methods) and the bytes inside ``buf``. Faithful: False (the command is dropped) for bytes outside ``buf``."""
+    inside = size > 0 and offset + size <= buf.length
+    if dev.strict:
+        if size <= 0 or offset % 4 or size % 4:
+            raise violation(Rule.API_VALIDATION, call, f"{what}: offset {offset} and size {size} must be multiples "
+                                                       "of 4 on macOS, the size above 0")
+        if not inside:
+            raise violation(Rule.API_VALIDATION, call, f"{what}: bytes [{offset}, {offset + size}) run past the end "
+                                                       f"of {buf.describe()} ({buf.length} bytes)")
+    return inside
+
+
+@METHODS.method(BlitEncoder, "copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:", Buffer, Buffer)
+def _blit_copy(dev: SimDevice, enc: BlitEncoder, src: Buffer, src_offset: int, dst: Buffer, dst_offset: int,
+               size: int) -> None:
+    call = Call("copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:", enc, src, src_offset, dst,
+                dst_offset, size)
+    if not _open(dev, enc, call):
+        return
+    if _blit_range(dev, call, src, src_offset, size, "source") & _blit_range(dev, call, dst, dst_offset, size,
+                                                                             "destination"):
+        enc.blits.append(BlitCopy(src, src_offset, dst, dst_offset, size))
+        _hold(dev, enc, src)
+        _hold(dev, enc, dst)
+
+
+@METHODS.method(BlitEncoder, "fillBuffer:range:value:", Buffer)
+def _blit_fill(dev: SimDevice, enc: BlitEncoder, buf: Buffer, offset: int, length: int, value: int) -> None:
+    call = Call("fillBuffer:range:value:", enc, buf, (offset, length), value)
+    if _open(dev, enc, call) and _blit_range(dev, call, buf, offset, length, "range"):
+        enc.blits.append(BlitFill(buf, offset, length, value & 0xFF))
+        _hold(dev, enc, buf)
+
+
+def _not_a_blit_selector(selector: str) -> None:
+    def refuse(dev: SimDevice, enc: BlitEncoder, *args: object) -> None:
+        raise BridgeError(f"-[MTLBlitCommandEncoder {selector}]: unrecognized selector sent to instance "
+                          f"{enc.handle:#x}")
+    METHODS.add(BlitEncoder, selector, refuse)
+
+
+for _selector in ("useResources:count:usage:", "setComputePipelineState:", "setBuffer:offset:atIndex:",
+                  "setBytes:length:atIndex:", "dispatchThreadgroups:threadsPerThreadgroup:",
+                  "executeCommandsInBuffer:withRange:"):
+    _not_a_blit_selector(_selector)
 
 
 @METHODS.method(Encoder, "endEncoding")

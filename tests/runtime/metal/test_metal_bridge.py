@@ -361,7 +361,8 @@ def test_every_selector_has_an_exact_signature(target: str) -> None:
             elif isinstance(dt, PtrDType) or dt in (dtypes.id, dtypes.SEL):
                 assert ct is ctypes.c_void_p, (selector, i)
             else:
-                assert ct is {dtypes.uint64: ctypes.c_uint64, dtypes.int64: ctypes.c_int64}[dt], (selector, i)
+                assert ct is {dtypes.uint64: ctypes.c_uint64, dtypes.int64: ctypes.c_int64,
+                              dtypes.uint8: ctypes.c_uint8}[dt], (selector, i)
         want_ret = {dtypes.void: None, dtypes.bool: ctypes.c_uint8, dtypes.float64: ctypes.c_double,
                     dtypes.uint64: ctypes.c_uint64, dtypes.int64: ctypes.c_int64}.get(sig.ret, ctypes.c_void_p)
         assert cs.restype is want_ret, selector
