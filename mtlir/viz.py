@@ -128,7 +128,9 @@ def to_dot(graph: UOp | Program, name: str = "mtlir", highlight: Iterable[UOp] =
     op group; the box of an ICB placeholder lists its commands (pipeline, grid, threadgroup, barrier, bindings,
     what a submit patches); an edge from each source to its user, labelled with the argument position when the
     user has several sources. Nodes in ``highlight`` get a thick red border. Above ``max_nodes`` nodes only the
-    ``max_nodes`` nearest the root (by toposort position) are drawn, and one box stands for the rest.
+    ``max_nodes`` nearest the root (by toposort position) are drawn, and one box stands for the rest. A graph of
+    several queues draws one lane (a cluster) per queue and a dashed edge from each signal of an event to each wait
+    for it on another queue (``_lanes``, ``_event_edges``).
 
     A ``Program``: its instructions as a chain of boxes (a loop's end points back to its start), the table of
     each ICB it builds, and ``setup`` (lines of the messages link sends once, e.g. ``mtlir lower --setup``'s
@@ -152,11 +154,16 @@ def to_dot(graph: UOp | Program, name: str = "mtlir", highlight: Iterable[UOp] =
                            edge_attr={"fontsize": "8", "arrowsize": "0.6"})
     if hidden:
         dot.node("more", f"<… {hidden} more nodes>", shape="note", fillcolor="#ffffff")
+    lanes = _lanes(order)
+    clusters = {name: graphviz.Digraph(name=f"cluster_lane{i}", graph_attr={
+        "label": f"<{_html(_lane_title(name))}>", "style": "rounded,dashed", "color": "#7f7f7f"})
+        for i, name in enumerate(dict.fromkeys(lanes.values()))}
     for u in order[hidden:]:
         attrs = {"fillcolor": OP_COLORS.get(u.op, _OTHER_COLOR)}
         if u in marked:
             attrs.update(color="#d00000", penwidth="3")
-        dot.node(ids[u], _label(u, width), **attrs)
+        lane = lanes.get(u)
+        (clusters[lane] if lane is not None else dot).node(ids[u], _label(u, width), **attrs)
         hidden_srcs = False
         for i, s in enumerate(u.src):
             if hidden and int(ids[s][1:]) < hidden:
@@ -165,7 +172,59 @@ def to_dot(graph: UOp | Program, name: str = "mtlir", highlight: Iterable[UOp] =
             dot.edge(ids[s], ids[u], label=str(i) if len(u.src) > 1 else None)
         if hidden_srcs:
             dot.edge("more", ids[u], style="dashed")
+    for cluster in clusters.values():
+        dot.subgraph(cluster)
+    shown = set(order[hidden:])
+    for signal, wait, event in _event_edges(order, lanes):
+        if signal in shown and wait in shown:
+            dot.edge(ids[signal], ids[wait], label=f"<{_html(event)}>", style="dashed", color="#1f5fbf",
+                     fontcolor="#1f5fbf", constraint="false")
     return dot
+
+
+def _lane_title(name: str) -> str:
+    """``queue`` -> ``the default queue``; ``queue:copy`` -> ``queue copy``."""
+    return "the default queue" if name == "queue" else f"queue {name.split(':', 1)[1]}"
+
+
+def _lanes(order: Sequence[UOp]) -> dict[UOp, str]:
+    """The queue each node of a graph of several queues belongs to (``queue`` or ``queue:<name>``), for one lane
+    per queue: a SUBMIT and its queue ops (by the SUBMIT's tag), a queue placeholder, and the messages, calls and
+    AFTERs whose receiver chain (``src[0]``) leads to one. Empty when the graph has fewer than two queues, so a
+    single queue is drawn as before."""
+    lane: dict[UOp, str] = {}
+    for u in order:  # sources before users
+        if u.op is Ops.SUBMIT:
+            name = "queue" if u.tag is None else f"queue:{u.tag}"
+            lane[u] = name
+            for s in u.src:
+                lane.setdefault(s, name)
+        elif u.op is Ops.OBJECT and isinstance(u.arg, Obj) and u.arg.kind == "queue":
+            lane[u] = u.arg.name
+        elif u.op in (Ops.MSG, Ops.MSGS, Ops.CALL, Ops.CALLS, Ops.AFTER) and u.src and u.src[0] in lane:
+            lane[u] = lane[u.src[0]]
+    return lane if len(set(lane.values())) > 1 else {}
+
+
+def _event_edges(order: Sequence[UOp], lanes: dict[UOp, str]) -> list[tuple[UOp, UOp, str]]:
+    """``(signal node, wait node, event name)`` for each event signaled in one lane and waited for in another: a
+    SIGNAL and a WAIT of the queue graph, or the MSGS/CALLS holding ``encodeSignalEvent:value:`` and
+    ``encodeWaitForEvent:value:`` after encode."""
+    signals: dict[UOp, list[UOp]] = {}
+    waits: dict[UOp, list[UOp]] = {}
+    for u in order:
+        if u not in lanes:
+            continue
+        if u.op in (Ops.SIGNAL, Ops.WAIT) and u.src:
+            (signals if u.op is Ops.SIGNAL else waits).setdefault(u.src[0], []).append(u)
+        elif isinstance(u.arg, (MessageList, CallList)):
+            for entry in u.arg:
+                selector, refs = (entry[0], entry[1]) if isinstance(u.arg, MessageList) else (entry[1], entry[3][2:])
+                if selector in ("encodeSignalEvent:value:", "encodeWaitForEvent:value:") and refs:
+                    table = signals if selector.startswith("encodeSignal") else waits
+                    table.setdefault(u.src[refs[0]], []).append(u)
+    return [(s, w, ev.arg.name if isinstance(ev.arg, Obj) else str(ev.arg)) for ev, ss in signals.items()
+            for s in ss for w in waits.get(ev, []) if lanes[s] != lanes[w]]
 
 
 def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], color: str) -> str:

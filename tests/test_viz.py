@@ -180,3 +180,29 @@ def test_to_svg_is_an_inline_svg_element() -> None:
     from mtlir.viz import to_svg
     text = to_svg(to_dot(UOp.variable("x", 0, 1)))
     assert text.startswith("<svg") and text.rstrip().endswith("</svg>") and "<?xml" not in text
+
+
+def test_several_queues_get_one_lane_each_with_their_event_edges() -> None:
+    """Issue 17: a graph of several queues draws each queue's ops, and after encode its messages, in a cluster of
+    its own; a dashed edge goes from each signal of an event to each wait for it on another queue. One queue is
+    drawn without lanes."""
+    from lowering_cases import SCALE
+
+    from mtlir.frontend.queue import Queue, buffer, queues, timeline_value
+    from mtlir.metal import DeviceSpec
+    from mtlir.passes import lower
+    x, y = buffer("x", 64), buffer("y", 64)
+    v = timeline_value()
+    copy, compute = Queue(DeviceSpec("Apple9"), name="copy"), Queue(DeviceSpec("Apple9"))
+    copy.copy(x, y).signal(copy.timeline, v)
+    compute.wait(copy.timeline, v).exec(SCALE, [y, x]).signal(compute.timeline, v)
+    lowered = lower(queues(copy, compute))
+    for name, stage in lowered.stages[:3]:
+        source = to_dot(stage, name=name).source
+        assert source.count("subgraph cluster_lane") == 2, name
+        assert "queue copy" in source and "the default queue" in source
+        edges = [line for line in source.splitlines() if 'style=dashed' in line and "event:copy" in line]
+        assert len(edges) == 1, (name, edges)
+    single = Queue(DeviceSpec("Apple9"))
+    single.exec(SCALE, [x, y]).signal(single.timeline, v)
+    assert "cluster_lane" not in to_dot(lower(single.submit()).stages[1][1]).source
