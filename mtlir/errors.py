@@ -7,7 +7,8 @@ line's exit codes come from the roots (``mtlir.cli.report.exit_code``):
   trace (``TraceError``), a queue (``QueueError``), a kernel whose parameters disagree with its MSL
   (``KernelSignatureError``), IR text (``ParseError``), a pass pipeline (``PipelineError``),
   a graph a pass refuses (``LoweringError``: ``VerifyError``, ``EncodeError``, ``AbiError``, ``LinearizeError``),
-  MSL that does not compile (``KernelCompileError``), Graphviz's ``dot`` (``GraphvizNotFoundError``), an argument of
+  MSL that does not compile (``KernelCompileError``; ``InvalidMslError`` where OpenCL's compiler says why at a place
+  of the MSL), Graphviz's ``dot`` (``GraphvizNotFoundError``), an argument of
   the Python API out of its range (``ArgumentError``: a variable's value, a timeline value no submit signals), a
   call the object's state refuses (``StateError``: a closed Session).
 - ``LinkError`` (exit 2): link could not make a device object (Metal answered nil, a function is missing, the
@@ -35,7 +36,7 @@ from typing import Self
 
 __all__ = ["MtlirError", "InputError", "ArgumentError", "StateError", "LoweringError", "LinkError", "BridgeError",
            "NoDeviceError", "DeviceError", "WaitTimeoutError", "GPUExecutionError", "MetalValidationError", "KernelAccessError", "UnsupportedError",
-           "UnsupportedKernelError", "KernelCompileError", "KernelBuildError"]
+           "UnsupportedKernelError", "KernelCompileError", "InvalidMslError", "KernelBuildError"]
 
 class MtlirError(Exception):
     """The base of every error mtlir raises on purpose. ``where`` is the place ``locate`` put in front of the
@@ -157,6 +158,26 @@ class UnsupportedKernelError(UnsupportedError, RuntimeError):
     def __init__(self, message: str, construct: str = "") -> None:
         super().__init__(message)
         self.construct = construct
+
+
+class InvalidMslError(KernelCompileError):
+    """OpenCL's compiler rejected the translation of MSL ``kernels`` at places that all come from the MSL itself (a
+    missing ``;``, an undeclared identifier): the MSL is invalid, the user's to fix (the CLI exits with 2).
+    ``errors`` are ``(MSL line, MSL column, text)``; ``summary`` the first of them in one line; ``quote`` that MSL
+    line with a caret under the column, as clang shows it; ``log`` and ``source`` OpenCL's build log and the
+    translation. ``mtlir.runtime.sim.kernels.buildlog.build_error`` makes one."""
+
+    def __init__(self, message: str, *, kernels: tuple[str, ...], log: str, source: str,
+                 errors: list[tuple[int | None, int | None, str]], summary: str, quote: str) -> None:
+        super().__init__(message)
+        self.kernels, self.log, self.source = tuple(kernels), log, source
+        self.errors, self.summary, self.quote = errors, summary, quote
+
+    def locate(self, where: str) -> Self:
+        """``MtlirError.locate``, for the one-line ``summary`` too."""
+        if not self.where:
+            self.summary = f"{where}: {self.summary}"
+        return super().locate(where)
 
 
 class KernelBuildError(KernelCompileError, UnsupportedError):

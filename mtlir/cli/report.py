@@ -14,6 +14,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Iterator
@@ -55,11 +56,24 @@ def exit_code(e: BaseException) -> int | None:
     return next((code for root, code in EXIT_CODES if isinstance(e, root)), None)
 
 
+# a quoted source line and the caret under it, as clang (and InvalidMslError, through Metal's NSError) show them
+_QUOTE = re.compile(r"^ *\d+ \| .*\n *\| *\^", re.M)
+
+
 def _one_line(e: BaseException) -> str:
-    """The error as one line: its ``summary`` when it has one (a ``KernelBuildError``), else its message with
-    the whitespace collapsed, else its type's name."""
+    """The error as one line: its ``summary`` when it has one (a ``KernelBuildError``), else its message without
+    its quoted source lines (``_quote``) and with the whitespace collapsed, else its type's name."""
     summary = getattr(e, "summary", None)
-    return summary if isinstance(summary, str) and summary else " ".join(str(e).split()) or type(e).__name__
+    if isinstance(summary, str) and summary:
+        return summary
+    return " ".join(_QUOTE.sub("", str(e)).split()) or type(e).__name__
+
+
+def _quote(message: str) -> str:
+    """The first quoted source line with its caret in ``message`` (``  7 | int x = 1`` over ``    |     ^``),
+    printed under the one-line error; "" when there is none."""
+    m = _QUOTE.search(message)
+    return m.group(0) if m else ""
 
 
 @contextlib.contextmanager
@@ -144,6 +158,9 @@ def _report(e: Exception, debug: bool, json_mode: bool, out: TextIO, log: TextIO
     text = _one_line(e)
     print(f"mtlir: internal error: {type(e).__name__}: {text}" if expected is None else f"mtlir: error: {text}",
           file=log)
+    quote = _quote(str(e))  # the user's source line with a caret under the place, as clang shows it
+    if quote:
+        print(quote, file=log)
     failed = EXIT_INTERNAL if expected is None else expected
     if json_mode:  # the one JSON object stdout promises, saying what went wrong
         json.dump({"error": text, "error_type": type(e).__name__, "exit_code": failed}, out)

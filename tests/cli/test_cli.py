@@ -358,17 +358,31 @@ def test_viz_without_graphviz_is_bad_input(tmp_path: Path, monkeypatch: pytest.M
     assert code == 2 and log.count("\n") == 1 and "Graphviz's 'dot' program is not installed" in log
 
 
-def test_kernel_opencl_cannot_build_exits_4(tmp_path: Path) -> None:
+def test_invalid_msl_exits_2_pointing_at_the_msl(tmp_path: Path) -> None:
+    """An undeclared identifier in the user's MSL: exit 2 (the user's bug; it was exit 4, 'a kernel the simulator
+    cannot run yet') with the MSL line and column (not 'line 90, column 118 of the translation'), the MSL line
+    quoted under the one-line error with a caret, as clang does (issue 9)."""
     def break_kernel(d: dict[str, Any]) -> None:
         prog = next(iter(d["programs"].values()))
         prog["msl"] = prog["msl"].replace("{", "{ float undefined_here = not_declared_anywhere;", 1)
     code, out, log = mtlir("run", _bad_trace(tmp_path, break_kernel), "--device", "sim", "--json")
-    assert code == 4 and log.count("\n") == 1, log
-    assert log.startswith("mtlir: error: program 'r_8_128_16_4', kernel function 'r_8_128_16_4': the simulated "
-                          "device could not build the OpenCL translation")  # where: the trace's program
-    assert "of the translation: use of undeclared identifier 'not_declared_anywhere'" in log
-    assert "the MSL may be invalid or use something the translator does not handle" in log
-    assert one_json(out)["error_type"] == "KernelBuildError"
+    lines = log.splitlines()
+    assert code == 2 and len(lines) == 3, log
+    assert lines[0].startswith("mtlir: error: library of pipeline:r_8_128_16_4: newLibraryWithSource:options:error: "
+                               "returned nil: Compilation failed: invalid MSL in kernel(s) r_8_128_16_4: ")
+    msl_line = next(i for i, text in enumerate(_bad_trace_msl(tmp_path).splitlines(), 1) if "not_declared" in text)
+    col = _bad_trace_msl(tmp_path).splitlines()[msl_line - 1].index("not_declared_anywhere") + 1
+    assert f"MSL line {msl_line}, column {col}: use of undeclared identifier 'not_declared_anywhere'" in lines[0]
+    assert "of the translation" not in log
+    assert lines[1].startswith(f"{msl_line:5d} | ") and "not_declared_anywhere" in lines[1]
+    assert lines[2] == "      | " + " " * (col - 1) + "^"
+    assert one_json(out)["error_type"] == "LinkError" and one_json(out)["exit_code"] == 2
+
+
+def _bad_trace_msl(tmp_path: Path) -> str:
+    """The MSL of the first kernel of the trace ``_bad_trace`` wrote last."""
+    doc = json.loads((tmp_path / "bad.json").read_text())
+    return str(next(iter(doc["programs"].values()))["msl"])
 
 
 # ---- run: device flags, the probe of --device metal, diagnostics, NaN, stdout purity

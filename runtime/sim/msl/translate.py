@@ -125,10 +125,30 @@ class KernelInfo:
 
 @dataclass(frozen=True)
 class Translation:
-    """The OpenCL C ``source`` of a whole MSL library and its kernels by function name."""
+    """The OpenCL C ``source`` of a whole MSL library and its kernels by function name. ``origins``: the line map,
+    one ``(offset in source, length, MSL line, MSL column)`` per token that comes from the MSL, in source order
+    (``msl_position`` reads it)."""
 
     source: str
     kernels: dict[str, KernelInfo] = field(default_factory=dict)
+    origins: tuple[tuple[int, int, int, int], ...] = ()
+
+    def msl_position(self, line: int, col: int) -> tuple[int, int] | None:
+        """The MSL (line, column) of 1-based ``line``/``col`` of ``source`` (a compiler diagnostic's place): within
+        a token from the MSL, that place in it; after one on the same line of ``source``, just past its end (where
+        clang puts an ``expected ';'``). None in generated code (the prelude, helpers, a line of made tokens)."""
+        import bisect
+        lines = self.source.split("\n")
+        if not 1 <= line <= len(lines) or col < 1:
+            return None
+        pos = sum(len(text) + 1 for text in lines[:line - 1]) + col - 1
+        i = bisect.bisect_right(self.origins, (pos, 1 << 62)) - 1
+        if i < 0:
+            return None
+        off, n, msl_line, msl_col = self.origins[i]
+        if "\n" in self.source[off:pos]:
+            return None
+        return msl_line, msl_col + min(pos - off, n)
 
 
 def translate(msl: str, *, bounds_checks: bool = True) -> Translation:
@@ -171,9 +191,22 @@ def translate(msl: str, *, bounds_checks: bool = True) -> Translation:
             ctx.scope, ctx.depth = ("function" if kind == "function" else "program"), 0
             out += rewrite(ts, ctx, start, end)
     out.append(ts[-1])
-    body = render(out).lstrip("\n")
+    raw = render(out)
+    body = raw.lstrip("\n")
     head = "// OpenCL C translated from MSL by mtlir.runtime.sim.msl.translate\n" + prelude.render()
-    return Translation(head + body, kernels)
+    return Translation(head + body, kernels, _origins(out, len(head) - (len(raw) - len(body))))
+
+
+def _origins(tokens: list[Token], base: int) -> tuple[tuple[int, int, int, int], ...]:
+    """The line map of ``Translation.origins``: where each token from the MSL (``line`` > 0) lands once ``render``
+    has joined ``tokens`` at offset ``base`` of the source."""
+    out, offset = [], base
+    for t in tokens:
+        offset += len(t.space)
+        if t.line:
+            out.append((offset, len(t.text), t.line, t.col))
+        offset += len(t.text)
+    return tuple(out)
 
 
 def kernel_functions(msl: str) -> tuple[str, ...]:

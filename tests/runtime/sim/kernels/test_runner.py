@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtlir.errors import KernelAccessError, KernelBuildError, KernelCompileError, UnsupportedKernelError
+from mtlir.errors import (InvalidMslError, KernelAccessError, KernelBuildError, KernelCompileError,
+                          UnsupportedKernelError)
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 
 HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
@@ -184,21 +185,22 @@ def test_compile_errors(runner: KernelRunner, capfd: pytest.CaptureFixture[str])
         runner.compile(SCALE, "nope")
     bad = HEAD + "kernel void k(device float* x) { x[0] = undefined_name + 1.0f +; }"
     capfd.readouterr()
-    with pytest.raises(KernelBuildError) as e:
+    with pytest.raises(InvalidMslError) as e:  # every error is at a place of the MSL: invalid MSL (issue 9)
         runner.compile(bad, "k")
     assert "error generated" not in capfd.readouterr().err  # PoCL's compiler prints it on fd 2 itself
     err = e.value
-    assert isinstance(err, KernelCompileError) and err.kernels == ("k",) and "undefined_name" in err.log
-    assert "\n" not in err.summary and "may be invalid or use something the translator does not handle" in \
-        err.summary and "could not build the OpenCL translation of kernel(s) k" in err.summary
-    assert [text for _, _, text in err.errors] == ["expected expression",
-                                                   "use of undeclared identifier 'undefined_name'"]
-    lines = str(err).splitlines()  # a short first line, the first errors with their line of the translation
-    assert lines[0] == err.summary and "(and 1 more error)" in lines[0] and "tempfile" not in str(err)
-    line, col, _ = err.errors[0]
-    assert lines[1] == f"  line {line}, column {col} of the translation: expected expression"
-    assert lines[2].strip().startswith(f"{line} | ") and "undefined_name" in lines[2]
-    assert lines[-1] == "  (the whole build log is in .log, the translated source in .source)" and len(lines) == 6
+    assert isinstance(err, KernelCompileError) and not isinstance(err, KernelBuildError)
+    assert err.kernels == ("k",) and "undefined_name" in err.log
+    line = HEAD.count("\n") + 1
+    assert err.errors == [(line, 64, "expected expression"),  # MSL lines and columns, not the translation's
+                          (line, 41, "use of undeclared identifier 'undefined_name'")]
+    assert err.summary == (f"invalid MSL in kernel(s) k: MSL line {line}, column 64: expected expression (and 1 "
+                           "more error)")
+    lines = str(err).splitlines()  # the summary, the MSL line quoted with a caret, the next error quoted
+    assert lines[0] == err.summary and "of the translation" not in str(err)
+    assert lines[1:3] == [f"{line:5d} | kernel void k(device float* x) {{ x[0] = undefined_name + 1.0f +; }}",
+                          "      | " + " " * 63 + "^"] and err.quote == "\n".join(lines[1:3])
+    assert lines[3] == f"  MSL line {line}, column 41: use of undeclared identifier 'undefined_name'"
     with pytest.raises(UnsupportedKernelError, match="simd_shuffle_and_fill_down"):
         runner.compile(HEAD + "kernel void k(device float* x) { x[0] = simd_shuffle_and_fill_down(x[0], 0.0f, 1u); }",
                        "k")
