@@ -58,8 +58,9 @@ class KernelRunner:
     ``cl``: the OpenCL API the runner calls: the pyopencl module (``None``: imported here) or a stand-in with the
     same names. Raises ``NoDeviceError`` saying what to install when pyopencl or an OpenCL device is missing, or
     naming the devices present when none matches ``device``. ``in_host_memory``: whether kernels work in the host
-    arrays themselves (``USE_HOST_PTR`` buffers, nothing copied); ``None`` (default): where the device does, as
-    PoCL's CPU device (a map of such a buffer returns the host pointer, checked once here); ``False``: copies in
+    arrays themselves (``USE_HOST_PTR`` buffers, nothing copied); ``None`` (default): where the device does, a CPU
+    device such as PoCL's whose map of such a buffer returns the host pointer (checked once here: a GPU's map may
+    return the host pointer and still work in its own memory, as NVIDIA's does); ``False``: copies in
     and out as on a discrete GPU, whatever the device (``True`` where it does not is refused: ``ValueError``).
     Thread-safe: one lock serialises compiles and runs."""
 
@@ -93,7 +94,9 @@ class KernelRunner:
                                     hostbuf=self._fault_host)
         mapped, _ = cl.enqueue_map_buffer(self.queue, self._fault_buf, cl.map_flags.READ, 0, (FAULT_WORDS * 4,),
                                           np.uint8, is_blocking=True)
-        works_in_place = _address(mapped) == _address(self._fault_host)
+        # A CPU device whose map returns the host pointer works in host memory; a GPU's map may return it too
+        # (NVIDIA's does: the driver copies its own copy into the host memory at the map), so the kind decides.
+        works_in_place = device_kind(cl, device) == "CPU" and _address(mapped) == _address(self._fault_host)
         mapped.base.release(self.queue)
         self.queue.finish()
         if in_host_memory and not works_in_place:
@@ -175,8 +178,7 @@ class KernelRunner:
                     failed = str(e)
             if failed is not None:
                 log = failed + ("\n" + captured.text if captured.text.strip() else "")
-                raise build_error(tuple(translation.kernels), log, translation.source, msl=msl,
-                                  position=translation.msl_position)
+                raise build_error(tuple(translation.kernels), log, translation.source)
             _pass_on(captured.text)
             got = self._programs[msl] = (translation, program)
         return got
