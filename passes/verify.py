@@ -25,8 +25,8 @@ __all__ = ["VerifyError", "verify_graph", "verify_program", "verify_queue", "nod
            "SPEC", "QUEUE_SPEC", "Checks", "checked_once",
            "STAGE_CHECKS", "QUEUE_OPS"]
 
-QUEUE_OPS = frozenset({Ops.SUBMIT, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP, Ops.KERNEL, Ops.BUFFER,
-                       Ops.BUFFER_VIEW})
+QUEUE_OPS = frozenset({Ops.SUBMIT, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP, Ops.COPY, Ops.FILL, Ops.KERNEL,
+                       Ops.BUFFER, Ops.BUFFER_VIEW})
 
 
 class VerifyError(LoweringError):
@@ -277,8 +277,24 @@ SPEC = Checks([
 def _check_submit(s: UOp) -> str | None:
     if not isinstance(s.arg, DeviceSpec):
         return f"a SUBMIT's arg is the DeviceSpec, not {type(s.arg).__name__}"
-    bad = next((u for u in s.src if u.op not in (Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP)), None)
+    if s.tag is not None and not (isinstance(s.tag, str) and s.tag.isidentifier()):
+        return f"a SUBMIT's tag is its queue's name (an identifier) or None, not {s.tag!r}"
+    bad = next((u for u in s.src if u.op not in GroupOp.Queue), None)
     return None if bad is None else f"a SUBMIT's sources are queue ops, not {bad.op.name}"
+
+
+def _check_blit(b: UOp) -> str | None:
+    n = 5 if b.op is Ops.COPY else 3
+    where = (0, 2) if n == 5 else (0,)  # the buffers; the other sources are byte counts
+    buffers = [u for i, u in enumerate(b.src) if i in where]
+    counts = [u for i, u in enumerate(b.src) if i not in where]
+    if len(b.src) != n or any(not (u.op is Ops.BUFFER or (u.op is Ops.DEFINE_VAR and u.dtype is dtypes.id))
+                              for u in buffers) or any(not u.dtype.is_int for u in counts):
+        layout = "(src, src_offset, dst, dst_offset, size)" if n == 5 else "(buffer, offset, size)"
+        return f"a {b.op.name}'s sources are {layout}: buffers (BUFFER or buffer variable) and integer byte counts"
+    if b.op is Ops.FILL and not (type(b.arg) is int and 0 <= b.arg <= 255):
+        return "a FILL's arg is the byte value (0..255)"
+    return None
 
 
 def _check_exec(e: UOp) -> str | None:
@@ -324,6 +340,7 @@ QUEUE_SPEC = Checks([
     (UPat(Ops.EXEC, name="e"), _check_exec),
     (UPat((Ops.WAIT, Ops.SIGNAL), name="e"), _check_event_op),
     (UPat(Ops.TIMESTAMP, name="t"), _check_timestamp),
+    (UPat((Ops.COPY, Ops.FILL), name="b"), _check_blit),
     (UPat(Ops.BUFFER, name="b"), _check_buffer),
     (UPat(Ops.BUFFER_VIEW, name="v"), _check_view),
 ])

@@ -3,6 +3,8 @@ waits as encodeWaitForEvent:value: before the encoder, signals of any event, one
 and the lowering's refusals of what can never complete."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from lowering_cases import SCALE, message_lines
 
@@ -127,3 +129,27 @@ def test_blit_ranges_are_checked() -> None:
         Queue(DEV).fill(x, 256)
     with pytest.raises(EncodeError, match="TIMESTAMPs .* without blits"):
         lower(Queue(DEV).fill(x, 1).timestamp(0).submit())
+
+
+def test_verify_queue_checks_blits_and_queue_names() -> None:
+    from mtlir.ir.dtypes import dtypes
+    from mtlir.ir.ops import Ops
+    from mtlir.ir.uop import UOp
+    from mtlir.passes.verify import VerifyError
+    x, y = buffer("x", 64), buffer("y", 64)
+    q = Queue(DEV, name="copy")
+    q.copy(x, y).fill(y, 3, 16)
+    good = q.submit()
+    verify_queue(good)
+    copy_op, fill_op = good.src
+    cases = [
+        (good.replace(tag="a b"), "a SUBMIT's tag is its queue's name"),
+        (good.replace(src=(copy_op.replace(src=copy_op.src[:4]),)), "a COPY's sources are (src, src_offset, dst"),
+        (good.replace(src=(fill_op.replace(arg=300),)), "a FILL's arg is the byte value"),
+        (good.replace(src=(fill_op.replace(src=(UOp.const(dtypes.uint64, 1), *fill_op.src[1:])),)),
+         "a FILL's sources are (buffer, offset, size)"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(VerifyError, match=re.escape(message)):
+            verify_queue(bad)
+    verify_queue(UOp(Ops.SINK, dtypes.void, (good,), DEV))  # a SINK of SUBMITs: several queues

@@ -11,7 +11,9 @@ deadlocks:
 - queue capacity (rule 7): the host is blocked in ``commandBuffer`` on a queue with maxCommandBufferCount command
   buffers not completed, and none of them can complete without work the host would encode after that call.
 
-A wait that no command buffer signals is not a deadlock: the host may still ``setSignaledValue:``.
+A wait that no command buffer signals is not a deadlock: the host may still ``setSignaledValue:``; but a host
+blocked in ``commandBuffer`` signals nothing, so the capacity check assumes no other host thread will (the
+simulator cannot see one coming; such a program gets the diagnosis in strict mode, and a wait in faithful mode).
 Strict mode raises the description at ``commit`` or ``commandBuffer``; faithful mode hangs as Metal does, and the
 GPU watchdog ends the stuck command buffers with the same description (docs/simulator.md).
 """
