@@ -26,7 +26,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mtlir.errors import (ArgumentError, BridgeError, DeviceError, GPUExecutionError, InputError,
+    from mtlir.errors import (ArgumentError, BridgeError, DeviceError, GPUExecutionError, InputError, InvalidMslError,
                               KernelAccessError, KernelBuildError, KernelCompileError, LinkError, LoweringError,
                               MetalValidationError, MtlirError, NoDeviceError, StateError, UnsupportedError,
                               UnsupportedKernelError, WaitTimeoutError)
@@ -53,7 +53,7 @@ __all__ = ["UOp", "Ops", "GroupOp", "dtypes", "DType", "PtrDType", "StructDType"
            "default_pipeline", "link", "Session", "SimDevice", "MtlirError", "InputError", "ArgumentError",
            "StateError", "LoweringError", "LinkError", "BridgeError", "NoDeviceError", "DeviceError",
            "GPUExecutionError", "MetalValidationError", "KernelAccessError", "WaitTimeoutError", "UnsupportedError",
-           "UnsupportedKernelError", "KernelCompileError", "KernelBuildError"]
+           "UnsupportedKernelError", "KernelCompileError", "InvalidMslError", "KernelBuildError"]
 
 # the module each public name lives in (the imports above, for the type checker, say the same)
 _MODULES: dict[str, tuple[str, ...]] = {
@@ -75,7 +75,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "mtlir.errors": ("MtlirError", "InputError", "ArgumentError", "StateError", "LoweringError", "LinkError",
                      "BridgeError", "NoDeviceError", "DeviceError", "GPUExecutionError", "MetalValidationError",
                      "KernelAccessError", "WaitTimeoutError", "UnsupportedError", "UnsupportedKernelError",
-                     "KernelCompileError", "KernelBuildError"),
+                     "KernelCompileError", "InvalidMslError", "KernelBuildError"),
 }
 _WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
