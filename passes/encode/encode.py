@@ -208,8 +208,12 @@ class _Builder:
         """The lowered graph: the patches, then every command buffer's messages, under a SINK of the device."""
         e = self.e
         profiled = bool(e.stamps_at)
-        spans = e.command_buffers(profiled, loops=profiled and self.ph.icb_path)
-        owner = [q.name for q in e.queues for _ in e.queue_command_buffers(q)] if not profiled else [None] * len(spans)
+        if profiled:  # one queue (encode_queues refuses TIMESTAMPs with several)
+            spans = e.command_buffers(True, loops=self.ph.icb_path)
+            owner = [e.queues[0].name] * len(spans)
+        else:
+            queued = [(span, q.name) for q in e.queues for span in e.queue_command_buffers(q)]
+            spans, owner = [span for span, _ in queued], [name for _, name in queued]
         stamps = e.stamps(spans) if profiled else ()
         ncbs = sum(p.ncmds if p.loop else 1 for p in spans)
         self.cbslots = placeholder("cbslots", "cbslots", (ncbs, stamps), dtypes.id.ptr())

@@ -153,3 +153,12 @@ def test_verify_queue_checks_blits_and_queue_names() -> None:
         with pytest.raises(VerifyError, match=re.escape(message)):
             verify_queue(bad)
     verify_queue(UOp(Ops.SINK, dtypes.void, (good,), DEV))  # a SINK of SUBMITs: several queues
+
+
+def test_a_named_queue_with_timestamps_uses_its_own_queue_and_fence() -> None:
+    x = buffer("x", 64)
+    q = Queue(DEV, name="solo")
+    q.timestamp(0).exec(SCALE, [x, x]).exec(SCALE, [x, x]).timestamp(1).signal(q.timeline, 1)
+    lines = message_lines(lower(q.submit()).program)
+    assert {line.split()[0] for line in lines if line.endswith(" commandBuffer")} == {"queue:solo"}
+    assert {line.split()[2] for line in lines if "waitForFence:" in line} == {"fence:solo"}
