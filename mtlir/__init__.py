@@ -10,7 +10,8 @@ imports none of them, nor graphviz, networkx, numpy, pyopencl, the passes or the
   and ICB commands spelled out, the Program included; ``mtlir.program.tables``), ``to_dot``/``to_networkx``/
   ``write_picture`` (pictures of any stage; ``mtlir.viz``);
 - Metal's facts: ``DeviceSpec``, ``Kernel``, ``KernelParam`` (``mtlir.metal``);
-- the front end: ``Queue`` (a queue by hand), ``load_trace`` (a recorded queue); the lowering: ``lower``,
+- the front end: ``Queue`` (a queue by hand), ``queues`` and ``shared_event`` (several queues, their events),
+  ``load_trace`` (a recorded queue); the lowering: ``lower``,
   ``default_pipeline`` (``mtlir.passes``);
 - running: ``link``, ``Session`` (``mtlir.runtime``), ``SimDevice`` (the simulated Metal device);
 - the errors: ``MtlirError`` and its family (``mtlir.errors``), with the IR core's ``ParseError``, ``RuleError``,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
                               KernelAccessError, KernelBuildError, KernelCompileError, LinkError, LoweringError,
                               MetalValidationError, MtlirError, NoDeviceError, StateError, UnsupportedError,
                               UnsupportedKernelError, WaitTimeoutError)
-    from mtlir.frontend.queue import Queue
+    from mtlir.frontend.queue import Queue, queues, shared_event
     from mtlir.frontend.trace import load_trace
     from mtlir.ir.dtypes import DType, PtrDType, StructDType, dtypes
     from mtlir.ir.ops import GroupOp, Ops
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
 __all__ = ["UOp", "Ops", "GroupOp", "dtypes", "DType", "PtrDType", "StructDType", "UPat", "PatternMatcher",
            "PatternRule", "RuleError", "graph_rewrite", "RewriteLoopError", "RewriteTrace", "RewriteStep", "render",
            "parse", "ParseError", "listing", "register_arg_type", "describe", "to_dot", "to_networkx", "write_picture",
-           "GraphvizNotFoundError", "DeviceSpec", "Kernel", "KernelParam", "Queue", "load_trace", "lower",
+           "GraphvizNotFoundError", "DeviceSpec", "Kernel", "KernelParam", "Queue", "queues", "shared_event",
+           "load_trace", "lower",
            "default_pipeline", "link", "Session", "SimDevice", "MtlirError", "InputError", "ArgumentError",
            "StateError", "LoweringError", "LinkError", "BridgeError", "NoDeviceError", "DeviceError",
            "GPUExecutionError", "MetalValidationError", "KernelAccessError", "WaitTimeoutError", "UnsupportedError",
@@ -66,7 +68,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "mtlir.program.tables": ("describe",),
     "mtlir.viz": ("to_dot", "to_networkx", "write_picture", "GraphvizNotFoundError"),
     "mtlir.metal": ("DeviceSpec", "Kernel", "KernelParam"),
-    "mtlir.frontend.queue": ("Queue",),
+    "mtlir.frontend.queue": ("Queue", "queues", "shared_event"),
     "mtlir.frontend.trace": ("load_trace",),
     "mtlir.passes": ("lower", "default_pipeline"),
     "mtlir.runtime.link.link": ("link",),

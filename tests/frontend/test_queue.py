@@ -257,3 +257,24 @@ def test_following_the_hint_dispatches_every_threadgroup() -> None:
             s.wait(timeout_s=60)
         got = np.frombuffer(s.read("buffer:x"), np.float32)
     assert (got[:128] == 2).all() and (got[128:] == 1).all()  # n = 200 still runs one threadgroup of 128 threads
+
+
+def test_named_queues_have_their_own_placeholders_and_join_in_order() -> None:
+    """Issue 17: ``Queue(device, name=...)`` owns ``queue:<name>``, ``fence:<name>`` and ``event:<name>``; its SUBMIT
+    carries the name as tag; ``queues`` keeps the order; the names are public in ``import mtlir``."""
+    import mtlir
+    from mtlir.frontend.queue import queues, shared_event
+    dev = DeviceSpec("Apple9")
+    copy, compute = Queue(dev, name="copy"), Queue(dev)
+    assert copy.timeline.arg.name == "event:copy" and compute.timeline.arg.name == "event"
+    assert shared_event("go").arg.name == "event:go"
+    x = buffer("x", 64)
+    copy.fill(x, 0).signal(copy.timeline, 1)
+    compute.wait(copy.timeline, 1).fill(x, 1)
+    graph = queues(copy, compute)
+    assert [s.tag for s in graph.src] == ["copy", None] and graph.arg == dev
+    assert mtlir.queues is queues and mtlir.shared_event is shared_event
+    with pytest.raises(QueueError, match="identifier"):
+        shared_event("no spaces")
+    with pytest.raises(QueueError, match="two default queues"):
+        queues(Queue(dev), Queue(dev))
