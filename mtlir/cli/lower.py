@@ -182,7 +182,9 @@ def _listing(program: Any) -> str:
 def cmd_lower(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: LowerTrace) -> int:
     """``mtlir lower``: the listing (or with --json the messages) of one submit, lowered by ``lower_trace``."""
     target = _target(args)
-    trace, lowered = _lower(args, log, target, lower_trace)
+    from mtlir.cli.progress import activity, wanted
+    with activity("lowering", log, wanted(log, args.json)):  # a clock on a terminal while a large queue lowers
+        trace, lowered = _lower(args, log, target, lower_trace)
     program = lowered.program
     setup = record_setup(program, target) if args.json or args.setup or args.html else []
     if args.json or args.html:

@@ -93,3 +93,19 @@ def test_ctrl_c_exits_130_saying_how_many_submits_completed(tmp_path: Path, json
         assert doc["interrupted"] is True and doc["exit_code"] == 130 and doc["submits_completed"] == done
     else:
         assert out == "" and done >= 0
+
+
+def test_lower_shows_the_lowering_clock_on_a_terminal() -> None:
+    """A stand-in lowering that takes a second (a 100k-command queue takes longer): the clock is drawn on a
+    terminal's stderr, never on stdout, and not with --json."""
+    from mtlir.cli.lower import lower_trace
+
+    def slow(*args: object, **kwargs: object) -> object:
+        time.sleep(1.0)
+        return lower_trace(*args, **kwargs)
+    log, out = Terminal(), io.StringIO()
+    assert main(["lower", MLP7, "--target", "arm64"], out=out, log=log, lower_trace=slow) == 0
+    assert "lowering: 00:0" in log.getvalue() and "lowering:" not in out.getvalue()
+    log, out = Terminal(), io.StringIO()
+    assert main(["lower", MLP7, "--target", "arm64", "--json"], out=out, log=log, lower_trace=slow) == 0
+    assert "lowering:" not in log.getvalue() + out.getvalue()
