@@ -124,3 +124,11 @@ def test_waits_the_host_or_later_work_can_end_are_no_deadlock(scenes: list[Scene
     s.send(pending, "commit")
     s.dev.run_until_idle()
     assert s.status(a) == s.status(b) == MTL.StatusCompleted
+
+
+def test_faithful_block_that_outlives_the_host_timeout_names_the_deadlock(scenes: list[Scene]) -> None:
+    s = scene(scenes, False, max_cbs=1, autorun=True, timeout_s=0.1, gpu_timeout_s=30)
+    waiting(s, s.queue, s.event, 1)
+    with pytest.raises(TimeoutError, match=r"commandBuffer .*blocked 0.1 s .*rule 7\): deadlock: commandBuffer on "
+                                           r"MTLCommandQueue .* waits for MTLSharedEvent .* to reach 1"):
+        s.send(s.queue, "commandBuffer")
