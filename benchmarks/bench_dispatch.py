@@ -1,6 +1,6 @@
 """Per-dispatch overhead of the simulated device's kernel runner against raw pyopencl, and each trace's GPU kernel time.
 
-    python benchmarks/bench_dispatch.py [--opencl-device NAME|INDEX] [--repeat 30] [--json FILE]
+    python benchmarks/bench_dispatch.py [--opencl-device NAME|INDEX] [--repeat 30] [--json FILE] [--skip A,B]
 
 For every trace of examples/traces, on one OpenCL device (``--opencl-device``: an index or a name substring as
 ``mtlir run --list-devices`` lists them; default the first), in one run:
@@ -153,13 +153,14 @@ def main() -> None:
     ap.add_argument("--opencl-device", default=None)
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
+    ap.add_argument("--skip", default="", help="trace file names to leave out, comma-separated")
     args = ap.parse_args()
     runner = KernelRunner(args.opencl_device)
     print(f"OpenCL device: {runner.device_name}; {args.repeat} rounds per path, medians")
     print(f"{'trace':28} {'disp':>4} {'mtlir us/d':>10} {'raw us/d':>9} {'ratio':>6} {'sync us/sub':>11} "
           f"{'sim us/d':>9} {'GPU us/trace':>12}")
     rows = []
-    for path in sorted(TRACES.glob("*.json")):
+    for path in sorted(p for p in TRACES.glob("*.json") if p.name not in args.skip.split(",")):
         trace = json.loads(path.read_text())
         storages = storages_of(trace)
         work = dispatches(runner, trace, storages)
