@@ -178,7 +178,8 @@ class KernelRunner:
                     failed = str(e)
             if failed is not None:
                 log = failed + ("\n" + captured.text if captured.text.strip() else "")
-                raise build_error(tuple(translation.kernels), log, translation.source)
+                raise build_error(tuple(translation.kernels), log, translation.source, msl=msl,
+                                  position=translation.msl_position)
             _pass_on(captured.text)
             got = self._programs[msl] = (translation, program)
         return got
