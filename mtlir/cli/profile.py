@@ -45,10 +45,12 @@ class HostSpan:
 class HostClock:
     """The host spans of a run, taken as it goes: ``start(name)`` opens a span, ``stop()`` closes the open one
     (``time.perf_counter``); ``origin`` is the moment the clock was made (``ts`` 0 of the profile), ``spans`` the
-    closed spans in order."""
+    closed spans in order. ``record=False`` keeps none (a run without ``--profile``: one span per submit would
+    grow without bound over ``--repeat``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, record: bool = True) -> None:
         self.origin = time.perf_counter()
+        self.record = record
         self.spans: list[HostSpan] = []
         self._open: tuple[str, float, dict[str, Any]] | None = None
 
@@ -64,7 +66,8 @@ class HostClock:
         """Close the open span (nothing when none is open)."""
         if self._open is not None:
             name, start, args = self._open
-            self.spans.append(HostSpan(name, start, time.perf_counter(), args))
+            if self.record:
+                self.spans.append(HostSpan(name, start, time.perf_counter(), args))
             self._open = None
 
     def starts(self, prefix: str) -> list[float]:

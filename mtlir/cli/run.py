@@ -151,7 +151,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
 
     from mtlir.cli.profile import HostClock
     from mtlir.runtime import Session
-    clock = HostClock()  # the host spans of --profile
+    clock = HostClock(record=args.profile is not None)  # the host spans of --profile
     if args.repeat < 1:
         raise UsageError(f"--repeat {args.repeat}: at least one submit")
     target = _target(args)

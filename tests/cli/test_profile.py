@@ -82,3 +82,14 @@ def test_host_clock_closes_the_open_span_when_the_next_starts() -> None:
     assert [s.name for s in clock.spans] == ["a", "b"] and clock.spans[1].args == {"n": 1}
     assert clock.origin <= clock.spans[0].start_s <= clock.spans[0].end_s <= clock.spans[1].start_s
     assert clock.starts("b") == [clock.spans[1].start_s]
+
+
+def test_a_clock_that_does_not_record_keeps_no_spans() -> None:
+    """Without --profile the run's clock keeps nothing: one span per submit would grow without bound."""
+    from mtlir.cli.profile import HostClock
+    quiet, loud = HostClock(record=False), HostClock()
+    for clock in (quiet, loud):
+        for i in range(3):
+            clock.start(f"submit {i}")
+        clock.stop()
+    assert quiet.spans == [] and [s.name for s in loud.spans] == ["submit 0", "submit 1", "submit 2"]
