@@ -457,8 +457,10 @@ def _translate_kernel(ts: list[Token], start: int, end: int, ctx: Ctx) -> tuple[
     cl_params += [f"__global const ulong* {ARGS_PARAM}", f"__global uint* {FAULT_PARAM}"]
     simd = uses_scratch(ts, close + 2, end - 1, ctx.simd_helpers)
     if simd:  # the scratch SIMD-group lanes exchange values through, sized per run by the runner (simd)
-        cl_params.append(f"__local uchar* {SIMD_PARAM}")
-        prologue.append(SIMD_BEGIN)
+        # declared as 32-byte words: NVIDIA's OpenCL places a __local argument at its pointee's alignment, so a
+        # uchar* scratch may start at an odd address and its float and long4 slots fault (error -9999)
+        cl_params.append(f"__local ulong4* {SIMD_PARAM}_words")
+        prologue += [f"__local uchar* {SIMD_PARAM} = (__local uchar*){SIMD_PARAM}_words;", SIMD_BEGIN]
     ctx.scope, ctx.depth, ctx.uses_barrier, ctx.threadgroup_vars = "kernel", 1, simd, []
     ctx.simd_scratch = simd
     guard = ctx.guard

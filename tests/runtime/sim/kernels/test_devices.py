@@ -139,3 +139,21 @@ def test_a_device_with_its_own_copies_cannot_work_in_place() -> None:
     else:
         with pytest.raises(ValueError, match="keeps its own copy of buffers"):
             KernelRunner(in_host_memory=True)
+
+
+def test_the_simd_scratch_argument_is_aligned_for_its_widest_slot() -> None:
+    """NVIDIA's OpenCL places a __local kernel argument at its pointee type's alignment: declared `__local uchar*`,
+    the SIMD-group scratch could start at an odd address, and every kernel exchanging values between lanes faulted
+    there (error -9999, the Apple9 traces with SIMD-group matrices among them; docs/performance.md). Declared as
+    32-byte words it is aligned for every slot type (long4 at most), and the kernel still runs here."""
+    from mtlir.runtime.sim.msl.translate import translate
+    msl = HEAD + """kernel void lane_sum(device float* out, uint i [[thread_position_in_grid]]) {
+      out[i] = simd_sum(1.0f);
+    }"""
+    source = translate(msl).source
+    signature = source[source.index("__kernel void lane_sum("):].split("{", 1)[0]
+    assert "__local ulong4* __mtl_simd_words" in signature and "uchar" not in signature.split("__mtl_fault")[1]
+    ck = KernelRunner().compile(msl, "lane_sum")
+    data = np.zeros(4 * 64, np.uint8)
+    ck.run({0: (data, 0)}, (1, 1, 1), (64, 1, 1))
+    assert (data.view(np.float32) == 32).all()
