@@ -107,10 +107,16 @@ class Comparison:
 
 
 def compare_output(got: Any, expected: Any) -> Comparison:
-    """Compare two float arrays of one shape as float32 (``Comparison``): a NaN on one side only is a mismatch
-    with an infinite error, NaN against NaN and equal infinities agree."""
+    """Compare two arrays of one shape (``Comparison``) in their own dtype: integers and bools exactly; floats
+    (float32, half: widened exactly) with the traces' tolerance (``RTOL``, ``ATOL``) as float32, where a NaN on one
+    side only is a mismatch with an infinite error, NaN against NaN and equal infinities agree."""
     import numpy as np
-    a, b = np.asarray(got, np.float32), np.asarray(expected, np.float32)
+    a, b = np.asarray(got), np.asarray(expected)
+    if a.dtype.kind in "biu" and b.dtype.kind in "biu":  # exact: no tolerance for integers
+        same = a == b
+        diff = [abs(int(x) - int(y)) for x, y in zip(a.ravel().tolist(), b.ravel().tolist())]
+        return Comparison(bool(same.all()), float(max(diff, default=0)), int((~same).sum()), 0)
+    a, b = a.astype(np.float32), b.astype(np.float32)
     close = np.isclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True)
     nan_a, nan_b = np.isnan(a), np.isnan(b)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -190,7 +196,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
             clock.start("wait")
             s.wait(timeout_s=args.timeout)
             clock.stop()
-            got = np.frombuffer(s.read(o.placeholder, o.offset, o.nbytes), dtype=np.float32).reshape(o.shape)
+            got = np.frombuffer(s.read(o.placeholder, o.offset, o.nbytes), dtype=np.dtype(o.dtype.fmt)).reshape(o.shape)
     except KeyboardInterrupt:
         # Session's exit has waited (a few seconds at most) for what was in flight: count what completed
         args.submits_completed = s.submits_completed if s is not None else 0

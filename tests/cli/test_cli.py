@@ -3,6 +3,7 @@ and flag checks, pictures; the installed console script once through a subproces
 (a lowering that fails, a device that faults, a Mac), it passes it to ``main`` as the command's collaborator."""
 from __future__ import annotations
 
+import base64
 import io
 import json
 import re
@@ -471,6 +472,38 @@ def test_compare_output_never_hides_a_nan() -> None:
     assert not c.match and c.max_abs_err == inf and c.mismatches == 2 and c.nan_mismatches == 0
     c = compare_output(np.float32([1, 2]), np.float32([1, 2.5]))
     assert not c.match and c.max_abs_err == 0.5 and c.json_error() == 0.5
+
+
+@pytest.mark.parametrize("dtype,scale", [("dtypes.int", 1), ("dtypes.uint8", 4), ("dtypes.half", 2)])
+def test_run_compares_the_output_in_its_own_dtype(tmp_path: Path, dtype: str, scale: int) -> None:
+    """symbolic_kv's output is bit-exact on the simulated device, so the same bytes read as another dtype still
+    match: the output is read and compared in the trace's dtype, not always as float32 (half and uint8 ended in
+    exit 5, int32 in a false mismatch); one changed byte is a mismatch of integers."""
+    doc = json.loads((TRACES / "symbolic_kv.apple7.json").read_text())
+    doc["output"]["dtype"] = dtype
+    doc["output"]["shape"] = [*doc["output"]["shape"][:-1], doc["output"]["shape"][-1] * scale]
+    path = tmp_path / "retyped.json"
+    path.write_text(json.dumps(doc))
+    code, out, log = mtlir("run", str(path), "--device", "sim", "--json")
+    assert code == 0, log
+    assert one_json(out)["match"] is True
+    if dtype != "dtypes.half":
+        expected = bytearray(base64.b64decode(doc["output"]["expected_b64"]))
+        expected[0] ^= 1
+        doc["output"]["expected_b64"] = base64.b64encode(bytes(expected)).decode()
+        path.write_text(json.dumps(doc))
+        code, out, log = mtlir("run", str(path), "--device", "sim", "--json")
+        assert code == 1 and one_json(out)["mismatches"] == 1 and one_json(out)["max_abs_err"] == 1
+
+
+def test_compare_output_is_exact_for_integers() -> None:
+    import numpy as np
+    c = compare_output(np.int32([1, 2, 2**31 - 1]), np.int32([1, 2, 2**31 - 1]))
+    assert c.match and c.max_abs_err == 0 and c.mismatches == 0
+    c = compare_output(np.int32([1, 2, 3]), np.int32([1, 2, 4]))
+    assert not c.match and c.max_abs_err == 1 and c.mismatches == 1
+    c = compare_output(np.uint64([2**64 - 1]), np.uint64([2**64 - 2]))
+    assert not c.match and c.max_abs_err == 1
 
 
 def test_run_json_reports_a_nan_mismatch_honestly(tmp_path: Path) -> None:
