@@ -144,13 +144,23 @@ def _of(name: str | None) -> str:
     return "" if name is None else f" of queue {name!r}"
 
 
-def _goes_down(prev: UOp, value: UOp) -> bool:
-    """Whether ``value`` is below ``prev`` for every value of their variables (by their bounds, or as a negative
-    constant difference of the same expression)."""
-    if bounds(value)[1] < bounds(prev)[0]:
+def _goes_down(prev: UOp, value: UOp, equal: bool = False) -> bool:
+    """Whether ``value`` is below ``prev`` (``equal``: or equal to it) for every value of their variables (by their
+    bounds, or as a constant difference of the same expression)."""
+    if bounds(value)[1] < bounds(prev)[0] or (equal and bounds(value)[1] <= bounds(prev)[0]):
         return True
     (base0, k0), (base1, k1) = _offset(prev), _offset(value)
-    return base0 is base1 and k1 < k0
+    return base0 is base1 and (k1 < k0 or (equal and k1 == k0))
+
+
+def _previous_submit(value: UOp) -> UOp | None:
+    """``value`` as a previous submit signaled it at the most: the timeline variable (``timeline``, the last value
+    + 1 by default, and increasing from submit to submit) one lower; None when ``value`` does not use it."""
+    base, k = _offset(value)
+    if base.op is not Ops.DEFINE_VAR or base.arg[0] != "timeline":
+        return None
+    d = k - 1
+    return simplify(base + d if d >= 0 else base - (-d))
 
 
 def _offset(u: UOp) -> tuple[UOp, int]:
@@ -199,6 +209,9 @@ class SubmitReader:
     blits: dict[UOp, Blit] = field(default_factory=dict)                  # COPY / FILL node -> its message
     stamps_at: list[tuple[int, int, bool]] = field(default_factory=list)  # (position, slot, right after an EXEC)
     timeline: UOp | None = None
+    # waits on a queue's own timeline (encoded as nothing): (queue name, position in its queue, value, event, how
+    # many of its queue's marks come before it)
+    own_waits: list[tuple[str | None, int, UOp, UOp, int]] = field(default_factory=list)
     too_far: str = ""
 
     # ---- reading the queue graph
@@ -251,6 +264,8 @@ class SubmitReader:
                     self.marks.append((len(cmds), "signal", value, ev))
                 elif ev.arg.name != own:
                     self.marks.append((len(cmds), "wait", value, ev))
+                else:
+                    self.own_waits.append((qname, len(cmds) - first, value, ev, len(self.marks) - nmarks))
             elif op.op in (Ops.COPY, Ops.FILL):
                 what = "copy" if op.op is Ops.COPY else "fill"
                 self.blits[op] = self.read_blit(op, f"{what} after command {len(cmds) - first}{label}")
@@ -288,6 +303,11 @@ class SubmitReader:
                     raise EncodeError(f"signal after command {pos - q.first}{_of(q.name)}: {ev.arg.name} goes down "
                                       f"from {expr_text(prev)} to {expr_text(value)}; an event's value only "
                                       "increases, Metal ignores the smaller one (METAL.md §3 rule 12)")
+                if prev is not None and _goes_down(prev, value, equal=True):
+                    raise EncodeError(f"signal after command {pos - q.first}{_of(q.name)}: {ev.arg.name} does not go "
+                                      f"up from {expr_text(prev)} to {expr_text(value)} (the same value again); an "
+                                      "event's value only increases, a value it already has is refused (METAL.md "
+                                      "§3 rule 12)")
                 last[ev] = value
                 signaled.setdefault(ev, []).append(value)
         for q in self.queues:
@@ -303,6 +323,31 @@ class SubmitReader:
                 if bounds(value)[0] > top:
                     raise EncodeError(f"{where}: the queues signal {ev.arg.name} up to {top} at most, so the wait "
                                       "can never complete")
+        for qname, pos, value, ev, nbefore in self.own_waits:
+            self.check_own_wait(qname, pos, value, ev, nbefore, signaled.get(ev, []))
+
+    def check_own_wait(self, qname: str | None, pos: int, value: UOp, ev: UOp, nbefore: int,
+                       values: list[UOp]) -> None:
+        """Refuse a wait on a queue's own timeline (which lowers to nothing) for a value that nothing before it can
+        have signaled: neither a signal of that event earlier on the queue in the same submit nor the previous
+        submit's signals (the timeline variable one lower: ``wait(q.timeline, v - 1)`` is fine, ``v`` or ``v + 5``
+        before the ``signal(q.timeline, v)`` is not). Left alone when another queue signals the event too."""
+        if bounds(value)[0] == 0:
+            return                                   # an event starts at 0
+        where = f"wait after command {pos}{_of(qname)}: {ev.arg.name} >= {expr_text(value)}"
+        if not values:
+            raise EncodeError(f"{where}: no queue of the program signals {ev.arg.name}, so the wait can never "
+                              "complete")
+        mine = next(q for q in self.queues if q.name == qname)
+        if any(e is ev and kind == "signal" for q in self.queues if q is not mine for _, kind, _, e in q.marks):
+            return
+        earlier = [v for _, kind, v, e in mine.marks[:nbefore] if kind == "signal" and e is ev]
+        previous = [v if (p := _previous_submit(v)) is None else p for v in values]
+        if all(_goes_down(value, v) for v in earlier + previous):
+            reach = ", ".join(dict.fromkeys(expr_text(v) for v in earlier + previous))
+            raise EncodeError(f"{where}: the queue's own timeline is at most {reach} there (its signals before the "
+                              "wait in this submit and the previous submit's), so the wait can never complete (a "
+                              "wait on the own timeline is encoded as nothing: the fence orders the queue)")
 
     def read_blit(self, op: UOp, where: str) -> Blit:
         """A COPY or FILL as its blit message: the buffers' placeholders (or buffer variables), offsets and sizes

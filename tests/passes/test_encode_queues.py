@@ -162,3 +162,54 @@ def test_a_named_queue_with_timestamps_uses_its_own_queue_and_fence() -> None:
     lines = message_lines(lower(q.submit()).program)
     assert {line.split()[0] for line in lines if line.endswith(" commandBuffer")} == {"queue:solo"}
     assert {line.split()[2] for line in lines if "waitForFence:" in line} == {"fence:solo"}
+
+
+@pytest.mark.parametrize("wait, signal, most", [(timeline_value(), timeline_value(), "timeline - 1"),
+                                                (timeline_value() + 5, timeline_value(), "timeline - 1"),
+                                                (7, 3, "3")])
+def test_a_wait_on_the_own_timeline_before_its_signal_is_refused(wait: object, signal: object, most: str) -> None:
+    """The wait lowers to nothing (the fence orders the queue), so a value neither signaled earlier in the submit
+    nor by the previous submit (the timeline one lower) would be dropped silently: refused."""
+    x = buffer("x", 64)
+    q = Queue(DEV, name="a")
+    q.wait(q.timeline, wait).exec(SCALE, [x, x]).signal(q.timeline, signal)  # type: ignore[arg-type]
+    with pytest.raises(EncodeError, match=rf"wait after command 0 of queue 'a': event:a >= .*: the queue's own "
+                                          rf"timeline is at most {most} there.*can never complete"):
+        lower(queues(q))
+
+
+def test_a_wait_on_the_own_timeline_no_queue_signals_is_refused() -> None:
+    x = buffer("x", 64)
+    q = Queue(DEV)
+    q.wait(q.timeline, 1).exec(SCALE, [x, x])
+    with pytest.raises(EncodeError, match=r"wait after command 0: event >= 1: no queue of the program signals event"):
+        lower(q.submit())
+
+
+def test_waits_on_the_own_timeline_for_what_was_signaled_lower_to_nothing() -> None:
+    """The previous submit's value (``v - 1``), a value signaled earlier in the submit, 0, and a constant the
+    previous submit signaled are fine."""
+    x = buffer("x", 64)
+    v = timeline_value()
+    q = Queue(DEV)
+    q.wait(q.timeline, v - 1).exec(SCALE, [x, x]).signal(q.timeline, v).wait(q.timeline, v).wait(q.timeline, 0)
+    q.exec(SCALE, [x, x]).signal(q.timeline, v + 1)
+    lines = message_lines(lower(q.submit()).program)
+    assert not any("encodeWaitForEvent:value:" in line for line in lines)
+    c = Queue(DEV)
+    c.wait(c.timeline, 5).exec(SCALE, [x, x]).signal(c.timeline, 5)
+    lower(c.submit())
+
+
+def test_the_same_signal_value_twice_is_refused() -> None:
+    x = buffer("x", 64)
+    v = timeline_value()
+    q = Queue(DEV)
+    q.exec(SCALE, [x, x]).signal(q.timeline, v).exec(SCALE, [x, x]).signal(q.timeline, v)
+    with pytest.raises(EncodeError, match=r"signal after command 2: event does not go up from timeline to timeline "
+                                          r"\(the same value again\).*only increases"):
+        lower(q.submit())
+    c = Queue(DEV)
+    c.exec(SCALE, [x, x]).signal(c.timeline, 3).signal(c.timeline, 3)
+    with pytest.raises(EncodeError, match=r"signal after command 1: event does not go up from 3 to 3"):
+        lower(c.submit())
