@@ -280,7 +280,8 @@ def check_kernel_params(key: str, function: str, msl: str, params: Sequence[Kern
     try:
         sig = kernel_signature(msl, function)
     except KernelSignatureError as e:
-        raise KernelSignatureError(f"{where}: {e}") from None
+        text = str(e)   # kernel_signature's own "kernel 'f': " prefix: ``where`` names the kernel once
+        raise KernelSignatureError(f"{where}: {text.removeprefix(f'kernel {function!r}: ')}") from None
     by_index = {m.index: m for m in sig}
     listing = ", ".join(f"`{m.text}`" for m in sig) or "none"
 

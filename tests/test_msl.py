@@ -236,6 +236,13 @@ def test_check_kernel_params_names_the_kernel_for_an_msl_problem() -> None:
     assert e.value.param is None
 
 
+def test_check_kernel_params_names_the_kernel_once() -> None:
+    """kernel_signature's own ``kernel 'f':`` prefix is not repeated after ``Kernel 'f':`` (user test 12a)."""
+    with pytest.raises(KernelSignatureError) as e:
+        check_kernel_params("r_8_10", "r_8_10", "kernel void r_8_10(device double* data0_8) {}", ())
+    assert str(e.value).startswith("Kernel 'r_8_10': `device double* data0_8`: double does not exist in Metal")
+
+
 def test_a_checked_kernel_runs_right_on_the_simulated_device() -> None:
     """The kernel whose parameters are listed as the MSL declares them computes out = 2 * inp on the buffers
     given in that order."""
