@@ -134,3 +134,12 @@ def test_translate_of_an_unknown_kernel_names_those_there_are() -> None:
     code, out, log = mtlir("translate", MLP7, "--kernel", "nope")
     assert code == 2 and out == "" and log.startswith("mtlir: error: --kernel nope: the trace has no kernel") \
         and "r_8_10_v3 (function r_8_10)" in log
+
+
+def test_the_exit_code_table_names_the_error_type_invalid_msl_reports() -> None:
+    """``run --json`` reports invalid MSL as a LinkError (the device answers newLibraryWithSource:options:error: with
+    nil, on Metal and the simulated device alike: tests/cli/test_cli.py); docs/runtime.md said InvalidMslError
+    (user test 12b)."""
+    docs = (ROOT / "docs" / "runtime.md").read_text(encoding="utf-8")
+    row = next(line for line in docs.splitlines() if line.startswith("| 2 |"))
+    assert "invalid MSL" in row and '"error_type": "LinkError"' in row and "InvalidMslError" not in row
