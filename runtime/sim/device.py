@@ -208,6 +208,15 @@ class SimDevice:
         with self._lock:
             return self._lookup(handle, "object")
 
+    def name_object(self, handle: int, name: str) -> None:
+        """Give the live object ``handle`` the Program's name for it (link calls this for every object it makes, as
+        for a RecordingBridge): error messages then name it (``MTLCommandQueue 0x600000004080 (queue:a)``).
+        Host-side only: Metal's ``label`` and the messages stay as they are. An unknown handle is left alone."""
+        with self._lock:
+            obj = self._objects.get(handle) if type(handle) is int else None
+            if obj is not None and not isinstance(obj, ClassObject):
+                obj.link_name = name
+
     def _lookup(self, handle: Any, where: str) -> SimObject:
         obj = self._objects.get(handle) if type(handle) is int else None
         if obj is not None:

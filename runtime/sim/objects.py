@@ -26,7 +26,9 @@ Binding = tuple["Buffer", int]   # (buffer, byte offset) bound at a Metal buffer
 
 
 class SimObject:
-    """Base of every simulated object (NSObject): ``handle``, retain count ``rc``, ``alive``, ``label``."""
+    """Base of every simulated object (NSObject): ``handle``, retain count ``rc``, ``alive``, ``label`` (Metal's
+    property), ``link_name`` (the Program's placeholder name, ``queue:a``, that link gave it host-side through
+    ``SimDevice.name_object``: no message, so nothing recorded changes)."""
 
     objc_class: ClassVar[str] = "NSObject"
 
@@ -35,10 +37,12 @@ class SimObject:
         self.rc = 1
         self.alive = True
         self.label = ""
+        self.link_name = ""
 
     def describe(self) -> str:
-        """``"MTLBuffer 0x6000000010a0 'label'"`` for messages."""
-        return f"{self.objc_class} {self.handle:#x}" + (f" {self.label!r}" if self.label else "")
+        """``"MTLBuffer 0x6000000010a0 'label' (buffer:7)"`` for messages."""
+        return (f"{self.objc_class} {self.handle:#x}" + (f" {self.label!r}" if self.label else "")
+                + (f" ({self.link_name})" if self.link_name else ""))
 
 
 class ClassObject(SimObject):

@@ -693,5 +693,6 @@ def test_a_kernel_that_never_ends_exits_3_at_once_through_os_exit(tmp_path: Path
     assert "timed out after 1 s waiting for timeline value 1" in proc.stderr
     # it names the kernel, its dispatch, the command buffer and the submit (issue 9)
     assert re.search(r"kernel '(\w+)' is still running \(ICB command 0 of MTLIndirectCommandBuffer 0x[0-9a-f]+ "
-                     r"\(\1\)\), in command buffer 0 of submit 0 \(value 1\); command buffer statuses", proc.stderr)
+                     r"\(icb\) \(\1\)\), in command buffer 0 of submit 0 \(value 1\); command buffer statuses",
+                     proc.stderr)
     assert one_json(proc.stdout)["error_type"] == "WaitTimeoutError"

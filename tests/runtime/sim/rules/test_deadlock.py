@@ -3,11 +3,12 @@ mode names the queues, command buffers, events and values at the call that close
 as Metal does until the GPU watchdog ends the command buffers with the same description."""
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
 
-from mtlir.errors import MetalValidationError
+from mtlir.errors import GPUExecutionError, MetalValidationError
 from mtlir.metal import MTL
 from simscene import Scene
 
@@ -132,3 +133,31 @@ def test_faithful_block_that_outlives_the_host_timeout_names_the_deadlock(scenes
     with pytest.raises(TimeoutError, match=r"commandBuffer .*blocked 0.1 s .*rule 7\): deadlock: commandBuffer on "
                                            r"MTLCommandQueue .* waits for MTLSharedEvent .* to reach 1"):
         s.send(s.queue, "commandBuffer")
+
+
+def test_a_deadlock_of_a_linked_program_names_its_queues_and_events() -> None:
+    """link names every object it makes on the simulated device (``SimDevice.name_object``, no message), so the
+    diagnosis names the Program's queues and events, not only raw handles (user test 5)."""
+    from lowering_cases import SCALE
+
+    from mtlir.frontend.queue import Queue, buffer, queues, timeline_value
+    from mtlir.metal import DeviceSpec
+    from mtlir.passes import lower
+    from mtlir.runtime.session import Session
+    from mtlir.runtime.sim.device import SimDevice
+
+    x, v = buffer("x", 64), timeline_value()
+    a, b = Queue(DeviceSpec("Apple7"), name="a"), Queue(DeviceSpec("Apple7"), name="b")
+    a.wait(b.timeline, v).exec(SCALE, [x, x]).signal(a.timeline, v)
+    b.wait(a.timeline, v).exec(SCALE, [x, x]).signal(b.timeline, v)
+    program = lower(queues(a, b), target="x86_64").program
+    # strict: at the commit that closes the cycle, or by the GPU watchdog when the GPU thread gets there first
+    with pytest.raises((MetalValidationError, GPUExecutionError)) as e:
+        with SimDevice("x86_64", family="Apple7") as dev, Session(program, dev, timeout_s=5) as s:
+            s.submit()
+            s.wait(timeout_s=5)
+    text = str(e.value)
+    assert "deadlock of MTLCommandQueue 0x" in text
+    assert re.search(r"MTLCommandQueue 0x[0-9a-f]+ \(queue:a\), MTLCommandQueue 0x[0-9a-f]+ \(queue:b\): ", text)
+    assert re.search(r"waits for MTLSharedEvent 0x[0-9a-f]+ \(event:b\) to reach 1", text)
+    assert re.search(r"waits for MTLSharedEvent 0x[0-9a-f]+ \(event:a\) to reach 1", text)
