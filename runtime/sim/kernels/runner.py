@@ -20,10 +20,13 @@ undefined (OpenCL 3.0 §5.2.2) and NVIDIA's driver answers by losing the writes.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -169,7 +172,7 @@ class KernelRunner:
         if got is None:
             translation = translate(msl)
             failed: str | None = None
-            with _native_stderr() as captured:
+            with _native_stderr() as captured, _interrupts_held() as held:
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
@@ -177,11 +180,15 @@ class KernelRunner:
                 except cl.Error as e:
                     failed = str(e)
             if failed is not None:
+                if held.interrupted:  # the Ctrl-C held off during the build wins over what the build said
+                    raise KeyboardInterrupt
                 log = failed + ("\n" + captured.text if captured.text.strip() else "")
                 raise build_error(tuple(translation.kernels), log, translation.source, msl=msl,
                                   position=translation.msl_position)
             _pass_on(captured.text)
             got = self._programs[msl] = (translation, program)
+            if held.interrupted:  # the Ctrl-C held off during the build
+                raise KeyboardInterrupt
         return got
 
     def _launch(self, ck: CompiledKernel, views: tuple[View, ...], bindings: dict[int, tuple[np.ndarray, int]],
@@ -283,6 +290,34 @@ class KernelRunner:
             if now > spin_until:
                 time.sleep(delay)
                 delay = min(delay * 2, 1e-3)
+
+
+class _Held:
+    interrupted = False
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[_Held]:
+    """Ctrl-C held off while an OpenCL program builds: SIGINT is blocked in this thread, and so in the compiler's
+    child processes, which inherit the mask, and on the main thread Python's handler only records it (the yielded
+    object's ``interrupted``), so the caller raises KeyboardInterrupt once the build is done. A Ctrl-C used to reach
+    PoCL's linker mid-build and abort the whole process (SIGABRT: no exit line, no JSON)."""
+    held = _Held()
+    on_main = threading.current_thread() is threading.main_thread()
+    previous: Any = None
+    if on_main:
+        def record(signum: int, frame: Any) -> None:
+            held.interrupted = True
+        previous = signal.signal(signal.SIGINT, record)
+    mask = hasattr(signal, "pthread_sigmask")
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if mask else None
+    try:
+        yield held
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a pending SIGINT is delivered now, to ``record``
+        if on_main:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _import_pyopencl() -> Any:
