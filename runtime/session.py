@@ -191,7 +191,6 @@ class Session:
             return int(self._read_timeline.run()[0])
         return int(self.messenger.send(self.event, "signaledValue")) if self.event else 0
 
-    # ---- submit
     # ---- any event of the Program, from the host (several queues: docs/runtime.md)
 
     def _event(self, name: str) -> int:
@@ -220,6 +219,7 @@ class Session:
             raise WaitTimeoutError(f"wait_event({name!r}, {value}): not reached after {timeout} s (its value is "
                                    f"{self.event_value(name)})")
 
+    # ---- submit
 
     def submit(self, **values: Any) -> Submission:
         """Run the Program once with ``values`` (variables by name); returns the in-flight Submission.
