@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mtlir.ir.dtypes import DType, PtrDType, dtypes
-from mtlir.errors import LoweringError
+from mtlir.errors import ArgumentError, LoweringError
 from mtlir.msl import check_kernel_params
 
 __all__ = ["DeviceSpec", "Kernel", "KernelParam", "Obj", "Signature", "Prototype", "SELECTORS", "C_FUNCTIONS",
@@ -69,7 +69,7 @@ class DeviceSpec:
     def __post_init__(self) -> None:
         fam = {f.lower(): f for f in FAMILIES}.get(str(self.family).lower())
         if fam is None:
-            raise ValueError(f"unknown GPU family {self.family!r}: expected one of {', '.join(FAMILIES)}")
+            raise ArgumentError(f"unknown GPU family {self.family!r}: expected one of {', '.join(FAMILIES)}")
         object.__setattr__(self, "family", fam)
 
     @property
@@ -92,12 +92,12 @@ def element_dtype(name: str) -> DType:
 
     Raises ``ValueError`` for anything else (only bool, integer and float scalars are element types)."""
     if not isinstance(name, str):
-        raise ValueError(f"an element type is a dtype name (e.g. 'float32'), got {type(name).__name__} {name!r}")
+        raise ArgumentError(f"an element type is a dtype name (e.g. 'float32'), got {type(name).__name__} {name!r}")
     short = name[len("dtypes."):] if name.startswith("dtypes.") else name
     short = _ELEMENT_ALIASES.get(short, short)
     if short not in ELEMENT_TYPES:
-        raise ValueError(f"unknown element type {name!r}: expected one of {', '.join(sorted(ELEMENT_TYPES))}, an MSL "
-                         "name (float, int, half, ...) or a trace's dtypes.<name>")
+        raise ArgumentError(f"unknown element type {name!r}: expected one of {', '.join(sorted(ELEMENT_TYPES))}, an "
+                            "MSL name (float, int, half, ...) or a trace's dtypes.<name>")
     return dtypes.by_name(short)
 
 
@@ -127,23 +127,23 @@ class KernelParam:
             raise TypeError(f"{what}: var is a variable name (str), or None for a buffer, got "
                             f"{type(self.var).__name__}")
         if self.var == "":
-            raise ValueError(f"{what}: a variable parameter needs a non-empty name")
+            raise ArgumentError(f"{what}: a variable parameter needs a non-empty name")
         if type(self.index) is not int:
             raise TypeError(f"{what}: index is the Metal buffer index (an int), got {type(self.index).__name__}")
         if self.index < 0:
-            raise ValueError(f"{what}: index {self.index} is negative")
+            raise ArgumentError(f"{what}: index {self.index} is negative")
         try:
             element = element_dtype(self.dtype)
         except ValueError as e:
-            raise ValueError(f"{what}: {e}") from None
+            raise ArgumentError(f"{what}: {e}") from None
         if element is dtypes.float64:
-            raise ValueError(f"{what}: element type {self.dtype!r} is a 64-bit float, which Metal does not have (MSL "
-                             "has no double, MSL spec §2.1): a kernel cannot take one")
+            raise ArgumentError(f"{what}: element type {self.dtype!r} is a 64-bit float, which Metal does not have "
+                                "(MSL has no double, MSL spec §2.1): a kernel cannot take one")
         if self.elements is not None:
             if type(self.elements) is not int:
                 raise TypeError(f"{what}: elements is an int or None, got {type(self.elements).__name__}")
             if self.elements < 1:
-                raise ValueError(f"{what}: elements {self.elements} is below 1")
+                raise ArgumentError(f"{what}: elements {self.elements} is below 1")
 
     @property
     def element(self) -> DType:
@@ -177,7 +177,7 @@ class Kernel:
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"Kernel {self.key!r}: {name} is a str, got {type(getattr(self, name)).__name__}")
         if not self.key or not self.function:
-            raise ValueError(f"Kernel {self.key!r}: the key and the function name must be non-empty")
+            raise ArgumentError(f"Kernel {self.key!r}: the key and the function name must be non-empty")
         if isinstance(self.params, list):
             object.__setattr__(self, "params", tuple(self.params))
         if not isinstance(self.params, tuple):
@@ -187,7 +187,7 @@ class Kernel:
             if not isinstance(p, KernelParam):
                 raise TypeError(f"Kernel {self.key!r}: parameter {j} is a {type(p).__name__}, not a KernelParam")
             if p.index in seen:
-                raise ValueError(f"Kernel {self.key!r}: two parameters at buffer index {p.index}")
+                raise ArgumentError(f"Kernel {self.key!r}: two parameters at buffer index {p.index}")
             seen.add(p.index)
         if self.msl:
             check_kernel_params(self.key, self.function, self.msl, self.params)

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mtlir.errors import InputError
+from mtlir.errors import ArgumentError, InputError
 from mtlir.ir.dtypes import DType, dtypes
 
 if TYPE_CHECKING:
@@ -124,9 +124,9 @@ def msl_dtype(type_name: str) -> tuple[DType, int]:
     if (m := _ATOMIC.fullmatch(name)) is not None:
         return _SCALARS[m.group(1)], 1
     if re.fullmatch(r"double[234]?", name):
-        raise ValueError(f"{type_name} does not exist in Metal (MSL has no 64-bit float type, MSL spec §2.1)")
-    raise ValueError(f"{type_name or '(no type)'} has no mtlir dtype (kernel parameters take bool, integer or float elements: "
-                     "float, half, int, uchar, ... or their vectors)")
+        raise ArgumentError(f"{type_name} does not exist in Metal (MSL has no 64-bit float type, MSL spec §2.1)")
+    raise ArgumentError(f"{type_name or '(no type)'} has no mtlir dtype (kernel parameters take bool, integer or float "
+                        "elements: float, half, int, uchar, ... or their vectors)")
 
 
 @dataclass

@@ -31,11 +31,15 @@ if TYPE_CHECKING:
     import graphviz
     import networkx as nx
 
-__all__ = ["to_dot", "to_networkx", "write_picture", "to_svg", "GraphvizNotFoundError", "OP_COLORS"]
+__all__ = ["to_dot", "to_networkx", "write_picture", "to_svg", "GraphvizNotFoundError", "GraphvizError", "OP_COLORS"]
 
 
 class GraphvizNotFoundError(InputError, RuntimeError):
     """Graphviz's ``dot`` program is not installed, so a picture cannot be rendered."""
+
+
+class GraphvizError(InputError, RuntimeError):
+    """Graphviz's ``dot`` failed or took longer than its timeout; the message has what it wrote on stderr."""
 
 
 # fill colors per op group: structure grey, data blue, arithmetic yellow, loops green, calls orange, queue red
@@ -300,10 +304,10 @@ def _run_dot(dot: graphviz.Digraph, flags: list[str], timeout: float, who: str, 
         proc = subprocess.run([exe, *flags], input=dot.source.encode("utf-8"),
                               capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{who} took longer than {timeout} s for {what}") from None
+        raise GraphvizError(f"{who} took longer than {timeout} s for {what}") from None
     if proc.returncode != 0:
-        raise RuntimeError(f"{who} failed ({proc.returncode}) for {what}: "
-                           f"{proc.stderr.decode('utf-8', 'replace').strip()}")
+        raise GraphvizError(f"{who}: Graphviz's dot failed (exit {proc.returncode}) for {what}: "
+                            f"{proc.stderr.decode('utf-8', 'replace').strip()}")
     return bytes(proc.stdout)
 
 

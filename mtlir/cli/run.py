@@ -59,12 +59,24 @@ def _device_kind(kind: str, target: str, faithful: bool, available: Callable[[],
         kind = "metal" if available() else "sim"
     if kind == "metal":
         if not available():
-            raise UsageError(f"--device metal: {mtl.NOT_AVAILABLE}")
+            raise UsageError(f"--device metal: {_why_no_metal()}")
         if faithful:
             raise UsageError("--faithful is a mode of the simulated device (--device sim)")
         if target != mtl.host_target():
             raise UsageError(f"--device metal runs this machine's ABI ({mtl.host_target()}), not --target {target}")
     return kind
+
+
+def _why_no_metal() -> str:
+    """Why this machine has no Metal, as the bridge says it (the library that did not load, from where:
+    ``MTLIR_METAL_LIBS`` included), else the general ``NOT_AVAILABLE``."""
+    from mtlir.errors import MtlirError
+    from mtlir.runtime.metal.bridge import NOT_AVAILABLE, MetalBridge
+    try:
+        MetalBridge()
+    except MtlirError as e:
+        return str(e)
+    return f"{NOT_AVAILABLE} (the libraries load but give no Metal device)"
 
 
 def _open_metal(log: TextIO, open_bridge: Callable[[], Any]) -> tuple[Any, Any]:

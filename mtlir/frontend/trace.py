@@ -276,6 +276,8 @@ def load_trace(path: str | Path) -> Trace:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise TraceError("(file)", f"not valid JSON: {e}", str(p)) from None
+    except RecursionError:
+        raise TraceError("(file)", "not a trace: JSON nested deeper than Python's recursion limit", str(p)) from None
     return parse_trace(data, str(p))
 
 

@@ -125,6 +125,13 @@ def _alu(u: UOp, r: list[tuple[int, int]]) -> tuple[int, int] | None:
     return _compare(op, a, b)
 
 
+def _rounds_down(u: UOp, memo: dict[UOp, tuple[int, int]]) -> bool:
+    """Whether ``u`` is ``x - x % c`` with ``x >= 0`` and ``c >= 1`` (rounding down to a multiple of ``c``), whose
+    value is at least 0; the corner rule alone, which treats the two ``x`` as independent, would allow below 0."""
+    x, m = u.src
+    return m.op is Ops.MOD and m.src[0] is x and memo[x][0] >= 0 and memo[m.src[1]][0] >= 1
+
+
 def bounds(node: UOp) -> tuple[int, int]:
     """``(vmin, vmax)`` of the integer expression ``node`` over the bounds of its DEFINE_VARs (module docstring).
 
@@ -150,6 +157,8 @@ def bounds(node: UOp) -> tuple[int, int]:
             memo[u] = _fit(dt, lo, hi)
         elif op in GroupOp.ALU:
             got = _alu(u, [memo[s] for s in u.src])
+            if got is not None and op is Ops.SUB and _rounds_down(u, memo):
+                got = (max(got[0], 0), got[1])  # x - x % c, x >= 0, c >= 1: a multiple of c, never below 0
             memo[u] = _full(dt) if got is None else _fit(dt, *got)
         else:
             raise BoundsError(f"the range of {op.name}<{dt.name}> cannot be computed: only integer arithmetic")

@@ -402,9 +402,9 @@ class UOp(_Slots):
             return node  # both results have one sign (or the divisor is +-1): floor and truncation agree
         sym = "//" if op is Ops.IDIV else "%"
         if blo == bhi == 0:
-            raise ZeroDivisionError(f"{expr_text(a)} {sym} {expr_text(b)}: division by zero")
+            raise ZeroDivisionError(f"{expr_text(node)}: division by zero")
         if blo <= 0 <= bhi:
-            raise TypeError(f"{expr_text(a)} {sym} {expr_text(b)}: the divisor can be 0 for {variable_bounds(b)} (C "
+            raise TypeError(f"{expr_text(node)}: the divisor can be 0 for {variable_bounds(b)} (C "
                             f"leaves a division by zero undefined): keep it >= 1, e.g. ({expr_text(b)}).maximum(1)")
         def side(name: str, u: UOp, lo: int, hi: int) -> str:
             text = expr_text(u)
@@ -412,7 +412,7 @@ class UOp(_Slots):
                 f"the {name} {text} " + (f"is {lo}" if lo == hi else f"can be {lo}..{hi}")
         dividend, divisor = side("dividend", a, alo, ahi), side("divisor", b, blo, bhi)
         why = f"{dividend} and {divisor}"
-        raise TypeError(f"{expr_text(a)} {sym} {expr_text(b)}: Python's {sym} floors, the graph's {op.name} truncates "
+        raise TypeError(f"{expr_text(node)}: Python's {sym} floors, the graph's {op.name} truncates "
                         f"toward zero (C); they differ here, {why}. Write a.alu(Ops.{op.name}, b) for C's division, "
                         f"or keep the dividend >= 0 and the divisor >= 1 (a ceiling: (n + 127) // 128, not "
                         f"-(-n // 128))")

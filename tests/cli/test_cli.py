@@ -359,6 +359,33 @@ def test_viz_without_graphviz_is_bad_input(tmp_path: Path, monkeypatch: pytest.M
     assert code == 2 and log.count("\n") == 1 and "Graphviz's 'dot' program is not installed" in log
 
 
+def test_a_failing_dot_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``dot`` that exits non-zero (a broken Graphviz) is a GraphvizError naming it, not an internal error."""
+    fake = tmp_path / "bin" / "dot"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'dot: broken install' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{__import__('os').environ['PATH']}")
+    code, out, log = mtlir("lower", MLP7, "--viz", str(tmp_path / "pics"), "--target", "x86_64")
+    assert code == 2 and log.count("\n") == 1, log
+    assert "Graphviz's dot failed (exit 3)" in log and "dot: broken install" in log
+
+
+def test_a_trace_nested_too_deep_is_bad_input(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100000 + "]" * 100000)
+    code, out, log = mtlir("lower", str(path))
+    assert code == 2 and log.count("\n") == 1 and "nested deeper than Python's recursion limit" in log, log
+
+
+def test_device_metal_says_why_the_libraries_did_not_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MTLIR_METAL_LIBS naming libraries that do not exist: the error names the library and the path (it said
+    only 'MetalBridge needs macOS with Metal')."""
+    monkeypatch.setenv("MTLIR_METAL_LIBS", "/nonexistent/libobjc.so:/nonexistent/metal.so")
+    code, out, log = mtlir("run", MLP7, "--device", "metal")
+    assert code == 2 and "/nonexistent/libobjc.so" in log, log
+
+
 def test_invalid_msl_exits_2_pointing_at_the_msl(tmp_path: Path) -> None:
     """An undeclared identifier in the user's MSL: exit 2 (the user's bug; it was exit 4, 'a kernel the simulator
     cannot run yet') with the MSL line and column (not 'line 90, column 118 of the translation'), the MSL line
