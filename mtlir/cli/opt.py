@@ -2,33 +2,49 @@
 (``mtlir.ir.render``: one ``xN = UOp(...)`` assignment per node, the graph last), run the passes of ``PIPELINE``
 (a pass pipeline string, ``mtlir.passes.pipeline``) from the stage the graph is in (a queue graph, typed messages
 or C calls: ``graph_stage``), and print the result in the text form (a Program as its listing, with its ICB
-tables). ``FILE`` ``-`` reads stdin. ``--print-after-all`` prints every stage to stderr. This is what the golden
+tables). ``FILE`` ``-`` reads stdin; a trace (JSON, ``mtlir.frontend.trace``) is read as its queue graph, so
+``mtlir opt TRACE.json -p encode`` prints encode's output in the text form, which ``opt`` reads back.
+``--print-after-all`` prints every stage to stderr. This is what the golden
 tests of single passes run: input text in, expected text out (``tests/cli/golden/``).
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from mtlir.cli.report import EXIT_MATCH, UsageError
+
+if TYPE_CHECKING:
+    from mtlir.ir.uop import UOp as UOpT
 
 __all__ = ["run_opt", "cmd_opt"]
 
 
 def run_opt(text: str, pipeline: str, *, print_after_all: bool = False, log: TextIO | None = None) -> str:
-    """``text`` (a graph in the text form) after the passes of ``pipeline``, in the text form (a Program: its
-    listing and ICB tables, ``mtlir.program.tables.describe``). Raises ``ParseError`` for text that is not a
-    graph's, ``PipelineError`` for a pipeline that cannot run on its stage, and what the passes raise."""
+    """``text`` (a graph in the text form, or a trace's JSON: its queue graph) after the passes of ``pipeline``, in
+    the text form (a Program: its listing and ICB tables, ``mtlir.program.tables.describe``). Raises
+    ``ParseError`` for text that is not a graph's, ``TraceError`` for a trace that is not valid, ``PipelineError`` for a pipeline that cannot run on its stage, and what the passes raise."""
     from mtlir.ir.render import parse, render
     from mtlir.ir.uop import UOp
     from mtlir.passes.pipeline import PassPipeline, graph_stage
     from mtlir.program.tables import describe
-    graph = parse(text)
+    graph = _trace_graph(text) if text.lstrip().startswith("{") else parse(text)
     pipe = PassPipeline.parse(pipeline, start=graph_stage(graph))
     lowered = pipe.run(graph, print_after_all=print_after_all, keep_stages=False, out=log)
     result = lowered.result
     return render(result).rstrip("\n") if isinstance(result, UOp) else describe(result)
+
+
+def _trace_graph(text: str) -> UOpT:
+    """The queue graph of a trace given as JSON text (``TraceError`` naming the field when it is not one)."""
+    import json
+    from mtlir.frontend.trace import TraceError, parse_trace
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise TraceError("(file)", f"not valid JSON: {e}", "FILE") from None
+    return parse_trace(data, "FILE").queue()
 
 
 def cmd_opt(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:

@@ -212,6 +212,10 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
     except KeyboardInterrupt:
         # Session's exit has waited (a few seconds at most) for what was in flight: count what completed
         args.submits_completed = s.submits_completed if s is not None else 0
+        _views_not_written(args, log, "the run was interrupted")
+        raise
+    except Exception as e:
+        _views_not_written(args, log, f"the run failed ({type(e).__name__})")
         raise
     finally:
         close = getattr(bridge, "close", None)
@@ -249,6 +253,13 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
         out.write("\n")
     _write_views(args, log, lowered, s, clock, messages, cmp, device_name, [d.kernel for d in trace.dispatches])
     return EXIT_MATCH if cmp.match else EXIT_MISMATCH
+
+
+def _views_not_written(args: argparse.Namespace, log: TextIO, why: str) -> None:
+    """Say that ``--html`` and ``--profile`` were not written: they describe a run, and there was none to show."""
+    for flag, path in (("--html", getattr(args, "html", None)), ("--profile", getattr(args, "profile", None))):
+        if path is not None:
+            print(f"mtlir: note: {flag} {path} not written: {why}", file=log)
 
 
 def _write_views(args: argparse.Namespace, log: TextIO, lowered: Any, s: Any, clock: Any, messages: list[Any],

@@ -65,3 +65,13 @@ def test_opt_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
     code, _, log = _opt(str(tmp_path / "missing.txt"), "-p", "encode")
     assert code == 2 and "FILE" in log and "cannot read the graph" in log
     assert render(parse((GOLDEN / "queue.txt").read_text())) == (GOLDEN / "queue.txt").read_text()
+
+
+def test_opt_reads_a_trace_and_reads_its_own_output_back(tmp_path: Path) -> None:
+    """A trace is read as its queue graph, and what opt prints is text opt reads: encode, then abi and linearize on
+    encode's output, gives the Program the whole pipeline gives."""
+    from mtlir.cli.opt import run_opt
+    trace = (Path(__file__).resolve().parents[2] / "examples" / "traces" / "mlp.apple7.json").read_text()
+    encoded = run_opt(trace, "encode")
+    assert encoded.startswith("x0 = UOp(") and "Ops.MSG" in encoded
+    assert run_opt(encoded, "abi{target=arm64},linearize") == run_opt(trace, "encode,abi{target=arm64},linearize")

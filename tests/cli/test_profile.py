@@ -93,3 +93,21 @@ def test_a_clock_that_does_not_record_keeps_no_spans() -> None:
             clock.start(f"submit {i}")
         clock.stop()
     assert quiet.spans == [] and [s.name for s in loud.spans] == ["submit 0", "submit 1", "submit 2"]
+
+
+def test_a_failed_run_says_its_profile_and_page_were_not_written(tmp_path: Path) -> None:
+    """--html and --profile describe a run: after a GPU error there is none, and the CLI says so (it said nothing)."""
+    from mtlir.cli.main import main
+    root = Path(__file__).resolve().parents[2]
+    doc = json.loads((root / "examples" / "traces" / "mlp.apple7.json").read_text())
+    first = doc["dispatches"][0]
+    first["grid"] = [g * 8 for g in first["grid"]]  # eight times the threadgroups: accesses past the buffers
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    out, log = io.StringIO(), io.StringIO()
+    code = main(["run", str(bad), "--device", "sim", "--html", str(tmp_path / "p.html"),
+                 "--profile", str(tmp_path / "p.json")], out=out, log=log)
+    assert code == 3, log.getvalue()
+    assert not (tmp_path / "p.html").exists() and not (tmp_path / "p.json").exists()
+    assert f"--html {tmp_path / 'p.html'} not written: the run failed" in log.getvalue()
+    assert f"--profile {tmp_path / 'p.json'} not written: the run failed" in log.getvalue()
