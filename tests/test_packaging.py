@@ -90,3 +90,16 @@ def test_wheel_installs_every_folder_of_the_tree(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         packages = {n.rsplit("/", 1)[0].replace("/", ".") for n in z.namelist() if n.endswith("/__init__.py")}
     assert packages == _tree_packages()
+
+
+def test_the_arm64_harness_installs_every_runtime_dependency() -> None:
+    """make test-arm64 runs mtlir in an AArch64 Python whose packages tests/arm64/setup.sh downloads: it must have
+    every dependency of pyproject.toml but pyopencl (the kernels run in an x86_64 server); a dependency added without
+    it broke that run with 'No module named tqdm'."""
+    import re
+    import tomllib
+    deps = {re.split(r"[<>=!~ ;\[]", d)[0].lower() for d in
+            tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    got = re.search(r'^PACKAGES="([^"]*)"', (ROOT / "tests" / "arm64" / "setup.sh").read_text(), re.M)
+    assert got is not None
+    assert set(got.group(1).split()) == deps - {"pyopencl"}

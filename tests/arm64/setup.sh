@@ -3,7 +3,7 @@
 #   - qemu-user-static, the AArch64 cross compilers with Objective-C (apt-get, when missing);
 #   - an AArch64 Python 3.11 and libobjc4 unpacked from Debian's arm64 packages into $1/root (apt-get download +
 #     dpkg -x: nothing is installed for arm64, no binfmt_misc is needed: qemu-aarch64-static -L $1/root runs it);
-#   - AArch64 wheels of numpy, networkx and graphviz from PyPI unpacked into $1/site.
+#   - AArch64 wheels of mtlir's dependencies (numpy, networkx, graphviz, tqdm) from PyPI unpacked into $1/site.
 # A second run finds everything and returns at once. Every download step is bounded and says what failed.
 set -euo pipefail
 CACHE=${1:-.cache/arm64}
@@ -46,12 +46,15 @@ if [ ! -x "$ROOT/usr/bin/python3.11" ] || [ ! -e "$ROOT/.complete" ]; then
   touch "$ROOT/.complete"
 fi
 
-if [ ! -e "$SITE/.complete" ]; then
+# the wheels: mtlir's runtime dependencies (pyproject.toml's, less pyopencl: kernels run in the x86_64 server); the
+# stamp holds the list, so a dependency added later downloads again
+PACKAGES="numpy networkx graphviz tqdm"
+if [ "$(cat "$SITE/.complete" 2>/dev/null)" != "$PACKAGES" ]; then
   mkdir -p "$WHEELS" "$SITE"
   timeout 900 "$PY" -m pip download -q --dest "$WHEELS" --platform manylinux2014_aarch64 --platform manylinux_2_28_aarch64 \
       --platform manylinux_2_17_aarch64 --python-version 3.11 --implementation cp --only-binary=:all: \
-      numpy networkx graphviz || fail "pip download of the aarch64 wheels (numpy, networkx, graphviz) failed (network?)"
+      $PACKAGES || fail "pip download of the aarch64 wheels ($PACKAGES) failed (network?)"
   for whl in "$WHEELS"/*.whl; do "$PY" -m zipfile -e "$whl" "$SITE"; done
-  touch "$SITE/.complete"
+  echo "$PACKAGES" > "$SITE/.complete"
 fi
 echo "arm64 root: $ROOT, wheels: $SITE"
