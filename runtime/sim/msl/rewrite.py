@@ -28,8 +28,8 @@ from mtlir.runtime.sim.msl.prelude import Prelude
 if TYPE_CHECKING:
     from mtlir.runtime.sim.msl.guard.bound import Guard
 
-__all__ = ["Ctx", "TokenMatch", "TokenRule", "rewrite", "refuse", "group_end", "type_end", "soft_float_left",
-           "QUALIFIERS"]
+__all__ = ["Ctx", "TokenMatch", "TokenRule", "rewrite", "refuse", "group_end", "argument_spans", "type_end",
+           "soft_float_left", "QUALIFIERS"]
 
 TokenMatch = tuple[int, list[Token]]
 
@@ -98,6 +98,24 @@ def group_end(ts: list[Token], i: int) -> int:
             if not stack:
                 return j
     raise MslSyntaxError(f"MSL {ts[i].where()}: `{ts[i].text}` is never closed")
+
+
+def argument_spans(ts: list[Token], open_: int, close: int) -> list[tuple[int, int]]:
+    """The ``(start, end)`` token spans of the comma-separated items (a call's arguments, a function's parameters)
+    between the brackets at ``open_`` and ``close``; commas inside nested brackets do not count. None for ``()``."""
+    spans: list[tuple[int, int]] = []
+    j = a = open_ + 1
+    while j < close:
+        if ts[j].kind == PUNCT and ts[j].text in _OPEN_CLOSE:
+            j = group_end(ts, j) + 1
+            continue
+        if ts[j].kind == PUNCT and ts[j].text == ",":
+            spans.append((a, j))
+            a = j + 1
+        j += 1
+    if close > open_ + 1:
+        spans.append((a, close))
+    return spans
 
 
 def type_end(ts: list[Token], i: int) -> int:

@@ -32,7 +32,8 @@ from __future__ import annotations
 from mtlir.runtime.sim.msl.guard.access import pointer_argument
 from mtlir.runtime.sim.msl.lex import ID, PUNCT, RAW, Token
 from mtlir.runtime.sim.msl.names import MATRIX_TYPES
-from mtlir.runtime.sim.msl.rewrite import Ctx, TokenMatch, arg_count, at, group_end, refuse, rewrite, tok
+from mtlir.runtime.sim.msl.rewrite import (Ctx, TokenMatch, arg_count, argument_spans, at, group_end, refuse, rewrite,
+                                           tok)
 from mtlir.runtime.sim.msl.softfloat import SOFTFLOAT_PRELUDE
 
 __all__ = ["SIMD_PARAM", "SIMD_BEGIN", "SIMD_WIDTH", "SUPPORTED", "SIMD_FUNCTIONS", "MATRIX_FUNCTIONS",
@@ -216,7 +217,7 @@ def matrix_function(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     if at(ts, i + 1).text != "(":
         refuse(t, t.text, f"expected a call of {t.text}")
     close = group_end(ts, i + 1)
-    args = _argument_spans(ts, i + 1, close)
+    args = argument_spans(ts, i + 1, close)
     out: list[Token] = []
     if t.text in ("simdgroup_multiply", "simdgroup_multiply_accumulate"):
         _need_scratch(t, ctx)
@@ -246,22 +247,6 @@ def matrix_function(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
         out += [tok(f", {cast}(", RAW), *value, tok(")", PUNCT)]
     out.append(tok(f"{bounds or ''})", RAW))
     return close + 1 - i, out
-
-
-def _argument_spans(ts: list[Token], open_: int, close: int) -> list[tuple[int, int]]:
-    spans: list[tuple[int, int]] = []
-    j = a = open_ + 1
-    while j < close:
-        if ts[j].kind == PUNCT and ts[j].text in ("(", "[", "{"):
-            j = group_end(ts, j) + 1
-            continue
-        if ts[j].kind == PUNCT and ts[j].text == ",":
-            spans.append((a, j))
-            a = j + 1
-        j += 1
-    if close > open_ + 1:
-        spans.append((a, close))
-    return spans
 
 
 def simd_helper_call(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:

@@ -36,7 +36,7 @@ from mtlir.runtime.sim.msl.names import (MATRIX_TYPES, POSITIONS, POSITIONS_LINE
 from mtlir.runtime.sim.msl.guard.access import guard_name, guarded_access, helper_bound_params
 from mtlir.runtime.sim.msl.guard.bound import ARGS_PARAM, FAULT_PARAM, Bound, Guard
 from mtlir.runtime.sim.msl.prelude import Prelude
-from mtlir.runtime.sim.msl.rewrite import Ctx, at, group_end, refuse, rewrite, tok
+from mtlir.runtime.sim.msl.rewrite import Ctx, argument_spans, at, group_end, refuse, rewrite, tok
 from mtlir.runtime.sim.msl.simd import SIMD_BEGIN, SIMD_PARAM, SIMD_POSITIONS, SUPPORTED, simd_helpers, uses_scratch
 from mtlir.runtime.sim.msl.softfloat import SOFTFLOAT_PRELUDE, lower_soft_floats, uses_soft_floats
 from mtlir.runtime.sim.msl.token_rules import TOKEN_RULES
@@ -346,7 +346,7 @@ def _translate_function(ts: list[Token], start: int, end: int, ctx: Ctx) -> list
         if any(t.text in ("device", "constant") for t in head) and any(t.text == "*" for t in head):
             refuse(ts[open_ - 1], f"{ts[open_ - 1].text}()", "a function returning a device or constant pointer: "
                    "the accesses made through it could not be bounds-checked")
-        spans = _param_spans(ts, open_, close)
+        spans = argument_spans(ts, open_, close)
         extra = helper_bound_params(ts, spans, ctx)
         if not extra:
             return _head(ts, ctx, start, open_, close) + scratch + rewrite(ts, ctx, close, end)
@@ -372,23 +372,6 @@ def _head(ts: list[Token], ctx: Ctx, start: int, open_: int, end: int) -> list[T
     """A function's tokens from ``start`` to ``end`` (past its ``(``), its name (before ``open_``) as it is."""
     name = ts[open_ - 1]
     return rewrite(ts, ctx, start, open_ - 1) + [tok(cl_name(name.text), ID, name.space)] + rewrite(ts, ctx, open_, end)
-
-
-def _param_spans(ts: list[Token], open_: int, close: int) -> list[tuple[int, int]]:
-    """The ``(start, end)`` token spans of the parameters between the brackets at ``open_`` and ``close``."""
-    spans: list[tuple[int, int]] = []
-    j = a = open_ + 1
-    while j < close:
-        if ts[j].kind == PUNCT and ts[j].text in ("(", "["):
-            j = group_end(ts, j) + 1
-            continue
-        if ts[j].kind == PUNCT and ts[j].text == ",":
-            spans.append((a, j))
-            a = j + 1
-        j += 1
-    if close > open_ + 1:
-        spans.append((a, close))
-    return spans
 
 
 def _translate_struct(ts: list[Token], start: int, end: int, ctx: Ctx) -> list[Token]:
