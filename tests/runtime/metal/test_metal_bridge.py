@@ -27,7 +27,7 @@ NATIVE = Path(__file__).resolve().parents[2] / "native"
 X86_64 = host_target() == "x86_64" and sys.platform in ("linux", "darwin")
 needs_x86_64 = pytest.mark.skipif(not X86_64, reason="the stand-in objc_msgSend is x86_64 assembly (Linux/macOS); "
                                   "arm64 marshalling is checked at the prototype level")
-needs_mac = pytest.mark.skipif(sys.platform != "darwin", reason=NOT_AVAILABLE)
+needs_metal = pytest.mark.skipif(not metal_available(), reason=f"{NOT_AVAILABLE} (no Metal device here)")
 
 
 class Record(ctypes.Structure):
@@ -55,11 +55,11 @@ class Fake:
 
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory: pytest.TempPathFactory) -> Fake:
-    if not X86_64:
-        pytest.skip("the stand-in objc_msgSend is x86_64 assembly")
+    """The stand-in libobjc, built for the tests that use it (each marked ``needs_x86_64``: the stand-in
+    objc_msgSend is x86_64 assembly). A C compiler is required: the Makefile installs one (build-essential)."""
+    assert X86_64, "only tests marked needs_x86_64 use the stand-in libobjc"
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler (cc, gcc or clang) on PATH: cannot build the stand-in libobjc")
+    assert cc is not None, "no C compiler (cc, gcc or clang) on PATH: install build-essential (make test does)"
     out = tmp_path_factory.mktemp("fakeobjc") / ("libfakeobjc.dylib" if sys.platform == "darwin" else "libfakeobjc.so")
     cmd = [cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(out),
            str(NATIVE / "fakeobjc.c"), str(NATIVE / "objc_msgSend_x86_64.S")]
@@ -477,8 +477,7 @@ def test_null_and_bad_addresses(mem: NativeMemory) -> None:
 
 @pytest.fixture(scope="module")
 def real() -> MetalBridge:
-    if not metal_available():
-        pytest.skip("this Mac's Metal gives no default device")
+    """The real Metal bridge, for the tests marked ``needs_metal`` (a machine whose Metal gives a default device)."""
     return MetalBridge()
 
 
@@ -486,7 +485,7 @@ def real_send(b: MetalBridge, selector: str, receiver: int, *args: Any) -> Any:
     return b.msg_send(abi_prototype(selector, b.target), (receiver, b.sel_registerName(selector), *args))
 
 
-@needs_mac
+@needs_metal
 def test_real_device_buffer_event_and_strings(real: MetalBridge) -> None:
     pool = real.c_call("objc_autoreleasePoolPush", c_prototype("objc_autoreleasePoolPush"), ())
     device = real.c_call("MTLCreateSystemDefaultDevice", c_prototype("MTLCreateSystemDefaultDevice"), ())
