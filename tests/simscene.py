@@ -3,9 +3,11 @@ the Bridge, with Python kernels (``PyKernelRunner``) so the rules can be broken 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pytest
 
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
@@ -174,3 +176,25 @@ class Scene:
         err = self.send(cb, "error")
         text = self.send(err, "localizedDescription")
         return self.dev.read_cstring(self.send(text, "UTF8String"))
+
+
+# ---- for the rule tests: each test in both modes, its Scenes closed after it
+
+MODES = [pytest.param(True, id="strict"), pytest.param(False, id="faithful")]
+
+
+@pytest.fixture
+def scenes() -> Iterator[list[Scene]]:
+    """The Scenes a test makes with ``scene``, closed after the test (import the fixture into the test module)."""
+    made: list[Scene] = []
+    yield made
+    for s in made:
+        s.close()
+
+
+def scene(scenes: list[Scene], strict: bool = True, **kw: object) -> Scene:
+    """A Scene in strict or faithful mode that the ``scenes`` fixture closes after the test."""
+    s = Scene(strict, **kw)  # type: ignore[arg-type]
+    scenes.append(s)
+    return s
+

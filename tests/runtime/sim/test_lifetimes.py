@@ -6,30 +6,12 @@ reference, so releasing the last reference to such a buffer or pipeline in fligh
 call in strict mode, InvalidResource (9) in faithful mode."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import pytest
 
 from mtlir.errors import BridgeError, MetalValidationError
 from mtlir.metal import MTL
-from simscene import Scene
-
-MODES = [pytest.param(True, id="strict"), pytest.param(False, id="faithful")]
-
-
-@pytest.fixture
-def scenes() -> Iterator[list[Scene]]:
-    made: list[Scene] = []
-    yield made
-    for s in made:
-        s.close()
-
-
-def scene(scenes: list[Scene], strict: bool, **kw: object) -> Scene:
-    s = Scene(strict, **kw)  # type: ignore[arg-type]
-    scenes.append(s)
-    return s
-
+from simscene import MODES, Scene, scene, scenes  # noqa: F401  (scenes: a fixture)
 
 def alive(s: Scene, handle: int) -> bool:
     try:

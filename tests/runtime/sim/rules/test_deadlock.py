@@ -4,30 +4,12 @@ as Metal does until the GPU watchdog ends the command buffers with the same desc
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 
 from mtlir.errors import GPUExecutionError, MetalValidationError
 from mtlir.metal import MTL
-from simscene import Scene
-
-MODES = [pytest.param(True, id="strict"), pytest.param(False, id="faithful")]
-
-
-@pytest.fixture
-def scenes() -> Iterator[list[Scene]]:
-    made: list[Scene] = []
-    yield made
-    for s in made:
-        s.close()
-
-
-def scene(scenes: list[Scene], strict: bool = True, **kw: object) -> Scene:
-    s = Scene(strict, **kw)  # type: ignore[arg-type]
-    scenes.append(s)
-    return s
-
+from simscene import MODES, Scene, scene, scenes  # noqa: F401  (scenes: a fixture)
 
 def waiting(s: Scene, queue: int, event: int, value: int, signal: tuple[int, int] | None = None) -> int:
     """A committed command buffer on ``queue`` that waits for ``event`` to reach ``value`` (then signals)."""
@@ -140,7 +122,8 @@ def test_a_deadlock_of_a_linked_program_names_its_queues_and_events() -> None:
     diagnosis names the Program's queues and events, not only raw handles (user test 5)."""
     from lowering_cases import SCALE
 
-    from mtlir.frontend.queue import Queue, buffer, queues, timeline_value
+    from mtlir.frontend.nodes import buffer, timeline_value
+    from mtlir.frontend.queue import Queue, queues
     from mtlir.metal import DeviceSpec
     from mtlir.passes import lower
     from mtlir.runtime.session import Session

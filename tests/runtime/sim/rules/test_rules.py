@@ -4,7 +4,6 @@ validation layer: the same assert, status Error with the error code, a dropped d
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -12,24 +11,7 @@ import pytest
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
 from mtlir.errors import MetalValidationError
-from simscene import Scene
-
-MODES = [pytest.param(True, id="strict"), pytest.param(False, id="faithful")]
-
-
-@pytest.fixture
-def scenes() -> Iterator[list[Scene]]:
-    made: list[Scene] = []
-    yield made
-    for s in made:
-        s.close()
-
-
-def scene(scenes: list[Scene], strict: bool = True, **kw: object) -> Scene:
-    s = Scene(strict, **kw)  # type: ignore[arg-type]
-    scenes.append(s)
-    return s
-
+from simscene import MODES, Scene, scene, scenes  # noqa: F401  (scenes: a fixture)
 
 def fill_icb(s: Scene, value: int = 7, n: int = 1, barrier: bool = True) -> tuple[int, int, int]:
     """An ICB of ``n`` fill commands writing ``value`` into one output buffer; (icb, out, var)."""
