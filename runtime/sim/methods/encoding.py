@@ -76,30 +76,29 @@ def _not_committed(cb: CommandBuffer, selector: str, call: Call) -> None:
                         f"{selector} after commit (the command buffer is {MTL.STATUS_NAMES[cb.status]})")
 
 
-@METHODS.method(CommandBuffer, "computeCommandEncoder")
-def _compute_encoder(dev: SimDevice, cb: CommandBuffer) -> Encoder:
-    call = Call("computeCommandEncoder", cb)
-    _not_committed(cb, "computeCommandEncoder", call)
+def _open_encoder(dev: SimDevice, cb: CommandBuffer, selector: str, enc: Encoder) -> Encoder:
+    """``enc``, new and autoreleased (+0), as ``cb``'s open encoder and next step (rules 1 and 4: not after commit,
+    one open encoder at a time)."""
+    call = Call(selector, cb)
+    _not_committed(cb, selector, call)
     if cb.open_encoder is not None:
         raise assertion(Rule.ONE_OPEN_ENCODER, call, "A command encoder is already encoding to this command buffer")
-    enc = dev.new_autoreleased(Encoder(cb))
+    dev.new_autoreleased(enc)
     cb.open_encoder = enc
     cb.steps.append(enc)
-    return enc  # type: ignore[no-any-return]
+    return enc
+
+
+@METHODS.method(CommandBuffer, "computeCommandEncoder")
+def _compute_encoder(dev: SimDevice, cb: CommandBuffer) -> Encoder:
+    return _open_encoder(dev, cb, "computeCommandEncoder", Encoder(cb))
 
 
 @METHODS.method(CommandBuffer, "blitCommandEncoder")
-def _blit_encoder(dev: SimDevice, cb: CommandBuffer) -> BlitEncoder:
+def _blit_encoder(dev: SimDevice, cb: CommandBuffer) -> Encoder:
     """A new blit command encoder (+0): copies and fills between buffers, ordered with fences like a compute
     encoder (rules 1 and 4 as for ``computeCommandEncoder``)."""
-    call = Call("blitCommandEncoder", cb)
-    _not_committed(cb, "blitCommandEncoder", call)
-    if cb.open_encoder is not None:
-        raise assertion(Rule.ONE_OPEN_ENCODER, call, "A command encoder is already encoding to this command buffer")
-    enc = dev.new_autoreleased(BlitEncoder(cb))
-    cb.open_encoder = enc
-    cb.steps.append(enc)
-    return enc  # type: ignore[no-any-return]
+    return _open_encoder(dev, cb, "blitCommandEncoder", BlitEncoder(cb))
 
 
 @METHODS.method(CommandBuffer, "encodeSignalEvent:value:", SharedEvent)
