@@ -34,7 +34,7 @@ from mtlir.runtime.sim.msl.lex import ID, PUNCT, RAW, Token
 from mtlir.runtime.sim.msl.names import MATRIX_TYPES
 from mtlir.runtime.sim.msl.rewrite import (Ctx, TokenMatch, arg_count, argument_spans, at, group_end, refuse, rewrite,
                                            tok)
-from mtlir.runtime.sim.msl.softfloat import SOFTFLOAT_PRELUDE
+from mtlir.runtime.sim.msl.softfloat.rounding import SOFTFLOAT_PRELUDE
 
 __all__ = ["SIMD_PARAM", "SIMD_BEGIN", "SIMD_WIDTH", "SUPPORTED", "SIMD_FUNCTIONS", "MATRIX_FUNCTIONS",
            "SIMD_POSITIONS", "SIMD_PRELUDE", "scratch_bytes", "uses_scratch", "simd_helpers", "simd_function",

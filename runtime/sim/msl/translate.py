@@ -38,7 +38,8 @@ from mtlir.runtime.sim.msl.guard.bound import ARGS_PARAM, FAULT_PARAM, Bound, Gu
 from mtlir.runtime.sim.msl.prelude import Prelude
 from mtlir.runtime.sim.msl.rewrite import Ctx, argument_spans, at, group_end, refuse, rewrite, tok
 from mtlir.runtime.sim.msl.simd import SIMD_BEGIN, SIMD_PARAM, SIMD_POSITIONS, SUPPORTED, simd_helpers, uses_scratch
-from mtlir.runtime.sim.msl.softfloat import SOFTFLOAT_PRELUDE, lower_soft_floats, uses_soft_floats
+from mtlir.runtime.sim.msl.softfloat.lowering import lower_soft_floats, uses_soft_floats
+from mtlir.runtime.sim.msl.softfloat.rounding import SOFTFLOAT_PRELUDE
 from mtlir.runtime.sim.msl.token_rules import TOKEN_RULES
 from mtlir.runtime.sim.msl.uniform import check_simd_control_flow
 

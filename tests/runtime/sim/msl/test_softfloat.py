@@ -13,7 +13,7 @@ from mtlir.errors import UnsupportedKernelError
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 from mtlir.runtime.sim.msl.lex import tokenize
 from mtlir.runtime.sim.msl.names import canonical_type_spellings
-from mtlir.runtime.sim.msl.softfloat import lower_soft_floats
+from mtlir.runtime.sim.msl.softfloat.lowering import lower_soft_floats
 from mtlir.runtime.sim.msl.translate import translate
 
 TRACES = Path(__file__).resolve().parents[4] / "examples" / "traces"
