@@ -25,7 +25,8 @@ from mtlir.metal import DeviceSpec, Kernel, KernelParam
 from mtlir.passes import lower
 from mtlir.program.instructions import Call, End, Range
 from mtlir.program.program import Program
-from mtlir.frontend.queue import Queue, buffer, timeline_value, view
+from mtlir.frontend.nodes import buffer, timeline_value, view
+from mtlir.frontend.queue import Queue
 from mtlir.ir.uop import UOp
 
 KERNELS = [Kernel(f"k{i}", f"k{i}", "", (KernelParam(None, 0), KernelParam(None, 1), KernelParam(None, 2),

@@ -18,7 +18,8 @@ import numpy as np
 
 from mtlir.metal import FAMILIES, DeviceSpec, Kernel, KernelParam
 from mtlir.passes import Lowered, lower
-from mtlir.frontend.queue import Queue, buffer, timeline_value, view
+from mtlir.frontend.nodes import buffer, timeline_value, view
+from mtlir.frontend.queue import Queue
 from mtlir.ir.uop import UOp
 
 BLOCK = 64        # threads per threadgroup, elements per partial sum

@@ -24,7 +24,8 @@ import sys
 
 import numpy as np
 
-from mtlir.frontend.queue import Queue, buffer, queues, timeline_value
+from mtlir.frontend.nodes import buffer, timeline_value
+from mtlir.frontend.queue import Queue, queues
 from mtlir.ir.uop import UOp
 from mtlir.metal import FAMILIES, DeviceSpec, Kernel, KernelParam
 from mtlir.passes import Lowered, lower

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
                               KernelAccessError, KernelBuildError, KernelCompileError, LinkError, LoweringError,
                               MetalValidationError, MtlirError, NoDeviceError, StateError, UnsupportedError,
                               UnsupportedKernelError, WaitTimeoutError)
-    from mtlir.frontend.queue import Queue, queues, shared_event
+    from mtlir.frontend.nodes import shared_event
+    from mtlir.frontend.queue import Queue, queues
     from mtlir.frontend.trace import load_trace
     from mtlir.ir.dtypes import DType, PtrDType, StructDType, dtypes
     from mtlir.ir.ops import GroupOp, Ops
@@ -68,7 +69,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "mtlir.program.tables": ("describe",),
     "mtlir.viz": ("to_dot", "to_networkx", "write_picture", "GraphvizNotFoundError"),
     "mtlir.metal": ("DeviceSpec", "Kernel", "KernelParam"),
-    "mtlir.frontend.queue": ("Queue", "queues", "shared_event"),
+    "mtlir.frontend.queue": ("Queue", "queues"),
+    "mtlir.frontend.nodes": ("shared_event",),
     "mtlir.frontend.trace": ("load_trace",),
     "mtlir.passes": ("lower", "default_pipeline"),
     "mtlir.runtime.link.link": ("link",),

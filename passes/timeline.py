@@ -12,7 +12,7 @@ from __future__ import annotations
 from mtlir.ir.dtypes import dtypes
 from mtlir.ir.ops import Ops
 from mtlir.ir.uop import UOp
-from mtlir.frontend.queue import timeline
+from mtlir.frontend.nodes import timeline
 from mtlir.metal import DeviceSpec
 from mtlir.passes.pipeline import PassPipeline
 from mtlir.passes.abi import Abi

@@ -298,7 +298,8 @@ def _check_blit(b: UOp) -> str | None:
 
 
 def _check_exec(e: UOp) -> str | None:
-    from mtlir.frontend.queue import QueueError, exec_parts
+    from mtlir.frontend.nodes import QueueError
+    from mtlir.frontend.checks import exec_parts
     try:
         exec_parts(e)
     except QueueError as err:

@@ -12,7 +12,8 @@ from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
 from mtlir.program.instructions import Call, End, Range
 from mtlir.program.program import Program
-from mtlir.frontend.queue import Queue, buffer, timeline_value, view
+from mtlir.frontend.nodes import buffer, timeline_value, view
+from mtlir.frontend.queue import Queue
 from mtlir.ir.uop import UOp
 
 TRACES = Path(__file__).resolve().parents[1] / "examples" / "traces"

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtlir.frontend.queue import Queue, QueueError, buffer, timeline_value
+from mtlir.frontend.nodes import QueueError, buffer, timeline_value
+from mtlir.frontend.queue import Queue
 from mtlir.frontend.trace import load_trace
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam

@@ -188,7 +188,8 @@ def test_several_queues_get_one_lane_each_with_their_event_edges() -> None:
     drawn without lanes."""
     from lowering_cases import SCALE
 
-    from mtlir.frontend.queue import Queue, buffer, queues, timeline_value
+    from mtlir.frontend.nodes import buffer, timeline_value
+    from mtlir.frontend.queue import Queue, queues
     from mtlir.metal import DeviceSpec
     from mtlir.passes import lower
     x, y = buffer("x", 64), buffer("y", 64)

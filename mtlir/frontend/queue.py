@@ -1,27 +1,5 @@
-"""The queue graph: the front end's vocabulary, built from Python with ``Queue`` or from a trace
-(``mtlir.frontend.trace``).
-
-A queue graph is one SUBMIT node whose sources are the queue operations in order (docs/lowering.md, "The queue
-graph"). Layouts, all checked by ``Queue`` as they are built and again by the ``encode`` pass:
-
-| node | dtype | src | arg |
-|---|---|---|---|
-| SUBMIT | void | the queue ops (EXEC, WAIT, SIGNAL, TIMESTAMP, COPY, FILL) in order | ``DeviceSpec`` |
-| EXEC | void | ``(KERNEL, grid, threadgroup, *buffers, *vars)`` | None |
-| KERNEL | void | () | ``mtlir.metal.Kernel`` |
-| WAIT / SIGNAL | void | ``(event, value)``: the event placeholder, a uint64 value | None |
-| TIMESTAMP | void | () | the slot (int >= 0) |
-| COPY | void | ``(src, src_offset, dst, dst_offset, size)``: buffers (BUFFER or buffer variable), uint64 bytes | None |
-| FILL | void | ``(buffer, offset, size)``: a buffer, uint64 bytes | the byte value (0..255) |
-| BUFFER | id | () | ``(name, nbytes)``; the placeholder link creates is ``buffer:<name>`` |
-| BUFFER_VIEW | id | ``(BUFFER or buffer variable,)`` | ``(offset, nbytes)`` in bytes |
-
-``grid`` and ``threadgroup`` are ``STRUCT`` nodes of dtype MTLSize whose three fields are uint64: constants or
-expressions of run-time variables (DEFINE_VAR). Grid sizes count threadgroups, threadgroup sizes count threads
-(Metal's ``dispatchThreadgroups:threadsPerThreadgroup:``). ``buffers`` are one per buffer parameter of the kernel, in
-order: a BUFFER, a BUFFER_VIEW, or a *buffer variable* (a DEFINE_VAR of dtype id: an MTLBuffer handle given per
-submit, "a rebound input"). ``vars`` are one per ``constant int&`` parameter, in order: integer constants or
-expressions of DEFINE_VARs, of the parameter's dtype.
+"""The Queue builder: the queue graph of one submit built from Python, each operation checked as it is appended
+(``mtlir.frontend.checks``); the nodes and their layouts are in ``mtlir.frontend.nodes``.
 
 Several queues on one device (docs/lowering.md, "Several queues"): each ``Queue(device, name=...)`` has its own
 command queue, fence and timeline (placeholders ``queue:<name>``, ``fence:<name>``, ``event:<name>``; the default
@@ -33,297 +11,17 @@ that order. ``shared_event(name)`` is an event no queue owns (``event:<name>``, 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
-from mtlir.ir.bounds import BoundsError, bounds, expr_text, variable_bounds
-from mtlir.errors import InputError
-from mtlir.ir.dtypes import DType, dtypes
-from mtlir.metal import MTL, DeviceSpec, Kernel, KernelParam, Obj, element_dtype
-from mtlir.ir.ops import GroupOp, Ops
+from mtlir.ir.bounds import expr_text
+from mtlir.ir.dtypes import dtypes
+from mtlir.metal import DeviceSpec, Kernel, Obj
+from mtlir.ir.ops import Ops
 from mtlir.ir.uop import UOp
+from mtlir.frontend.nodes import (MAX_HANDLE, QueueError, buffer_base, buffer_label, buffer_nbytes, is_buffer,
+                                  timeline)
+from mtlir.frontend.checks import MAX_SIZE, check_size, check_var_value, exec_parts, int_expression, var_dtype
 
-__all__ = ["Queue", "QueueError", "queues", "shared_event", "timeline_name", "buffer", "view", "buffer_variable",
-           "timeline", "timeline_value", "ExecParts", "exec_parts", "buffer_base", "buffer_nbytes", "placeholder_name",
-           "param_dtype", "var_dtype",
-           "check_size", "check_threads", "check_var_value", "check_elements", "SIZE_OPS", "MAX_SIZE", "MAX_THREADS",
-           "MAX_BUFFER_BYTES"]
-
-MAX_HANDLE = 2**64 - 1
-MAX_SIZE = 2**32 - 1  # the largest grid or threadgroup size (threadgroups or threads per axis) encode accepts
-MAX_THREADS = 2**32 - 1  # threads per axis (grid x threadgroup): MSL thread positions are 32-bit uint
-# the largest buffer a queue (built by hand or loaded from a trace) may declare: 64 GiB, more than any Apple GPU's
-# memory. The device's own limit (MTLDevice.maxBufferLength, smaller) is checked when link creates the buffer.
-MAX_BUFFER_BYTES = 2**36
-SIZE_OPS = frozenset({Ops.CONST, Ops.DEFINE_VAR, Ops.CAST}) | GroupOp.ALU
-
-
-class QueueError(InputError, ValueError):
-    """A queue operation built with bad input; the message names the command (its index in the queue) and the
-    argument."""
-
-
-def timeline(queue: str | None = None) -> UOp:
-    """A queue's timeline: its MTLSharedEvent placeholder (dtype id): ``Obj("event", "event")`` for the default
-    queue, ``Obj("event", "event:<queue>")`` for a named one."""
-    return UOp(Ops.OBJECT, dtypes.id, (), Obj("event", timeline_name(queue)))
-
-
-def timeline_name(queue: str | None) -> str:
-    """The placeholder name of a queue's timeline: ``event`` (default queue) or ``event:<queue>``."""
-    return "event" if queue is None else f"event:{queue}"
-
-
-def shared_event(name: str) -> UOp:
-    """An MTLSharedEvent no queue owns (placeholder ``event:<name>``): queues wait for it and signal it, the host
-    signals it (``Session.signal_event``). Raises ``QueueError`` for a name that is not a Python identifier."""
-    if not isinstance(name, str) or not name.isidentifier():
-        raise QueueError(f"shared_event: the name must be an identifier (letters, digits, _), got {name!r}")
-    return UOp(Ops.OBJECT, dtypes.id, (), Obj("event", f"event:{name}"))
-
-
-def timeline_value(name: str = "timeline") -> UOp:
-    """The run-time value a submit signals (uint64 in ``[1, 2**63-1]``), so one Program replays many submits."""
-    return UOp.variable(name, 1, 2**63 - 1, dtypes.uint64)
-
-
-def buffer(name: str, nbytes: int, tag: object = None) -> UOp:
-    """A device buffer placeholder of ``nbytes`` bytes (BUFFER, dtype id); link creates ``buffer:<name>``.
-
-    Raises ``QueueError`` for an empty name, a size below 1 byte or above ``MAX_BUFFER_BYTES`` (2**36, 64 GiB: the
-    trace loader's limit too)."""
-    if not isinstance(name, str) or not name:
-        raise QueueError(f"buffer: the name must be a non-empty string, got {name!r}")
-    if type(nbytes) is not int or nbytes < 1:
-        raise QueueError(f"buffer {name!r}: nbytes must be an int >= 1, got {nbytes!r}")
-    if nbytes > MAX_BUFFER_BYTES:
-        raise QueueError(f"buffer {name!r}: {nbytes} bytes is above 2**36 (64 GiB), more than any Apple GPU has: "
-                         "it cannot be created")
-    return UOp(Ops.BUFFER, dtypes.id, (), (name, nbytes), tag)
-
-
-def buffer_variable(name: str) -> UOp:
-    """A buffer bound per submit: its MTLBuffer handle is a run-time value (DEFINE_VAR of dtype id) named
-    ``name``, given to each run like any variable. Every ICB command that binds it is rebound per submit."""
-    return UOp.variable(name, 1, MAX_HANDLE, dtypes.id)
-
-
-def buffer_base(node: UOp) -> tuple[UOp, int]:
-    """The buffer (BUFFER or buffer variable) under ``node`` and the byte offset of ``node`` into it."""
-    if node.op is Ops.BUFFER_VIEW:
-        return node.src[0], node.arg[0]
-    return node, 0
-
-
-def buffer_nbytes(node: UOp) -> int | None:
-    """The size in bytes of a BUFFER or BUFFER_VIEW; None for a buffer variable (unknown until run time)."""
-    if node.op is Ops.BUFFER:
-        return int(node.arg[1])
-    if node.op is Ops.BUFFER_VIEW:
-        return int(node.arg[1])
-    return None
-
-
-def view(buf: UOp, offset: int, nbytes: int) -> UOp:
-    """``nbytes`` bytes of ``buf`` from byte ``offset`` (BUFFER_VIEW). A view of a view is a view of its buffer.
-
-    Raises ``QueueError`` when ``buf`` is not a buffer, the offset is negative, the size is below 1, or the view
-    runs past the end of the buffer."""
-    base, off0 = buffer_base(buf)
-    if not _is_buffer(base):
-        raise QueueError(f"view: {_short(buf)} is not a buffer (BUFFER, BUFFER_VIEW or buffer_variable)")
-    if type(offset) is not int or offset < 0:
-        raise QueueError(f"view of {_bufname(base)}: offset must be an int >= 0, got {offset!r}")
-    if type(nbytes) is not int or nbytes < 1:
-        raise QueueError(f"view of {_bufname(base)}: nbytes must be an int >= 1, got {nbytes!r}")
-    limit = buffer_nbytes(buf)
-    if limit is not None and offset + nbytes > limit:
-        raise QueueError(f"view of {_bufname(base)}: bytes [{offset}, {offset + nbytes}) run past the end of the "
-                         f"{limit}-byte {'view' if buf.op is Ops.BUFFER_VIEW else 'buffer'}")
-    return UOp(Ops.BUFFER_VIEW, dtypes.id, (base,), (off0 + offset, nbytes))
-
-
-def placeholder_name(buf: UOp) -> str:
-    """The name of the placeholder link makes for a BUFFER (``buffer:<name>``) or a buffer variable
-    (``input:<name>``)."""
-    return f"buffer:{buf.arg[0]}" if buf.op is Ops.BUFFER else f"input:{buf.arg[0]}"
-
-
-def param_dtype(name: str) -> DType:
-    """The dtype of a kernel parameter's element type name (``"float32"``, ``"int"``, ``"dtypes.float"``:
-    ``mtlir.metal.element_dtype``).
-
-    Raises ``QueueError`` for an unknown name."""
-    try:
-        return element_dtype(name)
-    except ValueError as e:
-        raise QueueError(str(e)) from None
-
-
-class ExecParts(NamedTuple):
-    """An EXEC's sources by role: ``kernel`` (Kernel), ``grid`` and ``threadgroup`` (MTLSize STRUCT nodes),
-    ``buffers`` and ``vars`` (UOps, one per buffer / variable parameter of the kernel)."""
-
-    kernel: Kernel
-    grid: UOp
-    threadgroup: UOp
-    buffers: tuple[UOp, ...]
-    vars: tuple[UOp, ...]
-
-
-def exec_parts(node: UOp, where: str = "EXEC") -> ExecParts:
-    """Split an EXEC node into its parts, checking the layout of the module docstring.
-
-    Raises ``QueueError`` naming ``where`` (e.g. ``"command 3"``) and the bad source."""
-    src = node.src
-    if node.op is not Ops.EXEC or len(src) < 3 or src[0].op is not Ops.KERNEL or not isinstance(src[0].arg, Kernel):
-        raise QueueError(f"{where}: an EXEC's sources are (KERNEL, grid, threadgroup, *buffers, *vars)")
-    kernel: Kernel = src[0].arg
-    nb, nv = len(kernel.buffer_params), len(kernel.var_params)
-    if len(src) != 3 + nb + nv:
-        raise QueueError(f"{where}: kernel {kernel.key!r} takes {nb} buffers and {nv} variables, the EXEC has "
-                         f"{len(src) - 3} buffer and variable sources")
-    parts = ExecParts(kernel, src[1], src[2], src[3:3 + nb], src[3 + nb:])
-    ranges = []
-    for label, size in (("grid", parts.grid), ("threadgroup", parts.threadgroup)):
-        if size.op is not Ops.STRUCT or size.dtype is not dtypes.MTLSize or len(size.src) != 3:
-            raise QueueError(f"{where}: {label} must be an MTLSize STRUCT, got {_short(size)}")
-        ranges.append(tuple(check_size(f, f"{where}: {label}.{axis}") for axis, f in zip("xyz", size.src)))
-    check_threads(ranges[0], ranges[1], parts.grid, parts.threadgroup, where)
-    for p, b in zip(kernel.buffer_params, parts.buffers):
-        base, _ = buffer_base(b)
-        if not _is_buffer(base):
-            raise QueueError(f"{where}: buffer parameter {p.index} of {kernel.key!r} is {_short(b)}, not a buffer")
-        check_elements(p, b, where)
-    for p, v in zip(kernel.var_params, parts.vars):
-        if not v.dtype.is_int or v.op not in SIZE_OPS:
-            raise QueueError(f"{where}: variable {p.var!r} (parameter {p.index}) of {kernel.key!r} must be an "
-                             f"integer constant or an expression of run-time variables, got {_short(v)}")
-        check_var_value(v, var_dtype(kernel, p, where), f"{where}: variable {p.var!r} (parameter {p.index})")
-    return parts
-
-
-def _int_expression(f: UOp, where: str, what: str) -> tuple[int, int]:
-    """The range of an integer expression of CONSTs, DEFINE_VARs, CASTs and ALU ops over its variables' bounds.
-
-    Raises ``QueueError`` naming ``where`` for another node, a non-integer node (a float variable), or a
-    DEFINE_VAR whose declared bounds do not fit its own dtype."""
-    for u in f.toposort():
-        if u.op not in SIZE_OPS:
-            raise QueueError(f"{where}: {what} must be an expression of run-time variables, found {_short(u)}")
-        if not u.dtype.is_int:
-            name = f" {u.arg[0]!r}" if u.op is Ops.DEFINE_VAR else ""
-            raise QueueError(f"{where}: {what} must be an integer expression, found {u.op.name}<{u.dtype.name}>"
-                             f"{name}")
-        if u.op is Ops.DEFINE_VAR:
-            name, lo, hi = u.arg
-            if lo < dtypes.min(u.dtype) or hi > dtypes.max(u.dtype):
-                raise QueueError(f"{where}: variable {name!r} has bounds [{lo}, {hi}], which do not fit its dtype "
-                                 f"{u.dtype.name} [{dtypes.min(u.dtype)}, {dtypes.max(u.dtype)}]")
-    try:
-        return bounds(f)
-    except BoundsError as e:
-        raise QueueError(f"{where}: {e}") from None
-
-
-def check_size(f: UOp, where: str) -> tuple[int, int]:
-    """Check one dispatch size: an integer constant or an integer expression of run-time variables whose every
-    value, over the variables' bounds, lies in ``[1, MAX_SIZE]`` (``mtlir.ir.bounds``: C semantics, so an expression
-    that can wrap around is refused too). Returns its range ``(lo, hi)``.
-
-    Raises ``QueueError`` naming ``where`` (the command and axis), with the expression and the variables' bounds."""
-    if not f.dtype.is_int:
-        raise QueueError(f"{where}: a size must be an integer, got dtype {f.dtype.name}")
-    if f.op is Ops.CONST:
-        if not 1 <= f.arg <= MAX_SIZE:
-            raise QueueError(f"{where}: size {f.arg} is {'below 1' if f.arg < 1 else 'above 2**32-1'}")
-        return (f.arg, f.arg)
-    lo, hi = _int_expression(f, where, "a size")
-    if lo < 1 or hi > MAX_SIZE:
-        what = f"can be {lo}, below 1" if lo < 1 else f"can be {hi}, above 2**32-1"
-        fix = f"({expr_text(f)}).maximum(1)" if lo < 1 else f"({expr_text(f)}).minimum(2**32 - 1)"
-        raise QueueError(f"{where}: size {expr_text(f)} {what} (for {variable_bounds(f)}); a size must stay in "
-                         f"[1, 2**32-1] for every value of its variables: e.g. {fix} (MAX/MIN nodes; Python's "
-                         f"max() and min() cannot compare run-time values)")
-    return (lo, hi)
-
-
-def _size_text(size: UOp) -> str:
-    return "(" + ", ".join(expr_text(f) for f in size.src) + ")"
-
-
-def check_threads(grid: Sequence[tuple[int, int]], threadgroup: Sequence[tuple[int, int]], grid_node: UOp,
-                  tg_node: UOp, where: str) -> None:
-    """Check the threads of one dispatch, given the range ``(lo, hi)`` of each axis of its grid (threadgroups) and
-    threadgroup (threads): at most ``MTL.MAX_THREADS_PER_THREADGROUP`` (1024, every Apple GPU family) threads in a
-    threadgroup, and at most ``MAX_THREADS`` (2**32-1) threads per axis in the grid (MSL thread positions are
-    32-bit uint), for every value of the variables.
-
-    Raises ``QueueError`` naming ``where`` (the command) with the sizes and the variables' bounds."""
-    total = threadgroup[0][1] * threadgroup[1][1] * threadgroup[2][1]
-    limit = MTL.MAX_THREADS_PER_THREADGROUP
-    if total > limit:
-        at = "" if tg_node.op is Ops.STRUCT and all(f.op is Ops.CONST for f in tg_node.src) else \
-            f" (for {variable_bounds(tg_node)})"
-        raise QueueError(f"{where}: threadgroup {_size_text(tg_node)} can have {total} threads{at}, above Metal's "
-                         f"maximum of {limit} threads per threadgroup (every Apple GPU family)")
-    for axis, (_, g), (_, t), gf, tf in zip("xyz", grid, threadgroup, grid_node.src, tg_node.src):
-        if g * t > MAX_THREADS:
-            at = "" if gf.op is Ops.CONST and tf.op is Ops.CONST else \
-                f" (for {variable_bounds(UOp.sink(gf, tf))})"
-            raise QueueError(f"{where}: grid.{axis} x threadgroup.{axis} = {expr_text(gf)} x {expr_text(tf)} can be "
-                             f"{g * t} threads{at}, above 2**32-1: MSL thread positions are 32-bit uint")
-
-
-def check_var_value(v: UOp, dt: DType, where: str) -> None:
-    """Check the value of a ``constant int&`` parameter of dtype ``dt``: an integer constant or integer expression
-    of run-time variables (each with bounds that fit its own dtype) whose every value fits ``dt``, so nothing is
-    cut when the value is written into the parameter's slot.
-
-    Raises ``QueueError`` naming ``where`` (the command and the parameter) with the value's range."""
-    while v.op is Ops.CAST and v.src[0].dtype.is_int:  # a CAST to the parameter's type must not wrap the value
-        v = v.src[0]
-    lo, hi = _int_expression(v, where, "a variable value")
-    mn, mx = dtypes.min(dt), dtypes.max(dt)
-    if lo < mn or hi > mx:
-        text = str(v.arg) if v.op is Ops.CONST else f"{expr_text(v)} in [{lo}, {hi}] (for {variable_bounds(v)})"
-        raise QueueError(f"{where}: value {text} does not fit the parameter's type {dt.name} [{mn}, {mx}]")
-
-
-def check_elements(p: KernelParam, b: UOp, where: str) -> None:
-    """Check a buffer or view bound to buffer parameter ``p`` holds ``p.elements`` elements (when given): a view's
-    size, a buffer's size, at least ``elements * itemsize`` bytes. A buffer variable is not checked (its size is
-    known at run time only). Raises ``QueueError`` naming ``where``, the parameter and both sizes."""
-    if p.elements is None:
-        return
-    have = buffer_nbytes(b)
-    need = p.elements * (param_dtype(p.dtype).itemsize or 1)
-    if have is not None and have < need:
-        what = f"view of {_bufname(b.src[0])}" if b.op is Ops.BUFFER_VIEW else f"buffer {_bufname(b)}"
-        raise QueueError(f"{where}: buffer parameter {p.index} takes {p.elements} elements of {p.dtype} ({need} "
-                         f"bytes), but the {what} bound to it holds {have} bytes")
-
-
-def var_dtype(kernel: Kernel, p: KernelParam, where: str) -> DType:
-    """The integer dtype of a ``constant int&`` parameter. Raises ``QueueError`` for a non-integer type."""
-    dt = param_dtype(p.dtype)
-    if not dt.is_int or dt.kind == "bool":
-        raise QueueError(f"{where}: variable parameter {p.var!r} (index {p.index}) of {kernel.key!r} has element "
-                         f"type {p.dtype!r}; constant int& variables are integers (KernelParam(..., dtype='int32'))")
-    return dt
-
-
-def _is_buffer(node: UOp) -> bool:
-    return node.op is Ops.BUFFER or (node.op is Ops.DEFINE_VAR and node.dtype is dtypes.id)
-
-
-def _bufname(node: UOp) -> str:
-    return repr(node.arg[0]) if node.op in (Ops.BUFFER, Ops.DEFINE_VAR) else node.op.name
-
-
-def _short(node: UOp) -> str:
-    """A one-line description of a node that needs no printer (dtype, op, a short arg)."""
-    arg = "" if node.arg is None else f" {str(node.arg)[:60]}"
-    return f"{node.op.name}<{node.dtype.name}>{arg}"
+__all__ = ["Queue", "queues"]
 
 
 def _size(v: UOp | int, where: str) -> UOp:
@@ -393,7 +91,7 @@ class Queue:
             raise QueueError(f"{where}: kernel takes {len(vparams)} variables "
                              f"({', '.join(str(p.var) for p in vparams) or 'none'}), got {len(vars)}")
         for p, b in zip(bparams, buffers):
-            if not isinstance(b, UOp) or not _is_buffer(buffer_base(b)[0]):
+            if not isinstance(b, UOp) or not is_buffer(buffer_base(b)[0]):
                 raise QueueError(f"{where}: buffer parameter {p.index} must be a buffer or a view, got {b!r}")
         vnodes = []
         for p, v in zip(vparams, vars):
@@ -456,7 +154,7 @@ class Queue:
         node = UOp.const(dtypes.uint64, v) if isinstance(v, int) else v
         if not node.dtype.is_int:
             raise QueueError(f"{where}: expected an integer, got dtype {node.dtype.name}")
-        rng = (v, v) if isinstance(v, int) else _int_expression(v, where, "a byte count")
+        rng = (v, v) if isinstance(v, int) else int_expression(v, where, "a byte count")
         if rng[0] < lo:
             raise QueueError(f"{where}: {expr_text(node)} can be {rng[0]}, below {lo}")
         if isinstance(v, int) and v % 4:
@@ -466,7 +164,7 @@ class Queue:
     def _blit_target(self, buf: UOp, offset: UOp | int, size: UOp | int | None, where: str) -> tuple[UOp, UOp, UOp]:
         """(buffer, offset, size) of a blit operand: a view's offset added; the bytes inside the buffer for every
         value of the variables."""
-        if not isinstance(buf, UOp) or not _is_buffer(buffer_base(buf)[0]):
+        if not isinstance(buf, UOp) or not is_buffer(buffer_base(buf)[0]):
             raise QueueError(f"{where}: {buf!r} is not a buffer (BUFFER, BUFFER_VIEW or buffer_variable)")
         base, off0 = buffer_base(buf)
         limit = buffer_nbytes(buf)
@@ -478,7 +176,7 @@ class Queue:
         n, (_, n_hi) = self._bytes(size, f"{where}: nbytes", 1)
         if limit is not None and off_hi + n_hi > limit:
             raise QueueError(f"{where}: bytes up to {off_hi + n_hi} run past the end of the {limit}-byte "
-                             f"{'view' if buf.op is Ops.BUFFER_VIEW else 'buffer'} {_bufname(base)}")
+                             f"{'view' if buf.op is Ops.BUFFER_VIEW else 'buffer'} {buffer_label(base)}")
         if off0 % 4:
             raise QueueError(f"{where}: the view's offset {off0} is not a multiple of 4, which blits need on macOS")
         return base, (off + off0) if off0 else off, n

@@ -23,7 +23,9 @@ from mtlir.ir.dtypes import DType
 from mtlir.errors import InputError
 from mtlir.metal import FAMILIES, DeviceSpec, Kernel, KernelParam
 from mtlir.msl import KernelSignatureError
-from mtlir.frontend.queue import MAX_BUFFER_BYTES, Queue, QueueError, buffer, param_dtype, timeline_value, view
+from mtlir.frontend.nodes import MAX_BUFFER_BYTES, QueueError, buffer, timeline_value, view
+from mtlir.frontend.checks import param_dtype
+from mtlir.frontend.queue import Queue
 from mtlir.ir.uop import UOp
 
 __all__ = ["load_trace", "parse_trace", "Trace", "TraceError", "TraceBuffer", "TraceVariable", "Dispatch",

@@ -20,8 +20,8 @@ from mtlir.ir.ops import Ops
 from mtlir.passes.pipeline import PassContext
 from mtlir.passes.symbolic import simplify
 from mtlir.program.payloads import Stamp
-from mtlir.frontend.queue import (MAX_THREADS, QueueError, check_size, check_threads, check_var_value, param_dtype,
-                         placeholder_name, timeline_name, var_dtype)
+from mtlir.frontend.nodes import QueueError, placeholder_name, timeline_name
+from mtlir.frontend.checks import MAX_THREADS, check_size, check_threads, check_var_value, param_dtype, var_dtype
 from mtlir.ir.uop import UOp
 
 __all__ = ["SubmitReader", "EncodeError", "KernelLayout", "Size", "Binding", "Command", "CommandBufferSpan",

@@ -315,7 +315,7 @@ def test_pipeline_errors_are_bad_input(pipeline: str, match: str) -> None:
 
 def _error(name: str) -> BaseException:
     from mtlir.errors import BridgeError, KernelCompileError, LinkError
-    from mtlir.frontend.queue import QueueError
+    from mtlir.frontend.nodes import QueueError
     from mtlir.frontend.trace import TraceError
     from mtlir.metal import AbiError
     from mtlir.passes.encode.submit import EncodeError

@@ -20,7 +20,7 @@ def _trace_with_buffer_size(tmp_path: Path, size: int) -> Path:
 
 
 def test_the_queue_builder_and_the_trace_loader_share_one_buffer_limit(tmp_path: Path) -> None:
-    from mtlir.frontend.queue import MAX_BUFFER_BYTES, QueueError, buffer
+    from mtlir.frontend.nodes import MAX_BUFFER_BYTES, QueueError, buffer
     from mtlir.frontend.trace import TraceError, load_trace
     assert buffer("x", MAX_BUFFER_BYTES).arg == ("x", MAX_BUFFER_BYTES)
     with pytest.raises(QueueError, match=r"buffer 'x': 1099511627776 bytes is above 2\*\*36 \(64 GiB\)"):

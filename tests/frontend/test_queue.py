@@ -7,8 +7,9 @@ from lowering_cases import N, SAXPY, SCALE
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj
 from mtlir.ir.ops import Ops
-from mtlir.frontend.queue import (Queue, QueueError, buffer, buffer_variable, exec_parts, timeline, timeline_value, view,
-                         placeholder_name)
+from mtlir.frontend.nodes import QueueError, buffer, buffer_variable, timeline, timeline_value, view, placeholder_name
+from mtlir.frontend.checks import exec_parts
+from mtlir.frontend.queue import Queue
 from mtlir.ir.uop import UOp
 
 
@@ -263,7 +264,8 @@ def test_named_queues_have_their_own_placeholders_and_join_in_order() -> None:
     """Issue 17: ``Queue(device, name=...)`` owns ``queue:<name>``, ``fence:<name>`` and ``event:<name>``; its SUBMIT
     carries the name as tag; ``queues`` keeps the order; the names are public in ``import mtlir``."""
     import mtlir
-    from mtlir.frontend.queue import queues, shared_event
+    from mtlir.frontend.nodes import shared_event
+    from mtlir.frontend.queue import queues
     dev = DeviceSpec("Apple9")
     copy, compute = Queue(dev, name="copy"), Queue(dev)
     assert copy.timeline.arg.name == "event:copy" and compute.timeline.arg.name == "event"

@@ -15,7 +15,8 @@ from lowering_cases import TRACES
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec
 from mtlir.ir.ops import Ops
-from mtlir.frontend.queue import exec_parts, timeline_value
+from mtlir.frontend.nodes import timeline_value
+from mtlir.frontend.checks import exec_parts
 from mtlir.frontend.trace import TraceError, load_trace, parse_trace
 
 ALL = sorted(TRACES.glob("*.json"))

@@ -12,7 +12,8 @@ from mtlir.metal import DeviceSpec, Kernel, KernelParam
 from mtlir.ir.ops import Ops
 from mtlir.passes import lower
 from mtlir.passes.encode.submit import EncodeError
-from mtlir.frontend.queue import Queue, QueueError, buffer
+from mtlir.frontend.nodes import QueueError, buffer
+from mtlir.frontend.queue import Queue
 from mtlir.ir.uop import UOp
 
 N = UOp.variable("n", 1, 32)

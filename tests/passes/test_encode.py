@@ -19,7 +19,8 @@ from mtlir.passes.encode.submit import EncodeError
 from mtlir.program.instructions import Call, Store
 from mtlir.program.payloads import IcbCommand, IcbSpec, Stamp
 from mtlir.program.program import Program
-from mtlir.frontend.queue import Queue, buffer, buffer_variable, timeline_value, view
+from mtlir.frontend.nodes import buffer, buffer_variable, timeline_value, view
+from mtlir.frontend.queue import Queue
 from mtlir.ir.uop import UOp
 
 

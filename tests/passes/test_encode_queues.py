@@ -8,7 +8,8 @@ import re
 import pytest
 from lowering_cases import SCALE, message_lines
 
-from mtlir.frontend.queue import Queue, QueueError, buffer, queues, shared_event, timeline_value
+from mtlir.frontend.nodes import QueueError, buffer, shared_event, timeline_value
+from mtlir.frontend.queue import Queue, queues
 from mtlir.metal import DeviceSpec
 from mtlir.passes import lower
 from mtlir.passes.encode.submit import EncodeError

@@ -353,7 +353,8 @@ def test_every_path_computes_the_same_on_the_simulated_device(device: DeviceSpec
     variables buffer), a variable, timestamps (one command buffer per command), a rebound input buffer."""
     import numpy as np
     import mtlir.runtime.sim.device as sim
-    from mtlir.frontend.queue import Queue, buffer, buffer_variable, timeline_value, view
+    from mtlir.frontend.nodes import buffer, buffer_variable, timeline_value, view
+    from mtlir.frontend.queue import Queue
     from mtlir.ir.uop import UOp
     ex = _example()
     x2, y = buffer("x2", 4 * ex.MAX_N), buffer("y", 4 * ex.MAX_N)

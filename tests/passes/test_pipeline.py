@@ -254,7 +254,7 @@ def test_linearize_verifier_checks_the_program() -> None:
 def test_verify_queue_checks_hand_built_queue_graphs() -> None:
     from mtlir.metal import Obj
     from mtlir.passes.verify import verify_queue
-    from mtlir.frontend.queue import buffer
+    from mtlir.frontend.nodes import buffer
     g = small_queue(DeviceSpec("Apple7"), symbolic=True, timestamps=True)
     verify_queue(g)
     ex, x = g.src[1], buffer("x", 8192)

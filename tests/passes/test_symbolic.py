@@ -71,7 +71,8 @@ def test_fold_semantics() -> None:
 
 def test_encode_folds_sizes_and_values_with_the_symbolic_rules() -> None:
     from mtlir.metal import Kernel, KernelParam
-    from mtlir.frontend.queue import Queue, buffer
+    from mtlir.frontend.nodes import buffer
+    from mtlir.frontend.queue import Queue
     k = Kernel("k", "k", "", (KernelParam(None, 0), KernelParam("n", 1, "int32")))
     n = UOp.variable("n", 1, 64)
     q = Queue(DeviceSpec("Apple9", icb=False))

@@ -9,7 +9,8 @@ import pytest
 from lowering_cases import SAXPY, small_queue
 
 from mtlir.errors import LinkError
-from mtlir.frontend.queue import Queue, buffer
+from mtlir.frontend.nodes import buffer
+from mtlir.frontend.queue import Queue
 from mtlir.ir.dtypes import dtypes
 from mtlir.ir.ops import Ops
 from mtlir.metal import DeviceSpec, Obj, abi_prototype

@@ -140,7 +140,8 @@ kernel void saxpy(device float* y, device float* x, constant int& n, constant in
 
 def _saxpy_queue(device: DeviceSpec, *, stamps: bool) -> object:
     from mtlir.metal import Kernel, KernelParam
-    from mtlir.frontend.queue import Queue, buffer, buffer_variable, timeline_value
+    from mtlir.frontend.nodes import buffer, buffer_variable, timeline_value
+    from mtlir.frontend.queue import Queue
     from mtlir.ir.uop import UOp
     k = Kernel("saxpy", "saxpy", SAXPY, (KernelParam(None, 0), KernelParam(None, 1), KernelParam("n", 2, "int32"),
                                          KernelParam("a", 3, "int32")))

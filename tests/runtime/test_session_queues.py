@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from mtlir.errors import WaitTimeoutError
-from mtlir.frontend.queue import Queue, buffer, queues, shared_event, timeline_value
+from mtlir.frontend.nodes import buffer, shared_event, timeline_value
+from mtlir.frontend.queue import Queue, queues
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
 from mtlir.passes import lower
 from mtlir.runtime.session import Session

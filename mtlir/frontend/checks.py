@@ -1,0 +1,186 @@
+"""The checks of a queue graph's commands, made by ``mtlir.frontend.queue.Queue`` as it builds one and again by the
+``encode`` pass: an EXEC's layout (``exec_parts``), dispatch sizes and threads against Metal's limits, the values of
+``constant int&`` parameters against their types, the sizes of the buffers bound to kernel parameters.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from mtlir.ir.bounds import BoundsError, bounds, expr_text, variable_bounds
+from mtlir.ir.dtypes import DType, dtypes
+from mtlir.metal import MTL, Kernel, KernelParam, element_dtype
+from mtlir.ir.ops import GroupOp, Ops
+from mtlir.ir.uop import UOp
+from mtlir.frontend.nodes import QueueError, buffer_base, buffer_label, buffer_nbytes, is_buffer, node_text
+
+__all__ = ["ExecParts", "exec_parts", "param_dtype", "var_dtype", "int_expression", "check_size", "check_threads",
+           "check_var_value", "check_elements", "SIZE_OPS", "MAX_SIZE", "MAX_THREADS"]
+
+MAX_SIZE = 2**32 - 1  # the largest grid or threadgroup size (threadgroups or threads per axis) encode accepts
+MAX_THREADS = 2**32 - 1  # threads per axis (grid x threadgroup): MSL thread positions are 32-bit uint
+SIZE_OPS = frozenset({Ops.CONST, Ops.DEFINE_VAR, Ops.CAST}) | GroupOp.ALU
+
+
+def param_dtype(name: str) -> DType:
+    """The dtype of a kernel parameter's element type name (``"float32"``, ``"int"``, ``"dtypes.float"``:
+    ``mtlir.metal.element_dtype``).
+
+    Raises ``QueueError`` for an unknown name."""
+    try:
+        return element_dtype(name)
+    except ValueError as e:
+        raise QueueError(str(e)) from None
+
+
+class ExecParts(NamedTuple):
+    """An EXEC's sources by role: ``kernel`` (Kernel), ``grid`` and ``threadgroup`` (MTLSize STRUCT nodes),
+    ``buffers`` and ``vars`` (UOps, one per buffer / variable parameter of the kernel)."""
+
+    kernel: Kernel
+    grid: UOp
+    threadgroup: UOp
+    buffers: tuple[UOp, ...]
+    vars: tuple[UOp, ...]
+
+
+def exec_parts(node: UOp, where: str = "EXEC") -> ExecParts:
+    """Split an EXEC node into its parts, checking the layout of ``mtlir.frontend.nodes``' docstring.
+
+    Raises ``QueueError`` naming ``where`` (e.g. ``"command 3"``) and the bad source."""
+    src = node.src
+    if node.op is not Ops.EXEC or len(src) < 3 or src[0].op is not Ops.KERNEL or not isinstance(src[0].arg, Kernel):
+        raise QueueError(f"{where}: an EXEC's sources are (KERNEL, grid, threadgroup, *buffers, *vars)")
+    kernel: Kernel = src[0].arg
+    nb, nv = len(kernel.buffer_params), len(kernel.var_params)
+    if len(src) != 3 + nb + nv:
+        raise QueueError(f"{where}: kernel {kernel.key!r} takes {nb} buffers and {nv} variables, the EXEC has "
+                         f"{len(src) - 3} buffer and variable sources")
+    parts = ExecParts(kernel, src[1], src[2], src[3:3 + nb], src[3 + nb:])
+    ranges = []
+    for label, size in (("grid", parts.grid), ("threadgroup", parts.threadgroup)):
+        if size.op is not Ops.STRUCT or size.dtype is not dtypes.MTLSize or len(size.src) != 3:
+            raise QueueError(f"{where}: {label} must be an MTLSize STRUCT, got {node_text(size)}")
+        ranges.append(tuple(check_size(f, f"{where}: {label}.{axis}") for axis, f in zip("xyz", size.src)))
+    check_threads(ranges[0], ranges[1], parts.grid, parts.threadgroup, where)
+    for p, b in zip(kernel.buffer_params, parts.buffers):
+        base, _ = buffer_base(b)
+        if not is_buffer(base):
+            raise QueueError(f"{where}: buffer parameter {p.index} of {kernel.key!r} is {node_text(b)}, not a buffer")
+        check_elements(p, b, where)
+    for p, v in zip(kernel.var_params, parts.vars):
+        if not v.dtype.is_int or v.op not in SIZE_OPS:
+            raise QueueError(f"{where}: variable {p.var!r} (parameter {p.index}) of {kernel.key!r} must be an "
+                             f"integer constant or an expression of run-time variables, got {node_text(v)}")
+        check_var_value(v, var_dtype(kernel, p, where), f"{where}: variable {p.var!r} (parameter {p.index})")
+    return parts
+
+
+def int_expression(f: UOp, where: str, what: str) -> tuple[int, int]:
+    """The range of an integer expression of CONSTs, DEFINE_VARs, CASTs and ALU ops over its variables' bounds.
+
+    Raises ``QueueError`` naming ``where`` for another node, a non-integer node (a float variable), or a
+    DEFINE_VAR whose declared bounds do not fit its own dtype."""
+    for u in f.toposort():
+        if u.op not in SIZE_OPS:
+            raise QueueError(f"{where}: {what} must be an expression of run-time variables, found {node_text(u)}")
+        if not u.dtype.is_int:
+            name = f" {u.arg[0]!r}" if u.op is Ops.DEFINE_VAR else ""
+            raise QueueError(f"{where}: {what} must be an integer expression, found {u.op.name}<{u.dtype.name}>"
+                             f"{name}")
+        if u.op is Ops.DEFINE_VAR:
+            name, lo, hi = u.arg
+            if lo < dtypes.min(u.dtype) or hi > dtypes.max(u.dtype):
+                raise QueueError(f"{where}: variable {name!r} has bounds [{lo}, {hi}], which do not fit its dtype "
+                                 f"{u.dtype.name} [{dtypes.min(u.dtype)}, {dtypes.max(u.dtype)}]")
+    try:
+        return bounds(f)
+    except BoundsError as e:
+        raise QueueError(f"{where}: {e}") from None
+
+
+def check_size(f: UOp, where: str) -> tuple[int, int]:
+    """Check one dispatch size: an integer constant or an integer expression of run-time variables whose every
+    value, over the variables' bounds, lies in ``[1, MAX_SIZE]`` (``mtlir.ir.bounds``: C semantics, so an expression
+    that can wrap around is refused too). Returns its range ``(lo, hi)``.
+
+    Raises ``QueueError`` naming ``where`` (the command and axis), with the expression and the variables' bounds."""
+    if not f.dtype.is_int:
+        raise QueueError(f"{where}: a size must be an integer, got dtype {f.dtype.name}")
+    if f.op is Ops.CONST:
+        if not 1 <= f.arg <= MAX_SIZE:
+            raise QueueError(f"{where}: size {f.arg} is {'below 1' if f.arg < 1 else 'above 2**32-1'}")
+        return (f.arg, f.arg)
+    lo, hi = int_expression(f, where, "a size")
+    if lo < 1 or hi > MAX_SIZE:
+        what = f"can be {lo}, below 1" if lo < 1 else f"can be {hi}, above 2**32-1"
+        fix = f"({expr_text(f)}).maximum(1)" if lo < 1 else f"({expr_text(f)}).minimum(2**32 - 1)"
+        raise QueueError(f"{where}: size {expr_text(f)} {what} (for {variable_bounds(f)}); a size must stay in "
+                         f"[1, 2**32-1] for every value of its variables: e.g. {fix} (MAX/MIN nodes; Python's "
+                         f"max() and min() cannot compare run-time values)")
+    return (lo, hi)
+
+
+def _size_text(size: UOp) -> str:
+    return "(" + ", ".join(expr_text(f) for f in size.src) + ")"
+
+
+def check_threads(grid: Sequence[tuple[int, int]], threadgroup: Sequence[tuple[int, int]], grid_node: UOp,
+                  tg_node: UOp, where: str) -> None:
+    """Check the threads of one dispatch, given the range ``(lo, hi)`` of each axis of its grid (threadgroups) and
+    threadgroup (threads): at most ``MTL.MAX_THREADS_PER_THREADGROUP`` (1024, every Apple GPU family) threads in a
+    threadgroup, and at most ``MAX_THREADS`` (2**32-1) threads per axis in the grid (MSL thread positions are
+    32-bit uint), for every value of the variables.
+
+    Raises ``QueueError`` naming ``where`` (the command) with the sizes and the variables' bounds."""
+    total = threadgroup[0][1] * threadgroup[1][1] * threadgroup[2][1]
+    limit = MTL.MAX_THREADS_PER_THREADGROUP
+    if total > limit:
+        at = "" if tg_node.op is Ops.STRUCT and all(f.op is Ops.CONST for f in tg_node.src) else \
+            f" (for {variable_bounds(tg_node)})"
+        raise QueueError(f"{where}: threadgroup {_size_text(tg_node)} can have {total} threads{at}, above Metal's "
+                         f"maximum of {limit} threads per threadgroup (every Apple GPU family)")
+    for axis, (_, g), (_, t), gf, tf in zip("xyz", grid, threadgroup, grid_node.src, tg_node.src):
+        if g * t > MAX_THREADS:
+            at = "" if gf.op is Ops.CONST and tf.op is Ops.CONST else \
+                f" (for {variable_bounds(UOp.sink(gf, tf))})"
+            raise QueueError(f"{where}: grid.{axis} x threadgroup.{axis} = {expr_text(gf)} x {expr_text(tf)} can be "
+                             f"{g * t} threads{at}, above 2**32-1: MSL thread positions are 32-bit uint")
+
+
+def check_var_value(v: UOp, dt: DType, where: str) -> None:
+    """Check the value of a ``constant int&`` parameter of dtype ``dt``: an integer constant or integer expression
+    of run-time variables (each with bounds that fit its own dtype) whose every value fits ``dt``, so nothing is
+    cut when the value is written into the parameter's slot.
+
+    Raises ``QueueError`` naming ``where`` (the command and the parameter) with the value's range."""
+    while v.op is Ops.CAST and v.src[0].dtype.is_int:  # a CAST to the parameter's type must not wrap the value
+        v = v.src[0]
+    lo, hi = int_expression(v, where, "a variable value")
+    mn, mx = dtypes.min(dt), dtypes.max(dt)
+    if lo < mn or hi > mx:
+        text = str(v.arg) if v.op is Ops.CONST else f"{expr_text(v)} in [{lo}, {hi}] (for {variable_bounds(v)})"
+        raise QueueError(f"{where}: value {text} does not fit the parameter's type {dt.name} [{mn}, {mx}]")
+
+
+def check_elements(p: KernelParam, b: UOp, where: str) -> None:
+    """Check a buffer or view bound to buffer parameter ``p`` holds ``p.elements`` elements (when given): a view's
+    size, a buffer's size, at least ``elements * itemsize`` bytes. A buffer variable is not checked (its size is
+    known at run time only). Raises ``QueueError`` naming ``where``, the parameter and both sizes."""
+    if p.elements is None:
+        return
+    have = buffer_nbytes(b)
+    need = p.elements * (param_dtype(p.dtype).itemsize or 1)
+    if have is not None and have < need:
+        what = f"view of {buffer_label(b.src[0])}" if b.op is Ops.BUFFER_VIEW else f"buffer {buffer_label(b)}"
+        raise QueueError(f"{where}: buffer parameter {p.index} takes {p.elements} elements of {p.dtype} ({need} "
+                         f"bytes), but the {what} bound to it holds {have} bytes")
+
+
+def var_dtype(kernel: Kernel, p: KernelParam, where: str) -> DType:
+    """The integer dtype of a ``constant int&`` parameter. Raises ``QueueError`` for a non-integer type."""
+    dt = param_dtype(p.dtype)
+    if not dt.is_int or dt.kind == "bool":
+        raise QueueError(f"{where}: variable parameter {p.var!r} (index {p.index}) of {kernel.key!r} has element "
+                         f"type {p.dtype!r}; constant int& variables are integers (KernelParam(..., dtype='int32'))")
+    return dt

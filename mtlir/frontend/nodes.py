@@ -1,0 +1,148 @@
+"""The queue graph's nodes: the front end's vocabulary, built from Python with ``mtlir.frontend.queue.Queue`` or from
+a trace (``mtlir.frontend.trace``), and the placeholders and buffers the queue operations name.
+
+A queue graph is one SUBMIT node whose sources are the queue operations in order (docs/lowering.md, "The queue
+graph"). Layouts, all checked by ``Queue`` as they are built and again by the ``encode`` pass:
+
+| node | dtype | src | arg |
+|---|---|---|---|
+| SUBMIT | void | the queue ops (EXEC, WAIT, SIGNAL, TIMESTAMP, COPY, FILL) in order | ``DeviceSpec`` |
+| EXEC | void | ``(KERNEL, grid, threadgroup, *buffers, *vars)`` | None |
+| KERNEL | void | () | ``mtlir.metal.Kernel`` |
+| WAIT / SIGNAL | void | ``(event, value)``: the event placeholder, a uint64 value | None |
+| TIMESTAMP | void | () | the slot (int >= 0) |
+| COPY | void | ``(src, src_offset, dst, dst_offset, size)``: buffers (BUFFER or buffer variable), uint64 bytes | None |
+| FILL | void | ``(buffer, offset, size)``: a buffer, uint64 bytes | the byte value (0..255) |
+| BUFFER | id | () | ``(name, nbytes)``; the placeholder link creates is ``buffer:<name>`` |
+| BUFFER_VIEW | id | ``(BUFFER or buffer variable,)`` | ``(offset, nbytes)`` in bytes |
+
+``grid`` and ``threadgroup`` are ``STRUCT`` nodes of dtype MTLSize whose three fields are uint64: constants or
+expressions of run-time variables (DEFINE_VAR). Grid sizes count threadgroups, threadgroup sizes count threads
+(Metal's ``dispatchThreadgroups:threadsPerThreadgroup:``). ``buffers`` are one per buffer parameter of the kernel, in
+order: a BUFFER, a BUFFER_VIEW, or a *buffer variable* (a DEFINE_VAR of dtype id: an MTLBuffer handle given per
+submit, "a rebound input"). ``vars`` are one per ``constant int&`` parameter, in order: integer constants or
+expressions of DEFINE_VARs, of the parameter's dtype.
+"""
+from __future__ import annotations
+
+from mtlir.errors import InputError
+from mtlir.ir.dtypes import dtypes
+from mtlir.metal import Obj
+from mtlir.ir.ops import Ops
+from mtlir.ir.uop import UOp
+
+__all__ = ["QueueError", "shared_event", "timeline_name", "buffer", "view", "buffer_variable", "timeline",
+           "timeline_value", "buffer_base", "buffer_nbytes", "placeholder_name", "is_buffer", "buffer_label",
+           "node_text", "MAX_HANDLE", "MAX_BUFFER_BYTES"]
+
+MAX_HANDLE = 2**64 - 1
+# the largest buffer a queue (built by hand or loaded from a trace) may declare: 64 GiB, more than any Apple GPU's
+# memory. The device's own limit (MTLDevice.maxBufferLength, smaller) is checked when link creates the buffer.
+MAX_BUFFER_BYTES = 2**36
+
+
+class QueueError(InputError, ValueError):
+    """A queue operation built with bad input; the message names the command (its index in the queue) and the
+    argument."""
+
+
+def timeline(queue: str | None = None) -> UOp:
+    """A queue's timeline: its MTLSharedEvent placeholder (dtype id): ``Obj("event", "event")`` for the default
+    queue, ``Obj("event", "event:<queue>")`` for a named one."""
+    return UOp(Ops.OBJECT, dtypes.id, (), Obj("event", timeline_name(queue)))
+
+
+def timeline_name(queue: str | None) -> str:
+    """The placeholder name of a queue's timeline: ``event`` (default queue) or ``event:<queue>``."""
+    return "event" if queue is None else f"event:{queue}"
+
+
+def shared_event(name: str) -> UOp:
+    """An MTLSharedEvent no queue owns (placeholder ``event:<name>``): queues wait for it and signal it, the host
+    signals it (``Session.signal_event``). Raises ``QueueError`` for a name that is not a Python identifier."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise QueueError(f"shared_event: the name must be an identifier (letters, digits, _), got {name!r}")
+    return UOp(Ops.OBJECT, dtypes.id, (), Obj("event", f"event:{name}"))
+
+
+def timeline_value(name: str = "timeline") -> UOp:
+    """The run-time value a submit signals (uint64 in ``[1, 2**63-1]``), so one Program replays many submits."""
+    return UOp.variable(name, 1, 2**63 - 1, dtypes.uint64)
+
+
+def buffer(name: str, nbytes: int, tag: object = None) -> UOp:
+    """A device buffer placeholder of ``nbytes`` bytes (BUFFER, dtype id); link creates ``buffer:<name>``.
+
+    Raises ``QueueError`` for an empty name, a size below 1 byte or above ``MAX_BUFFER_BYTES`` (2**36, 64 GiB: the
+    trace loader's limit too)."""
+    if not isinstance(name, str) or not name:
+        raise QueueError(f"buffer: the name must be a non-empty string, got {name!r}")
+    if type(nbytes) is not int or nbytes < 1:
+        raise QueueError(f"buffer {name!r}: nbytes must be an int >= 1, got {nbytes!r}")
+    if nbytes > MAX_BUFFER_BYTES:
+        raise QueueError(f"buffer {name!r}: {nbytes} bytes is above 2**36 (64 GiB), more than any Apple GPU has: "
+                         "it cannot be created")
+    return UOp(Ops.BUFFER, dtypes.id, (), (name, nbytes), tag)
+
+
+def buffer_variable(name: str) -> UOp:
+    """A buffer bound per submit: its MTLBuffer handle is a run-time value (DEFINE_VAR of dtype id) named
+    ``name``, given to each run like any variable. Every ICB command that binds it is rebound per submit."""
+    return UOp.variable(name, 1, MAX_HANDLE, dtypes.id)
+
+
+def buffer_base(node: UOp) -> tuple[UOp, int]:
+    """The buffer (BUFFER or buffer variable) under ``node`` and the byte offset of ``node`` into it."""
+    if node.op is Ops.BUFFER_VIEW:
+        return node.src[0], node.arg[0]
+    return node, 0
+
+
+def buffer_nbytes(node: UOp) -> int | None:
+    """The size in bytes of a BUFFER or BUFFER_VIEW; None for a buffer variable (unknown until run time)."""
+    if node.op is Ops.BUFFER:
+        return int(node.arg[1])
+    if node.op is Ops.BUFFER_VIEW:
+        return int(node.arg[1])
+    return None
+
+
+def view(buf: UOp, offset: int, nbytes: int) -> UOp:
+    """``nbytes`` bytes of ``buf`` from byte ``offset`` (BUFFER_VIEW). A view of a view is a view of its buffer.
+
+    Raises ``QueueError`` when ``buf`` is not a buffer, the offset is negative, the size is below 1, or the view
+    runs past the end of the buffer."""
+    base, off0 = buffer_base(buf)
+    if not is_buffer(base):
+        raise QueueError(f"view: {node_text(buf)} is not a buffer (BUFFER, BUFFER_VIEW or buffer_variable)")
+    if type(offset) is not int or offset < 0:
+        raise QueueError(f"view of {buffer_label(base)}: offset must be an int >= 0, got {offset!r}")
+    if type(nbytes) is not int or nbytes < 1:
+        raise QueueError(f"view of {buffer_label(base)}: nbytes must be an int >= 1, got {nbytes!r}")
+    limit = buffer_nbytes(buf)
+    if limit is not None and offset + nbytes > limit:
+        raise QueueError(f"view of {buffer_label(base)}: bytes [{offset}, {offset + nbytes}) run past the end of the "
+                         f"{limit}-byte {'view' if buf.op is Ops.BUFFER_VIEW else 'buffer'}")
+    return UOp(Ops.BUFFER_VIEW, dtypes.id, (base,), (off0 + offset, nbytes))
+
+
+def placeholder_name(buf: UOp) -> str:
+    """The name of the placeholder link makes for a BUFFER (``buffer:<name>``) or a buffer variable
+    (``input:<name>``)."""
+    return f"buffer:{buf.arg[0]}" if buf.op is Ops.BUFFER else f"input:{buf.arg[0]}"
+
+
+def is_buffer(node: UOp) -> bool:
+    """True for a BUFFER or a buffer variable (a DEFINE_VAR of dtype id)."""
+    return node.op is Ops.BUFFER or (node.op is Ops.DEFINE_VAR and node.dtype is dtypes.id)
+
+
+def buffer_label(node: UOp) -> str:
+    """A buffer's name as messages quote it (``'x'``), else the node's op name."""
+    return repr(node.arg[0]) if node.op in (Ops.BUFFER, Ops.DEFINE_VAR) else node.op.name
+
+
+def node_text(node: UOp) -> str:
+    """A one-line description of a node that needs no printer (dtype, op, a short arg)."""
+    arg = "" if node.arg is None else f" {str(node.arg)[:60]}"
+    return f"{node.op.name}<{node.dtype.name}>{arg}"
