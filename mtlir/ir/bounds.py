@@ -12,7 +12,7 @@ variable values inside their bounds lies in it) but not always tight: variables 
 without variables, the evaluation) show there is one: what ``bool()``, ``int()`` and ``range()`` of a UOp return.
 
 Used by the queue builder and ``encode`` to refuse dispatch sizes that can fall below 1 or exceed 2**32-1
-(``mtlir.frontend.queue.check_size``); reusable by simplification rules (``UOp.vmin`` / ``UOp.vmax``).
+(``mtlir.frontend.checks.check_size``); reusable by simplification rules (``UOp.vmin`` / ``UOp.vmax``).
 """
 from __future__ import annotations
 
