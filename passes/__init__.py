@@ -18,7 +18,7 @@ from mtlir.metal import TARGETS
 from mtlir.metal import AbiError
 from mtlir.passes.abi import Abi
 from mtlir.passes.encode.encode import Encode
-from mtlir.passes.encode.submit import EncodeError
+from mtlir.passes.encode.commands import EncodeError
 from mtlir.passes.linearize import Linearize, LinearizeError
 from mtlir.passes.pipeline import (PASSES, STAGES, Lowered, Pass, PassContext, PassPipeline, PassTiming, PipelineError,
                                    graph_stage, register)

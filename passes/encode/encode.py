@@ -45,8 +45,9 @@ from mtlir.ir.ops import Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
 from mtlir.passes.encode.messages import MessageBatch, msg, u64
 from mtlir.passes.encode.placeholders import SubmitPlaceholders
-from mtlir.passes.encode.submit import (VAR_SLOT, Blit, Command, CommandBufferSpan, EncodeError, SubmitReader,
-                                        placeholder)
+from mtlir.passes.encode.commands import VAR_SLOT, Blit, Command, EncodeError, placeholder
+from mtlir.passes.encode.spans import CommandBufferSpan
+from mtlir.passes.encode.submit import SubmitReader
 from mtlir.program.payloads import TableEntries
 from mtlir.ir.rewrite import graph_rewrite
 from mtlir.ir.upat import PatternMatcher, UPat

@@ -19,7 +19,9 @@ from mtlir.ir.ops import Ops
 from mtlir.ir.uop import UOp
 from mtlir.metal import Obj
 from mtlir.passes.encode.messages import msg, u64
-from mtlir.passes.encode.submit import VAR_SLOT, Command, CommandBufferSpan, SubmitReader, placeholder
+from mtlir.passes.encode.commands import VAR_SLOT, Command, placeholder
+from mtlir.passes.encode.spans import CommandBufferSpan
+from mtlir.passes.encode.submit import SubmitReader
 from mtlir.program.payloads import CommandList, IcbCommand, IcbSpec, TableEntries
 
 __all__ = ["SubmitPlaceholders"]

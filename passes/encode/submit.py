@@ -1,186 +1,38 @@
-"""Reading a SUBMIT for ``encode``: its commands checked and resolved to ICB bindings, and its command buffers.
+"""Reading a SUBMIT for ``encode``: its commands checked and resolved to ICB bindings.
 
 ``SubmitReader.read(submit)`` visits each queue op once, and each distinct kernel, size, buffer, view and
 variable node once (memoized by node): per command it keeps the kernel, the sizes (constant, or set by each
 submit), the argument nodes and the ICB binding of each parameter — ``(placeholder name, byte offset, index)``, a
-variable as its 256-byte slot of the variables buffer. ``command_buffers`` then cuts the submit into command buffers
-(``CommandBufferSpan``: a SIGNAL closes one; with TIMESTAMPs one per command, runs folded into loops) and ``stamps``
-says which command buffer's GPU time each timestamp slot gets. Every problem raises ``EncodeError`` naming the command.
+variable as its 256-byte slot of the variables buffer (the records: ``mtlir.passes.encode.commands``). Once every
+queue is read, ``check_events`` refuses waits that can never complete (``mtlir.passes.encode.events``);
+``command_buffers`` and ``stamps`` cut the submit into command buffers (``mtlir.passes.encode.spans``). Every
+problem raises ``EncodeError`` naming the command.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from mtlir.ir.bounds import bounds, expr_text
 from mtlir.ir.dtypes import DType, dtypes
-from mtlir.errors import LoweringError
 from mtlir.metal import MTL, DeviceSpec, Kernel, Obj
 from mtlir.ir.ops import Ops
+from mtlir.passes.encode.commands import (MAX_ICB_OFFSET, VAR_SLOT, Binding, Blit, Command, EncodeError, KernelLayout,
+                                          QueueRange, Size, placeholder, where)
+from mtlir.passes.encode.events import EventChecks
+from mtlir.passes.encode.spans import CommandBuffers
 from mtlir.passes.pipeline import PassContext
 from mtlir.passes.symbolic import simplify
-from mtlir.program.payloads import Stamp
 from mtlir.frontend.nodes import QueueError, placeholder_name, timeline_name
 from mtlir.frontend.checks import MAX_THREADS, check_size, check_threads, check_var_value, param_dtype, var_dtype
 from mtlir.ir.uop import UOp
 
-__all__ = ["SubmitReader", "EncodeError", "KernelLayout", "Size", "Binding", "Command", "CommandBufferSpan",
-           "QueueRange", "Blit", "VAR_SLOT", "MAX_ICB_OFFSET", "placeholder"]
-
-VAR_SLOT = MTL.CONSTANT_OFFSET_ALIGN  # bytes per variable slot in the variables buffer (256: any family)
-MAX_ICB_OFFSET = 0xFFFFFFFF
-
-
-class EncodeError(LoweringError):
-    """A queue graph encode cannot lower; the message names the command (its index in the queue) or queue op."""
-
-
-def placeholder(kind: str, name: str, payload: tuple[object, ...] = (), dtype: DType = dtypes.id) -> UOp:
-    """An OBJECT node standing for ``Obj(kind, name, payload)`` (dtype id unless given)."""
-    return UOp(Ops.OBJECT, dtype, (), Obj(kind, name, payload))
-
-
-class KernelLayout(NamedTuple):
-    """A kernel's argument layout as encode reads it once per KERNEL node (METAL.md §1 "Kernel arguments"): its
-    pipeline placeholder, the index and element size of each buffer parameter, the index and dtype of each
-    variable parameter. (The simulated device's translator has its own ``KernelInfo``: what it learnt of the MSL.)"""
-
-    kernel: Kernel
-    pipeline: UOp                               # OBJECT pipeline:KEY
-    buffers: tuple[tuple[int, int], ...]        # (parameter index, element size in bytes)
-    vars: tuple[tuple[int, DType], ...]         # (parameter index, dtype)
-    pids: tuple[int, ...]                       # ids of (index, element size, bytes needed) per buffer and
-    #                                             (index, dtype, 0) per variable: buffers then vars
-    var_names: tuple[tuple[str, int], ...]      # (variable name, parameter index)
-    nsrc: int                                   # sources of its EXEC: 3 + buffers + variables
-
-
-class Size(NamedTuple):
-    """A grid or threadgroup size: the simplified MTLSize STRUCT, its link-time entries, whether it varies, and
-    the range of each entry over the variables' bounds."""
-
-    node: UOp                                   # the simplified STRUCT<MTLSize>
-    link: tuple[int, int, int]                  # constant entries, 0 where set per submit
-    symbolic: bool
-    ranges: tuple[tuple[int, int], ...]         # per axis (lo, hi)
-
-
-class Binding(NamedTuple):
-    """A buffer argument: its buffer (or buffer variable), the byte offset, the placeholder name."""
-
-    base: UOp                                   # BUFFER or buffer variable
-    offset: int
-    name: str | None                            # placeholder name; None for a buffer variable
-
-
-class Command(NamedTuple):
-    """One EXEC as encode keeps it."""
-
-    kernel: KernelLayout
-    grid: Size
-    threadgroup: Size
-    args: tuple[UOp, ...]                       # the EXEC's buffer and variable sources
-    icb_binds: tuple[tuple[str, int, int], ...]  # per parameter: (placeholder name, offset, index); name "" for a
-    #                                             buffer variable (bound by each submit)
-    symbolic: bool                              # sizes set by each submit (concurrentDispatchThreadgroups)
-
-
-class CommandBufferSpan(NamedTuple):
-    """The span of commands one command buffer of the submit encodes, ``first`` .. ``first + ncmds - 1``, and the
-    value its ``signal`` sends; with ``loop``, a loop (RANGE) of ``ncmds`` one-command buffers over the span.
-    ``event``: the event it signals (None: the queue's timeline); ``waits``: ``(event, value)`` of each
-    ``encodeWaitForEvent:value:`` before its encoder (waits on other queues' timelines or shared events)."""
-
-    first: int                                  # first command
-    ncmds: int                                  # commands (0: a command buffer that only signals)
-    signal: UOp | None                          # the value encodeSignalEvent:value: sends
-    loop: bool                                  # a RANGE over `ncmds` one-command buffers
-    event: UOp | None = None                    # the event signaled (None: the queue's timeline)
-    waits: tuple[tuple[UOp, UOp], ...] = ()     # (event, value) waited for before the encoder
-    blits: tuple[tuple[int, Blit], ...] = ()    # (command position, blit): a blit encoder before that command
-
-    def segments(self) -> list[tuple[int, int] | tuple[Blit, ...]]:
-        """The encoders of this command buffer in order: ``(first, end)`` command ranges for compute encoders and
-        tuples of blits for blit encoders (the blits between two commands share one)."""
-        out: list[tuple[int, int] | tuple[Blit, ...]] = []
-        cur, end = self.first, self.first + self.ncmds
-        group: list[Blit] = []
-        for pos, blit in self.blits:
-            if pos > cur:
-                if group:
-                    out.append(tuple(group))
-                    group = []
-                out.append((cur, pos))
-                cur = pos
-            group.append(blit)
-        if group:
-            out.append(tuple(group))
-        if cur < end:
-            out.append((cur, end))
-        return out
-
-
-class Blit(NamedTuple):
-    """A COPY or FILL as encode keeps it: ``selector`` and its arguments (buffer handles or placeholders, uint64
-    offsets and sizes simplified, ``fillBuffer:range:value:``'s NSRange and uint8 value)."""
-
-    selector: str
-    args: tuple[UOp, ...]
-
-
-class QueueRange(NamedTuple):
-    """One queue of the program as ``SubmitReader.read`` found it: its ``name`` (None: the default queue), its
-    commands ``first`` .. ``end - 1`` and its event ops and blits in order: ``(position, "signal" | "wait", value,
-    event)``, ``(position, "blit", COPY or FILL node, the same node)`` (waits on its own timeline left out: the fence
-    orders the queue)."""
-
-    name: str | None
-    first: int
-    end: int
-    marks: tuple[tuple[int, str, UOp, UOp], ...]
-
-
-def _of(name: str | None) -> str:
-    return "" if name is None else f" of queue {name!r}"
-
-
-def _goes_down(prev: UOp, value: UOp, equal: bool = False) -> bool:
-    """Whether ``value`` is below ``prev`` (``equal``: or equal to it) for every value of their variables (by their
-    bounds, or as a constant difference of the same expression)."""
-    if bounds(value)[1] < bounds(prev)[0] or (equal and bounds(value)[1] <= bounds(prev)[0]):
-        return True
-    (base0, k0), (base1, k1) = _offset(prev), _offset(value)
-    return base0 is base1 and (k1 < k0 or (equal and k1 == k0))
-
-
-def _previous_submit(value: UOp) -> UOp | None:
-    """``value`` as a previous submit signaled it at the most: the timeline variable (``timeline``, the last value
-    + 1 by default, and increasing from submit to submit) one lower; None when ``value`` does not use it."""
-    base, k = _offset(value)
-    if base.op is not Ops.DEFINE_VAR or base.arg[0] != "timeline":
-        return None
-    d = k - 1
-    return simplify(base + d if d >= 0 else base - (-d))
-
-
-def _offset(u: UOp) -> tuple[UOp, int]:
-    """``u`` as ``base + k`` with ``k`` a constant (``v - 1``: ``(v, -1)``)."""
-    if u.op in (Ops.ADD, Ops.SUB) and u.src[1].op is Ops.CONST:
-        base, k = _offset(u.src[0])
-        return base, k + int(u.src[1].arg) * (1 if u.op is Ops.ADD else -1)
-    return u, 0
-
-
-def where(i: int, k: KernelLayout, index: int, what: str) -> str:
-    """Where a problem is, for an error message: ``command 3 (E_5_8): buffer parameter 1``."""
-    return f"command {i} ({k.kernel.key}): {what} parameter {index}"
-
+__all__ = ["SubmitReader"]
 
 _new = tuple.__new__  # builds a NamedTuple at C speed (its generated __new__ is Python code): per-command records
 
 
 @dataclass
-class SubmitReader:
+class SubmitReader(EventChecks, CommandBuffers):
     """Reads one SUBMIT (module docstring): ``read(submit)``, then ``command_buffers`` and ``stamps``."""
 
     device: DeviceSpec
@@ -285,69 +137,6 @@ class SubmitReader:
         if any(g * t > MAX_THREADS for g, t in zip(self.grid_hi, self.tg_hi)):
             self.check_threads()
 
-    def check_events(self) -> None:
-        """Refuse what can never complete, once every queue is read: a wait on the timeline of a queue of the program
-        for a value no queue signals (no signal of that event, or every signal's largest value below the wait's
-        smallest), and signals of one event on one queue whose value goes down (Metal ignores the smaller one: a
-        wait for it may never end, METAL.md §3 rule 12). A wait on an event that is no queue's timeline (a
-        ``shared_event``) is left to the host, which may signal it. Raises ``EncodeError`` naming the queue op."""
-        timelines = {timeline_name(q.name) for q in self.queues}
-        signaled: dict[UOp, list[UOp]] = {}
-        for q in self.queues:
-            last: dict[UOp, UOp] = {}
-            for pos, kind, value, ev in q.marks:
-                if kind != "signal":
-                    continue
-                prev = last.get(ev)
-                if prev is not None and _goes_down(prev, value):
-                    raise EncodeError(f"signal after command {pos - q.first}{_of(q.name)}: {ev.arg.name} goes down "
-                                      f"from {expr_text(prev)} to {expr_text(value)}; an event's value only "
-                                      "increases, Metal ignores the smaller one (METAL.md §3 rule 12)")
-                if prev is not None and _goes_down(prev, value, equal=True):
-                    raise EncodeError(f"signal after command {pos - q.first}{_of(q.name)}: {ev.arg.name} does not go "
-                                      f"up from {expr_text(prev)} to {expr_text(value)} (the same value again); an "
-                                      "event's value only increases, a value it already has is refused (METAL.md "
-                                      "§3 rule 12)")
-                last[ev] = value
-                signaled.setdefault(ev, []).append(value)
-        for q in self.queues:
-            for pos, kind, value, ev in q.marks:
-                if kind != "wait" or ev.arg.name not in timelines:
-                    continue
-                values = signaled.get(ev, [])
-                where = f"wait after command {pos - q.first}{_of(q.name)}: {ev.arg.name} >= {expr_text(value)}"
-                if not values:
-                    raise EncodeError(f"{where}: no queue of the program signals {ev.arg.name}, so the wait can "
-                                      "never complete")
-                top = max(bounds(v)[1] for v in values)
-                if bounds(value)[0] > top:
-                    raise EncodeError(f"{where}: the queues signal {ev.arg.name} up to {top} at most, so the wait "
-                                      "can never complete")
-        for qname, pos, value, ev, nbefore in self.own_waits:
-            self.check_own_wait(qname, pos, value, ev, nbefore, signaled.get(ev, []))
-
-    def check_own_wait(self, qname: str | None, pos: int, value: UOp, ev: UOp, nbefore: int,
-                       values: list[UOp]) -> None:
-        """Refuse a wait on a queue's own timeline (which lowers to nothing) for a value that nothing before it can
-        have signaled: neither a signal of that event earlier on the queue in the same submit nor the previous
-        submit's signals (the timeline variable one lower: ``wait(q.timeline, v - 1)`` is fine, ``v`` or ``v + 5``
-        before the ``signal(q.timeline, v)`` is not). Left alone when another queue signals the event too."""
-        if bounds(value)[0] == 0:
-            return                                   # an event starts at 0
-        where = f"wait after command {pos}{_of(qname)}: {ev.arg.name} >= {expr_text(value)}"
-        if not values:
-            raise EncodeError(f"{where}: no queue of the program signals {ev.arg.name}, so the wait can never "
-                              "complete")
-        mine = next(q for q in self.queues if q.name == qname)
-        if any(e is ev and kind == "signal" for q in self.queues if q is not mine for _, kind, _, e in q.marks):
-            return
-        earlier = [v for _, kind, v, e in mine.marks[:nbefore] if kind == "signal" and e is ev]
-        previous = [v if (p := _previous_submit(v)) is None else p for v in values]
-        if all(_goes_down(value, v) for v in earlier + previous):
-            reach = ", ".join(dict.fromkeys(expr_text(v) for v in earlier + previous))
-            raise EncodeError(f"{where}: the queue's own timeline is at most {reach} there (its signals before the "
-                              "wait in this submit and the previous submit's), so the wait can never complete (a "
-                              "wait on the own timeline is encoded as nothing: the fence orders the queue)")
 
     def read_blit(self, op: UOp, where: str) -> Blit:
         """A COPY or FILL as its blit message: the buffers' placeholders (or buffer variables), offsets and sizes
@@ -548,78 +337,3 @@ class SubmitReader:
             self.slot_values.append((value, dt))
         self.slots[(v, dt)] = slot
         return slot
-
-    # ---- cutting the submit into command buffers
-
-    def queue_command_buffers(self, q: QueueRange) -> list[CommandBufferSpan]:
-        """The command buffers of queue ``q`` (not profiled): a SIGNAL closes one (signaling its event); a WAIT on
-        another event starts a new one (closing the current one when it has commands) whose
-        ``encodeWaitForEvent:value:`` comes before its encoder."""
-        spans: list[CommandBufferSpan] = []
-        start, waits = q.first, list[tuple[UOp, UOp]]()
-        blits: list[tuple[int, Blit]] = []
-        for pos, kind, value, ev in q.marks:
-            if kind == "blit":
-                blits.append((pos, self.blits[value]))
-            elif kind == "signal":
-                spans.append(CommandBufferSpan(start, pos - start, value, False, ev, tuple(waits), tuple(blits)))
-                start, waits, blits = pos, [], []
-            else:
-                if pos > start or blits:
-                    spans.append(CommandBufferSpan(start, pos - start, None, False, None, tuple(waits), tuple(blits)))
-                    start, waits, blits = pos, [], []
-                waits.append((ev, value))
-        if start < q.end or waits or blits:
-            spans.append(CommandBufferSpan(start, q.end - start, None, False, None, tuple(waits), tuple(blits)))
-        return spans
-
-    def command_buffers(self, profiled: bool, loops: bool) -> list[CommandBufferSpan]:
-        """The command buffers of the submit (module docstring), in order; ``profiled``: one per command (the
-        submit has TIMESTAMPs); ``loops``: fold runs of one-command buffers without a signal into loops."""
-        n = len(self.cmds)
-        signals = self.signals
-        spans: list[CommandBufferSpan] = []
-        if not profiled:
-            return [span for q in self.queues for span in self.queue_command_buffers(q)]
-        j = 0
-        for pos in range(n + 1):
-            while j < len(signals) and signals[j][0] == pos:
-                last = spans[-1] if spans else None
-                if last is not None and last.ncmds and last.signal is None and last.first + last.ncmds == pos:
-                    spans[-1] = last._replace(signal=signals[j][1])
-                else:
-                    spans.append(CommandBufferSpan(pos, 0, signals[j][1], False))
-                j += 1
-            if pos < n:
-                spans.append(CommandBufferSpan(pos, 1, None, False))
-        if not loops:
-            return spans
-        out: list[CommandBufferSpan] = []
-        for p in spans:
-            prev = out[-1] if out else None
-            if p.ncmds == 1 and p.signal is None and prev is not None and prev.signal is None and prev.ncmds >= 1 \
-                    and prev.first + prev.ncmds == p.first:
-                out[-1] = CommandBufferSpan(prev.first, prev.ncmds + 1, None, True)
-            else:
-                out.append(p)
-        return out
-
-    def stamps(self, spans: list[CommandBufferSpan]) -> tuple[Stamp, ...]:
-        """Which command buffer's GPU time each timestamp slot gets (``Queue.timestamp``): right after an EXEC its
-        end, else the start of the next command, else the end of the last one."""
-        n = len(self.cmds)
-        cb_of = [0] * n
-        slot = 0
-        for p in spans:
-            for c in range(p.first, p.first + p.ncmds):
-                cb_of[c] = slot + (c - p.first if p.loop else 0)
-            slot += p.ncmds if p.loop else 1
-        out = []
-        for pos, stamp_slot, after_exec in self.stamps_at:
-            if after_exec or (pos == n and n > 0):
-                out.append(Stamp(stamp_slot, cb_of[pos - 1], "GPUEndTime"))
-            elif pos < n:
-                out.append(Stamp(stamp_slot, cb_of[pos], "GPUStartTime"))
-            else:
-                raise EncodeError(f"timestamp slot {stamp_slot}: the submit has no command to time")
-        return tuple(out)

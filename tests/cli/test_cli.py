@@ -318,7 +318,7 @@ def _error(name: str) -> BaseException:
     from mtlir.frontend.nodes import QueueError
     from mtlir.frontend.trace import TraceError
     from mtlir.metal import AbiError
-    from mtlir.passes.encode.submit import EncodeError
+    from mtlir.passes.encode.commands import EncodeError
     from mtlir.passes.linearize import LinearizeError
     from mtlir.passes.pipeline import PipelineError
     from mtlir.passes.verify import VerifyError

@@ -11,7 +11,7 @@ from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
 from mtlir.ir.ops import Ops
 from mtlir.passes import lower
-from mtlir.passes.encode.submit import EncodeError
+from mtlir.passes.encode.commands import EncodeError
 from mtlir.frontend.nodes import QueueError, buffer
 from mtlir.frontend.queue import Queue
 from mtlir.ir.uop import UOp

@@ -15,7 +15,7 @@ from mtlir.ir.dtypes import dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj
 from mtlir.ir.ops import Ops
 from mtlir.passes import lower
-from mtlir.passes.encode.submit import EncodeError
+from mtlir.passes.encode.commands import EncodeError
 from mtlir.program.instructions import Call, Store
 from mtlir.program.payloads import IcbCommand, IcbSpec, Stamp
 from mtlir.program.program import Program

@@ -12,7 +12,7 @@ from mtlir.frontend.nodes import QueueError, buffer, shared_event, timeline_valu
 from mtlir.frontend.queue import Queue, queues
 from mtlir.metal import DeviceSpec
 from mtlir.passes import lower
-from mtlir.passes.encode.submit import EncodeError
+from mtlir.passes.encode.commands import EncodeError
 from mtlir.passes.verify import verify_queue
 
 DEV = DeviceSpec("Apple9")
