@@ -30,9 +30,10 @@ receiver (``enc.after(previous)``). docs/lowering.md walks through the choices b
   ``setBuffer:offset:atIndex:`` per buffer, ``setBytes:length:atIndex:`` per variable (a pointer into the variables
   buffer's host memory, patched per submit), ``dispatchThreadgroups:threadsPerThreadgroup:``.
 
-Reading and checking the queue and cutting it into command buffers is ``submit.py``, the link-time placeholders
-and the per-submit patches are ``placeholders.py``, the MSG and MSGS nodes ``messages.py``; this module builds the
-message chain of each command buffer. Cost: one visit per queue op and per distinct size, buffer and kernel node
+Reading and checking the queue is ``submit.py`` (its records ``commands.py``, the event checks ``events.py``),
+cutting it into command buffers ``spans.py``, the link-time placeholders and the per-submit patches
+``placeholders.py``, the MSG and MSGS nodes ``messages.py``; this module builds the message chain of each command
+buffer. Cost: one visit per queue op and per distinct size, buffer and kernel node
 (memoized); after encode the graph of an ICB submit has no per-command nodes except for symbolic commands.
 """
 from __future__ import annotations
@@ -46,7 +47,9 @@ from mtlir.passes.pipeline import Pass, PassContext, register
 from mtlir.passes.encode.messages import MessageBatch, msg, u64
 from mtlir.passes.encode.placeholders import SubmitPlaceholders
 from mtlir.passes.encode.commands import VAR_SLOT, Blit, Command, EncodeError, placeholder
-from mtlir.passes.encode.spans import CommandBufferSpan
+from mtlir.passes.encode.events import check_events
+from mtlir.passes.encode.spans import CommandBufferSpan, command_buffers, queue_command_buffers
+from mtlir.passes.encode.spans import stamps as stamps_of
 from mtlir.passes.encode.submit import SubmitReader
 from mtlir.program.payloads import TableEntries
 from mtlir.ir.rewrite import graph_rewrite
@@ -210,12 +213,12 @@ class _Builder:
         e = self.e
         profiled = bool(e.stamps_at)
         if profiled:  # one queue (encode_queues refuses TIMESTAMPs with several)
-            spans = e.command_buffers(True, loops=self.ph.icb_path)
+            spans = command_buffers(e, True, loops=self.ph.icb_path)
             owner = [e.queues[0].name] * len(spans)
         else:
-            queued = [(span, q.name) for q in e.queues for span in e.queue_command_buffers(q)]
+            queued = [(span, q.name) for q in e.queues for span in queue_command_buffers(e, q)]
             spans, owner = [span for span, _ in queued], [name for _, name in queued]
-        stamps = e.stamps(spans) if profiled else ()
+        stamps = stamps_of(e, spans) if profiled else ()
         ncbs = sum(p.ncmds if p.loop else 1 for p in spans)
         self.cbslots = placeholder("cbslots", "cbslots", (ncbs, stamps), dtypes.id.ptr())
         deps = self.ph.patches()
@@ -273,7 +276,7 @@ def encode_queues(ctx: _EncodeCtx, submits: tuple[UOp, ...]) -> UOp:
     names = [q.name for q in e.queues]
     if len(set(names)) != len(names):
         raise EncodeError(f"two queues of the program are named {next(n for n in names if names.count(n) > 1)!r}")
-    e.check_events()
+    check_events(e)
     foreign = any(kind == "wait" or ev is not e.timeline for q in e.queues for _, kind, _, ev in q.marks)
     if e.stamps_at and (len(e.queues) > 1 or foreign):
         raise EncodeError("TIMESTAMPs (a profiled submit) are supported in a program of one queue that signals "

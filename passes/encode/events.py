@@ -3,6 +3,8 @@ program's timeline, or a queue's own timeline) and signals whose value does not 
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mtlir.ir.bounds import bounds, expr_text
 from mtlir.ir.ops import Ops
 from mtlir.ir.uop import UOp
@@ -10,7 +12,10 @@ from mtlir.frontend.nodes import timeline_name
 from mtlir.passes.encode.commands import EncodeError, QueueRange
 from mtlir.passes.symbolic import simplify
 
-__all__ = ["EventChecks"]
+if TYPE_CHECKING:
+    from mtlir.passes.encode.submit import SubmitReader
+
+__all__ = ["check_events"]
 
 
 def _of(name: str | None) -> str:
@@ -44,73 +49,67 @@ def _offset(u: UOp) -> tuple[UOp, int]:
     return u, 0
 
 
-class EventChecks:
-    """The event checks of a read submit, as methods of ``SubmitReader``: the fields below are what it read."""
+def check_events(reader: SubmitReader) -> None:
+    """Refuse what can never complete, once every queue is read: a wait on the timeline of a queue of the program
+    for a value no queue signals (no signal of that event, or every signal's largest value below the wait's
+    smallest), and signals of one event on one queue whose value goes down (Metal ignores the smaller one: a
+    wait for it may never end, METAL.md §3 rule 12). A wait on an event that is no queue's timeline (a
+    ``shared_event``) is left to the host, which may signal it. Raises ``EncodeError`` naming the queue op."""
+    timelines = {timeline_name(q.name) for q in reader.queues}
+    signaled: dict[UOp, list[UOp]] = {}
+    for q in reader.queues:
+        last: dict[UOp, UOp] = {}
+        for pos, kind, value, ev in q.marks:
+            if kind != "signal":
+                continue
+            prev = last.get(ev)
+            if prev is not None and _goes_down(prev, value):
+                raise EncodeError(f"signal after command {pos - q.first}{_of(q.name)}: {ev.arg.name} goes down "
+                                  f"from {expr_text(prev)} to {expr_text(value)}; an event's value only "
+                                  "increases, Metal ignores the smaller one (METAL.md §3 rule 12)")
+            if prev is not None and _goes_down(prev, value, equal=True):
+                raise EncodeError(f"signal after command {pos - q.first}{_of(q.name)}: {ev.arg.name} does not go "
+                                  f"up from {expr_text(prev)} to {expr_text(value)} (the same value again); an "
+                                  "event's value only increases, a value it already has is refused (METAL.md "
+                                  "§3 rule 12)")
+            last[ev] = value
+            signaled.setdefault(ev, []).append(value)
+    for q in reader.queues:
+        for pos, kind, value, ev in q.marks:
+            if kind != "wait" or ev.arg.name not in timelines:
+                continue
+            values = signaled.get(ev, [])
+            where = f"wait after command {pos - q.first}{_of(q.name)}: {ev.arg.name} >= {expr_text(value)}"
+            if not values:
+                raise EncodeError(f"{where}: no queue of the program signals {ev.arg.name}, so the wait can "
+                                  "never complete")
+            top = max(bounds(v)[1] for v in values)
+            if bounds(value)[0] > top:
+                raise EncodeError(f"{where}: the queues signal {ev.arg.name} up to {top} at most, so the wait "
+                                  "can never complete")
+    for qname, pos, value, ev, nbefore in reader.own_waits:
+        _check_own_wait(reader, qname, pos, value, ev, nbefore, signaled.get(ev, []))
 
-    queues: list[QueueRange]
-    # waits on a queue's own timeline: (queue name, position in its queue, value, event, marks before it)
-    own_waits: list[tuple[str | None, int, UOp, UOp, int]]
 
-    def check_events(self) -> None:
-        """Refuse what can never complete, once every queue is read: a wait on the timeline of a queue of the program
-        for a value no queue signals (no signal of that event, or every signal's largest value below the wait's
-        smallest), and signals of one event on one queue whose value goes down (Metal ignores the smaller one: a
-        wait for it may never end, METAL.md §3 rule 12). A wait on an event that is no queue's timeline (a
-        ``shared_event``) is left to the host, which may signal it. Raises ``EncodeError`` naming the queue op."""
-        timelines = {timeline_name(q.name) for q in self.queues}
-        signaled: dict[UOp, list[UOp]] = {}
-        for q in self.queues:
-            last: dict[UOp, UOp] = {}
-            for pos, kind, value, ev in q.marks:
-                if kind != "signal":
-                    continue
-                prev = last.get(ev)
-                if prev is not None and _goes_down(prev, value):
-                    raise EncodeError(f"signal after command {pos - q.first}{_of(q.name)}: {ev.arg.name} goes down "
-                                      f"from {expr_text(prev)} to {expr_text(value)}; an event's value only "
-                                      "increases, Metal ignores the smaller one (METAL.md §3 rule 12)")
-                if prev is not None and _goes_down(prev, value, equal=True):
-                    raise EncodeError(f"signal after command {pos - q.first}{_of(q.name)}: {ev.arg.name} does not go "
-                                      f"up from {expr_text(prev)} to {expr_text(value)} (the same value again); an "
-                                      "event's value only increases, a value it already has is refused (METAL.md "
-                                      "§3 rule 12)")
-                last[ev] = value
-                signaled.setdefault(ev, []).append(value)
-        for q in self.queues:
-            for pos, kind, value, ev in q.marks:
-                if kind != "wait" or ev.arg.name not in timelines:
-                    continue
-                values = signaled.get(ev, [])
-                where = f"wait after command {pos - q.first}{_of(q.name)}: {ev.arg.name} >= {expr_text(value)}"
-                if not values:
-                    raise EncodeError(f"{where}: no queue of the program signals {ev.arg.name}, so the wait can "
-                                      "never complete")
-                top = max(bounds(v)[1] for v in values)
-                if bounds(value)[0] > top:
-                    raise EncodeError(f"{where}: the queues signal {ev.arg.name} up to {top} at most, so the wait "
-                                      "can never complete")
-        for qname, pos, value, ev, nbefore in self.own_waits:
-            self.check_own_wait(qname, pos, value, ev, nbefore, signaled.get(ev, []))
-
-    def check_own_wait(self, qname: str | None, pos: int, value: UOp, ev: UOp, nbefore: int,
-                       values: list[UOp]) -> None:
-        """Refuse a wait on a queue's own timeline (which lowers to nothing) for a value that nothing before it can
-        have signaled: neither a signal of that event earlier on the queue in the same submit nor the previous
-        submit's signals (the timeline variable one lower: ``wait(q.timeline, v - 1)`` is fine, ``v`` or ``v + 5``
-        before the ``signal(q.timeline, v)`` is not). Left alone when another queue signals the event too."""
-        if bounds(value)[0] == 0:
-            return                                   # an event starts at 0
-        where = f"wait after command {pos}{_of(qname)}: {ev.arg.name} >= {expr_text(value)}"
-        if not values:
-            raise EncodeError(f"{where}: no queue of the program signals {ev.arg.name}, so the wait can never "
-                              "complete")
-        mine = next(q for q in self.queues if q.name == qname)
-        if any(e is ev and kind == "signal" for q in self.queues if q is not mine for _, kind, _, e in q.marks):
-            return
-        earlier = [v for _, kind, v, e in mine.marks[:nbefore] if kind == "signal" and e is ev]
-        previous = [v if (p := _previous_submit(v)) is None else p for v in values]
-        if all(_goes_down(value, v) for v in earlier + previous):
-            reach = ", ".join(dict.fromkeys(expr_text(v) for v in earlier + previous))
-            raise EncodeError(f"{where}: the queue's own timeline is at most {reach} there (its signals before the "
-                              "wait in this submit and the previous submit's), so the wait can never complete (a "
-                              "wait on the own timeline is encoded as nothing: the fence orders the queue)")
+def _check_own_wait(reader: SubmitReader, qname: str | None, pos: int, value: UOp, ev: UOp, nbefore: int,
+                    values: list[UOp]) -> None:
+    """Refuse a wait on a queue's own timeline (which lowers to nothing) for a value that nothing before it can
+    have signaled: neither a signal of that event earlier on the queue in the same submit nor the previous
+    submit's signals (the timeline variable one lower: ``wait(q.timeline, v - 1)`` is fine, ``v`` or ``v + 5``
+    before the ``signal(q.timeline, v)`` is not). Left alone when another queue signals the event too."""
+    if bounds(value)[0] == 0:
+        return                                   # an event starts at 0
+    where = f"wait after command {pos}{_of(qname)}: {ev.arg.name} >= {expr_text(value)}"
+    if not values:
+        raise EncodeError(f"{where}: no queue of the program signals {ev.arg.name}, so the wait can never "
+                          "complete")
+    mine = next(q for q in reader.queues if q.name == qname)
+    if any(e is ev and kind == "signal" for q in reader.queues if q is not mine for _, kind, _, e in q.marks):
+        return
+    earlier = [v for _, kind, v, e in mine.marks[:nbefore] if kind == "signal" and e is ev]
+    previous = [v if (p := _previous_submit(v)) is None else p for v in values]
+    if all(_goes_down(value, v) for v in earlier + previous):
+        reach = ", ".join(dict.fromkeys(expr_text(v) for v in earlier + previous))
+        raise EncodeError(f"{where}: the queue's own timeline is at most {reach} there (its signals before the "
+                          "wait in this submit and the previous submit's), so the wait can never complete (a "
+                          "wait on the own timeline is encoded as nothing: the fence orders the queue)")

@@ -4,13 +4,16 @@ timestamp slot gets (``stamps``).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from mtlir.ir.uop import UOp
 from mtlir.passes.encode.commands import Blit, Command, EncodeError, QueueRange
 from mtlir.program.payloads import Stamp
 
-__all__ = ["CommandBufferSpan", "CommandBuffers"]
+if TYPE_CHECKING:
+    from mtlir.passes.encode.submit import SubmitReader
+
+__all__ = ["CommandBufferSpan", "command_buffers", "queue_command_buffers", "stamps"]
 
 
 class CommandBufferSpan(NamedTuple):
@@ -48,84 +51,75 @@ class CommandBufferSpan(NamedTuple):
         return out
 
 
-class CommandBuffers:
-    """The command buffers of a read submit, as methods of ``SubmitReader``: the fields below are what it read."""
-
-    cmds: list[Command]
-    signals: list[tuple[int, UOp]]                  # (position, value)
-    queues: list[QueueRange]
-    blits: dict[UOp, Blit]                          # COPY / FILL node -> its message
-    stamps_at: list[tuple[int, int, bool]]          # (position, slot, right after an EXEC)
-
-    def queue_command_buffers(self, q: QueueRange) -> list[CommandBufferSpan]:
-        """The command buffers of queue ``q`` (not profiled): a SIGNAL closes one (signaling its event); a WAIT on
-        another event starts a new one (closing the current one when it has commands) whose
-        ``encodeWaitForEvent:value:`` comes before its encoder."""
-        spans: list[CommandBufferSpan] = []
-        start, waits = q.first, list[tuple[UOp, UOp]]()
-        blits: list[tuple[int, Blit]] = []
-        for pos, kind, value, ev in q.marks:
-            if kind == "blit":
-                blits.append((pos, self.blits[value]))
-            elif kind == "signal":
-                spans.append(CommandBufferSpan(start, pos - start, value, False, ev, tuple(waits), tuple(blits)))
+def queue_command_buffers(reader: SubmitReader, q: QueueRange) -> list[CommandBufferSpan]:
+    """The command buffers of queue ``q`` (not profiled): a SIGNAL closes one (signaling its event); a WAIT on
+    another event starts a new one (closing the current one when it has commands) whose
+    ``encodeWaitForEvent:value:`` comes before its encoder."""
+    spans: list[CommandBufferSpan] = []
+    start, waits = q.first, list[tuple[UOp, UOp]]()
+    blits: list[tuple[int, Blit]] = []
+    for pos, kind, value, ev in q.marks:
+        if kind == "blit":
+            blits.append((pos, reader.blits[value]))
+        elif kind == "signal":
+            spans.append(CommandBufferSpan(start, pos - start, value, False, ev, tuple(waits), tuple(blits)))
+            start, waits, blits = pos, [], []
+        else:
+            if pos > start or blits:
+                spans.append(CommandBufferSpan(start, pos - start, None, False, None, tuple(waits), tuple(blits)))
                 start, waits, blits = pos, [], []
+            waits.append((ev, value))
+    if start < q.end or waits or blits:
+        spans.append(CommandBufferSpan(start, q.end - start, None, False, None, tuple(waits), tuple(blits)))
+    return spans
+
+def command_buffers(reader: SubmitReader, profiled: bool, loops: bool) -> list[CommandBufferSpan]:
+    """The command buffers of the submit (module docstring), in order; ``profiled``: one per command (the
+    submit has TIMESTAMPs); ``loops``: fold runs of one-command buffers without a signal into loops."""
+    n = len(reader.cmds)
+    signals = reader.signals
+    spans: list[CommandBufferSpan] = []
+    if not profiled:
+        return [span for q in reader.queues for span in queue_command_buffers(reader, q)]
+    j = 0
+    for pos in range(n + 1):
+        while j < len(signals) and signals[j][0] == pos:
+            last = spans[-1] if spans else None
+            if last is not None and last.ncmds and last.signal is None and last.first + last.ncmds == pos:
+                spans[-1] = last._replace(signal=signals[j][1])
             else:
-                if pos > start or blits:
-                    spans.append(CommandBufferSpan(start, pos - start, None, False, None, tuple(waits), tuple(blits)))
-                    start, waits, blits = pos, [], []
-                waits.append((ev, value))
-        if start < q.end or waits or blits:
-            spans.append(CommandBufferSpan(start, q.end - start, None, False, None, tuple(waits), tuple(blits)))
+                spans.append(CommandBufferSpan(pos, 0, signals[j][1], False))
+            j += 1
+        if pos < n:
+            spans.append(CommandBufferSpan(pos, 1, None, False))
+    if not loops:
         return spans
+    out: list[CommandBufferSpan] = []
+    for p in spans:
+        prev = out[-1] if out else None
+        if p.ncmds == 1 and p.signal is None and prev is not None and prev.signal is None and prev.ncmds >= 1 \
+                and prev.first + prev.ncmds == p.first:
+            out[-1] = CommandBufferSpan(prev.first, prev.ncmds + 1, None, True)
+        else:
+            out.append(p)
+    return out
 
-    def command_buffers(self, profiled: bool, loops: bool) -> list[CommandBufferSpan]:
-        """The command buffers of the submit (module docstring), in order; ``profiled``: one per command (the
-        submit has TIMESTAMPs); ``loops``: fold runs of one-command buffers without a signal into loops."""
-        n = len(self.cmds)
-        signals = self.signals
-        spans: list[CommandBufferSpan] = []
-        if not profiled:
-            return [span for q in self.queues for span in self.queue_command_buffers(q)]
-        j = 0
-        for pos in range(n + 1):
-            while j < len(signals) and signals[j][0] == pos:
-                last = spans[-1] if spans else None
-                if last is not None and last.ncmds and last.signal is None and last.first + last.ncmds == pos:
-                    spans[-1] = last._replace(signal=signals[j][1])
-                else:
-                    spans.append(CommandBufferSpan(pos, 0, signals[j][1], False))
-                j += 1
-            if pos < n:
-                spans.append(CommandBufferSpan(pos, 1, None, False))
-        if not loops:
-            return spans
-        out: list[CommandBufferSpan] = []
-        for p in spans:
-            prev = out[-1] if out else None
-            if p.ncmds == 1 and p.signal is None and prev is not None and prev.signal is None and prev.ncmds >= 1 \
-                    and prev.first + prev.ncmds == p.first:
-                out[-1] = CommandBufferSpan(prev.first, prev.ncmds + 1, None, True)
-            else:
-                out.append(p)
-        return out
-
-    def stamps(self, spans: list[CommandBufferSpan]) -> tuple[Stamp, ...]:
-        """Which command buffer's GPU time each timestamp slot gets (``Queue.timestamp``): right after an EXEC its
-        end, else the start of the next command, else the end of the last one."""
-        n = len(self.cmds)
-        cb_of = [0] * n
-        slot = 0
-        for p in spans:
-            for c in range(p.first, p.first + p.ncmds):
-                cb_of[c] = slot + (c - p.first if p.loop else 0)
-            slot += p.ncmds if p.loop else 1
-        out = []
-        for pos, stamp_slot, after_exec in self.stamps_at:
-            if after_exec or (pos == n and n > 0):
-                out.append(Stamp(stamp_slot, cb_of[pos - 1], "GPUEndTime"))
-            elif pos < n:
-                out.append(Stamp(stamp_slot, cb_of[pos], "GPUStartTime"))
-            else:
-                raise EncodeError(f"timestamp slot {stamp_slot}: the submit has no command to time")
-        return tuple(out)
+def stamps(reader: SubmitReader, spans: list[CommandBufferSpan]) -> tuple[Stamp, ...]:
+    """Which command buffer's GPU time each timestamp slot gets (``Queue.timestamp``): right after an EXEC its
+    end, else the start of the next command, else the end of the last one."""
+    n = len(reader.cmds)
+    cb_of = [0] * n
+    slot = 0
+    for p in spans:
+        for c in range(p.first, p.first + p.ncmds):
+            cb_of[c] = slot + (c - p.first if p.loop else 0)
+        slot += p.ncmds if p.loop else 1
+    out = []
+    for pos, stamp_slot, after_exec in reader.stamps_at:
+        if after_exec or (pos == n and n > 0):
+            out.append(Stamp(stamp_slot, cb_of[pos - 1], "GPUEndTime"))
+        elif pos < n:
+            out.append(Stamp(stamp_slot, cb_of[pos], "GPUStartTime"))
+        else:
+            raise EncodeError(f"timestamp slot {stamp_slot}: the submit has no command to time")
+    return tuple(out)

@@ -18,8 +18,6 @@ from mtlir.metal import MTL, DeviceSpec, Kernel, Obj
 from mtlir.ir.ops import Ops
 from mtlir.passes.encode.commands import (MAX_ICB_OFFSET, VAR_SLOT, Binding, Blit, Command, EncodeError, KernelLayout,
                                           QueueRange, Size, placeholder, where)
-from mtlir.passes.encode.events import EventChecks
-from mtlir.passes.encode.spans import CommandBuffers
 from mtlir.passes.pipeline import PassContext
 from mtlir.passes.symbolic import simplify
 from mtlir.frontend.nodes import QueueError, placeholder_name, timeline_name
@@ -32,8 +30,9 @@ _new = tuple.__new__  # builds a NamedTuple at C speed (its generated __new__ is
 
 
 @dataclass
-class SubmitReader(EventChecks, CommandBuffers):
-    """Reads one SUBMIT (module docstring): ``read(submit)``, then ``command_buffers`` and ``stamps``."""
+class SubmitReader:
+    """Reads one SUBMIT (module docstring): ``read(submit)`` fills the records below, which ``check_events``
+    (``events``) and ``command_buffers``/``stamps`` (``spans``) then take."""
 
     device: DeviceSpec
     max_range: int
