@@ -24,7 +24,7 @@ run: $(STAMP)
 	@echo "pictures of every lowering stage: $(OUT)/$(notdir $(basename $(TRACE)))/*.svg"
 
 test: typecheck browser objc oclgrind
-	$(PY) -m pytest tests
+	$(PY) -m pytest -rs tests
 
 # the tests marked gpu (tests/runtime/sim/kernels/test_gpu.py): every trace on an OpenCL device that is a GPU; they
 # skip, saying why, where there is none (docs/performance.md: how they ran on an NVIDIA H200)
