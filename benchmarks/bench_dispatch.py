@@ -1,26 +1,26 @@
-"""Per-dispatch overhead of the simulated device's kernel runner against raw pyopencl, and each trace's GPU kernel time.
+"""The simulated device's kernel path against raw pyopencl: whole trace runs, and the overhead per dispatch.
 
-    python benchmarks/bench_dispatch.py [--opencl-device NAME|INDEX] [--repeat 30] [--json FILE] [--skip A,B]
+    python benchmarks/bench_dispatch.py [--opencl-device NAME|INDEX] [--rounds 15] [--json FILE] [--skip A,B]
 
-For every trace of examples/traces, on one OpenCL device (``--opencl-device``: an index or a name substring as
-``mtlir run --list-devices`` lists them; default the first), in one run:
+``measure()`` is what ``python -m benchmarks`` calls; it returns the figures as a dict (``sim_run_over_pyopencl``,
+``sim_overhead_us_per_dispatch``, the rows). For every trace of examples/traces, on one OpenCL device
+(``--opencl-device``: an index or a name substring as ``mtlir run --list-devices`` lists them; default the first),
+in one process, the two paths alternating round by round:
 
-- ``mtlir``: every dispatch of the trace through ``CompiledKernel.run(..., keep=True)`` as the simulated GPU runs
-  them between two sync points (bindings checked, buffers already on the device, the fault record read back, the
-  kernel waited for): the per-dispatch cost. ``sync`` is measured apart, per submit: the runner's ``sync()`` and
-  the copies in at the next submit's first uses (every buffer a submit touches, in and, where written, out: what
-  a command buffer's start and end cost on a device with its own memory; nothing on PoCL, which works in place).
-- ``raw``: the same translated OpenCL C (``CompiledKernel.opencl_source``, built here with the runner's options) on
-  the same device, launched with plain pyopencl: device buffers made once, per dispatch ``set_args``,
-  ``enqueue_nd_range_kernel`` and a wait for the kernel's event (the simulated GPU runs one kernel at a time,
-  so the baseline waits too); its queue profiles, which gives the kernels' device time.
-- ``sim``: the whole simulated Metal device end to end, for orientation: ``mtlir run --repeat N`` against
-  ``--repeat 1`` (lowering and link cancel out), the extra wall time over the extra dispatches: what one dispatch
-  of a submit costs with the Objective-C messages, the ICB and the waits.
+- ``sim``: the whole simulated Metal device running the trace, as ``mtlir run`` does: lowered once (ICB path,
+  strict mode, the trace's GPU family), linked once into a ``Session`` on a ``SimDevice``, then per round one
+  ``submit`` and one ``wait`` (the Objective-C messages, the command buffer, the simulated GPU, the kernels, the
+  copies in and out where the device keeps its own memory, the completion the host waits for).
+- ``raw``: the same translated OpenCL C (the runner's own translation, built with the runner's options) on the
+  same device with plain pyopencl: device buffers and argument blocks made once; per round, per dispatch
+  ``set_args`` and ``enqueue_nd_range_kernel``, then one ``clWaitForEvents`` on the last kernel's event on the
+  calling thread (the simulated GPU also waits once per batch of dispatches; raw waits the cheapest way there is).
 
-Each of ``--repeat`` rounds runs the whole trace once per path; the table gives medians in µs per dispatch, the
-ratio mtlir / raw (the issue's bar: at most 1.3), the sync per submit in µs and the median GPU time of all kernels
-of one trace (the sum of the profiled kernels' end - start). Numbers are measured in this run only.
+Per round the time of each path: CPU time of the whole process (``time.process_time``: every thread, PoCL's
+worker threads included) where the OpenCL device is a CPU, wall time on a GPU (its work is not CPU time). The
+ratio is median(sim) / median(raw) over ``rounds`` rounds after two warm-up rounds. ``sim_overhead_us_per_dispatch``
+is the same pair on one trace made long (mlp.apple7's five dispatches repeated ``long_repeat`` times into one
+command buffer): (median sim - median raw) / dispatches, the simulator's own cost per dispatch of a batch.
 """
 from __future__ import annotations
 
@@ -28,22 +28,29 @@ import argparse
 import base64
 import io
 import json
-import math
 import statistics
+import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mtlir.cli.main import main as mtlir_main
-from mtlir.runtime.sim.kernels.compiled import CompiledKernel
-from mtlir.runtime.sim.kernels.runner import BUILD_OPTIONS, KernelRunner
+from mtlir.cli.lower import lower_trace, program_values
+from mtlir.frontend.trace import load_trace
+from mtlir.metal import DeviceSpec
+from mtlir.runtime import Session
+from mtlir.runtime.sim.device import SimDevice
+from mtlir.runtime.sim.kernels.runner import BUILD_OPTIONS, KernelRunner, device_kind
 from mtlir.runtime.sim.msl.guard.bound import FAULT_WORDS, SCRATCH_BYTES
 from mtlir.runtime.sim.msl.simd import scratch_bytes
 
 TRACES = Path(__file__).resolve().parents[1] / "examples" / "traces"
 VAR_SLOT = 256
+LONG_TRACE = "mlp.apple7.json"
+TARGET = "x86_64"
 
 
 def storages_of(trace: dict[str, Any]) -> dict[int, np.ndarray]:
@@ -80,26 +87,25 @@ def dispatches(runner: KernelRunner, trace: dict[str, Any], storages: dict[int, 
 
 
 class Raw:
-    """The same translated kernels launched with plain pyopencl on the runner's device (a profiling queue)."""
+    """The same translated kernels launched with plain pyopencl on the runner's device: its own context and
+    in-order queue, device buffers and argument blocks made once (``COPY_HOST_PTR``), one wait per round."""
 
     def __init__(self, runner: KernelRunner, work: list[Any]) -> None:
         cl = self.cl = runner.cl
         self.context = cl.Context([runner.device])
-        self.queue = cl.CommandQueue(self.context, runner.device,
-                                     properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self.queue = cl.CommandQueue(self.context, runner.device)
         programs: dict[str, Any] = {}
         buffers: dict[int, Any] = {}
         fault = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, size=FAULT_WORDS * 4 + SCRATCH_BYTES)
         cl.enqueue_fill_buffer(self.queue, fault, np.uint8(0), 0, FAULT_WORDS * 4 + SCRATCH_BYTES)
         self.launches = []
         for ck, bindings, grid, tg in work:
-            ck_: CompiledKernel = ck
-            if ck_.opencl_source not in programs:
-                programs[ck_.opencl_source] = cl.Program(self.context, ck_.opencl_source).build(options=BUILD_OPTIONS)
-            kernel = cl.Kernel(programs[ck_.opencl_source], ck_.function)
-            block = np.zeros(3 * max(1, len(ck_.info.bindings)), np.uint64)
+            if ck.opencl_source not in programs:
+                programs[ck.opencl_source] = cl.Program(self.context, ck.opencl_source).build(options=BUILD_OPTIONS)
+            kernel = cl.Kernel(programs[ck.opencl_source], ck.function)
+            block = np.zeros(3 * max(1, len(ck.info.bindings)), np.uint64)
             args: list[Any] = []
-            for b in ck_.info.bindings:
+            for b in ck.info.bindings:
                 storage, offset = bindings[b.arg.index]
                 key = id(storage)
                 if key not in buffers:
@@ -109,91 +115,141 @@ class Raw:
                 block[3 * b.slot], block[3 * b.slot + 2] = offset, storage.nbytes
             args += [cl.Buffer(self.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=block),
                      fault]
-            threads = tg[0] * tg[1] * tg[2]
-            if ck_.info.simd:
-                args.append(cl.LocalMemory(scratch_bytes(threads)))
+            if ck.info.simd:
+                args.append(cl.LocalMemory(scratch_bytes(tg[0] * tg[1] * tg[2])))
             glob = tuple(g * t for g, t in zip(grid, tg))
             self.launches.append((kernel, args, glob, tuple(tg)))
         self.queue.finish()
 
-    def round(self) -> tuple[float, float]:
-        """One pass over the trace: (host seconds, GPU seconds of the kernels)."""
-        cl = self.cl
-        events = []
-        start = time.perf_counter()
+    def round(self) -> None:
+        """One pass over the trace: per dispatch set_args + enqueue, then one wait for the last kernel."""
+        cl, queue = self.cl, self.queue
+        ev = None
         for kernel, args, glob, tg in self.launches:
             kernel.set_args(*args)
-            ev = cl.enqueue_nd_range_kernel(self.queue, kernel, glob, tg)
+            ev = cl.enqueue_nd_range_kernel(queue, kernel, glob, tg)
+        if ev is not None:
             ev.wait()
-            events.append(ev)
-        host = time.perf_counter() - start
-        gpu = sum(ev.profile.end - ev.profile.start for ev in events) * 1e-9
-        return host, gpu
 
 
-def sim_end_to_end(path: Path, device: str | None, repeat: int) -> float:
-    """µs of wall time per dispatch of one more submit of ``mtlir run`` on the simulated device (``--repeat``
-    against ``--repeat 1``)."""
-    times, kernels = [], 0
-    for n in (1, repeat):
-        out, log = io.StringIO(), io.StringIO()
-        argv = ["run", str(path), "--json", "--repeat", str(n)] + (["--opencl-device", device] if device else [])
-        start = time.perf_counter()
-        code = mtlir_main(argv, out=out, log=log)
-        times.append(time.perf_counter() - start)
-        doc = json.loads(out.getvalue())
-        if code != 0:  # a mismatch or an error: no figure, the table says so
-            return math.nan
-        kernels = doc["kernels"]
-    return (times[1] - times[0]) / ((repeat - 1) * kernels) * 1e6
+class SimRun:
+    """One trace on the simulated device: lowered and linked once; ``round()`` submits once and waits."""
+
+    def __init__(self, path: Path, opencl_device: str | int | None) -> None:
+        self.trace = load_trace(path)
+        device = DeviceSpec(self.trace.arch, residency_set=True, icb=True)
+        self.program = lower_trace(self.trace, device, TARGET, keep_stages=False).program
+        self.values = program_values(self.program, self.trace, io.StringIO())
+        dev = self.program.device
+        self.bridge = SimDevice(TARGET, strict=True, family=dev.family, residency_sets=dev.residency_set, icb=dev.icb)
+        if opencl_device is not None:
+            self.bridge.choose_opencl_device(opencl_device)
+        self.session = Session(self.program, self.bridge, initial=self.trace.initial_data(full=False))
+
+    def round(self) -> None:
+        self.session.submit(**self.values)
+        self.session.wait(timeout_s=120)
+
+    def output_matches(self) -> bool:
+        o = self.trace.output
+        got = np.frombuffer(self.session.read(o.placeholder, o.offset, o.nbytes), dtype=np.dtype(o.dtype.fmt))
+        return bool(np.allclose(got.reshape(o.shape), o.expected_array(), rtol=1e-4, atol=1e-5, equal_nan=True))
+
+    def close(self) -> None:
+        self.session.close()
+        self.bridge.close()
 
 
-def main() -> None:
+def _interleaved(a: Callable[[], None], b: Callable[[], None], rounds: int,
+                 clock: Callable[[], float]) -> tuple[float, float]:
+    """Medians of ``clock`` time in seconds of ``a()`` and ``b()`` run alternately, after two warm-up rounds."""
+    ta: list[float] = []
+    tb: list[float] = []
+    for r in range(rounds + 2):
+        for f, out in ((a, ta), (b, tb)) if r % 2 else ((b, tb), (a, ta)):
+            start = clock()
+            f()
+            if r >= 2:
+                out.append(clock() - start)
+    return statistics.median(ta), statistics.median(tb)
+
+
+def _long_trace(src: Path, repeat: int, folder: Path) -> Path:
+    """``src`` with its dispatches repeated ``repeat`` times (a pure feed-forward trace: the output stays)."""
+    doc = json.loads(src.read_text())
+    doc["dispatches"] = doc["dispatches"] * repeat
+    out = folder / f"long{repeat}.{src.name}"
+    out.write_text(json.dumps(doc))
+    return out
+
+
+def _pair(path: Path, opencl_device: str | int | None, rounds: int) -> dict[str, Any]:
+    """One trace: sim and raw rounds interleaved; the figures in µs per round and per dispatch."""
+    sim = SimRun(path, opencl_device)
+    try:
+        runner = sim.bridge.kernel_runner
+        doc = json.loads(path.read_text())
+        work = dispatches(runner, doc, storages_of(doc))
+        raw = Raw(runner, work)
+        on_cpu = device_kind(runner.cl, runner.device) == "CPU"
+        clock = time.process_time if on_cpu else time.perf_counter
+        sim_s, raw_s = _interleaved(sim.round, raw.round, rounds, clock)
+        sim_wall, raw_wall = _interleaved(sim.round, raw.round, max(3, rounds // 2), time.perf_counter)
+        n = len(work)
+        return {"trace": path.name, "dispatches": n, "clock": "cpu" if on_cpu else "wall",
+                "sim_us": sim_s * 1e6, "raw_us": raw_s * 1e6, "ratio": sim_s / raw_s,
+                "sim_wall_us": sim_wall * 1e6, "raw_wall_us": raw_wall * 1e6, "wall_ratio": sim_wall / raw_wall,
+                "overhead_us_per_dispatch": (sim_s - raw_s) / n * 1e6, "match": sim.output_matches(),
+                "device": runner.device_name}
+    finally:
+        sim.close()
+
+
+def measure(opencl_device: str | int | None = None, rounds: int = 15, skip: tuple[str, ...] = (),
+            long_repeat: int = 40, out: Any = None) -> dict[str, Any]:
+    """The simulator's figures: ``sim_run_over_pyopencl`` (``worst`` over the traces and ``traces``: name ->
+    ratio), ``sim_overhead_us_per_dispatch`` (the long trace, one command buffer), ``device`` (the OpenCL device),
+    ``rows`` (everything measured, µs). Prints a row per trace to ``out`` (a text file; None: nothing)."""
+    rows = []
+    for path in sorted(p for p in TRACES.glob("*.json") if p.name not in skip):
+        row = _pair(path, opencl_device, rounds)
+        rows.append(row)
+        if out is not None:
+            _print_row(row, out)
+    with tempfile.TemporaryDirectory() as tmp:
+        long = _pair(_long_trace(TRACES / LONG_TRACE, long_repeat, Path(tmp)), opencl_device, rounds)
+    if out is not None:
+        _print_row(long, out)
+    return {"device": rows[0]["device"] if rows else long["device"],
+            "sim_run_over_pyopencl": {"worst": max(r["ratio"] for r in rows),
+                                      "traces": {r["trace"]: r["ratio"] for r in rows}},
+            "sim_overhead_us_per_dispatch": long["overhead_us_per_dispatch"],
+            "rows": rows + [long]}
+
+
+def _print_row(row: dict[str, Any], out: Any) -> None:
+    print(f"{row['trace']:30} {row['dispatches']:4} {row['sim_us']:9.1f} {row['raw_us']:9.1f} {row['ratio']:6.2f} "
+          f"{row['wall_ratio']:6.2f} {row['overhead_us_per_dispatch']:8.1f} "
+          f"{'match' if row['match'] else 'MISMATCH'}", file=out, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--opencl-device", default=None)
-    ap.add_argument("--repeat", type=int, default=30)
-    ap.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--long-repeat", type=int, default=40)
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     ap.add_argument("--skip", default="", help="trace file names to leave out, comma-separated")
-    args = ap.parse_args()
-    runner = KernelRunner(args.opencl_device)
-    print(f"OpenCL device: {runner.device_name}; {args.repeat} rounds per path, medians")
-    print(f"{'trace':28} {'disp':>4} {'mtlir us/d':>10} {'raw us/d':>9} {'ratio':>6} {'sync us/sub':>11} "
-          f"{'sim us/d':>9} {'GPU us/trace':>12}")
-    rows = []
-    for path in sorted(p for p in TRACES.glob("*.json") if p.name not in args.skip.split(",")):
-        trace = json.loads(path.read_text())
-        storages = storages_of(trace)
-        work = dispatches(runner, trace, storages)
-        raw = Raw(runner, work)
-        n = len(work)
-        ours, theirs, gpu, cold = [], [], [], []
-        for r in range(2 * args.repeat + 2):  # two warm-up rounds, then alternate the paths
-            start = time.perf_counter()
-            if r % 2:  # every other round starts as a submit does: synced, its buffers to copy in at first use
-                runner.sync()
-            for ck, bindings, grid, tg in work:
-                ck.run(bindings, grid, tg, keep=True)
-            t_ours = time.perf_counter() - start
-            t_raw, t_gpu = raw.round()
-            if r >= 2:
-                (cold if r % 2 else ours).append(t_ours * 1e6)
-                theirs.append(t_raw / n * 1e6)
-                gpu.append(t_gpu * 1e6)
-        runner.sync()
-        warm = statistics.median(ours)
-        ours = [t / n for t in ours]
-        sim = sim_end_to_end(path, args.opencl_device, max(5 * args.repeat, 2))
-        row = {"trace": path.name, "dispatches": n, "mtlir_us": statistics.median(ours),
-               "raw_us": statistics.median(theirs), "sync_us_per_submit": statistics.median(cold) - warm, "sim_us": sim,
-               "gpu_us_per_trace": statistics.median(gpu)}
-        row["ratio"] = row["mtlir_us"] / row["raw_us"]
-        rows.append(row)
-        print(f"{path.name:28} {n:4} {row['mtlir_us']:10.1f} {row['raw_us']:9.1f} {row['ratio']:6.2f} "
-              f"{row['sync_us_per_submit']:11.1f} {sim:9.1f} {row['gpu_us_per_trace']:12.1f}")
-    worst = max(r["ratio"] for r in rows)
-    print(f"worst ratio mtlir / raw: {worst:.2f} (bar: 1.3)")
+    args = ap.parse_args(argv)
+    print(f"{'trace':30} {'disp':>4} {'sim us':>9} {'raw us':>9} {'ratio':>6} {'wall':>6} {'ovh us/d':>8}")
+    figures = measure(args.opencl_device, args.rounds, tuple(s for s in args.skip.split(",") if s),
+                      args.long_repeat, out=sys.stdout)
+    print(f"OpenCL device: {figures['device']}; medians of {args.rounds} interleaved rounds "
+          f"({figures['rows'][0]['clock']} time)")
+    print(f"sim_run_over_pyopencl (worst): {figures['sim_run_over_pyopencl']['worst']:.2f} (bar 1.3); "
+          f"sim_overhead_us_per_dispatch: {figures['sim_overhead_us_per_dispatch']:.1f} (bar 20)")
     if args.json is not None:
-        args.json.write_text(json.dumps({"device": runner.device_name, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":
