@@ -128,6 +128,8 @@ class Session:
     has it and ``submit`` is not given it, each submit takes the next value (1, 2, ...). ``timeout_s``: the default
     wait timeout in seconds. ``serialize``: wait for the previous submit before the next (METAL.md §3 rule 15).
     ``keep_completed``: how many completed Submissions ``completed`` keeps (``submits_completed`` counts them all).
+    ``shared``: objects made elsewhere that the Program uses instead of making its own (``link``'s ``shared``: a
+    ``mtlir.runtime.context.DeviceContext`` shares its queue, event, fence, pipelines and residency set).
 
     Raises ``TypeError`` when ``program`` is not a ``Program`` (the result of ``mtlir.lower`` is a ``Lowered``:
     pass its ``.program``), ``TypeError``/``ValueError`` for a ``timeout_s`` that is not a positive finite number
@@ -136,7 +138,8 @@ class Session:
 
     def __init__(self, program: Program, bridge: Bridge, *, initial: Mapping[str, Any] | None = None,
                  executor: str = "compiled", timeline_var: str = DEFAULT_TIMELINE_VAR, timeout_s: float = 30.0,
-                 serialize: bool = True, max_command_buffers: int = 1024, keep_completed: int = 64) -> None:
+                 serialize: bool = True, max_command_buffers: int = 1024, keep_completed: int = 64,
+                 shared: Mapping[str, int] | None = None) -> None:
         if not isinstance(program, Program):
             hint = (f"pass its .program (Session(lowered.program, ...)): mtlir.lower returns a {type(program).__name__}"
                     " that holds the Program" if isinstance(getattr(program, "program", None), Program)
@@ -146,7 +149,8 @@ class Session:
         self.timeout_s = _seconds(timeout_s, "Session(timeout_s=...)", zero=False)
         self.serialize = serialize
         self.timeline_var = timeline_var if timeline_var in program.variables else None
-        self.linked: Linked = link(program, bridge, initial=initial, max_command_buffers=max_command_buffers)
+        self.linked: Linked = link(program, bridge, initial=initial, max_command_buffers=max_command_buffers,
+                                   shared=shared)
         self.executor_kind = executor
         self.executor: Executor = make_executor(executor, program, bridge, self.linked.registers)
         self.messenger = self.linked.messenger  # the bookkeeping messages (pool, status, release, errors)

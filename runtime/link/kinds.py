@@ -84,6 +84,8 @@ def make_pipeline(ls: LinkState, device: int, o: Obj) -> None:
     an MTLComputePipelineDescriptor (``setComputeFunction:``, ``setSupportIndirectCommandBuffers: YES``),
     ``newComputePipelineStateWithDescriptor:options:reflection:error:``. A kernel the simulated device cannot
     translate or build gets the program key and kernel function in front of its message."""
+    if ls.adopt(o.name):  # compiled once by its owner (a DeviceContext)
+        return
     m = ls.messenger
     kernel = o.payload[0] if o.payload else None
     if not isinstance(kernel, Kernel):
@@ -159,6 +161,16 @@ def make_residency_set(ls: LinkState, device: int, by_kind: dict[str, list[Obj]]
     ``--no-residency-set``), ``addAllocation:`` of every buffer and the ICB, ``commit``, ``addResidencySet:`` on
     each queue."""
     m = ls.messenger
+    allocations = [ls.out.buffers[o.name][0] for o in by_kind.get("buffer", []) + by_kind.get("varbuf", [])]
+    allocations += [ls.out.handles[o.name] for o in by_kind.get("icb", [])]
+    if ls.adopt("residency_set"):  # a shared set, already on the queue: this Program's allocations join it
+        rset = ls.out.handles["residency_set"]
+        ls.out.cleanup.append(("commit", rset, "residency_set"))  # popped after the removals below
+        for a in allocations:
+            m.send(rset, "addAllocation:", a)
+            ls.out.cleanup.append(("remove", a, ls.out.names.get(a, "allocation")))
+        m.send(rset, "commit")
+        return
     desc = ls.label(ls.checked(m.send(m.cls("MTLResidencySetDescriptor"), "new"), "MTLResidencySetDescriptor"),
                     "descriptor:residency_set")
     try:
@@ -167,8 +179,6 @@ def make_residency_set(ls: LinkState, device: int, by_kind: dict[str, list[Obj]]
             "newResidencySetWithDescriptor:error:", desc))
     finally:
         m.send(desc, "release")
-    allocations = [ls.out.buffers[o.name][0] for o in by_kind.get("buffer", []) + by_kind.get("varbuf", [])]
-    allocations += [ls.out.handles[o.name] for o in by_kind.get("icb", [])]
     for a in allocations:
         m.send(rset, "addAllocation:", a)
     m.send(rset, "commit")

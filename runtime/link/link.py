@@ -86,13 +86,19 @@ def _make_all(ls: LinkState, by_kind: dict[str, list[Obj]]) -> None:
     is made on it, then the host tables that hold handles of what was made."""
     m, b, out, h = ls.messenger, ls.bridge, ls.out, ls.out.handles
     dev_name = by_kind["device"][0].name if "device" in by_kind else "device"
-    device = out.device = ls.keep(dev_name, ls.checked(m.device(), "MTLCreateSystemDefaultDevice (no Metal device)"))
+    if ls.adopt(dev_name):
+        device = out.device = h[dev_name]
+    else:
+        device = out.device = ls.keep(dev_name, ls.checked(m.device(), "MTLCreateSystemDefaultDevice (no Metal device)"))
     for o in by_kind.get("queue", []):
+        if ls.adopt(o.name):
+            continue
         queue = m.send(device, "newCommandQueueWithMaxCommandBufferCount:", ls.max_command_buffers)
         ls.keep(o.name, ls.checked(queue, f"command queue {o.name!r}"))
     for kind, sel in (("event", "newSharedEvent"), ("fence", "newFence")):
         for o in by_kind.get(kind, []):
-            ls.keep(o.name, ls.checked(m.send(device, sel), f"{kind} {o.name!r}"))
+            if not ls.adopt(o.name):
+                ls.keep(o.name, ls.checked(m.send(device, sel), f"{kind} {o.name!r}"))
     for o in by_kind.get("buffer", []) + by_kind.get("varbuf", []):
         make_buffer(ls, device, o)
     for o in by_kind.get("pipeline", []):
@@ -151,13 +157,18 @@ def _check_initial(name: str, data: Any) -> None:
 
 
 def link(program: Program, bridge: Bridge, *, initial: Mapping[str, Any] | None = None,
-         max_command_buffers: int = 1024, buffer_options: int = MTL.ResourceStorageModeShared) -> Linked:
+         max_command_buffers: int = 1024, buffer_options: int = MTL.ResourceStorageModeShared,
+         shared: Mapping[str, int] | None = None) -> Linked:
     """Create every device object ``program`` needs through ``bridge``, once; returns a ``Linked``.
 
     ``initial``: buffer name -> bytes written from byte 0 (or ``(offset, bytes)``) after the buffer is created.
     ``max_command_buffers``: the queue's maxCommandBufferCount. ``buffer_options``: MTLResourceOptions of every
     buffer (shared storage by default: the CPU writes them through ``contents``). When ``bridge`` has
-    ``name_object`` (a ``RecordingBridge``), every object is named there too.
+    ``name_object`` (a ``RecordingBridge``), every object is named there too. ``shared``: placeholder name ->
+    handle of objects made and owned elsewhere (``mtlir.runtime.context.DeviceContext``: ``device``, ``queue``,
+    ``event``, ``fence``, ``pipeline:<key>``, ``residency_set``), used as they are and never released here; a
+    shared residency set gets the Program's own buffers and ICB (``addAllocation:``, ``commit``), which
+    ``Linked.release`` removes again.
 
     Raises ``TypeError`` for initial data that is not bytes (or ``(offset, bytes)``), naming the buffer;
     ``LinkError`` naming the object when Metal returns nil (with the NSError's localizedDescription where
@@ -179,7 +190,7 @@ def link(program: Program, bridge: Bridge, *, initial: Mapping[str, Any] | None 
             raise LinkError(f"initial data for {name!r}, which is not a buffer of the Program "
                             f"(buffers: {', '.join(o.name for o in by_kind.get('buffer', []))})")
         _check_initial(name, data)
-    ls = LinkState(program, bridge, initial, max_command_buffers, buffer_options)
+    ls = LinkState(program, bridge, initial, max_command_buffers, buffer_options, shared)
     ls.out.objects = objs
     pool = ls.messenger.push()
     try:

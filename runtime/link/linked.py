@@ -38,7 +38,7 @@ class Linked:
     names: dict[int, str] = field(default_factory=dict)
     buffers: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     icb: list[IcbCommand] = field(default_factory=list)
-    cleanup: list[tuple[str, int, str]] = field(default_factory=list)  # ("release"|"free", value, name)
+    cleanup: list[tuple[str, int, str]] = field(default_factory=list)  # ("release"|"free"|"remove"|"commit", ...)
 
     def of_kind(self, kind: str) -> list[str]:
         """The names of the placeholders of ``kind`` (``"event"``, ``"cbslots"``, ``"buffer"``, ...)."""
@@ -121,6 +121,10 @@ class Linked:
             try:
                 if how == "release":
                     self.messenger.send(value, "release")
+                elif how == "remove":  # out of a shared residency set (link's ``shared``)
+                    self.messenger.send(self.handles["residency_set"], "removeAllocation:", value)
+                elif how == "commit":
+                    self.messenger.send(value, "commit")
                 else:
                     self.bridge.free(value)
             except MetalValidationError as e:  # refused, still alive: kept for the next release()

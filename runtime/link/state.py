@@ -30,8 +30,9 @@ class LinkState:
     ``maxTotalThreadsPerThreadgroup`` once asked."""
 
     def __init__(self, program: Program, bridge: Bridge, initial: Mapping[str, Any], max_command_buffers: int,
-                 buffer_options: int) -> None:
+                 buffer_options: int, shared: Mapping[str, int] | None = None) -> None:
         self.program, self.bridge = program, bridge
+        self.shared = dict(shared or {})
         self.messenger = Messenger(bridge)
         self.initial = initial
         self.max_command_buffers = max_command_buffers
@@ -47,6 +48,17 @@ class LinkState:
         self.out.cleanup.append((how, value, name))
         self.label(value, name)
         return value
+
+    def adopt(self, name: str) -> bool:
+        """Use the object ``shared[name]`` (made and owned by someone else, e.g. a ``DeviceContext``: its queue,
+        event, fence, pipelines, residency set) for placeholder ``name``: it is named in ``out`` but never released
+        by it. Returns False when ``name`` is not shared (link makes it)."""
+        value = self.shared.get(name)
+        if value is None:
+            return False
+        self.out.handles[name] = value
+        self.out.names.setdefault(value, name)
+        return True
 
     def region(self, addr: int, nbytes: int, name: str) -> None:
         """Name host memory for a RecordingBridge (pointers into it are recorded as ``name+offset``)."""

@@ -1,0 +1,263 @@
+"""DeviceContext: what a runtime client (a framework's device, e.g. ``mtlir.tinygrad``) needs from mtlir: one Metal
+device whose command queue, timeline (MTLSharedEvent), fence, residency set and compiled pipelines are shared by
+many Programs, and device-level buffers every one of those Programs can bind.
+
+```
+ctx = DeviceContext(SimDevice("x86_64", family="Apple7"), name="METAL")
+buf = ctx.alloc(4096)                    # a DeviceBuffer: resident for every Program of the context
+ctx.write(buf, data); ctx.read(buf, 0, 64); ctx.free(buf)
+s = ctx.session(lowered.program)         # linked with the shared queue, event, fence, pipelines, residency set
+ctx.submit(s, x=buf.handle)              # the context hands out the timeline values: one timeline for all
+ctx.synchronize()                        # waits for every Program's submits
+```
+
+Why (issue 11): a Session links its own queue, event and fence, so each Program of a client cost a link of
+everything (the pipeline's compile: tens of ms) and ordering between Programs needed a wait after every submit;
+a buffer made outside a link was in no residency set (METAL.md §3 rule 10: the first dispatch faults); two devices
+handed out the same handle numbers, so a handle of one used on the other named no device. Here:
+
+- the Programs of one context share the queue (command buffers run in commit order, METAL.md §1), the fence (each
+  Program's encoder waits for the previous one's update, so a kernel sees what the kernel before it wrote, with no
+  host wait in between) and the timeline event (``next_value``: one increasing value per submit, rule 12);
+- a pipeline is compiled once per kernel key (``pipeline``) and adopted by every Program that names it
+  (``link``'s ``shared``);
+- ``alloc`` adds each buffer to the context's residency set (``addAllocation:`` + ``commit``; the set is on the
+  queue), so every Program reaches it; ``free`` removes it first. A device without residency sets
+  (``DeviceSpec.residency_set`` False) lowers Programs that list their buffer variables in
+  ``useResources:count:usage:`` instead (passes/encode);
+- a ``DeviceBuffer`` carries its context's name: using it on another context is a ``ContextError`` naming both.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from mtlir.errors import LinkError, StateError
+from mtlir.metal import MTL, DeviceSpec, Kernel, Obj
+from mtlir.program.program import Program
+from mtlir.runtime.bridge.bridge import Bridge
+from mtlir.runtime.link.link import collect_objects
+from mtlir.runtime.link.linked import above_max_buffer_length
+from mtlir.runtime.link.kinds import make_pipeline
+from mtlir.runtime.link.state import LinkState
+from mtlir.runtime.session import Session, Submission
+
+__all__ = ["DeviceContext", "DeviceBuffer", "ContextError"]
+
+_IDS = itertools.count(1)
+
+
+class ContextError(StateError):
+    """A handle used on a context that did not make it, or after it was freed; a context used after ``close``."""
+
+
+@dataclass(frozen=True)
+class DeviceBuffer:
+    """A buffer of a ``DeviceContext``: the MTLBuffer ``handle``, its ``contents`` host address, its size in bytes
+    (``nbytes``) and the ``device`` name of the context that made it (for errors)."""
+
+    handle: int
+    contents: int
+    nbytes: int
+    device: str
+
+    def __repr__(self) -> str:
+        return f"DeviceBuffer({self.device}, {self.nbytes} bytes, handle {self.handle:#x})"
+
+
+class DeviceContext:
+    """One Metal device (a ``Bridge``: ``SimDevice`` or the real Metal bridge) shared by many Programs.
+
+    ``name``: the device's name in errors (``"METAL"``; a number is added when two contexts share a name);
+    ``spec``: the ``DeviceSpec`` the Programs are lowered for (default: the bridge's ``spec`` when it has one, else
+    ``DeviceSpec()``); ``timeout_s``: the default wait in seconds; ``max_command_buffers``: the queue's
+    maxCommandBufferCount. Makes the device (``MTLCreateSystemDefaultDevice``), the queue, the shared event, the
+    fence and, with residency sets, the residency set (added to the queue) at once. Raises ``LinkError`` when Metal
+    returns nil for one of them. Use as a context manager or call ``close()``."""
+
+    def __init__(self, bridge: Bridge, *, name: str = "device", spec: DeviceSpec | None = None,
+                 timeout_s: float = 30.0, max_command_buffers: int = 1024) -> None:
+        self.bridge = bridge
+        self.name = f"{name}#{next(_IDS)}" if name in _NAMES else name
+        _NAMES.add(self.name)
+        self.spec = spec if spec is not None else getattr(bridge, "spec", None) or DeviceSpec()
+        self.timeout_s = timeout_s
+        self._ls = LinkState(Program([], 0, target=bridge.target, device=self.spec), bridge, {},
+                             max_command_buffers, MTL.ResourceStorageModeShared)
+        ls, m = self._ls, self._ls.messenger
+        self.closed = False
+        self.buffers: dict[int, DeviceBuffer] = {}
+        self.sessions: list[Session] = []
+        self.pipelines: dict[str, int] = {}
+        self.value = 0
+        try:
+            self.device = ls.keep("device", ls.checked(m.device(), "MTLCreateSystemDefaultDevice (no Metal device)"))
+            self.queue = ls.keep("queue", ls.checked(
+                m.send(self.device, "newCommandQueueWithMaxCommandBufferCount:", max_command_buffers), "command queue"))
+            self.event = ls.keep("event", ls.checked(m.send(self.device, "newSharedEvent"), "shared event"))
+            self.fence = ls.keep("fence", ls.checked(m.send(self.device, "newFence"), "fence"))
+            self.residency_set = 0
+            if self.spec.residency_set:
+                desc = ls.checked(m.send(m.cls("MTLResidencySetDescriptor"), "new"), "MTLResidencySetDescriptor")
+                try:
+                    self.residency_set = ls.keep("residency_set", ls.with_error(
+                        "residency set (macOS 15 or later)", self.device, "newResidencySetWithDescriptor:error:", desc))
+                finally:
+                    m.send(desc, "release")
+                m.send(self.residency_set, "commit")
+                m.send(self.queue, "addResidencySet:", self.residency_set)
+        except BaseException:
+            ls.out.release()
+            raise
+
+    # ---- buffers
+
+    def alloc(self, nbytes: int) -> DeviceBuffer:
+        """A new shared-storage MTLBuffer of ``nbytes`` bytes (``newBufferWithLength:options:``), resident for every
+        Program of the context. Raises ``ValueError`` for a size below 1, ``LinkError`` when Metal returns nil (the
+        message says when the size is above the device's maxBufferLength)."""
+        self._open("alloc")
+        if type(nbytes) is not int or nbytes < 1:
+            raise ValueError(f"{self.name}: alloc of {nbytes!r} bytes: the size is an int >= 1")
+        m = self._ls.messenger
+        made = int(m.send(self.device, "newBufferWithLength:options:", nbytes, MTL.ResourceStorageModeShared) or 0)
+        if not made:
+            above_max_buffer_length(m, self.device, f"{self.name}: alloc", nbytes)
+            raise LinkError(f"{self.name}: alloc of {nbytes} bytes: Metal returned nil")
+        buf = DeviceBuffer(made, int(m.send(made, "contents")), nbytes, self.name)
+        if self.residency_set:
+            m.send(self.residency_set, "addAllocation:", made)
+            m.send(self.residency_set, "commit")
+        self.buffers[made] = buf
+        return buf
+
+    def _mine(self, buf: DeviceBuffer, what: str) -> DeviceBuffer:
+        if not isinstance(buf, DeviceBuffer):
+            raise TypeError(f"{self.name}: {what} takes a DeviceBuffer, got {type(buf).__name__}")
+        if buf.device != self.name:
+            raise ContextError(f"{what}: {buf!r} belongs to device {buf.device}, not to {self.name}")
+        if self.buffers.get(buf.handle) is not buf:
+            raise ContextError(f"{what}: {buf!r} of {self.name} was freed")
+        return buf
+
+    def _range(self, buf: DeviceBuffer, offset: int, nbytes: int, what: str) -> None:
+        if offset < 0 or nbytes < 0 or offset + nbytes > buf.nbytes:
+            raise ValueError(f"{what}: bytes [{offset}, {offset + nbytes}) are outside the {buf.nbytes} bytes of "
+                             f"{buf!r}")
+
+    def write(self, buf: DeviceBuffer, data: bytes | bytearray | memoryview, offset: int = 0) -> None:
+        """Copy ``data`` into ``buf`` at byte ``offset`` through ``contents`` (the host writes shared storage
+        directly: call ``synchronize`` first when a submit in flight reads it). Raises ``ContextError`` for a
+        buffer of another context or a freed one, ``ValueError`` for a range outside it."""
+        self._mine(buf, "write")
+        self._range(buf, offset, len(data), "write")
+        self.bridge.write(buf.contents + offset, bytes(data))
+
+    def read(self, buf: DeviceBuffer, offset: int = 0, nbytes: int | None = None) -> bytes:
+        """``nbytes`` bytes of ``buf`` from byte ``offset`` (default: to its end). Errors as ``write``."""
+        self._mine(buf, "read")
+        n = buf.nbytes - offset if nbytes is None else nbytes
+        self._range(buf, offset, n, "read")
+        return self.bridge.read(buf.contents + offset, n)
+
+    def free(self, buf: DeviceBuffer) -> None:
+        """Take ``buf`` out of the residency set and release it. The caller makes sure no submit in flight uses it
+        (``synchronize``; rule 14). Errors as ``write``."""
+        self._mine(buf, "free")
+        m = self._ls.messenger
+        del self.buffers[buf.handle]
+        if self.residency_set:
+            m.send(self.residency_set, "removeAllocation:", buf.handle)
+            m.send(self.residency_set, "commit")
+        m.send(buf.handle, "release")
+
+    # ---- Programs
+
+    def pipeline(self, kernel: Kernel) -> int:
+        """The compute pipeline state of ``kernel``, compiled at the first call for its key and kept (link's
+        messages for a pipeline: docs/runtime.md). Raises what the compile raises (``LinkError`` with the MSL
+        error, ``UnsupportedKernelError``)."""
+        name = f"pipeline:{kernel.key}"
+        if name not in self.pipelines:
+            self._open("pipeline")
+            make_pipeline(self._ls, self.device, Obj("pipeline", name, (kernel,)))
+            self.pipelines[name] = self._ls.out.handles[name]
+        return self.pipelines[name]
+
+    def shared(self, program: Program) -> dict[str, int]:
+        """The objects of this context that ``program`` adopts (``link``'s ``shared``): the device, queue, event,
+        fence, residency set and the pipeline of each kernel it names (compiled here when new)."""
+        out = {"device": self.device, "queue": self.queue, "event": self.event, "fence": self.fence}
+        if self.residency_set:
+            out["residency_set"] = self.residency_set
+        for obj in collect_objects(program).values():
+            if obj.kind == "pipeline" and obj.payload and isinstance(obj.payload[0], Kernel):
+                out[obj.name] = self.pipeline(obj.payload[0])
+        return out
+
+    def session(self, program: Program, **kwargs: Any) -> Session:
+        """A ``Session`` of ``program`` on the shared objects (``serialize=False``: the shared fence orders the
+        Programs' encoders and a Program that patches its own ICB or variables waits for its previous submit
+        itself, ``submit``). ``kwargs`` go to ``Session``. Raises ``LinkError`` as ``link`` does, and for a
+        Program lowered for another device spec."""
+        self._open("session")
+        if program.device != self.spec:
+            raise LinkError(f"{self.name}: the Program was lowered for {program.device}, the context is {self.spec}")
+        kwargs.setdefault("timeout_s", self.timeout_s)
+        kwargs.setdefault("serialize", False)
+        s = Session(program, self.bridge, shared=self.shared(program), **kwargs)
+        self.sessions.append(s)
+        return s
+
+    def next_value(self) -> int:
+        """The next value of the shared timeline (one per submit of any Program: rule 12 wants it increasing)."""
+        self.value += 1
+        return self.value
+
+    def submit(self, session: Session, **values: Any) -> Submission:
+        """``session.submit`` with the next timeline value; first waits for that session's previous submit when
+        it is still in flight (its Program patches its variables and ICB from the CPU: rule 15). Raises what
+        ``Session.submit`` raises."""
+        if session.inflight:
+            session.wait(timeout_s=self.timeout_s)
+        values.setdefault("timeline", self.next_value())
+        return session.submit(**values)
+
+    def synchronize(self, timeout_s: float | None = None) -> None:
+        """Wait until every submit of every Program of the context has completed. Raises ``WaitTimeoutError`` /
+        ``GPUExecutionError`` as ``Session.wait`` does."""
+        for s in self.sessions:
+            if s.inflight:
+                s.wait(timeout_s=self.timeout_s if timeout_s is None else timeout_s)
+
+    def _open(self, what: str) -> None:
+        if self.closed:
+            raise ContextError(f"{what} on device {self.name}, which is closed")
+
+    def close(self) -> None:
+        """Wait for the work in flight, close every Session, release the buffers, pipelines, residency set,
+        fence, event and queue. Idempotent."""
+        if self.closed:
+            return
+        try:
+            self.synchronize()
+        finally:
+            self.closed = True
+            for s in self.sessions:
+                s.close()
+            self.sessions.clear()
+            for buf in list(self.buffers.values()):
+                self.buffers.pop(buf.handle)
+                self._ls.messenger.send(buf.handle, "release")
+            self._ls.out.release()
+            _NAMES.discard(self.name)
+
+    def __enter__(self) -> DeviceContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_NAMES: set[str] = set()
