@@ -1,7 +1,7 @@
 """mtlir.passes: the lowering of queue graphs to Programs, one module per pass.
 
 ``lower(graph, target="arm64")`` runs the default pass pipeline (``default_pipeline``; for a queue graph
-``encode,abi{target=…},linearize``) and returns a ``Lowered`` (``.program``, ``.stages``, ``.timings``,
+``encode,barriers,abi{target=…},linearize``) and returns a ``Lowered`` (``.program``, ``.stages``, ``.timings``,
 ``.diagnostics``); a Program that uses the timeline carries its lowered timeline read (``Program.timeline_read``).
 ``PASSES`` maps each pass name to its class (``symbolic`` too, which the default pipeline runs only where it has
 work); ``PassPipeline.parse(text)`` reads a pipeline string. docs/lowering.md describes every pass.
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from mtlir.metal import TARGETS
+from mtlir.metal import TARGETS, DeviceSpec
 from mtlir.metal import AbiError
 from mtlir.passes.abi import Abi
+from mtlir.passes.barriers import Barriers
 from mtlir.passes.encode.encode import Encode
 from mtlir.passes.encode.commands import EncodeError
 from mtlir.passes.linearize import Linearize, LinearizeError
@@ -30,18 +31,21 @@ from mtlir.ir.uop import UOp
 
 __all__ = ["lower", "default_pipeline", "DEFAULT_PIPELINE", "Lowered", "PassPipeline", "Pass", "PassContext",
            "PASSES", "PassTiming", "register", "PipelineError", "VerifyError", "EncodeError", "AbiError",
-           "LinearizeError", "Encode", "Symbolic", "Abi", "Linearize", "simplify", "timeline_read_program", "STAGES",
+           "LinearizeError", "Encode", "Barriers", "Symbolic", "Abi", "Linearize", "simplify", "timeline_read_program", "STAGES",
            "graph_stage"]
 
-DEFAULT_PIPELINE = "encode,abi{target=arm64},linearize"
+DEFAULT_PIPELINE = "encode,barriers,abi{target=arm64},linearize"
 
 
 def default_pipeline(target: str = "arm64", graph: UOp | None = None) -> PassPipeline:
     """The default pass pipeline for ``target`` (``arm64`` or ``x86_64``) from ``graph`` (default: a queue graph),
     starting at its stage (``graph_stage``), each pass only where the graph has something it changes:
 
-    - from a queue graph: ``encode,abi{target=…},linearize``. No ``symbolic``: encode simplifies every value it
-      reads with symbolic's rules and builds nothing they fold, so the pass would return the graph it was given;
+    - from a queue graph: ``encode,barriers,abi{target=…},linearize`` (``barriers``: an ICB command gets
+      ``setBarrier`` only where it depends on an earlier one, passes/barriers.py), without ``barriers`` when the
+      graph's device has no ICB (``DeviceSpec.icb`` False: the direct path, nothing to place). No ``symbolic``:
+      encode simplifies every value it reads with symbolic's rules and builds nothing they fold, so the pass would
+      return the graph it was given;
     - from typed messages (a graph built by other means, e.g. ``timeline_read``): ``abi{target=…},linearize``;
     - from C calls: ``linearize``;
 
@@ -51,7 +55,8 @@ def default_pipeline(target: str = "arm64", graph: UOp | None = None) -> PassPip
         raise PipelineError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
     stage = "queue" if graph is None else graph_stage(graph)
     if stage == "queue":
-        return PassPipeline((Encode(), Abi(target), Linearize()))
+        icb = graph is None or not isinstance(graph.arg, DeviceSpec) or graph.arg.icb
+        return PassPipeline((Encode(), *((Barriers(),) if icb else ()), Abi(target), Linearize()))
     fold: tuple[Pass, ...] = (Symbolic(),) if graph is not None and simplifiable(graph) else ()
     rest: tuple[Pass, ...] = (Abi(target), Linearize()) if stage == "messages" else (Linearize(),)
     return PassPipeline((*fold, *rest), stage)

@@ -38,7 +38,7 @@ def test_icb_spec_holds_every_command_as_data() -> None:
     spec = icb_spec(p)
     assert spec.commands == (
         IcbCommand("pipeline:saxpy", (("buffer:x", 0, 0), ("buffer:y", 256, 1), ("varbuf", 0, 2)), (0, 1, 1),
-                   (32, 1, 1), True, True, (("n", 2),), ()),
+                   (32, 1, 1), False, True, (("n", 2),), ()),  # barriers: nothing runs before command 0
         IcbCommand("pipeline:scale", (("buffer:y", 0, 0), ("buffer:z", 0, 1)), (2, 2, 1), (16, 2, 1), True, False,
                    (), ()),
         IcbCommand("pipeline:saxpy", (("buffer:z", 0, 0), ("buffer:x", 0, 1), ("varbuf", 0, 2)), (8, 1, 1),

@@ -341,8 +341,8 @@ def test_the_example_queue(tmp_path, capsys) -> None:  # type: ignore[no-untyped
     import shutil
     if shutil.which("dot"):
         assert ex.main(["--viz", str(tmp_path)]) == 0
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["00-input.svg", "01-encode.svg", "02-abi.svg",
-                                                               "03-linearize.txt"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["00-input.svg", "01-encode.svg", "02-barriers.svg",
+                                                               "03-abi.svg", "04-linearize.txt"]
 
 
 @pytest.mark.parametrize("device, target", [
@@ -400,7 +400,8 @@ def test_every_pass_of_the_default_pipeline_changes_every_real_queue() -> None:
     for i, (name, queue) in enumerate(cases):
         target = ("arm64", "x86_64")[i % 2]
         lowered = lower(queue, target=target)
-        assert [n for n, _ in lowered.stages] == ["input", "encode", "abi", "linearize"], name
+        passes = ["encode", "barriers", "abi", "linearize"] if queue.arg.icb else ["encode", "abi", "linearize"]
+        assert [n for n, _ in lowered.stages] == ["input", *passes], name
         assert not any(lowered.unchanged(j) for j in range(len(lowered.stages))), name
         assert not simplifiable(lowered.stages[1][1]), name  # type: ignore[arg-type]
         program = lowered.program

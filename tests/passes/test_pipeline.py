@@ -82,7 +82,7 @@ def test_registry_names_every_pass() -> None:
     ("encode,linearize", "pass 'linearize' (pass 2 of the pipeline) takes C calls"),
     ("encode,abi{target=arm64},lower-timeline", "unknown pass 'lower-timeline'"),  # folded into timeline_read
     ("encode,abi{target=arm64},abi{target=arm64}", "it must come before pass 2 (abi{target=arm64})"),
-    (DEFAULT_PIPELINE + ",symbolic", "pass 'symbolic' (pass 4 of the pipeline) comes after linearize"),
+    (DEFAULT_PIPELINE + ",symbolic", "pass 'symbolic' (pass 5 of the pipeline) comes after linearize"),
 ])
 def test_bad_pipelines_are_refused_clearly(text: str, message: str) -> None:
     with pytest.raises(PipelineError) as e:
@@ -94,17 +94,17 @@ def test_lower_keeps_stages_times_passes_and_prints_after_all() -> None:
     out = io.StringIO()
     g = small_queue(DeviceSpec("Apple7"), symbolic=True)
     lowered = lower(g, target="x86_64", print_after_all=True, out=out)
-    assert [name for name, _ in lowered.stages] == ["input", "encode", "abi", "linearize"]
+    assert [name for name, _ in lowered.stages] == ["input", "encode", "barriers", "abi", "linearize"]
     assert lowered.stages[0][1] is g and isinstance(lowered.stages[-1][1], Program)
     assert lowered.stages[-1][1] is lowered.program
     assert [t.name for t in lowered.timings] == [name for name, _ in lowered.stages[1:]]
     assert all(t.seconds >= 0 and t.verify_seconds >= 0 for t in lowered.timings)
     assert lowered.seconds == pytest.approx(sum(t.seconds + t.verify_seconds for t in lowered.timings))
     text = out.getvalue()
-    for header in ("encode", "abi{target=x86_64}", "linearize"):
+    for header in ("encode", "barriers", "abi{target=x86_64}", "linearize"):
         assert f"// -----// IR after {header} //----- //" in text
     assert "[encoder executeCommandsInBuffer:withRange: icb, 0, 3]" in text and "unchanged" not in text
-    assert str(lowered.pipeline) == "encode,abi{target=x86_64},linearize"
+    assert str(lowered.pipeline) == "encode,barriers,abi{target=x86_64},linearize"
     assert not any(lowered.unchanged(i) for i in range(len(lowered.stages)))
     assert lower(g, target="x86_64", keep_stages=False).stages == []
 
