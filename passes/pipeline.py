@@ -17,19 +17,16 @@ the pass, what it needs and which passes must come first.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import re
 import sys
 import time
 from dataclasses import dataclass, field
-from collections.abc import Iterator
 from typing import Any, ClassVar, TextIO
 
 from mtlir.program.program import Program
 from mtlir.errors import InputError
-from mtlir.ir.uop import UOp
+from mtlir.ir.uop import UOp, gc_paused
 
 __all__ = ["Pass", "PassContext", "PipelineError", "PassPipeline", "PASSES", "register", "Lowered", "PassTiming",
            "STAGES", "graph_stage"]
@@ -286,7 +283,7 @@ class PassPipeline:
         first). Raises what the passes and verifiers raise (``VerifyError`` names the pass
         and the node)."""
         from mtlir.passes.verify import checked_once
-        with _gc_paused(), checked_once():
+        with gc_paused(), checked_once():
             return self._run(graph, print_after_all, keep_stages, out, verify)
 
     def _run(self, graph: UOp, print_after_all: bool, keep_stages: bool, out: TextIO | None,
@@ -316,20 +313,6 @@ class PassPipeline:
                 print(f"// -----// IR after {p} //----- //", file=stream)
                 print(describe(cur), file=stream)  # the listing, its messages and ICB commands spelled out
         return Lowered(cur, stages, timings, ctx.diagnostics, self)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector (reference counting still frees everything): a lowering allocates
-    a few small objects per command, and every collection rescans the whole heap, which made the cost per command
-    grow with the queue (12 µs at 100,000 commands against 7 µs at 1,000)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from mtlir.ir.ops import GroupOp, Ops
 from mtlir.ir.uop import UOp
 from mtlir.frontend.nodes import QueueError, buffer_base, buffer_label, buffer_nbytes, is_buffer, node_text
 
-__all__ = ["ExecParts", "exec_parts", "param_dtype", "var_dtype", "int_expression", "check_size", "check_threads",
+__all__ = ["ExecParts", "ExecChecks", "exec_parts", "param_dtype", "var_dtype", "int_expression", "check_size", "check_threads",
            "check_var_value", "check_elements", "SIZE_OPS", "MAX_SIZE", "MAX_THREADS"]
 
 MAX_SIZE = 2**32 - 1  # the largest grid or threadgroup size (threadgroups or threads per axis) encode accepts
@@ -44,8 +44,55 @@ class ExecParts(NamedTuple):
     vars: tuple[UOp, ...]
 
 
-def exec_parts(node: UOp, where: str = "EXEC") -> ExecParts:
-    """Split an EXEC node into its parts, checking the layout of ``mtlir.frontend.nodes``' docstring.
+class ExecChecks:
+    """What a builder already checked, so each distinct size, dispatch shape, variable value and binding is checked
+    once (a queue of 100,000 commands names a few dozen of each): ``sizes`` maps an MTLSize STRUCT that passed
+    ``check_size`` on every axis to its axes' ranges ``(lo, hi)``; ``threads`` holds the (grid, threadgroup)
+    pairs that passed ``check_threads``; ``values`` the (value, dtype) pairs that passed ``check_var_value``;
+    ``elements`` the (parameter, buffer) pairs that passed ``check_elements``. Only passed checks are kept: a bad
+    node raises its error every time it is met. The memo holds its nodes: keep one per queue or per lowering."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[UOp, tuple[tuple[int, int], ...]] = {}
+        self.threads: set[tuple[UOp, UOp]] = set()
+        self.values: set[tuple[UOp, DType]] = set()
+        self.elements: set[tuple[KernelParam, UOp]] = set()
+
+    def size(self, node: UOp, label: str, where: str) -> tuple[tuple[int, int], ...]:
+        """The ranges of the axes of ``node``, an MTLSize STRUCT (``label``: grid or threadgroup), each checked by
+        ``check_size``. Raises ``QueueError`` naming ``where``."""
+        got = self.sizes.get(node)
+        if got is None:
+            if node.op is not Ops.STRUCT or node.dtype is not dtypes.MTLSize or len(node.src) != 3:
+                raise QueueError(f"{where}: {label} must be an MTLSize STRUCT, got {node_text(node)}")
+            got = tuple(check_size(f, f"{where}: {label}.{axis}") for axis, f in zip("xyz", node.src))
+            self.sizes[node] = got
+        return got
+
+    def dispatch(self, grid: UOp, threadgroup: UOp, where: str) -> None:
+        """Check both sizes and the threads of a dispatch (``check_size``, ``check_threads``)."""
+        if (grid, threadgroup) not in self.threads:
+            check_threads(self.size(grid, "grid", where), self.size(threadgroup, "threadgroup", where), grid,
+                          threadgroup, where)
+            self.threads.add((grid, threadgroup))
+
+    def value(self, v: UOp, dt: DType, where: str) -> None:
+        """``check_var_value(v, dt, where)``, once per (v, dt)."""
+        if (v, dt) not in self.values:
+            check_var_value(v, dt, where)
+            self.values.add((v, dt))
+
+    def binding(self, p: KernelParam, b: UOp, where: str) -> None:
+        """``check_elements(p, b, where)``, once per (p, b); nothing to do for a parameter without ``elements``."""
+        if p.elements is not None and (p, b) not in self.elements:
+            check_elements(p, b, where)
+            self.elements.add((p, b))
+
+
+def exec_parts(node: UOp, where: str = "EXEC", checks: ExecChecks | None = None) -> ExecParts:
+    """Split an EXEC node into its parts, checking the layout of ``mtlir.frontend.nodes``' docstring, its sizes
+    and threads against Metal's limits, its buffers' sizes and its variables' values; ``checks`` (an
+    ``ExecChecks``) skips what was checked before.
 
     Raises ``QueueError`` naming ``where`` (e.g. ``"command 3"``) and the bad source."""
     src = node.src
@@ -57,22 +104,18 @@ def exec_parts(node: UOp, where: str = "EXEC") -> ExecParts:
         raise QueueError(f"{where}: kernel {kernel.key!r} takes {nb} buffers and {nv} variables, the EXEC has "
                          f"{len(src) - 3} buffer and variable sources")
     parts = ExecParts(kernel, src[1], src[2], src[3:3 + nb], src[3 + nb:])
-    ranges = []
-    for label, size in (("grid", parts.grid), ("threadgroup", parts.threadgroup)):
-        if size.op is not Ops.STRUCT or size.dtype is not dtypes.MTLSize or len(size.src) != 3:
-            raise QueueError(f"{where}: {label} must be an MTLSize STRUCT, got {node_text(size)}")
-        ranges.append(tuple(check_size(f, f"{where}: {label}.{axis}") for axis, f in zip("xyz", size.src)))
-    check_threads(ranges[0], ranges[1], parts.grid, parts.threadgroup, where)
+    memo = checks if checks is not None else ExecChecks()
+    memo.dispatch(parts.grid, parts.threadgroup, where)
     for p, b in zip(kernel.buffer_params, parts.buffers):
         base, _ = buffer_base(b)
         if not is_buffer(base):
             raise QueueError(f"{where}: buffer parameter {p.index} of {kernel.key!r} is {node_text(b)}, not a buffer")
-        check_elements(p, b, where)
+        memo.binding(p, b, where)
     for p, v in zip(kernel.var_params, parts.vars):
         if not v.dtype.is_int or v.op not in SIZE_OPS:
             raise QueueError(f"{where}: variable {p.var!r} (parameter {p.index}) of {kernel.key!r} must be an "
                              f"integer constant or an expression of run-time variables, got {node_text(v)}")
-        check_var_value(v, var_dtype(kernel, p, where), f"{where}: variable {p.var!r} (parameter {p.index})")
+        memo.value(v, var_dtype(kernel, p, where), f"{where}: variable {p.var!r} (parameter {p.index})")
     return parts
 
 

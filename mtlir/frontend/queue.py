@@ -11,15 +11,17 @@ that order. ``shared_event(name)`` is an event no queue owns (``event:<name>``, 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from mtlir.ir.bounds import expr_text
-from mtlir.ir.dtypes import dtypes
-from mtlir.metal import DeviceSpec, Kernel, Obj
+from mtlir.ir.dtypes import DType, dtypes
+from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj
 from mtlir.ir.ops import Ops
 from mtlir.ir.uop import UOp
 from mtlir.frontend.nodes import (MAX_HANDLE, QueueError, buffer_base, buffer_label, buffer_nbytes, is_buffer,
                                   timeline)
-from mtlir.frontend.checks import MAX_SIZE, check_size, check_var_value, exec_parts, int_expression, var_dtype
+from mtlir.frontend.checks import (MAX_SIZE, ExecChecks, check_size, check_var_value, int_expression,
+                                   var_dtype)
 
 __all__ = ["Queue", "queues"]
 
@@ -66,7 +68,12 @@ class Queue:
         self.name = name
         self.timeline = timeline(name)
         self.ops: list[UOp] = []
-        self._kernels: dict[Kernel, UOp] = {}
+        self._kernels: dict[Kernel, tuple[UOp, tuple[KernelParam, ...], tuple[KernelParam, ...],
+                                          tuple[DType, ...]]] = {}
+        self._by_id: dict[int, tuple[Kernel, Any]] = {}
+        self._checks = ExecChecks()  # what exec checked already, so each distinct part is checked once
+        self._sizes: dict[object, UOp] = {}  # grid / threadgroup sizes as given (with their types) -> STRUCT
+        self._values: dict[object, UOp] = {}  # (a variable value's type, the value, dtype) -> its node
         self._stamped: dict[int, int] = {}  # timestamp slot -> the number of commands before it
         self.ncommands = 0
 
@@ -76,44 +83,98 @@ class Queue:
 
         ``buffers``: one per buffer parameter (BUFFER, BUFFER_VIEW or buffer_variable). ``vars``: one per
         ``constant int&`` parameter (an int or an integer expression of run-time variables). ``grid`` /
-        ``threadgroup``: 1 to 3 sizes (missing ones are 1), each an int >= 1 or an expression of variables."""
-        where = f"command {self.ncommands} ({getattr(kernel, 'key', '?')})"
+        ``threadgroup``: 1 to 3 sizes (missing ones are 1), each an int >= 1 or an expression of variables.
+
+        Each distinct kernel, buffer, size tuple and variable value is checked once per queue (``ExecChecks``):
+        the checks are those of ``exec_parts``, and a bad argument raises ``QueueError`` every time."""
         if not isinstance(kernel, Kernel):
-            raise QueueError(f"{where}: kernel must be an mtlir.metal.Kernel, got {type(kernel).__name__}")
-        knode = self._kernels.get(kernel)
-        if knode is None:
-            knode = self._kernels[kernel] = UOp(Ops.KERNEL, dtypes.void, (), kernel)
-        bparams, vparams = kernel.buffer_params, kernel.var_params
+            raise QueueError(f"{self._where(kernel)}: kernel must be an mtlir.metal.Kernel, got "
+                             f"{type(kernel).__name__}")
+        seen = self._by_id.get(id(kernel))  # by identity first: a Kernel's dataclass hash walks its parameters
+        if seen is not None and seen[0] is kernel:
+            info = seen[1]
+        else:
+            info = self._kernels.get(kernel)
+            if info is None:
+                info = self._kernels[kernel] = self._kernel_info(kernel)
+            self._by_id[id(kernel)] = (kernel, info)  # the tuple keeps the kernel alive, so its id stays its own
+        knode, bparams, vparams, vdts = info
         buffers, vars = tuple(buffers), tuple(vars)
         if len(buffers) != len(bparams):
-            raise QueueError(f"{where}: kernel takes {len(bparams)} buffers, got {len(buffers)}")
+            raise QueueError(f"{self._where(kernel)}: kernel takes {len(bparams)} buffers, got {len(buffers)}")
         if len(vars) != len(vparams):
-            raise QueueError(f"{where}: kernel takes {len(vparams)} variables "
+            raise QueueError(f"{self._where(kernel)}: kernel takes {len(vparams)} variables "
                              f"({', '.join(str(p.var) for p in vparams) or 'none'}), got {len(vars)}")
+        checks = self._checks
         for p, b in zip(bparams, buffers):
-            if not isinstance(b, UOp) or not is_buffer(buffer_base(b)[0]):
-                raise QueueError(f"{where}: buffer parameter {p.index} must be a buffer or a view, got {b!r}")
+            base = b.src[0] if type(b) is UOp and b.op is Ops.BUFFER_VIEW else b
+            if type(base) is not UOp or not (base.op is Ops.BUFFER or (base.op is Ops.DEFINE_VAR
+                                                                         and base.dtype is dtypes.id)):
+                raise QueueError(f"{self._where(kernel)}: buffer parameter {p.index} must be a buffer or a view, "
+                                 f"got {b!r}")
+            if p.elements is not None:
+                checks.binding(p, b, self._where(kernel))
+        values = self._values
         vnodes = []
-        for p, v in zip(vparams, vars):
-            dt = var_dtype(kernel, p, where)
-            if isinstance(v, bool) or not isinstance(v, (int, UOp)):
-                raise QueueError(f"{where}: variable {p.var!r} must be an int or a UOp, got {v!r}")
-            if isinstance(v, int):
-                if not dtypes.min(dt) <= v <= dtypes.max(dt):
-                    raise QueueError(f"{where}: variable {p.var!r} (parameter {p.index}): value {v} does not fit the "
-                                     f"parameter's type {dt.name} [{dtypes.min(dt)}, {dtypes.max(dt)}]")
-                vnodes.append(UOp.const(dt, v))
-                continue
-            if not v.dtype.is_int:
-                raise QueueError(f"{where}: variable {p.var!r} must be an integer, got dtype {v.dtype.name}")
-            check_var_value(v, dt, f"{where}: variable {p.var!r} (parameter {p.index})")
-            vnodes.append(v.cast(dt))
-        node = UOp(Ops.EXEC, dtypes.void, (knode, _mtlsize(grid, f"{where}: grid"),
-                                           _mtlsize(threadgroup, f"{where}: threadgroup"), *buffers, *vnodes))
-        exec_parts(node, where)
-        self.ops.append(node)
+        for p, dt, v in zip(vparams, vdts, vars):
+            try:
+                vnode = values.get((type(v), v, dt))
+            except TypeError:  # an unhashable value: the check below names it
+                vnode = None
+            if vnode is None:
+                vnode = values[(type(v), v, dt)] = self._var_node(kernel, p, dt, v)
+            vnodes.append(vnode)
+        gnode = self._struct(grid, kernel, "grid")
+        tnode = self._struct(threadgroup, kernel, "threadgroup")
+        if (gnode, tnode) not in checks.threads:
+            checks.dispatch(gnode, tnode, self._where(kernel))
+        self.ops.append(UOp(Ops.EXEC, dtypes.void, (knode, gnode, tnode, *buffers, *vnodes)))
         self.ncommands += 1
         return self
+
+    def _where(self, kernel: object) -> str:
+        """How errors name the command being appended."""
+        return f"command {self.ncommands} ({getattr(kernel, 'key', '?')})"
+
+    def _kernel_info(self, kernel: Kernel) -> tuple[UOp, tuple[KernelParam, ...], tuple[KernelParam, ...],
+                                                    tuple[DType, ...]]:
+        """A kernel's KERNEL node, buffer and variable parameters and the variables' dtypes, read once per queue."""
+        vparams = tuple(kernel.var_params)
+        vdts = tuple(var_dtype(kernel, p, self._where(kernel)) for p in vparams)
+        return UOp(Ops.KERNEL, dtypes.void, (), kernel), tuple(kernel.buffer_params), vparams, vdts
+
+    def _var_node(self, kernel: Kernel, p: KernelParam, dt: DType, v: object) -> UOp:
+        """The value of ``constant int&`` parameter ``p`` (dtype ``dt``) as a node, checked to fit ``dt``."""
+        where = self._where(kernel)
+        if isinstance(v, bool) or not isinstance(v, (int, UOp)):
+            raise QueueError(f"{where}: variable {p.var!r} must be an int or a UOp, got {v!r}")
+        if isinstance(v, int):
+            if not dtypes.min(dt) <= v <= dtypes.max(dt):
+                raise QueueError(f"{where}: variable {p.var!r} (parameter {p.index}): value {v} does not fit the "
+                                 f"parameter's type {dt.name} [{dtypes.min(dt)}, {dtypes.max(dt)}]")
+            return UOp.const(dt, v)
+        if not v.dtype.is_int:
+            raise QueueError(f"{where}: variable {p.var!r} must be an integer, got dtype {v.dtype.name}")
+        check_var_value(v, dt, f"{where}: variable {p.var!r} (parameter {p.index})")
+        return v.cast(dt)
+
+    def _struct(self, sizes: Sequence[UOp | int], kernel: Kernel, label: str) -> UOp:
+        """The MTLSize STRUCT of a grid or threadgroup (``label``), built and checked once per distinct sizes."""
+        if type(sizes) is tuple or type(sizes) is list:
+            try:  # the sizes' types first in the key: True must not find the node of 1, nor a UOp meet an int
+                key: object = (*map(type, sizes), *sizes)
+                got = self._sizes.get(key)
+            except TypeError:  # an unhashable size: _mtlsize names it
+                key, got = None, None
+        else:
+            key, got = None, None
+        if got is None:
+            where = f"{self._where(kernel)}: {label}"
+            got = _mtlsize(sizes, where)
+            self._checks.size(got, label, self._where(kernel))
+            if key is not None:
+                self._sizes[key] = got
+        return got
 
     def _event_op(self, op: Ops, event: UOp, value: UOp | int, what: str) -> Queue:
         where = f"{what} after command {self.ncommands}"

@@ -26,7 +26,7 @@ from mtlir.msl import KernelSignatureError
 from mtlir.frontend.nodes import MAX_BUFFER_BYTES, QueueError, buffer, timeline_value, view
 from mtlir.frontend.checks import param_dtype
 from mtlir.frontend.queue import Queue
-from mtlir.ir.uop import UOp
+from mtlir.ir.uop import UOp, gc_paused
 
 __all__ = ["load_trace", "parse_trace", "Trace", "TraceError", "TraceBuffer", "TraceVariable", "Dispatch",
            "BufferArg", "OutputSpec"]
@@ -186,6 +186,13 @@ class Trace:
         dev = device or self.device()
         if (got := self._queue_cache.get(dev)) is not None:
             return got
+        with gc_paused():  # many nodes at once (mtlir.ir.uop.gc_paused)
+            graph = self._build_queue(dev)
+        self._queue_cache[dev] = graph
+        return graph
+
+    def _build_queue(self, dev: DeviceSpec) -> UOp:
+        """The queue graph of ``queue`` for ``dev``, built. Raises ``TraceError`` naming the dispatch at fault."""
         q = Queue(dev)
         bufs = {bid: buffer(bid, b.size) for bid, b in self.buffers.items()}
         var_nodes = {name: v.uop() for name, v in self.variables.items()}
@@ -202,8 +209,7 @@ class Trace:
             except QueueError as e:
                 raise TraceError(f"dispatches[{i}]", str(e), self.source) from None
         q.signal(q.timeline, timeline_value())
-        graph = self._queue_cache[dev] = q.submit()
-        return graph
+        return q.submit()
 
 
 # ---- parsing and validation
