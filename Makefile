@@ -14,7 +14,7 @@ APT_PACKAGES := graphviz pocl-opencl-icd ocl-icd-libopencl1 build-essential
 # plain editable mode maps passes/ and runtime/ with an import hook that only Python understands). A module added or
 # removed changes MODULES and reinstalls. PYTHONSAFEPATH keeps the repository root off sys.path, where the bare mtlir/
 # folder would hide the installed package (it holds neither passes/ nor runtime/).
-MODULES := $(sort $(shell find mtlir passes runtime -name '*.py' 2>/dev/null))
+MODULES := $(sort $(shell find mtlir passes runtime clients -name '*.py' 2>/dev/null))
 export PYTHONSAFEPATH := 1
 
 .PHONY: run test test-gpu test-arm64 typecheck setup sysdeps browser objc oclgrind bench example clean FORCE
@@ -121,7 +121,7 @@ $(VENV)/.modules: FORCE
 $(STAMP): pyproject.toml $(VENV)/.modules | sysdeps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=strict
+	$(PY) -m pip install -q -e '.[test,tinygrad]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
 clean:

@@ -30,6 +30,7 @@ handed out the same handle numbers, so a handle of one used on the other named n
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,17 +197,23 @@ class DeviceContext:
                 out[obj.name] = self.pipeline(obj.payload[0])
         return out
 
-    def session(self, program: Program, **kwargs: Any) -> Session:
+    def session(self, program: Program, *, shared_extra: Mapping[str, int] | None = None, **kwargs: Any) -> Session:
         """A ``Session`` of ``program`` on the shared objects (``serialize=False``: the shared fence orders the
         Programs' encoders and a Program that patches its own ICB or variables waits for its previous submit
-        itself, ``submit``). ``kwargs`` go to ``Session``. Raises ``LinkError`` as ``link`` does, and for a
+        itself, ``submit``). ``shared_extra``: more placeholders to adopt, e.g. ``{"buffer:w": buf.handle}`` for a
+        BUFFER of the Program that is a buffer of this context (bound once, at link). ``kwargs`` go to ``Session``. Raises ``LinkError`` as ``link`` does, and for a
         Program lowered for another device spec."""
         self._open("session")
         if program.device != self.spec:
             raise LinkError(f"{self.name}: the Program was lowered for {program.device}, the context is {self.spec}")
         kwargs.setdefault("timeout_s", self.timeout_s)
         kwargs.setdefault("serialize", False)
-        s = Session(program, self.bridge, shared=self.shared(program), **kwargs)
+        shared = self.shared(program)
+        for name, handle in (shared_extra or {}).items():
+            if name.startswith("buffer:") and handle not in self.buffers:
+                raise ContextError(f"{self.name}: {name} is handle {handle:#x}, which is no live buffer of this device")
+            shared[name] = handle
+        s = Session(program, self.bridge, shared=shared, **kwargs)
         self.sessions.append(s)
         return s
 

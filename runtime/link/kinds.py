@@ -58,6 +58,10 @@ def make_buffer(ls: LinkState, device: int, o: Obj) -> None:
     nbytes = int(o.payload[0]) if o.payload else 0
     if nbytes <= 0:
         raise LinkError(f"{o.name}: a buffer of {nbytes} bytes")
+    if o.kind == "buffer" and ls.adopt(o.name):  # a buffer of a DeviceContext: its own, already resident
+        buf = ls.out.handles[o.name]
+        ls.out.buffers[o.name] = (buf, ls.checked(m.send(buf, "contents"), f"contents of {o.name}"), nbytes)
+        return
     try:
         made = m.send(device, "newBufferWithLength:options:", nbytes, ls.buffer_options)
     except MemoryError:  # the device's (or a recording's) host memory for it could not be allocated
@@ -161,7 +165,8 @@ def make_residency_set(ls: LinkState, device: int, by_kind: dict[str, list[Obj]]
     ``--no-residency-set``), ``addAllocation:`` of every buffer and the ICB, ``commit``, ``addResidencySet:`` on
     each queue."""
     m = ls.messenger
-    allocations = [ls.out.buffers[o.name][0] for o in by_kind.get("buffer", []) + by_kind.get("varbuf", [])]
+    allocations = [ls.out.buffers[o.name][0] for o in by_kind.get("buffer", []) + by_kind.get("varbuf", [])
+                   if o.name not in ls.shared]  # a shared buffer is its owner's to keep resident
     allocations += [ls.out.handles[o.name] for o in by_kind.get("icb", [])]
     if ls.adopt("residency_set"):  # a shared set, already on the queue: this Program's allocations join it
         rset = ls.out.handles["residency_set"]

@@ -1,0 +1,37 @@
+"""mtlir as a tinygrad device (issue 11, docs/tinygrad.md): ``import mtlir.tinygrad`` makes tinygrad's METAL device
+run on mtlir (the simulated Metal device by default), on any machine. The device module is loaded as
+``tinygrad.runtime.ops_metal``, so the device keeps the name METAL and tinygrad's own MetalRenderer writes the MSL.
+
+    import mtlir.tinygrad
+    from tinygrad import Tensor
+    print((Tensor([1, 2, 3]) + 1).tolist())      # [2, 3, 4], through mtlir's lowering and the simulated Metal
+
+``configure(family=..., target=..., strict=...)`` before the first tensor; ``record(...)`` writes the kernels a
+function ran as an mtlir trace (``mtlir record``)."""
+from __future__ import annotations
+
+import sys
+
+from mtlir.tinygrad.settings import SETTINGS, Settings, configure
+
+__all__ = ["register", "configure", "SETTINGS", "Settings", "record"]
+
+
+def register() -> None:
+    """Install mtlir's device as ``tinygrad.runtime.ops_metal`` (idempotent). Raises ``RuntimeError`` when
+    tinygrad's own Metal module was imported first (a device opened before ``import mtlir.tinygrad``)."""
+    from mtlir.tinygrad import device
+    current = sys.modules.get("tinygrad.runtime.ops_metal")
+    if current is device:
+        return
+    if current is not None:
+        raise RuntimeError("tinygrad's own ops_metal is already imported: import mtlir.tinygrad before opening "
+                           "the METAL device")
+    sys.modules["tinygrad.runtime.ops_metal"] = device
+    import tinygrad.runtime
+    setattr(tinygrad.runtime, "ops_metal", device)
+
+
+register()
+
+from mtlir.tinygrad.record import record  # noqa: E402  (record uses the registered device)

@@ -1,0 +1,122 @@
+"""A batch of tinygrad kernel dispatches as one mtlir queue: the Kernel of a tinygrad Metal program, and the queue
+graph (lowered once, replayed per call) of one eager call or one TinyJit batch.
+
+What is fixed in the Program and what is given per submit:
+
+- a buffer argument is either a context buffer known when the batch is built (``Arg.handle``: a BUFFER placeholder
+  that link adopts from the ``DeviceContext``, bound once on the ICB command) or a *buffer variable*
+  (``Arg.slot``: rebound per submit, what an eager call and a JIT input are); its byte offset and size are fixed
+  (a view), so a new offset is a new Program (``Batch.key`` says so);
+- a ``constant int&`` parameter, a grid size and a threadgroup size are an int or the name of a run-time variable
+  with its bounds (``Batch.bounds``).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from mtlir.frontend.nodes import buffer, buffer_variable, timeline_value, view
+from mtlir.frontend.queue import Queue
+from mtlir.ir.dtypes import dtypes
+from mtlir.ir.uop import UOp
+from mtlir.metal import DeviceSpec, Kernel, KernelParam
+from mtlir.msl import kernel_signature
+from mtlir.passes import lower
+from mtlir.program.program import Program
+
+__all__ = ["Arg", "Dispatch", "Batch", "kernel_of", "Size"]
+
+Size = int | str  # a constant size or value, or the name of a run-time variable
+
+
+def kernel_of(function: str, msl: str) -> Kernel:
+    """The mtlir ``Kernel`` of a tinygrad-rendered Metal program: its parameters read from the MSL
+    (``mtlir.msl.kernel_signature``: ``device T*`` buffers, then ``constant int&`` variables). The key is the
+    function name and a hash of the source (two programs of one name may differ). Raises
+    ``mtlir.msl.KernelSignatureError`` for a source without that kernel or an element type mtlir has no dtype for."""
+    params = tuple(KernelParam(p.name if p.reference else None, p.index, p.dtype.name)
+                   for p in kernel_signature(msl, function))
+    digest = hashlib.sha1(msl.encode()).hexdigest()[:8]
+    return Kernel(f"{function}_{digest}", function, msl, params)
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One buffer argument: ``slot`` (the name of a buffer variable, rebound per submit) or ``handle`` (a
+    ``DeviceContext`` buffer of ``base_nbytes`` bytes, fixed); the view: ``offset`` and ``nbytes`` in bytes."""
+
+    slot: str | None
+    handle: int
+    base_nbytes: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One kernel dispatch: its ``kernel``, ``args`` (one per buffer parameter), ``vars`` (one per ``constant``
+    parameter), ``grid`` (threadgroups) and ``threadgroup`` (threads), each entry an int or a variable's name."""
+
+    kernel: Kernel
+    args: tuple[Arg, ...]
+    vars: tuple[Size, ...]
+    grid: tuple[Size, Size, Size]
+    threadgroup: tuple[Size, Size, Size]
+
+
+@dataclass
+class Batch:
+    """Dispatches run in order, each after the one before (one ICB command each, with a barrier), as one submit.
+    ``bounds``: variable name -> (min, max), for every name used in ``Dispatch.vars``, grids and threadgroups."""
+
+    dispatches: list[Dispatch] = field(default_factory=list)
+    bounds: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def key(self) -> tuple[object, ...]:
+        """What the lowered Program depends on: two batches of equal keys replay one Program."""
+        return tuple((d.kernel.key, d.args if any(a.slot is None for a in d.args) else
+                      tuple((a.slot, a.offset, a.nbytes) for a in d.args), d.vars, d.grid, d.threadgroup)
+                     for d in self.dispatches) + tuple(sorted(self.bounds.items()))
+
+    def shared_buffers(self) -> dict[str, int]:
+        """The placeholder name -> handle of each fixed buffer (link's ``shared``)."""
+        return {f"buffer:{_buffer_name(a)}": a.handle for d in self.dispatches for a in d.args if a.slot is None}
+
+    def queue(self, spec: DeviceSpec) -> UOp:
+        """The queue graph: a wait for the previous submit's timeline value (lowered to nothing: the fence orders
+        the queue), the dispatches, a signal of the timeline. Raises ``QueueError`` for a bad dispatch."""
+        q = Queue(spec)
+        variables: dict[str, UOp] = {}
+
+        def value(v: Size) -> UOp | int:
+            if isinstance(v, int):
+                return v
+            if v not in variables:
+                lo, hi = self.bounds[v]
+                variables[v] = UOp.variable(v, lo, hi, dtypes.int32 if hi < 2**31 else dtypes.uint32)
+            return variables[v]
+
+        bufs: dict[str, UOp] = {}
+        step = timeline_value()
+        q.wait(q.timeline, step - 1)
+        for d in self.dispatches:
+            nodes = []
+            for a in d.args:
+                name = a.slot if a.slot is not None else _buffer_name(a)
+                if name not in bufs:
+                    bufs[name] = buffer_variable(name) if a.slot is not None else buffer(name, a.base_nbytes)
+                base = bufs[name]
+                whole = a.slot is None and a.offset == 0 and a.nbytes == a.base_nbytes
+                nodes.append(base if whole else view(base, a.offset, a.nbytes))
+            q.exec(d.kernel, nodes, [value(v) for v in d.vars], grid=tuple(value(g) for g in d.grid),
+                   threadgroup=tuple(value(t) for t in d.threadgroup))
+        q.signal(q.timeline, step)
+        return q.submit()
+
+    def lower(self, spec: DeviceSpec, target: str) -> Program:
+        """The Program of this batch for ``spec`` on ``target`` (``mtlir.passes.lower``)."""
+        return lower(self.queue(spec), target=target).program
+
+
+def _buffer_name(a: Arg) -> str:
+    return f"h{a.handle:x}"

@@ -1,0 +1,172 @@
+"""The tinygrad device: loaded as ``tinygrad.runtime.ops_metal`` (``mtlir.tinygrad.register``), so the device keeps
+the name METAL and tinygrad's unmodified ``MetalRenderer`` writes the kernels (MSL). Every kernel runs through
+mtlir's lowering on a ``DeviceContext`` (mtlir.runtime.context) of the simulated Metal device, or of any Bridge.
+
+- ``MetalDevice``: one ``DeviceContext``; ``synchronize`` waits for every submit.
+- ``MetalAllocator``: ``DeviceContext.alloc`` / ``free`` / ``read`` / ``write``; a view is the same buffer at a byte
+  offset (``MetalBuffer``).
+- ``MetalCompiler``: the "library" is the MSL itself (the simulated device compiles MSL: its translator and OpenCL).
+- ``MetalProgram``: an eager call is one submit of a one-dispatch Program, lowered once per (buffer offsets,
+  threadgroup size) and replayed with the buffers, the ``constant`` values and the grid as run-time variables.
+- TinyJit batches: ``mtlir.tinygrad.graph.MtlirGraph`` (one ICB submit per call).
+"""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tinygrad.device import Compiled, Compiler, LRUAllocator, TinyELF, BufferSpec
+from tinygrad.helpers import prod
+from tinygrad.renderer.cstyle import MetalRenderer
+
+from mtlir.metal import DeviceSpec, Kernel
+from mtlir.runtime.bridge.bridge import Bridge
+from mtlir.runtime.context import DeviceBuffer, DeviceContext
+from mtlir.runtime.session import Session
+from mtlir.tinygrad.batch import Arg, Batch, Dispatch, kernel_of
+from mtlir.tinygrad.settings import SETTINGS
+
+__all__ = ["MetalDevice", "MetalAllocator", "MetalCompiler", "MetalProgram", "MetalBuffer", "CompileError"]
+
+_INT32 = (-2**31, 2**31 - 1)
+_MAX_THREADS = 2**32 - 1  # MSL thread positions are 32-bit: grid x threadgroup per axis stays below
+
+
+class CompileError(Exception):
+    """Kept for tinygrad code that imports it from ops_metal (tinygrad's own is ``tinygrad.device.CompileError``)."""
+
+
+@dataclass(frozen=True)
+class MetalBuffer:
+    """tinygrad's opaque buffer: a ``DeviceBuffer`` of the context, a view of ``size`` bytes from byte ``offset``."""
+
+    buf: DeviceBuffer
+    size: int
+    offset: int = 0
+
+
+def _bridge() -> Bridge:
+    if SETTINGS.bridge is not None:
+        return SETTINGS.bridge()
+    from mtlir.runtime.sim.device import SimDevice
+    return SimDevice(SETTINGS.target, family=SETTINGS.family, strict=SETTINGS.strict,
+                     timeout_s=SETTINGS.timeout_s, gpu_timeout_s=SETTINGS.timeout_s)
+
+
+class MetalDevice(Compiled):
+    """tinygrad's METAL device on mtlir: ``ctx`` is the ``DeviceContext`` (``SETTINGS``: family, target, strict)."""
+
+    def __init__(self, device: str) -> None:
+        self.bridge = _bridge()
+        spec = DeviceSpec(SETTINGS.family, residency_set=SETTINGS.residency_set, icb=True)
+        self.ctx = DeviceContext(self.bridge, name=device, spec=spec, timeout_s=SETTINGS.timeout_s)
+        self.spec, self.target = spec, self.bridge.target
+        self.eager_calls = 0
+        from mtlir.tinygrad.graph import MtlirGraph
+        super().__init__(device, MetalAllocator(self), [MetalRenderer], MetalProgram, MtlirGraph, arch=spec.family)
+
+    def synchronize(self) -> None:
+        self.ctx.synchronize()
+
+    def finalize(self) -> None:
+        try:
+            self.ctx.close()
+        finally:
+            close = getattr(self.bridge, "close", None)
+            if close is not None:
+                close()
+
+
+class MetalCompiler(Compiler):
+    """The library of a program is its MSL source (the simulated device compiles MSL); MSL the translator refuses
+    fails when the program is first called, naming the kernel (``UnsupportedKernelError``)."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    def compile(self, src: str) -> bytes:
+        return src.encode()
+
+
+class MetalProgram:
+    """One tinygrad program: its mtlir ``Kernel`` and, per (buffer offsets and sizes, threadgroup), a linked
+    one-dispatch Session of the device's context. ``__call__`` submits it with the buffers, the ``constant``
+    values and the grid as run-time variables; with ``wait`` it waits and returns the GPU seconds."""
+
+    def __init__(self, dev: MetalDevice, obj: TinyELF) -> None:
+        self.dev, self.name = dev, obj.name
+        self.kernel: Kernel = kernel_of(obj.name, obj.lib.decode())
+        self.nbufs = sum(1 for p in self.kernel.params if p.var is None)
+        self.sessions: dict[tuple[Any, ...], Session] = {}
+        self.max_total_threads = 1024
+
+    def dispatch(self, bufs: tuple[MetalBuffer, ...], local: tuple[int, int, int], slots: list[str],
+                 values: list[str], grid: tuple[str, str, str] | tuple[int, int, int]) -> Dispatch:
+        """The Dispatch of this program over ``bufs`` (bound to the buffer variables ``slots``), its constant
+        parameters the variables ``values`` and ``grid`` (names or sizes)."""
+        args = tuple(Arg(s, 0, b.buf.nbytes, b.offset, b.size) for s, b in zip(slots, bufs))
+        return Dispatch(self.kernel, args, tuple(values), grid, local)
+
+    def _session(self, bufs: tuple[MetalBuffer, ...], local: tuple[int, int, int]) -> Session:
+        key = (tuple((b.offset, b.size) for b in bufs), local)
+        s = self.sessions.get(key)
+        if s is None:
+            nvars = len(self.kernel.params) - self.nbufs
+            batch = Batch([self.dispatch(bufs, local, [f"b{i}" for i in range(len(bufs))],
+                                         [f"v{i}" for i in range(nvars)], ("gx", "gy", "gz"))],
+                          {**{f"v{i}": _INT32 for i in range(nvars)},
+                           **{g: (1, _MAX_THREADS // t) for g, t in zip(("gx", "gy", "gz"), local)}})
+            s = self.sessions[key] = self.dev.ctx.session(batch.lower(self.dev.spec, self.dev.target))
+        return s
+
+    def __call__(self, *bufs: MetalBuffer, global_size: tuple[int, ...] = (1, 1, 1),
+                 local_size: tuple[int, ...] | None = (1, 1, 1), vals: tuple[int | None, ...] = (),
+                 wait: bool = False, **kw: Any) -> float | None:
+        local = tuple(local_size or (1, 1, 1))
+        if prod(local) > self.max_total_threads:
+            raise RuntimeError(f"local size {local} bigger than {self.max_total_threads}")
+        s = self._session(bufs, (int(local[0]), int(local[1]), int(local[2])))
+        values: dict[str, Any] = {f"b{i}": b.buf.handle for i, b in enumerate(bufs)}
+        values.update({f"v{i}": int(v or 0) for i, v in enumerate(vals)})
+        values.update({g: int(n) for g, n in zip(("gx", "gy", "gz"), global_size)})
+        t0 = time.perf_counter()
+        sub = self.dev.ctx.submit(s, **values)
+        self.dev.eager_calls += 1
+        if not wait:
+            return None
+        s.wait(timeout_s=SETTINGS.timeout_s)
+        return sub.gpu_ns / 1e9 if sub.gpu_ns is not None else time.perf_counter() - t0
+
+
+class MetalAllocator(LRUAllocator[MetalDevice]):
+    """Buffers of the device's ``DeviceContext``: shared storage, resident for every Program."""
+
+    def _alloc(self, size: int, options: BufferSpec) -> MetalBuffer:
+        if options.external_ptr:
+            raise RuntimeError("mtlir's METAL device cannot wrap an external pointer")
+        return MetalBuffer(self.dev.ctx.alloc(max(int(size), 1)), int(size))
+
+    def _free(self, opaque: MetalBuffer, options: BufferSpec) -> None:
+        if self.dev.ctx.closed:
+            return
+        self.dev.ctx.synchronize()  # a buffer freed while a submit uses it faults (METAL.md §3 rule 14)
+        self.dev.ctx.free(opaque.buf)
+
+    def _copyin(self, dest: MetalBuffer, src: memoryview) -> None:
+        self.dev.ctx.synchronize()
+        self.dev.ctx.write(dest.buf, src.cast("B"), dest.offset)
+
+    def _copyout(self, dest: memoryview, src: MetalBuffer) -> None:
+        self.dev.ctx.synchronize()
+        dest.cast("B")[:] = self.dev.ctx.read(src.buf, src.offset, src.size)
+
+    def _offset(self, buf: MetalBuffer, size: int, offset: int) -> MetalBuffer:
+        return MetalBuffer(buf.buf, size, offset)
+
+
+@functools.cache
+def to_ns_str(s: str) -> str:
+    """tinygrad's graph module imports it; mtlir has no NSString to make here."""
+    return s
