@@ -117,12 +117,29 @@ class MetalValidationError(DeviceError):
 
 
 class GPUExecutionError(DeviceError):
-    """A command buffer ended in status Error: ``code`` is the MTLCommandBufferError value, ``name`` its name."""
+    """A command buffer ended in status Error: ``code`` is the MTLCommandBufferError value, ``name`` its name;
+    where the Session knows them, ``submit`` (its index), ``command_buffer`` (the failed one's cbslots slot) and
+    ``command_buffers`` (slot -> final status of every command buffer of that submit: ``"Completed"`` ran,
+    ``"Error (Timeout)"`` failed, ``"Committed"``/``"Scheduled"`` still in flight at the wait's timeout)."""
 
-    def __init__(self, message: str, code: int, name: str) -> None:
+    def __init__(self, message: str, code: int, name: str, *, submit: int | None = None,
+                 command_buffer: int | None = None, command_buffers: dict[int, str] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.name = name
+        self.submit, self.command_buffer = submit, command_buffer
+        self.command_buffers = dict(command_buffers or {})
+
+    def details(self) -> dict[str, object]:
+        """The fields above for a JSON report (``mtlir run --json``): code, name, and what the Session knew."""
+        out: dict[str, object] = {"code": self.code, "name": self.name}
+        if self.submit is not None:
+            out["submit"] = self.submit
+        if self.command_buffer is not None:
+            out["command_buffer"] = self.command_buffer
+        if self.command_buffers:
+            out["command_buffers"] = {str(k): v for k, v in sorted(self.command_buffers.items())}
+        return out
 
 
 class KernelAccessError(DeviceError):

@@ -374,9 +374,8 @@ class Session:
                 rec = pending[0]
                 live = [cb for cb in rec.cbs if cb]
                 statuses = [int(self.messenger.send(cb, "status")) for cb in live]
-                for cb, st in zip(live, statuses):
-                    if st == MTL.StatusError:
-                        self._fail(rec, cb)
+                if MTL.StatusError in statuses:
+                    self._fail(rec, deadline)
                 reached = rec.value is None or current is None or current >= rec.value
                 if not reached or any(st != MTL.StatusCompleted for st in statuses):
                     break
@@ -448,20 +447,45 @@ class Session:
         else:
             self.inflight = collections.deque(r for r in self.inflight if r is not rec)
 
-    def _fail(self, rec: Submission, cb: int) -> None:
+    def _fail(self, rec: Submission, deadline: float) -> None:
+        """A command buffer of ``rec`` is in status Error: wait (until ``deadline``, the wait's own) for the submit's
+        other command buffers to end, release them all and raise ``GPUExecutionError`` for the first failed one in
+        cbslots order: its slot, Metal's code, its name and the NSError's description, and what became of the
+        command buffers after it (ran: Completed; failed: Error and its code's name; still in flight at the
+        timeout), in the message and in ``command_buffers``."""
+        m = self.messenger
+        live = [(slot, cb) for slot, cb in enumerate(rec.cbs) if cb]
+        delay = 0.0
+        while True:
+            statuses = {slot: int(m.send(cb, "status")) for slot, cb in live}
+            if all(st >= MTL.StatusCompleted for st in statuses.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(delay)
+            delay = min(delay * 2 or 1e-5, 1e-3)
+        errors = {slot: self._error_of(cb) for slot, cb in live if statuses[slot] == MTL.StatusError}
+        which = min(errors)
+        code, name, desc = errors[which]
+        final = {slot: (f"Error ({errors[slot][1]})" if slot in errors else
+                        MTL.STATUS_NAMES[st] if 0 <= st < len(MTL.STATUS_NAMES) else str(st))
+                 for slot, st in statuses.items()}
+        self._release(rec)
+        self._drop(rec)
+        val = f" (timeline value {rec.value})" if rec.value is not None else ""
+        after = [f"command buffer {slot} {text} ({_ran(text)})" for slot, text in final.items() if slot > which]
+        after_text = f"after it: {', '.join(after)}" if after else "no command buffer of the submit comes after it"
+        raise GPUExecutionError(f"submit {rec.index}{val}: command buffer {which} failed with status Error, "
+                                f"MTLCommandBufferError {code} ({name}); {after_text}: {desc}", code, name,
+                                submit=rec.index, command_buffer=which, command_buffers=final)
+
+    def _error_of(self, cb: int) -> tuple[int, str, str]:
+        """The failed command buffer ``cb``'s NSError: (code, the code's name, localizedDescription)."""
         err = int(self.messenger.send(cb, "error") or 0)
         code, desc = 0, "no NSError"
         if err:
             code = int(self.messenger.send(err, "code"))
             text = self.messenger.send(err, "localizedDescription")
             desc = self.bridge.read_cstring(self.messenger.send(text, "UTF8String")) if text else "(no description)"
-        name = MTL.ERROR_NAMES.get(code, "Unknown")
-        which = rec.cbs.index(cb)
-        self._release(rec)
-        self._drop(rec)
-        val = f" (timeline value {rec.value})" if rec.value is not None else ""
-        raise GPUExecutionError(f"submit {rec.index}{val}: command buffer {which} failed with status Error, "
-                                f"MTLCommandBufferError {code} ({name}): {desc}", code, name)
+        return code, MTL.ERROR_NAMES.get(code, "Unknown"), desc
 
     def _timeout_text(self, target: int, current: int | None, pending: list[Submission], timeout: float) -> str:
         parts = []
@@ -533,6 +557,15 @@ class Session:
                 self.close(timeout_s=0.0 if stuck else min(self.timeout_s, 5.0))
             except Exception:  # do not hide the original error
                 pass
+
+
+def _ran(status: str) -> str:
+    """What a command buffer's final status says of its work: ran, failed, or still in flight."""
+    if status == "Completed":
+        return "ran"
+    if status.startswith("Error"):
+        return "failed"
+    return "still in flight at the timeout"
 
 
 def _seconds(value: Any, what: str, *, zero: bool = True) -> float:

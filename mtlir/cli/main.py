@@ -94,6 +94,16 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _fault(text: str) -> Any:
+    """``--inject-fault``: a fault of the simulated device (``mtlir.runtime.sim.injection.Fault.parse``)."""
+    from mtlir.errors import ArgumentError
+    from mtlir.runtime.sim.injection import Fault
+    try:
+        return Fault.parse(text)
+    except ArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _positive_int(text: str) -> int:
     """``--repeat``: an int of at least 1."""
     try:
@@ -150,6 +160,11 @@ def build_parser() -> _Parser:
     run.add_argument("--opencl-device", metavar="NAME|INDEX",
                      help="simulated device: run the kernels on this OpenCL device, an index or a substring of its "
                           "platform or device name (default: the first; mtlir run --list-devices lists them)")
+    run.add_argument("--inject-fault", type=_fault, action="append", default=[], metavar="K:NAME",
+                     help="simulated device: make command buffer K of the first submit fail with that "
+                          "MTLCommandBufferError (Timeout, PageFault, NotPermitted, OutOfMemory, InvalidResource, "
+                          "or its code), K:hang for a kernel that never finishes, alloc:buffer|icb|pipeline[:N] for "
+                          "an allocation that returns nil; may be given several times (docs/reliability.md)")
     run.add_argument("--list-devices", action="store_true",
                      help="list the OpenCL devices the simulated device can run kernels on, and exit (no TRACE)")
     run.set_defaults(pipeline=None, print_after_all=False)

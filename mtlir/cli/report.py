@@ -163,6 +163,10 @@ def _report(e: Exception, debug: bool, json_mode: bool, out: TextIO, log: TextIO
         print(quote, file=log)
     failed = EXIT_INTERNAL if expected is None else expected
     if json_mode:  # the one JSON object stdout promises, saying what went wrong
-        json.dump({"error": text, "error_type": type(e).__name__, "exit_code": failed}, out)
+        doc: dict[str, Any] = {"error": text, "error_type": type(e).__name__, "exit_code": failed}
+        details = getattr(e, "details", None)  # GPUExecutionError: code, name, submit, command buffers
+        if callable(details):
+            doc.update({k: v for k, v in details().items() if k not in doc})
+        json.dump(doc, out)
         out.write("\n")
     return failed

@@ -190,6 +190,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
             raise UsageError(f"--opencl-device picks the OpenCL device of the simulated device; this run is on "
                              f"{device_name}")
         choose(args.opencl_device)
+    _inject_faults(args, bridge, device_name)
     o = trace.output
     clock.start("link")
     s: Any = None
@@ -224,6 +225,10 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
         # a kernel that never ends (past --timeout) keeps its OpenCL queue: main() then leaves with os._exit
         args.kernel_stuck = bool(getattr(bridge, "kernel_running", False))
     gpu_s = gpu_s_per_submit(s.completed)
+    unfired = _faults_not_fired(bridge)
+    for spec in unfired:
+        print(f"mtlir: note: --inject-fault {spec} did not strike: the run never reached that command buffer or "
+              "allocation", file=log)
     opencl = getattr(bridge, "opencl_device_name", None)  # the OpenCL device the simulated kernels ran on
     host_s = s.host_s_per_submit
     cmp = compare_output(got, o.expected_array())
@@ -249,10 +254,34 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
                "opencl_device": opencl, "executor": args.executor, "host_s_per_submit": host_s,
                "gpu_s_per_submit": gpu_s,
                "lower_s": lowered.seconds}
+        if args.inject_fault:
+            doc["faults_not_fired"] = unfired
         json.dump(doc, out, allow_nan=False)
         out.write("\n")
     _write_views(args, log, lowered, s, clock, messages, cmp, device_name, [d.kernel for d in trace.dispatches])
     return EXIT_MATCH if cmp.match else EXIT_MISMATCH
+
+
+def _inject_faults(args: argparse.Namespace, bridge: Any, device_name: str) -> None:
+    """``--inject-fault``: arm the faults on the simulated device before link (``SimDevice.inject``): link commits
+    no command buffer, so command buffer K is the first submit's. ``UsageError`` on a device that cannot inject."""
+    faults = getattr(args, "inject_fault", None) or []
+    if not faults:
+        return
+    inject = getattr(bridge, "inject", None)
+    if inject is None:
+        close = getattr(bridge, "close", None)
+        if close is not None:
+            close()
+        raise UsageError(f"--inject-fault injects faults on the simulated device (--device sim); this run is on "
+                         f"{device_name}")
+    inject(*faults)
+
+
+def _faults_not_fired(bridge: Any) -> list[str]:
+    """The ``--inject-fault`` faults that did not strike (a command buffer or allocation the run never reached)."""
+    plan = getattr(bridge, "faults", None)
+    return [f.spec() for f in getattr(plan, "armed", [])]
 
 
 def _views_not_written(args: argparse.Namespace, log: TextIO, why: str) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from mtlir.runtime.sim.methods import encoding, icb, resources
 from mtlir.runtime.sim.msgsend import Method, MethodTable, check_prototype, decode_size, decode_word
 from mtlir.runtime.sim.rules.checks import check_buffer_write, check_release
 from mtlir.runtime.sim.gpu import GPU, clock
+from mtlir.runtime.sim.injection import Fault, FaultPlan
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 from mtlir.runtime.bridge.memory import HostMemory
 from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, Device, Encoder, NSError, NSString,
@@ -103,6 +104,8 @@ class SimDevice:
     the OpenCL device ``opencl_device`` names: an index into ``list_devices()`` or a substring of its platform or
     device name, ``select_device``; None: the first device).
     ``constant_align``: the offset alignment required of ``constant`` buffer bindings in bytes (METAL.md §1).
+    ``faults``: faults to inject, armed at once (``inject``: ``"0:PageFault"``, ``"1:hang"``, ``"alloc:buffer"``,
+    or ``Fault`` values; docs/reliability.md).
 
     ``bridge`` is the device itself. Raises ``ValueError`` for an unknown target or family, ``ArgumentError``
     for both ``kernel_runner`` and ``opencl_device``.
@@ -111,7 +114,8 @@ class SimDevice:
     def __init__(self, target: str | None = None, *, strict: bool = True, family: str = "Apple9",
                  residency_sets: bool = True, icb: bool = True, autorun: bool = True, timeout_s: float = 10.0,
                  gpu_timeout_s: float = 2.0, kernel_runner: Any = None, opencl_device: str | int | None = None,
-                 constant_align: int = MTL.CONSTANT_OFFSET_ALIGN, max_buffer_length: int = 1 << 32) -> None:
+                 constant_align: int = MTL.CONSTANT_OFFSET_ALIGN, max_buffer_length: int = 1 << 32,
+                 faults: Iterable[str | Fault] = ()) -> None:
         target = (host_target() or "x86_64") if target is None else target
         if target not in TARGETS:
             raise ArgumentError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
@@ -142,8 +146,10 @@ class SimDevice:
         self._gpu_va = 0x3_0000_0000
         self.leaked_autoreleased = 0
         self._deferred: Exception | None = None
+        self.faults = FaultPlan()
         self.gpu = GPU(self)
         self.device = self._register(Device())
+        self.inject(*faults)
 
     @property
     def bridge(self) -> SimDevice:
@@ -574,6 +580,27 @@ class SimDevice:
             raise ValueError(f"inject_fault: after_commands must be >= 0, got {after_commands}")
         with self._lock:
             self.gpu.injected_fault = (code, after_commands)
+
+    def inject(self, *faults: str | Fault) -> list[Fault]:
+        """Arm ``faults`` (``runtime/sim/injection.py``, docs/reliability.md), each given as ``mtlir run
+        --inject-fault`` spells it or as a ``Fault``; indices count from this call. ``"K:NAME"``/``"K:CODE"``: the
+        K-th command buffer committed from now ends in status Error with that MTLCommandBufferError (Timeout 2,
+        PageFault 3, NotPermitted 7, OutOfMemory 8, InvalidResource 9, ...) at its first kernel, before it runs;
+        ``"K:hang"``: its first kernel never finishes, the GPU watchdog (``gpu_timeout_s``) ends it in Error,
+        Timeout; ``"alloc:KIND[:N]"``: the N-th buffer, icb or pipeline allocation from now returns nil. Each fires
+        once; ``faults.fired`` lists those that struck. Returns the faults armed. Raises ``ArgumentError`` for a
+        spelling it cannot read or two faults for one command buffer or allocation (nothing is armed then)."""
+        parsed = [f if isinstance(f, Fault) else Fault.parse(f) for f in faults]
+        with self._lock:
+            plan = self.faults
+            saved = (dict(plan.by_commit), dict(plan.by_allocation))
+            try:
+                for fault in parsed:
+                    plan.arm(fault)
+            except Exception:
+                plan.by_commit, plan.by_allocation = saved
+                raise
+        return parsed
 
     def set_max_total_threads(self, pipeline: int, n: int) -> None:
         """Test hook: the pipeline with handle ``pipeline`` reports maxTotalThreadsPerThreadgroup ``n``

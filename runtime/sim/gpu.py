@@ -38,6 +38,7 @@ from mtlir.runtime.sim.rules.checks import size_problem
 from mtlir.runtime.sim.objects import (ICB, Binding, BlitCopy, BlitEncoder, BlitFill, Buffer, CommandBuffer,
                                        CommandQueue, Dispatch, Encoder, Execute, Gate, ICBSlot, Pipeline, SharedEvent,
                                        SignalStep, WaitStep)
+from mtlir.runtime.sim.injection import Fault
 from mtlir.runtime.sim.rules.deadlock import find_deadlock
 from mtlir.runtime.sim.rules.rule import Rule
 
@@ -139,6 +140,7 @@ class GPU:
         self.thread: threading.Thread | None = None
         self.stopping = False
         self.injected_fault: tuple[int, int] | None = None  # (MTLCommandBufferError code, dispatches to run first)
+        self.faulty: dict[CommandBuffer, Fault] = {}  # committed command buffers a fault is armed for (injection.py)
         self.kernel_lock = threading.Lock()
         self.kernels_run = 0
         self.last_exception: BaseException | None = None
@@ -154,6 +156,7 @@ class GPU:
         cb.seq = self.seq
         self.seq += 1
         cb.run = self._execute(cb)
+        self._arm_fault(cb)
         if cb.queue not in self.queues:
             self.queues.append(cb.queue)
         cb.queue.pending.append(cb)
@@ -424,13 +427,8 @@ class GPU:
 
     def _run(self, p: Pipeline, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
              threadgroup: tuple[int, int, int], what: str) -> None:
-        injected = self.injected_fault
-        if injected is not None:
-            code, left = injected
-            if left == 0:
-                self.injected_fault = None
-                raise GPUFault(code, f"injected fault at {what}")
-            self.injected_fault = (code, left - 1)
+        if self.injected_fault is not None or self.faulty:
+            self._inject(p, what)
         self.kernels_run += 1
         lock = self.dev._lock
         lock.release()
@@ -456,6 +454,55 @@ class GPU:
         finally:
             lock.acquire()
 
+    # ---------------------------------------------------------------- injected faults (runtime/sim/injection.py)
+    def _arm_fault(self, cb: CommandBuffer) -> None:
+        """At commit: remember the fault ``SimDevice.inject`` armed for this command buffer, if any."""
+        fault = self.dev.faults.committed()
+        if fault is not None:
+            self.faulty[cb] = fault
+
+    def _inject(self, p: Pipeline, what: str) -> None:
+        """Before a kernel runs: the fault of ``inject_fault`` (the N-th dispatch) or the one armed for the running
+        command buffer (its first kernel) strikes. A command buffer fault raises ``GPUFault`` with its code; a hang
+        keeps the GPU busy with the kernel until the watchdog (``gpu_timeout_s``, the lock released meanwhile) ends
+        the command buffer in Error, Timeout (2)."""
+        injected = self.injected_fault
+        if injected is not None:
+            code, left = injected
+            if left == 0:
+                self.injected_fault = None
+                raise GPUFault(code, f"injected fault at {what}")
+            self.injected_fault = (code, left - 1)
+        cb = self.advancing
+        fault = self.faulty.pop(cb, None) if cb is not None else None
+        if fault is None:
+            return
+        self.dev.faults.fired.append(fault)
+        where = f"an injected fault ({fault.spec()}) at {what}"
+        if fault.kind == "command_buffer":
+            raise GPUFault(fault.code, f"{where}, before the kernel ran")
+        self.running = (p.label, what, cb.handle if cb is not None else 0)
+        start = clock()
+        deadline = start + self.dev.gpu_timeout_s
+        try:
+            while not self.stopping and clock() < deadline:
+                self.dev._cv.wait(min(deadline - clock(), 0.05))  # releases the device lock while it "runs"
+        finally:
+            self.running = None
+        raise GPUFault(MTL.ErrorTimeout, f"GPU watchdog: kernel {p.label!r} ran {clock() - start:.3g} s without "
+                                         f"finishing ({where}: a kernel that never finishes)")
+
+    def _unfired_fault(self, cb: CommandBuffer, ended: GPUFault | None) -> GPUFault | None:
+        """At the end of a command buffer whose armed fault has not struck: a command buffer that ran no kernel
+        fails now (a hang as a Timeout: with no kernel, nothing runs forever); one that ``ended`` in a fault of its
+        own keeps that one (the armed fault is dropped)."""
+        fault = self.faulty.pop(cb, None)
+        if fault is None or ended is not None:
+            return ended
+        self.dev.faults.fired.append(fault)
+        code = fault.code if fault.kind == "command_buffer" else MTL.ErrorTimeout
+        return GPUFault(code, f"an injected fault ({fault.spec()}) at the end of a command buffer without kernels")
+
     def run_kernel_now(self, p: Pipeline, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
                        threadgroup: tuple[int, int, int]) -> None:
         """Run one kernel at once on the caller's thread (strict mode's dry runs; the lock stays held)."""
@@ -464,6 +511,8 @@ class GPU:
 
     def _finish(self, cb: CommandBuffer, fault: GPUFault | None) -> None:
         self.sync()  # the command buffer's results reach the host before its status says completed
+        if self.faulty:
+            fault = self._unfired_fault(cb, fault)
         if fault is None and cb.late_fault is not None:
             fault = GPUFault(cb.late_fault[0], cb.late_fault[1], Rule.FREED_IN_FLIGHT)
         if fault is None:

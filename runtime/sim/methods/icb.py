@@ -51,7 +51,8 @@ def _set_max_bind(dev: SimDevice, d: ICBDescriptor, n: int) -> None:
 @METHODS.method(Device, "newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", ICBDescriptor)
 def _new_icb(dev: SimDevice, d: Device, desc: ICBDescriptor, max_count: int, options: int) -> ICB | None:
     """The ICB (+1), or nil: on a device without ICB support, for zero commands, or (faithful mode) for a
-    descriptor the simulator does not model; strict mode names what is wrong with the descriptor."""
+    descriptor the simulator does not model, or when an injected fault makes the allocation fail
+    (``SimDevice.inject("alloc:icb")``); strict mode names what is wrong with the descriptor."""
     call = Call("newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", d, desc, max_count, options)
     if not dev.spec.icb or max_count == 0:
         return None
@@ -70,6 +71,8 @@ def _new_icb(dev: SimDevice, d: Device, desc: ICBDescriptor, max_count: int, opt
     if problem is not None:
         if dev.strict:
             raise violation(problem[0], call, problem[1])
+        return None
+    if dev.faults.allocation_fails("icb"):  # an injected nil (SimDevice.inject("alloc:icb"))
         return None
     return dev.new(ICB(max_count, desc.max_bind, desc.command_types))  # type: ignore[no-any-return]
 

@@ -145,9 +145,12 @@ def _max_buffer_length(dev: SimDevice, d: Device) -> int:
 @METHODS.method(Device, "newBufferWithLength:options:")
 def _new_buffer(dev: SimDevice, d: Device, length: int, options: int) -> Buffer | None:
     """Shared (0) and managed (1) storage map ``contents`` into host memory; private (2) has none (NULL);
-    a zero length, memoryless storage or more than ``max_buffer_length`` bytes return nil (Metal: nil on OOM)."""
+    a zero length, memoryless storage or more than ``max_buffer_length`` bytes return nil (Metal: nil on OOM), and
+    so does an allocation an injected fault makes fail (``SimDevice.inject("alloc:buffer")``)."""
     mode = (options >> 4) & 0xF
     if length == 0 or length > dev.max_buffer_length or mode not in (0, 1, 2):
+        return None
+    if dev.faults.allocation_fails("buffer"):
         return None
     buf = Buffer(length, options, None, None, dev._gpu_va)  # type: ignore[arg-type]
     dev._gpu_va += (length + 0xFFFF) // 0x10000 * 0x10000 + 0x10000
@@ -201,6 +204,12 @@ def _new_pipeline(dev: SimDevice, d: Device, desc: PipelineDescriptor, options: 
                   errptr: int) -> Pipeline | None:
     if desc.function is None or not desc.function.alive:
         err = dev._make_error(1, "computeFunction must not be nil", domain="AGXMetalErrorDomain")
+        _write_error(dev, errptr, err, "newComputePipelineStateWithDescriptor:options:reflection:error:")
+        return None
+    if dev.faults.allocation_fails("pipeline"):  # an injected nil (SimDevice.inject("alloc:pipeline"))
+        err = dev._make_error(MTL.ErrorOutOfMemory, f"Insufficient memory to create the compute pipeline state of "
+                              f"function {desc.function.name!r} (an injected allocation fault)",
+                              domain="AGXMetalErrorDomain")
         _write_error(dev, errptr, err, "newComputePipelineStateWithDescriptor:options:reflection:error:")
         return None
     if reflection:

@@ -1,0 +1,155 @@
+"""Fault injection on the simulated device: what a test (or ``mtlir run --inject-fault``) asks the device to get wrong.
+
+Three kinds of fault, each spelled as ``mtlir run --inject-fault SPEC`` takes it (``Fault.parse``):
+
+- ``K:NAME`` or ``K:CODE`` (``0:PageFault``, ``2:9``): command buffer K (the K-th committed after the fault is
+  armed, from 0; in a Session's first submit after arming, its command buffer K: a submit commits them in cbslots
+  order) ends in status Error with that ``MTLCommandBufferError`` (Timeout 2, PageFault 3, NotPermitted 7,
+  OutOfMemory 8, InvalidResource 9, and the other codes of ``MTL.ERROR_NAMES``). The fault strikes at its first
+  kernel dispatch, before that kernel runs (a command buffer without one fails at its end): nothing it would have
+  run after that point runs, its encoded event signals from there on are skipped (METAL.md §3 rule 6).
+- ``K:hang``: the first kernel of command buffer K never finishes. The simulated GPU stays busy with it for
+  ``gpu_timeout_s`` seconds (the GPU watchdog), then ends the command buffer in Error, Timeout (2); a host wait
+  shorter than that ends by its own timeout. Nothing hangs.
+- ``alloc:KIND`` or ``alloc:KIND:N`` (KIND ``buffer``, ``icb`` or ``pipeline``): the N-th (from 0, default 0)
+  ``newBufferWithLength:options:``, ``newIndirectCommandBufferWithDescriptor:maxCommandCount:options:`` or
+  ``newComputePipelineStateWithDescriptor:options:reflection:error:`` after arming returns nil, as Metal does when
+  it cannot allocate (a pipeline state also gets an NSError through its out-parameter). ``link`` then raises a
+  ``LinkError`` naming the object and releases what it made.
+
+Each fault fires once. ``FaultPlan`` is the device's record of the armed faults and of the counts they refer to;
+``SimDevice.inject`` arms them (docs/reliability.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mtlir.errors import ArgumentError
+from mtlir.metal import MTL
+
+__all__ = ["Fault", "FaultPlan", "ALLOC_KINDS", "HANG"]
+
+ALLOC_KINDS = ("buffer", "icb", "pipeline")  # what an allocation fault can make nil
+HANG = "hang"
+_BY_NAME = {name.lower(): code for code, name in MTL.ERROR_NAMES.items() if code != MTL.ErrorNone}
+_SPELLING = ("K:NAME or K:CODE (an MTLCommandBufferError: " + ", ".join(
+    f"{name} {code}" for code, name in MTL.ERROR_NAMES.items() if code != MTL.ErrorNone)
+    + "), K:hang, or alloc:KIND[:N] with KIND buffer, icb or pipeline")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault to inject: ``kind`` is ``"command_buffer"`` (command buffer ``index`` ends in Error with
+    MTLCommandBufferError ``code``), ``"hang"`` (the first kernel of command buffer ``index`` never finishes) or
+    ``"alloc"`` (the ``index``-th allocation of ``target``, ``buffer``/``icb``/``pipeline``, returns nil). Indices
+    count from 0, from the call that arms the fault. Raises ``ArgumentError`` for a negative index, a code that is
+    not an MTLCommandBufferError or an unknown allocation kind."""
+
+    kind: str
+    index: int = 0
+    code: int = 0
+    target: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.index, bool) or not isinstance(self.index, int) or self.index < 0:
+            raise ArgumentError(f"fault {self.kind}: the index must be an int >= 0, got {self.index!r}")
+        if self.kind == "command_buffer":
+            if self.code not in MTL.ERROR_NAMES or self.code == MTL.ErrorNone:
+                raise ArgumentError(f"fault: {self.code!r} is not an MTLCommandBufferError code "
+                                    f"(expected one of {', '.join(map(str, sorted(_BY_NAME.values())))})")
+        elif self.kind == "alloc":
+            if self.target not in ALLOC_KINDS:
+                raise ArgumentError(f"fault alloc: {self.target!r} is not an allocation kind (expected "
+                                    f"{', '.join(ALLOC_KINDS)})")
+        elif self.kind != HANG:
+            raise ArgumentError(f"fault: unknown kind {self.kind!r} (command_buffer, hang or alloc)")
+
+    @property
+    def name(self) -> str:
+        """The MTLCommandBufferError's name (``PageFault``) for a command buffer fault, else the kind."""
+        return MTL.ERROR_NAMES[self.code] if self.kind == "command_buffer" else self.kind
+
+    def spec(self) -> str:
+        """The fault as ``--inject-fault`` spells it (``0:PageFault``, ``1:hang``, ``alloc:icb:0``)."""
+        if self.kind == "alloc":
+            return f"alloc:{self.target}:{self.index}"
+        return f"{self.index}:{self.name}"
+
+    @staticmethod
+    def parse(text: str) -> Fault:
+        """A fault from its ``--inject-fault`` spelling (module docstring; names in any case). Raises
+        ``ArgumentError`` naming the spelling and what is accepted."""
+        if not isinstance(text, str):
+            raise ArgumentError(f"fault {text!r}: a fault is spelled as a str ({_SPELLING}) or given as a Fault")
+        parts = text.strip().split(":")
+        if parts[0].lower() == "alloc":
+            if len(parts) not in (2, 3) or parts[1].lower() not in ALLOC_KINDS:
+                raise ArgumentError(f"fault {text!r}: expected alloc:KIND or alloc:KIND:N with KIND one of "
+                                    f"{', '.join(ALLOC_KINDS)}")
+            return Fault("alloc", _index(parts[2], text) if len(parts) == 3 else 0, target=parts[1].lower())
+        if len(parts) != 2:
+            raise ArgumentError(f"fault {text!r}: expected {_SPELLING}")
+        index, what = _index(parts[0], text), parts[1].strip()
+        if what.lower() == HANG:
+            return Fault(HANG, index)
+        if what.isdigit():
+            return Fault("command_buffer", index, int(what))
+        code = _BY_NAME.get(what.lower())
+        if code is None:
+            raise ArgumentError(f"fault {text!r}: {what!r} is not an MTLCommandBufferError name: expected {_SPELLING}")
+        return Fault("command_buffer", index, code)
+
+
+def _index(text: str, spec: str) -> int:
+    if not text.strip().isdigit():
+        raise ArgumentError(f"fault {spec!r}: {text!r} is not an index (an integer >= 0)")
+    return int(text)
+
+
+class FaultPlan:
+    """The faults armed on one SimDevice and the counts they refer to: ``commits`` (command buffers committed so far)
+    and ``allocations`` (per kind, allocations asked for so far). A fault armed with index K waits for the count at
+    arming + K; ``fired`` lists the faults that have struck, in order (for tests and reports)."""
+
+    def __init__(self) -> None:
+        self.commits = 0
+        self.allocations = {kind: 0 for kind in ALLOC_KINDS}
+        self.by_commit: dict[int, Fault] = {}
+        self.by_allocation: dict[tuple[str, int], Fault] = {}
+        self.fired: list[Fault] = []
+
+    def arm(self, fault: Fault) -> None:
+        """Arm ``fault``, counting its index from now. ``ArgumentError`` when another fault already waits for the
+        same command buffer or allocation."""
+        if fault.kind == "alloc":
+            key = (fault.target, self.allocations[fault.target] + fault.index)
+            if key in self.by_allocation:
+                raise ArgumentError(f"fault {fault.spec()}: that allocation already has a fault armed "
+                                    f"({self.by_allocation[key].spec()})")
+            self.by_allocation[key] = fault
+            return
+        at = self.commits + fault.index
+        if at in self.by_commit:
+            raise ArgumentError(f"fault {fault.spec()}: command buffer {fault.index} already has a fault armed "
+                                f"({self.by_commit[at].spec()})")
+        self.by_commit[at] = fault
+
+    def committed(self) -> Fault | None:
+        """A command buffer is committed: the fault armed for it, if any (then no longer armed)."""
+        at, self.commits = self.commits, self.commits + 1
+        return self.by_commit.pop(at, None)
+
+    def allocation_fails(self, kind: str) -> bool:
+        """An allocation of ``kind`` is asked for: True when a fault makes it return nil (the fault fires)."""
+        at = self.allocations[kind]
+        self.allocations[kind] = at + 1
+        fault = self.by_allocation.pop((kind, at), None)
+        if fault is None:
+            return False
+        self.fired.append(fault)
+        return True
+
+    @property
+    def armed(self) -> list[Fault]:
+        """The faults that have not struck yet."""
+        return list(self.by_commit.values()) + list(self.by_allocation.values())
