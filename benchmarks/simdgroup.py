@@ -1,7 +1,7 @@
 """What SIMD-group matrices cost on the simulated device: a matmul with simdgroup_multiply_accumulate against the
 same matmul written as scalar loops.
 
-    python benchmarks/bench_simdgroup.py [--sizes 64,128,256] [--repeat 15]
+    python -m benchmarks --only simdgroup            (docs/performance.md: how to run the package)
 
 The simulated device has no SIMD groups: ``msl.simd`` exchanges each 8x8 multiply's A and B through threadgroup
 memory between two barriers. Both kernels compute C = A B for N x N float32 matrices with the same threadgroups
@@ -10,19 +10,20 @@ elements (its two elements of four 8x8 tiles). ``simdgroup`` steps k by 8 with `
 ``simdgroup_multiply_accumulate`` per step, the way tinygrad's and llama.cpp's Metal matmuls do; ``scalar``
 computes the lane's 8 elements with a plain loop over k. A third kernel, ``wmma helper``, is tinygrad's own form
 (the Apple9 traces'): a helper function ``__WMMA_8_8_8_float_float`` called in the kernel's loop, the elements
-moved through ``thread_elements()``. It prints the best of ``--repeat`` rounds per kernel (the kernels built and
-checked against numpy beforehand, taking turns in each round; a run is ``CompiledKernel.run``: its binding and
-queue round trip included) and the ratio to ``scalar``; the aim is at most 3x. Numbers are measured in this run
-only; nothing is compared with a stored value.
+moved through ``thread_elements()``. ``simdgroup_figures`` returns, per size, the median time of each kernel over
+at least 7 rounds (the kernels built and checked against numpy beforehand, taking turns in each round, CPU time of
+the whole process, PoCL's worker threads included; a run is ``CompiledKernel.run``: its binding
+and queue round trip included) and the ratio of each to ``scalar`` (``simdgroup_over_scalar``: the worst size;
+the aim is at most 3x). Numbers are measured in this run only; nothing is compared with a stored value.
 """
 from __future__ import annotations
 
-import argparse
-import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from benchmarks.timing import interleaved, ratio
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 
 HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
@@ -105,31 +106,16 @@ def prepare(runner: KernelRunner, msl: str, n: int) -> Callable[[], np.ndarray]:
     return once
 
 
-def best_times(runs: dict[str, Callable[[], np.ndarray]], repeat: int) -> dict[str, float]:
-    """The best seconds of each run over ``repeat`` rounds, the kernels taking turns in every round (so a change
-    of the machine's load meets them alike)."""
-    best = dict.fromkeys(runs, float("inf"))
-    for _ in range(repeat):
-        for name, once in runs.items():
-            t = time.perf_counter()
-            once()
-            best[name] = min(best[name], time.perf_counter() - t)
-    return best
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="64,128,256")
-    parser.add_argument("--repeat", type=int, default=15)
-    args = parser.parse_args()
+def simdgroup_figures(quick: bool = False) -> dict[str, Any]:
+    """Per N (``quick``: 32; else 64, 128, 256) the median ms of each kernel of ``KERNELS`` and its ratio to
+    ``scalar``; ``simdgroup_over_scalar``: the largest ratio of the ``simdgroup`` kernel."""
     runner = KernelRunner()
-    print(f"matmul C = A B, N x N float32, threadgroups of 32 x 4 on {runner.device.name.strip()}")
-    print(f"{'N':>5} " + " ".join(f"{name:>14}" for name in KERNELS) + "   ratio to scalar")
-    for n in (int(x) for x in args.sizes.split(",")):
-        times = best_times({name: prepare(runner, msl, n) for name, msl in KERNELS.items()}, args.repeat)
-        ratios = ", ".join(f"{name} {times[name] / times['scalar']:.2f}x" for name in KERNELS if name != "scalar")
-        print(f"{n:>5} " + " ".join(f"{times[name] * 1e3:>11.2f} ms" for name in KERNELS) + f"   {ratios}")
-
-
-if __name__ == "__main__":
-    main()
+    sizes = [32] if quick else [64, 128, 256]
+    rows: dict[str, Any] = {}
+    for n in sizes:
+        t = interleaved({name: prepare(runner, msl, n) for name, msl in KERNELS.items()}, 1, cpu=True)
+        rows[str(n)] = {**{f"ms_{name.replace(' ', '_')}": v * 1e3 for name, v in t.items()},
+                        **{f"{name.replace(' ', '_')}_over_scalar": ratio(t[name], t["scalar"])
+                           for name in KERNELS if name != "scalar"}}
+    return {"simdgroup_over_scalar": max(r["simdgroup_over_scalar"] for r in rows.values()), "simdgroup": rows,
+            "simdgroup_device": runner.device.name.strip()}

@@ -1,0 +1,29 @@
+"""The simulated device against plain pyopencl: ``sim_run_over_pyopencl`` and ``sim_overhead_us_per_dispatch``.
+
+The measurement is ``benchmarks/bench_dispatch.py``'s ``measure()`` (its docstring says what each path does and
+how it is timed: interleaved rounds, process CPU time on a CPU device); this module picks its size and flattens
+the figures for ``python -m benchmarks``: ``sim_run_over_pyopencl`` is the worst trace's ratio (each trace's
+ratio and absolute µs beside it), ``sim_overhead_us_per_dispatch`` the simulator's own cost per dispatch of one
+long command buffer.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.bench_dispatch import TRACES, measure
+from benchmarks.timing import MIN_ROUNDS
+
+__all__ = ["sim_figures"]
+
+QUICK_TRACES = ("mlp.apple7.json", "symbolic_kv.apple7.json")
+
+
+def sim_figures(quick: bool = False, opencl_device: str | int | None = None) -> dict[str, Any]:
+    """The simulator's figures on ``opencl_device`` (default: the first OpenCL device); ``quick``: two traces, a
+    short long trace, the fewest rounds."""
+    skip = tuple(p.name for p in TRACES.glob("*.json") if p.name not in QUICK_TRACES) if quick else ()
+    got = measure(opencl_device, rounds=MIN_ROUNDS if quick else 15, skip=skip, long_repeat=5 if quick else 40)
+    return {"sim_run_over_pyopencl": got["sim_run_over_pyopencl"]["worst"],
+            "sim_run_traces": got["sim_run_over_pyopencl"]["traces"],
+            "sim_overhead_us_per_dispatch": got["sim_overhead_us_per_dispatch"],
+            "sim_device": got["device"], "sim_rows": got["rows"]}
