@@ -228,7 +228,8 @@ def test_run_gpu_error_exits_3() -> None:
     code, out, log = mtlir("run", MLP7, "--device", "sim", "--json", make_bridge=faulty)
     assert code == 3 and log.count("\n") == 1 and "MTLCommandBufferError 3 (PageFault)" in log
     assert one_json(out) == {"error": log.strip().removeprefix("mtlir: error: "), "error_type": "GPUExecutionError",
-                             "exit_code": 3}
+                             "exit_code": 3, "code": 3, "name": "PageFault", "submit": 0, "command_buffer": 0,
+                             "command_buffers": {"0": "Error (PageFault)"}}
 
 
 class _GpuClock(SimDevice):
