@@ -104,6 +104,10 @@ class SimDevice:
     the OpenCL device ``opencl_device`` names: an index into ``list_devices()`` or a substring of its platform or
     device name, ``select_device``; None: the first device).
     ``constant_align``: the offset alignment required of ``constant`` buffer bindings in bytes (METAL.md §1).
+    ``order_seed``: the commands between two ICB barriers run last first (None), or shuffled from this seed (an int
+    >= 0; rule 9, docs/simulator.md "Concurrent commands"). ``checked``: run every kernel translated without
+    mtlir's bounds checks on Oclgrind, which reports out-of-bounds accesses and data races as ``KernelCheckError``
+    (``mtlir.runtime.sim.kernels.oclgrind``; the ``opencl_device`` is then Oclgrind's).
     ``faults``: faults to inject, armed at once (``inject``: ``"0:PageFault"``, ``"1:hang"``, ``"alloc:buffer"``,
     or ``Fault`` values; docs/reliability.md).
 
@@ -114,6 +118,7 @@ class SimDevice:
     def __init__(self, target: str | None = None, *, strict: bool = True, family: str = "Apple9",
                  residency_sets: bool = True, icb: bool = True, autorun: bool = True, timeout_s: float = 10.0,
                  gpu_timeout_s: float = 2.0, kernel_runner: Any = None, opencl_device: str | int | None = None,
+                 order_seed: int | None = None, checked: bool = False,
                  constant_align: int = MTL.CONSTANT_OFFSET_ALIGN, max_buffer_length: int = 1 << 32,
                  faults: Iterable[str | Fault] = ()) -> None:
         target = (host_target() or "x86_64") if target is None else target
@@ -127,6 +132,9 @@ class SimDevice:
         self.gpu_timeout_s = float(gpu_timeout_s)
         self.constant_align = constant_align
         self.max_buffer_length = max_buffer_length
+        if order_seed is not None and (type(order_seed) is not int or order_seed < 0):
+            raise ArgumentError(f"order_seed is an int >= 0 or None, got {order_seed!r}")
+        self.order_seed, self.checked = order_seed, bool(checked)
         self.memory = HostMemory()
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)

@@ -23,6 +23,7 @@ released so later work does not hang (a modelling choice: Metal recovers the cha
 """
 from __future__ import annotations
 
+import random
 import re
 import threading
 import time
@@ -103,21 +104,28 @@ def kernel_params(kernel: Any) -> list[tuple[int, str, int]]:
             for p in getattr(kernel, "params", ())]
 
 
-def concurrent_order(icb: ICB, first: int, count: int) -> list[int]:
+def concurrent_order(icb: ICB, first: int, count: int, seed: int | None = None) -> list[int]:
     """The order the GPU runs commands ``[first, first + count)``: groups split where a command has setBarrier
-    (it waits for everything before it), each group run last command first (rule 9: exposes races)."""
+    (it waits for everything before it), each group run in an adversarial order (rule 9: exposes races): last
+    command first when ``seed`` is None, else shuffled by a generator seeded from ``seed`` and the group's first
+    command (the same seed gives the same order at every run, so a failure replays)."""
     order: list[int] = []
     group: list[int] = []
     slots = icb.slots
-    for i in range(first, first + count):
-        slot = slots.get(i)
-        if slot is None:
+    for i in range(first, first + count + 1):
+        slot = slots.get(i) if i < first + count else None
+        if slot is None and i < first + count:
             continue  # never written: an empty command
-        if group and slot.barrier:
-            order += reversed(group)
+        if group and (slot is None or slot.barrier):
+            if seed is None:
+                group.reverse()
+            else:
+                random.Random(seed * 1_000_003 + group[0]).shuffle(group)
+            order += group
             group = []
-        group.append(i)
-    return order + group[::-1]
+        if slot is not None:
+            group.append(i)
+    return order
 
 
 def _reached(ev: SharedEvent, value: int) -> Callable[[], bool]:
@@ -397,7 +405,7 @@ class GPU:
                                                f"past the {icb.max_count} commands of {icb.describe()}",
                            Rule.ICB_LIMITS)
         count = min(ex.count, MTL.MAX_ICB_RANGE)  # commands past 16,384 are not run (rule 8)
-        for i in concurrent_order(icb, ex.first, count):
+        for i in concurrent_order(icb, ex.first, count, self.dev.order_seed):
             slot = icb.slots.get(i)
             if slot is not None:  # the CPU may have changed the ICB since (rule 15): read it as it is now
                 self._icb_command(cb, enc, ex, i, slot)
