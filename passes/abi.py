@@ -191,7 +191,8 @@ class Abi(Pass):
         """Every MSG (and MSGS) of ``graph`` as CALLs of objc_msgSend for ``target``; records the target in
         ``ctx`` for linearize. Raises ``AbiError`` naming the selector and the argument."""
         ctx.target = self.target
-        return graph_rewrite(graph, ABI, ctx=_AbiCtx(self.target, ctx, {}), name=f"abi{{target={self.target}}}")
+        return graph_rewrite(graph, ABI, ctx=_AbiCtx(self.target, ctx, {}), name=f"abi{{target={self.target}}}",
+                             results_final=True)
 
     def verify(self, result: UOp | Program) -> None:
         """The common checks, and on arm64 no MTLSize passed by value, in one walk. Raises ``VerifyError``."""

@@ -254,14 +254,16 @@ def _collect(graph: UOp) -> tuple[list[UOp], set[UOp]]:
 
 
 def graph_rewrite(graph: UOp, matcher: PatternMatcher, ctx: Any = None, name: str = "rewrite",
-                  trace: RewriteTrace | None = None, max_steps: int = 10_000) -> UOp:
+                  trace: RewriteTrace | None = None, max_steps: int = 10_000, results_final: bool = False) -> UOp:
     """Rewrite ``graph`` with ``matcher`` to a fixed point and return the new graph (``graph`` itself when no
     rule fired, so ``graph_rewrite(g, pm) is g`` tells "nothing to do").
 
     ``ctx`` is passed to rules that declare a ``ctx`` parameter. ``name`` names the pass in errors. ``trace``,
     when given, records every firing (``RewriteTrace.steps``) and the graph before and after. ``max_steps``
     bounds how many rewrites may be in progress at once (successive or nested); a valid graph of any size stays
-    far below it. Raises ``RewriteLoopError`` for a rule set that does not terminate, ``RuleError`` for a rule
+    far below it. ``results_final``: a rule's result is the node's final result, not rewritten again (for a
+    lowering whose rules return nodes no rule matches, built from sources already rewritten: abi's CALLs, encode's
+    message chain; the walk then skips the worklist a result would go through). Raises ``RewriteLoopError`` for a rule set that does not terminate, ``RuleError`` for a rule
     returning something other than a UOp, ``TypeError`` for a ``graph`` that is not a UOp."""
     if not isinstance(graph, UOp):
         raise TypeError(f"graph_rewrite {name!r}: the graph is a {type(graph).__name__}, not a UOp")
@@ -301,6 +303,14 @@ def graph_rewrite(graph: UOp, matcher: PatternMatcher, ctx: Any = None, name: st
             continue
         # a rule rewrote ``before`` (``n`` with its sources rewritten) into ``ret``: done if ``ret`` is done
         ret, rule = fired
+        if results_final:
+            if trace is not None:
+                trace.steps.append(RewriteStep(rule, before, ret))
+            if before is not n:
+                state[before] = ret
+            if ret is not n:
+                replaced[n] = ret
+            continue
         done = rw.lookup(ret)
         if done is None or done is _BUSY:
             out = rw.run(n, before, fired)

@@ -323,4 +323,5 @@ class Encode(Pass):
         the direct path) go to ``ctx``. Raises ``EncodeError`` naming the command."""
         if _several_queues(graph):
             return encode_queues(_EncodeCtx(self.max_range, ctx), graph.src)
-        return graph_rewrite(graph, ENCODE, ctx=_EncodeCtx(self.max_range, ctx), name="encode")
+        return graph_rewrite(graph, ENCODE, ctx=_EncodeCtx(self.max_range, ctx), name="encode",
+                             results_final=True)

@@ -72,6 +72,19 @@ def test_nodes_created_by_rules_are_rewritten_too() -> None:
     assert graph_rewrite(-(x + 0), expand) is x * -1
 
 
+def test_results_final_takes_a_rule_result_as_it_is() -> None:
+    # NEG(a) -> (a * 1 + 0) * -1: rewritten again by default (symbolic folds it), kept as returned with results_final
+    expand = PatternMatcher([(UPat(Ops.NEG, src=(UPat.var("a"),)), lambda a: (a * 1 + 0) * -1)]) + symbolic
+    g = UOp.sink(-x, -(y + 0))
+    assert graph_rewrite(g, expand) is UOp.sink(x * -1, y * -1)
+    trace = RewriteTrace()
+    # y + 0 (a source) is still rewritten first; each NEG's result is then final: its inner x * 1 + 0 stays
+    out = graph_rewrite(g, expand, results_final=True, trace=trace)
+    assert out is UOp.sink((x * 1 + 0) * -1, (y * 1 + 0) * -1)
+    assert len(trace) == 3 and trace.after is out
+    assert graph_rewrite(x + 1, expand, results_final=True) is x + 1  # nothing fires: the graph itself
+
+
 def test_ctx_and_trace() -> None:
     seen: list[UOp] = []
 
