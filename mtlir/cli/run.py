@@ -1,14 +1,15 @@
 """``mtlir run``: lower, link, submit ``--repeat`` times, read the output and compare it with the trace's.
 
 ``mtlir run TRACE.json [--device auto|sim|metal] [--arch ...] [--no-residency-set] [--no-icb] [--target ...]
-[--faithful] [--viz DIR] [--repeat N] [--json]`` lowers, links, submits N times, reads the output and compares it
+[--faithful] [--viz DIR] [--repeat N] [--json] [--inject-fault SPEC ...]`` lowers, links, submits N times, reads the output and compares it
 with the trace's expected output as float32 (rtol 1e-4, atol 1e-5). With ``--device metal`` the device is probed
 first (``mtlir.runtime.probe``) and the submit lowered for what it offers (residency sets, ICBs); the flags can
 only turn them off. ``--json``: one object ``{"match", "max_abs_err", "kernels", "messages_per_submit", "submits",
 ...}`` on stdout, everything else on stderr (``max_abs_err`` is null when the error is not a finite number,
 ``gpu_s_per_submit`` when the device reports a GPU time as not available). ``--html FILE`` writes the page of the
 lowering with the run's result (``mtlir.cli.page``), ``--profile FILE`` the run as Chrome trace events
-(``mtlir.cli.profile``).
+(``mtlir.cli.profile``). ``--inject-fault`` arms faults on the simulated device before link (``SimDevice.inject``,
+docs/reliability.md).
 
 The command is given its collaborators (``mtlir.cli.main.main`` passes the real ones, a test may pass others):
 ``lower_trace`` (``mtlir.cli.lower``), ``make_bridge`` (the device to run on), and for ``--device metal``
