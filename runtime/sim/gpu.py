@@ -35,6 +35,8 @@ import numpy as np
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
 from mtlir.errors import DeviceError, KernelAccessError, MetalValidationError
+from mtlir.runtime.sim.kernels.compiled import DEFAULT_TIMEOUT_S
+from mtlir.runtime.sim.kernels.launch import MAX_BATCH, Launch
 from mtlir.runtime.sim.rules.checks import size_problem
 from mtlir.runtime.sim.objects import (ICB, Binding, BlitCopy, BlitEncoder, BlitFill, Buffer, CommandBuffer,
                                        CommandQueue, Dispatch, Encoder, Execute, Gate, ICBSlot, Pipeline, SharedEvent,
@@ -154,9 +156,33 @@ class GPU:
         self.last_exception: BaseException | None = None
         self.in_kernel = False  # a kernel is running (on the worker thread, the device lock released)
         self.advancing: CommandBuffer | None = None  # the command buffer of the operation running now
-        # the kernel running now: (its function, the dispatch, its command buffer's handle); None between kernels
-        self.running: tuple[str, str, int] | None = None
+        # the kernel running now, set while one runs alone: (its function, the dispatch, its command buffer's
+        # handle); a batch's running kernel is asked of the runner (``running``)
+        self._running: tuple[str, str, int] | None = None
+        # dispatches prepared and not yet enqueued: (launch, pipeline, what); a batch runs at once (``_flush``)
+        self._batch: list[tuple[Launch, Pipeline, str]] = []
+        self._in_flight: tuple[list[tuple[Launch, Pipeline, str]], int] | None = None  # the batch running now
         self.host_blocked: CommandQueue | None = None  # the queue a host thread is blocked on in commandBuffer
+
+    @property
+    def running(self) -> tuple[str, str, int] | None:
+        """The kernel running now: (its function, the dispatch, its command buffer's handle); None between
+        kernels. In a batch, the first of its kernels that has not completed (the runner's events say)."""
+        if self._running is not None:
+            return self._running
+        flight = self._in_flight
+        if flight is None:
+            return None
+        batch, handle = flight
+        k = batch[0][0].ck._runner.running()
+        if k is None or k >= len(batch):
+            return None
+        _, p, what = batch[k]
+        return (p.label, what, handle)
+
+    @running.setter
+    def running(self, value: tuple[str, str, int] | None) -> None:
+        self._running = value
 
     # ---------------------------------------------------------------- scheduling
     def submit(self, cb: CommandBuffer) -> None:
@@ -305,12 +331,18 @@ class GPU:
                            f"the updateFence: of {fence.describe()} by {updater.describe()}"
                            + (" (the same encoder: update-then-wait deadlocks)" if updater is enc else ""),
                            Rule.FENCE_ORDER)
-        for command in enc.commands:
+        for command in enc.commands:  # a run of direct dispatches is enqueued at once (``_flush``)
             if isinstance(command, Dispatch):
-                self._direct(cb, command)
-                yield None
+                self._batched(self._direct, cb, command)
+                if len(self._batch) >= MAX_BATCH:
+                    self._flush()
+                    yield None
             else:
+                self._flush()
                 yield from self._execute_icb(cb, enc, command)
+        if self._batch:
+            self._flush()
+            yield None
         if isinstance(enc, BlitEncoder):
             for blit in enc.blits:
                 self._blit(blit)
@@ -405,11 +437,31 @@ class GPU:
                                                f"past the {icb.max_count} commands of {icb.describe()}",
                            Rule.ICB_LIMITS)
         count = min(ex.count, MTL.MAX_ICB_RANGE)  # commands past 16,384 are not run (rule 8)
+        # The range's commands are enqueued MAX_BATCH at a time, in the order the GPU runs them, with one wait each
+        # (``_flush``): the in-order OpenCL queue runs them one after the other, as the order says.
         for i in concurrent_order(icb, ex.first, count, self.dev.order_seed):
             slot = icb.slots.get(i)
             if slot is not None:  # the CPU may have changed the ICB since (rule 15): read it as it is now
-                self._icb_command(cb, enc, ex, i, slot)
-            yield None
+                self._batched(self._icb_command, cb, enc, ex, i, slot)
+            if len(self._batch) >= MAX_BATCH:
+                self._flush()
+                yield None
+        if self._batch:
+            self._flush()
+        yield None
+
+    def _batched(self, add: Callable[..., None], *args: Any) -> None:
+        """``add(*args)``: check one dispatch and add it to the batch. A fault it raises strikes after the dispatches
+        batched before it have run (their own fault, the earlier one, wins); nothing stays batched after an
+        error."""
+        try:
+            add(*args)
+        except BaseException:
+            try:
+                self._flush()
+            finally:
+                self._batch = []
+            raise
 
     def _icb_command(self, cb: CommandBuffer, enc: Encoder, ex: Execute, i: int, slot: ICBSlot) -> None:
         if slot.grid is None:
@@ -431,13 +483,79 @@ class GPU:
             return
         bindings = self._bindings(p, slot.bindings, what, Rule.ICB_LIMITS,
                                   lambda buf: buf in enc.used or buf in cb.resident)
-        self._run(p, bindings, slot.grid, slot.threadgroup, what)
+        self._run(p, bindings, slot.grid, slot.threadgroup, what, (ex.icb, slot))
 
     def _run(self, p: Pipeline, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
-             threadgroup: tuple[int, int, int], what: str) -> None:
+             threadgroup: tuple[int, int, int], what: str, slot: tuple[ICB, ICBSlot] | None = None) -> None:
+        """Add one dispatch to the batch (``_flush`` runs it), its launch prepared once per ICB command (``slot``:
+        kept on the ICBSlot while the ICB's version stays) and at every run for a direct dispatch."""
         if self.injected_fault is not None or self.faulty:
+            self._flush()  # what was batched runs before an injected fault strikes
             self._inject(p, what)
         self.kernels_run += 1
+        prepare = getattr(p.kernel, "prepare", None)
+        if prepare is None:  # a kernel that is not batched (the tests' Python kernels): run it now
+            self._flush()
+            self._run_alone(p, bindings, grid, threadgroup, what)
+            return
+        launch: Launch | None
+        cached = slot[1].launch if slot is not None else None
+        if cached is not None and cached[0] == slot[0].version and cached[1] is p:  # type: ignore[index]
+            launch = cached[2]  # prepared at this command's first run, the ICB unchanged since
+        else:
+            try:
+                launch = prepare(bindings, grid, threadgroup, keep=slot is not None)
+            except Exception as e:  # sizes or bindings the runner refuses fail the command buffer
+                self.last_exception = e
+                raise GPUFault(MTL.ErrorInternal, f"{what}: kernel {p.label} raised {type(e).__name__}: {e}") from e
+            if slot is not None:
+                slot[1].launch = (slot[0].version, p, launch)
+        if launch is not None:
+            self._batch.append((launch, p, what))
+
+    def _flush(self) -> None:
+        """Run the batched dispatches: enqueued at once, one wait (``KernelRunner.run_batch``), the device lock
+        released meanwhile. A kernel access outside its buffers raises ``GPUFault`` PageFault naming its dispatch
+        (strict mode also defers a ``MetalValidationError``); a runner error (a timeout, OpenCL refusing) raises
+        ``GPUFault`` Internal."""
+        batch, self._batch = self._batch, []
+        if not batch:
+            return
+        runner = batch[0][0].ck._runner
+        cb = self.advancing
+        lock = self.dev._lock
+        lock.release()
+        try:
+            with self.kernel_lock:
+                self.in_kernel = True
+                self._in_flight = (batch, cb.handle if cb is not None else 0)
+                try:
+                    fault = runner.run_batch([b[0] for b in batch], DEFAULT_TIMEOUT_S, keep=True)
+                finally:
+                    self.in_kernel = False
+                    self._in_flight = None
+        except Exception as e:  # a kernel that crashes the runner fails its command buffer, never the worker
+            self.last_exception = e
+            _, p, what = batch[0]
+            more = f" (and the {len(batch) - 1} dispatches batched after it)" if len(batch) > 1 else ""
+            raise GPUFault(MTL.ErrorInternal, f"{what}{more}: kernel {p.label} raised {type(e).__name__}: {e}") from e
+        finally:
+            lock.acquire()
+        if fault is not None:
+            _, p, what = batch[fault[0]]
+            self._access_fault(what, fault[1])
+
+    def _access_fault(self, what: str, e: KernelAccessError) -> None:
+        """The bounds checks skipped an access outside a buffer: a GPU address fault (``GPUFault`` PageFault)."""
+        if self.dev.strict:
+            self.dev.defer_error(MetalValidationError(
+                f"{what}: {e} (Metal's shader validation reports an out-of-bounds access; the command buffer "
+                "ends in status Error, PageFault)"))
+        raise GPUFault(MTL.ErrorPageFault, f"{what}: {e}") from e
+
+    def _run_alone(self, p: Pipeline, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
+                   threadgroup: tuple[int, int, int], what: str) -> None:
+        """Run one kernel that has no prepared launches (``kernel.run``), the device lock released meanwhile."""
         lock = self.dev._lock
         lock.release()
         try:
@@ -450,16 +568,14 @@ class GPU:
                 finally:
                     self.in_kernel = False
                     self.running = None
-        except KernelAccessError as e:  # the bounds checks skipped an access outside a buffer: a GPU address fault
-            if self.dev.strict:
-                self.dev.defer_error(MetalValidationError(
-                    f"{what}: {e} (Metal's shader validation reports an out-of-bounds access; the command buffer "
-                    "ends in status Error, PageFault)"))
-            raise GPUFault(MTL.ErrorPageFault, f"{what}: {e}") from e
+        except KernelAccessError as e:
+            lock.acquire()
+            self._access_fault(what, e)
         except Exception as e:  # a kernel that crashes the runner fails its command buffer, never the worker
+            lock.acquire()
             self.last_exception = e
             raise GPUFault(MTL.ErrorInternal, f"{what}: kernel {p.label} raised {type(e).__name__}: {e}") from e
-        finally:
+        else:
             lock.acquire()
 
     # ---------------------------------------------------------------- injected faults (runtime/sim/injection.py)

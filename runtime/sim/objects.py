@@ -379,9 +379,10 @@ class ICBDescriptor(SimObject):
 
 class ICBSlot:
     """The state of one ICB compute command as the GPU reads it: pipeline, bindings (index -> (buffer,
-    offset as stored: 32 bits)), grid and threadgroup sizes (None until concurrentDispatch...), barrier."""
+    offset as stored: 32 bits)), grid and threadgroup sizes (None until concurrentDispatch...), barrier, and the
+    launch the GPU prepared for it (``launch``)."""
 
-    __slots__ = ("pipeline", "bindings", "grid", "threadgroup", "barrier")
+    __slots__ = ("pipeline", "bindings", "grid", "threadgroup", "barrier", "launch")
 
     def __init__(self) -> None:
         self.pipeline: Pipeline | None = None
@@ -389,6 +390,9 @@ class ICBSlot:
         self.grid: tuple[int, int, int] | None = None
         self.threadgroup: tuple[int, int, int] = (0, 0, 0)
         self.barrier = False
+        # the kernel runner's prepared launch of this command: (the ICB's version, the pipeline, the launch or None
+        # for nothing to run); the GPU reuses it while the ICB's version is the same (gpu.GPU._run)
+        self.launch: tuple[int, Any, Any] | None = None
 
 
 class ICBSlots(dict[int, ICBSlot]):

@@ -13,6 +13,7 @@ from mtlir.runtime.sim.msl.simd import SIMD_WIDTH, scratch_bytes
 from mtlir.runtime.sim.msl.translate import KernelArg, KernelInfo
 
 if TYPE_CHECKING:
+    from mtlir.runtime.sim.kernels.launch import Launch
     from mtlir.runtime.sim.kernels.runner import KernelRunner
 
 __all__ = ["CompiledKernel", "View", "DEFAULT_TIMEOUT_S", "MAX_GLOBAL_PER_AXIS", "MAX_GLOBAL_THREADS"]
@@ -43,13 +44,18 @@ class CompiledKernel:
     name, kind ``buffer`` | ``constant``, Metal buffer index, dtype); ``opencl_source``: the translated source of
     the whole library; ``info``: what the translator learnt of it (``msl.translate.KernelInfo``)."""
 
-    def __init__(self, runner: KernelRunner, kernel: Any, info: KernelInfo, source: str) -> None:
+    def __init__(self, runner: KernelRunner, kernel: Any, info: KernelInfo, source: str, program: Any = None) -> None:
         self.function: str = info.function
         self.params: tuple[KernelArg, ...] = info.args
         self.opencl_source: str = source
         self.info = info
         self._runner = runner
         self._kernel = kernel
+        self._program = program  # the OpenCL program: a kept launch makes its own kernel object from it
+        dev = runner.device  # the device's limits, asked once (each is a clGetDeviceInfo call)
+        self._per_axis: tuple[int, ...] = tuple(dev.max_work_item_sizes)[:3]
+        self._local_mem_size: int = int(dev.local_mem_size)
+        self._device_label: str = str(dev.name)
         wg = kernel.get_work_group_info(runner.cl.kernel_work_group_info.WORK_GROUP_SIZE, runner.device)
         self.max_threads_per_threadgroup: int = min(int(wg), runner.device.max_work_group_size)
         # the kernel's own threadgroup arrays, and (with SIMD-group functions) the most threads whose scratch fits
@@ -107,25 +113,36 @@ class CompiledKernel:
         ``MAX_GLOBAL_THREADS``: a wrapped size would otherwise abort the process inside PoCL); ``TimeoutError``
         when the kernel has not finished after ``timeout_s`` seconds (the runner then refuses further work,
         since OpenCL cannot stop a running kernel); ``RuntimeError`` when OpenCL refuses to run it."""
+        launch = self.prepare(bindings, grid, threadgroup)
+        if launch is None:
+            return
+        fault = self._runner.run_batch([launch], timeout_s, keep)
+        if fault is not None:
+            raise fault[1]
+
+    def prepare(self, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
+                threadgroup: tuple[int, int, int], *, keep: bool = False) -> Launch | None:
+        """Check a dispatch as ``run`` does and prepare it for the runner's ``run_batch`` (``launch.Launch``); None
+        for a grid or threadgroup with a zero axis (nothing runs). ``keep``: the launch will be run again (its own
+        OpenCL kernel object, arguments set once). Raises what ``run`` raises before it launches."""
         views = self.views(bindings)
         grid, threadgroup = _size3(grid, "grid"), _size3(threadgroup, "threadgroup")
         if 0 in grid or 0 in threadgroup:
-            return
+            return None
         threads = threadgroup[0] * threadgroup[1] * threadgroup[2]
-        dev = self._runner.device
-        per_axis = tuple(dev.max_work_item_sizes)[:3]
+        per_axis, local_mem, label = self._per_axis, self._local_mem_size, self._device_label
         if threads > self.max_threads_per_threadgroup or any(t > m for t, m in zip(threadgroup, per_axis)):
             raise ValueError(f"kernel {self.function!r}: a threadgroup of {threadgroup} = {threads} threads is more "
-                             f"than the OpenCL device {dev.name!r} runs in one work-group (at most "
+                             f"than the OpenCL device {label!r} runs in one work-group (at most "
                              f"{self.max_threads_per_threadgroup} threads, {per_axis} per "
                              "axis); the simulated device cannot run it")
         if self.info.simd:
             need = scratch_bytes(threads) + self.local_mem_bytes
-            if need > dev.local_mem_size:
+            if need > local_mem:
                 raise ValueError(f"kernel {self.function!r}: a threadgroup of {threads} threads needs {need} bytes of "
                                  f"local memory ({scratch_bytes(threads)} of them the scratch its SIMD-group "
-                                 f"functions exchange values through), more than the {dev.local_mem_size} bytes of "
-                                 f"the OpenCL device {dev.name!r}; the simulated device cannot run it with threadgroups "
+                                 f"functions exchange values through), more than the {local_mem} bytes of "
+                                 f"the OpenCL device {label!r}; the simulated device cannot run it with threadgroups "
                                  f"above {self.max_simd_threads} threads")
         global_size = tuple(g * t for g, t in zip(grid, threadgroup))
         total = global_size[0] * global_size[1] * global_size[2]
@@ -135,7 +152,7 @@ class CompiledKernel:
                              f"{global_size} ({total} threads) is more than the simulated device runs (below 2**32 "
                              f"threads per axis, as Metal addresses them, and at most 2**{limit} in all); a run-time "
                              "size that went below 1 and wrapped?")
-        self._runner._launch(self, views, bindings, global_size, threadgroup, timeout_s, keep)
+        return self._runner.prepare(self, views, bindings, global_size, threadgroup, keep=keep)
 
 
 def _check_storage(storage: Any, where: str, writable: bool) -> None:

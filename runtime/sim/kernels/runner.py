@@ -1,18 +1,22 @@
 """Run Metal kernels for real on an OpenCL device (PoCL on the CPU here, a GPU where one is): the simulated device's GPU.
 
 ``KernelRunner`` owns one pyopencl context and queue on the device ``opencl_device`` picks (``select_device``: an
-index, or a substring of the platform or device name; the first device by default; ``list_devices`` lists them). ``compile(msl, function)`` translates the MSL library with
-``msl.translate`` and builds it once (cached per MSL source; kernels per (source, function)).
+index, or a substring of the platform or device name; the first device by default; ``list_devices`` lists them).
+``compile(msl, function)`` translates the MSL library with ``msl.translate`` and builds it once (cached per MSL source; kernels per (source, function)).
 ``CompiledKernel.run(bindings, grid, threadgroup)`` binds each Metal buffer index to (host storage, byte offset),
 runs ``grid`` threadgroups of ``threadgroup`` threads (Metal's dispatchThreadgroups convention, METAL.md §4:
 OpenCL global size = grid x threadgroup per axis, local size = threadgroup) and returns when the results are in
-the storage arrays.
+the storage arrays. ``CompiledKernel.prepare`` checks a dispatch once and gives a ``Launch`` (``launch``) that
+``run_batch`` enqueues with others at once, waiting once for all of them (``waiter``: a helper thread blocks in
+``clWaitForEvents``, so a kernel that never ends still times out); each launch of a batch has its own fault record.
 
-Memory: each distinct storage array (one MTLBuffer's bytes) becomes one OpenCL buffer in the device's own memory,
-copied in at its first use and kept there between kernels (``resident``): a run with ``keep=True`` leaves what it
-wrote on the device until ``sync()`` copies it back to the host arrays and forgets every device copy (the next use
-copies in again, so what the host wrote in between is seen). A run without ``keep`` syncs at once: its results are
-in the arrays when it returns. A view at a byte offset is always bound as the whole buffer with the offset passed in
+Memory: each distinct storage array (one MTLBuffer's bytes) becomes one OpenCL buffer, made once and kept while it
+is used (dropped after ``KEEP_SYNCS`` syncs without a use): where the device works in host memory (PoCL's CPU
+device) a ``USE_HOST_PTR`` buffer over the array itself, nothing copied or mapped; elsewhere a buffer in the
+device's own memory, copied in at its first use after a sync and kept there between kernels (``resident``): a run
+with ``keep=True`` leaves what it wrote on the device until ``sync()`` copies it back to the host arrays and marks
+every device copy stale (the next use copies in again, so what the host wrote in between is seen). A run without
+``keep`` syncs at once: its results are in the arrays when it returns. A view at a byte offset is always bound as the whole buffer with the offset passed in
 the kernel's offset argument (the translator adds one per buffer, ``msl.translate``), never as an OpenCL
 sub-buffer: a kernel whose views of one buffer overlap (an arena that holds a kernel's inputs and output, as
 tinygrad's memory planner makes) would read and write overlapping sub-buffers at once, which OpenCL leaves
@@ -24,23 +28,25 @@ import contextlib
 import importlib
 import signal
 import threading
-import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 # The pieces, one idea each: a kernel's bindings and sizes (``compiled``), the fault record read back as an error
 # (``faults``), the compiler's stderr (``stderr``); this module holds the device, the build cache and the launch.
-from mtlir.errors import KernelCompileError, NoDeviceError, WaitTimeoutError
+from mtlir.errors import KernelAccessError, KernelCompileError, NoDeviceError, WaitTimeoutError
 from mtlir.runtime.sim.kernels.buildlog import build_error
 from mtlir.runtime.sim.kernels.compiled import CompiledKernel, View
 from mtlir.runtime.sim.kernels.faults import _access_error
+from mtlir.runtime.sim.kernels.launch import MAX_BATCH, DeviceBuffer, FaultRecords, Launch
 from mtlir.runtime.sim.kernels.stderr import _native_stderr, _pass_on
+from mtlir.runtime.sim.kernels.waiter import EventWaiter
 from mtlir.runtime.sim.msl.translate import Translation, translate
-from mtlir.runtime.sim.msl.guard.bound import FAULT_WORDS, SCRATCH_BYTES
 from mtlir.runtime.sim.msl.simd import scratch_bytes
+
+KEEP_SYNCS = 16  # a device buffer unused for this many syncs is dropped
 
 __all__ = ["KernelRunner", "INSTALL_HINT", "BUILD_OPTIONS", "list_devices", "select_device", "device_name",
            "device_kind"]
@@ -50,7 +56,6 @@ INSTALL_HINT = ("install an OpenCL runtime for the CPU (Debian/Ubuntu: `sudo apt
 # -cl-single-precision-constant: MSL has no double, an unsuffixed literal such as 0.5 is a float there.
 # -w: no warnings (tinygrad's `if ((a==0))` draws one per kernel, which PoCL prints on stderr).
 BUILD_OPTIONS = ["-cl-single-precision-constant", "-w"]
-SPIN_S = 2e-4  # poll without sleeping this long first: a sleep costs ~60 us here, most dispatches take less
 
 
 class KernelRunner:
@@ -83,29 +88,32 @@ class KernelRunner:
         self._kernels: dict[tuple[str, str], CompiledKernel] = {}
         self._stuck: str | None = None
         self._stuck_refs: list[Any] = []
-        # storage address -> its OpenCL buffer, kept across syncs while it is used (``_DeviceBuffer``); holding
-        # the array keeps its address, the key, from being reused by another while the entry lives
-        self._buffers: dict[int, _DeviceBuffer] = {}
-        self._generation = 0  # syncs so far: an entry not used since the one before last is dropped
+        # storage address -> its OpenCL buffer, kept across syncs while it is used (``DeviceBuffer``); holding the
+        # array keeps its address, the key, from being reused by another while the entry lives. An entry not used
+        # for ``KEEP_SYNCS`` syncs is dropped (a launch that still names it makes a new one at its next run).
+        self._buffers: dict[int, DeviceBuffer] = {}
+        self._generation = 0  # syncs so far
         self._blocks: dict[bytes, Any] = {}  # argument blocks by content: most dispatches repeat one
-        # The fault record and scratch area every kernel gets as its last argument (``guard``): one per runner
-        # (runs are serialised by the lock), its record cleared after a run that faulted. Where the device works in
-        # the host memory itself (PoCL's CPU device: a map returns the host pointer, checked once here), the record
-        # is read there once the kernel has completed; elsewhere it is copied back after each run.
-        self._fault_host = np.zeros(FAULT_WORDS * 4 + SCRATCH_BYTES, np.uint8)
-        self._fault_buf = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR,
-                                    hostbuf=self._fault_host)
-        mapped, _ = cl.enqueue_map_buffer(self.queue, self._fault_buf, cl.map_flags.READ, 0, (FAULT_WORDS * 4,),
-                                          np.uint8, is_blocking=True)
+        self._waiter = EventWaiter()
+        self.in_flight: list[tuple[Launch, Any]] = []  # the batch enqueued now: (launch, its kernel's event)
+        # Where the device works in host memory (PoCL's CPU device: a map of a USE_HOST_PTR buffer returns the host
+        # pointer, checked once here) kernels work in the arrays themselves; elsewhere buffers are copied.
+        probe = np.zeros(64, np.uint8)
+        probe_buf = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR, hostbuf=probe)
+        mapped, _ = cl.enqueue_map_buffer(self.queue, probe_buf, cl.map_flags.READ, 0, (64,), np.uint8,
+                                          is_blocking=True)
         # A CPU device whose map returns the host pointer works in host memory; a GPU's map may return it too
         # (NVIDIA's does: the driver copies its own copy into the host memory at the map), so the kind decides.
-        works_in_place = device_kind(cl, device) == "CPU" and _address(mapped) == _address(self._fault_host)
+        works_in_place = device_kind(cl, device) == "CPU" and _address(mapped) == _address(probe)
         mapped.base.release(self.queue)
         self.queue.finish()
         if in_host_memory and not works_in_place:
             raise ValueError(f"the OpenCL device {self.device_name!r} keeps its own copy of buffers: it cannot work "
                              "in the host arrays (in_host_memory=True)")
         self.in_host_memory: bool = works_in_place if in_host_memory is None else in_host_memory
+        # The fault records and scratch areas kernels get as their last argument (``guard``), one per launch of a
+        # batch (``launch.FaultRecords``): read once the batch completed, in place or by one copy.
+        self._records = FaultRecords(cl, self.context, self.base_align, self.in_host_memory)
 
     def __repr__(self) -> str:
         return f"KernelRunner({self.device_name!r}, base_align={self.base_align})"
@@ -141,8 +149,9 @@ class KernelRunner:
         except cl.Error as err:
             raise RuntimeError(f"OpenCL could not copy the kernels' results back to the host: {err}") from None
         finally:
-            for key in [k for k, e in self._buffers.items() if e.used < self._generation - 1]:
-                del self._buffers[key]
+            old = self._generation - KEEP_SYNCS
+            for key in [k for k, e in self._buffers.items() if e.used < old]:
+                self._buffers.pop(key).buf = None  # a launch holding it rebinds at its next run
 
     def compile(self, msl: str, function: str) -> CompiledKernel:
         """The kernel ``function`` of the MSL library ``msl``, translated and built once (cached).
@@ -162,7 +171,7 @@ class KernelRunner:
                 names = ", ".join(sorted(translation.kernels)) or "none"
                 raise KernelCompileError(f"no kernel function {function!r} in the MSL (its kernels: {names})")
             kernel = cl.Kernel(program, function)
-            compiled = CompiledKernel(self, kernel, info, translation.source)
+            compiled = CompiledKernel(self, kernel, info, translation.source, program)
             self._kernels[(msl, function)] = compiled
             return compiled
 
@@ -191,55 +200,125 @@ class KernelRunner:
                 raise KeyboardInterrupt
         return got
 
-    def _launch(self, ck: CompiledKernel, views: tuple[View, ...], bindings: dict[int, tuple[np.ndarray, int]],
-                global_size: tuple[int, ...], local_size: tuple[int, int, int], timeout_s: float,
-                keep: bool) -> None:
+    def prepare(self, ck: CompiledKernel, views: tuple[View, ...], bindings: dict[int, tuple[np.ndarray, int]],
+                global_size: tuple[int, ...], local_size: tuple[int, int, int], *, keep: bool = False) -> Launch:
+        """A ``Launch`` of ``ck`` for bindings and sizes that ``CompiledKernel.prepare`` checked: the device buffers
+        (made once per storage array), the argument block, the SIMD scratch. ``keep``: the launch will be reused
+        (the simulated GPU keeps one per ICB command): it gets an OpenCL kernel object of its own with its arguments
+        set once; otherwise it shares the compiled kernel's, its arguments set at every enqueue."""
         cl = self.cl
         with self._lock:
-            if self._stuck is not None:
-                raise RuntimeError(f"the OpenCL queue is blocked by an earlier kernel that never finished "
-                                   f"({self._stuck}); make a new KernelRunner")
-            args: list[Any] = []
             # The argument block (msl.ParamBinding): per binding its offset from the base pointer, the bytes of the
             # MTLBuffer before that pointer (0: views are offsets from the buffer's start) and the MTLBuffer's
             # length (the bounds of the guard's checks).
             block = np.zeros(3 * max(1, len(views)), np.uint64)
-            what = f"kernel {ck.function!r}, global size {global_size}, threadgroup {local_size}"
+            uses: list[tuple[DeviceBuffer, bool]] = []
+            args: list[Any] = []
             try:
                 for b, view in zip(ck.info.bindings, views):
                     storage = bindings[b.arg.index][0]
-                    args.append(self._device_buffer(storage, b.writable))
-                    k = 3 * b.slot
-                    block[k] = view.offset
-                    block[k + 2] = storage.nbytes
-                args += [self._block(block), self._fault_buf]
+                    e = self._device_buffer(storage)
+                    uses.append((e, b.writable))
+                    args.append(e.buf)
+                    block[3 * b.slot] = view.offset
+                    block[3 * b.slot + 2] = storage.nbytes
+                args += [self._block(block), self._records.slots[0]]
                 if ck.info.simd:  # the threadgroup scratch SIMD-group lanes exchange values through (msl.simd)
                     args.append(cl.LocalMemory(scratch_bytes(local_size[0] * local_size[1] * local_size[2])))
-                ck._kernel.set_args(*args)
-                last = cl.enqueue_nd_range_kernel(self.queue, ck._kernel, global_size, local_size)
-                fault: np.ndarray = self._fault_host[:FAULT_WORDS * 4]
-                if not self.in_host_memory:  # the device keeps its own copy: read the record back
-                    fault = np.empty(FAULT_WORDS * 4, np.uint8)
-                    last = cl.enqueue_copy(self.queue, fault, self._fault_buf, is_blocking=False)
-                self.queue.flush()
-            except cl.Error as e:
-                raise RuntimeError(f"OpenCL refused to run {what}: {e}") from None
-            self._wait(last, timeout_s, what, (args, list(self._buffers.values())))
-            words = fault.view(np.uint32)
-            error = _access_error(ck, views, bindings, words) if words[0] else None
-            if error is not None:  # cleared: the next run starts with no fault
-                words[:4] = 0
-                if not self.in_host_memory:
-                    cl.enqueue_copy(self.queue, self._fault_buf, fault, is_blocking=True)
+                kernel = cl.Kernel(ck._program, ck.function) if keep else ck._kernel
+                launch = Launch(ck, views, bindings, global_size, local_size, uses, args, kernel, keep)
+                if keep:
+                    kernel.set_args(*args)
+                    launch.record = 0
+            except cl.Error as err:
+                raise RuntimeError(f"OpenCL refused the arguments of kernel {ck.function!r}: {err}") from None
+            return launch
+
+    def run_batch(self, launches: Sequence[Launch], timeout_s: float,
+                  keep: bool = False) -> tuple[int, KernelAccessError] | None:
+        """Run ``launches`` in order (the in-order queue runs each after the one before), enqueued ``MAX_BATCH`` at a
+        time with one wait each: buffers copied in at their first use since the last sync, every launch with its own
+        fault record. Returns the first fault, ``(position in launches, KernelAccessError)``, None when none
+        faulted: the batch with the faulting launch ran whole (its later launches too), later batches did not.
+        Without ``keep`` the results are synced to the host arrays before it returns.
+
+        Raises ``TimeoutError`` (``WaitTimeoutError``) when a batch has not finished after ``timeout_s`` seconds,
+        naming the first launch not finished (the runner then refuses further work: OpenCL cannot stop a
+        kernel); ``RuntimeError`` when OpenCL refuses or fails a launch."""
+        with self._lock:
+            if self._stuck is not None:
+                raise RuntimeError(f"the OpenCL queue is blocked by an earlier kernel that never finished "
+                                   f"({self._stuck}); make a new KernelRunner")
+            fault: tuple[int, KernelAccessError] | None = None
+            for first in range(0, len(launches), MAX_BATCH):
+                fault = self._batch(launches[first:first + MAX_BATCH], first, timeout_s)
+                if fault is not None:
+                    break
             if not keep:
                 self._sync_locked()
-            if error is not None:
-                raise error
+            return fault
 
-    def _device_buffer(self, storage: np.ndarray, writable: bool) -> Any:
-        """The OpenCL buffer of ``storage``, current: where the device works in host memory (PoCL's CPU device) a
-        ``USE_HOST_PTR`` buffer over the array itself, nothing copied; elsewhere a buffer of the device's own,
-        copied in at its first use since the last sync. Marked written when the kernel may write it."""
+    def _batch(self, launches: Sequence[Launch], first: int,
+               timeout_s: float) -> tuple[int, KernelAccessError] | None:
+        cl, queue, records = self.cl, self.queue, self._records
+        in_flight: list[tuple[Launch, Any]] = []
+        what = launches[0].what
+        try:
+            for k, launch in enumerate(launches):
+                what = launch.what
+                if launch.uses and any(e.buf is None for e, _ in launch.uses):
+                    self._rebind(launch)
+                for e, writable in launch.uses:
+                    e.used = self._generation
+                    if not e.current:
+                        if not e.in_place:  # the in-order queue copies it in before the kernel runs
+                            cl.enqueue_copy(queue, e.buf, e.storage, is_blocking=False)
+                        e.current = True
+                    if writable:
+                        e.dirty = True
+                if not launch.own:
+                    launch.args[launch.fault_arg] = records.slots[k]
+                    launch.kernel.set_args(*launch.args)
+                elif launch.record != k:
+                    launch.kernel.set_arg(launch.fault_arg, records.slots[k])
+                    launch.record = k
+                in_flight.append((launch, cl.enqueue_nd_range_kernel(queue, launch.kernel, launch.global_size,
+                                                                     launch.local_size)))
+            words, last = records.read(queue, len(launches))
+            queue.flush()
+        except cl.Error as e:
+            raise RuntimeError(f"OpenCL refused to run {what}: {e}") from None
+        self.in_flight = in_flight
+        try:
+            self._wait(in_flight[-1][1] if last is None else last, timeout_s, in_flight)
+        finally:
+            self.in_flight = []
+        for k in range(len(launches)):
+            if words[k, 0]:
+                launch = launches[k]
+                error = _access_error(launch.ck, launch.views, launch.bindings, words[k])
+                for j in range(k, len(launches)):  # cleared: the next run starts with no fault
+                    if words[j, 0]:
+                        records.clear(queue, j, words[j])
+                return first + k, error
+        return None
+
+    def _rebind(self, launch: Launch) -> None:
+        """Point a kept launch at the current device buffers of its storages (one of its entries was dropped)."""
+        uses = []
+        for k, ((e, writable), b) in enumerate(zip(launch.uses, launch.ck.info.bindings)):
+            if e.buf is None:
+                e = self._device_buffer(launch.bindings[b.arg.index][0])
+            uses.append((e, writable))
+            launch.args[k] = e.buf  # the buffers come first, in the order of the bindings
+        launch.uses = uses
+        if launch.own:
+            launch.kernel.set_args(*launch.args)
+
+    def _device_buffer(self, storage: np.ndarray) -> DeviceBuffer:
+        """The OpenCL buffer of ``storage``, made once per storage array: where the device works in host memory
+        (PoCL's CPU device) a ``USE_HOST_PTR`` buffer over the array itself, nothing copied; elsewhere a buffer of
+        the device's own, copied in at its first use after each sync (``run_batch``)."""
         cl = self.cl
         key = _storage_key(storage, self._buffers)
         e = self._buffers.get(key)
@@ -248,14 +327,8 @@ class KernelRunner:
             flags = cl.mem_flags.READ_WRITE | (cl.mem_flags.USE_HOST_PTR if in_place else 0)
             buf = cl.Buffer(self.context, flags, size=0 if in_place else storage.nbytes,
                             hostbuf=storage if in_place else None)
-            e = self._buffers[key] = _DeviceBuffer(buf, storage, in_place)
-        if not e.current:
-            if not e.in_place:
-                cl.enqueue_copy(self.queue, e.buf, storage, is_blocking=False)  # the in-order queue runs it first
-            e.current = True
-        e.used = self._generation
-        e.dirty = e.dirty or writable
-        return e.buf
+            e = self._buffers[key] = DeviceBuffer(buf, storage, in_place)
+        return e
 
     def _block(self, block: np.ndarray) -> Any:
         """A read-only device buffer holding ``block``, one per distinct content (at most 4096 kept)."""
@@ -269,27 +342,35 @@ class KernelRunner:
                                                  hostbuf=block)
         return buf
 
-    def _wait(self, event: Any, timeout_s: float, what: str, keep: Any) -> None:
-        """Poll ``event`` until it completes: spin for the first ``SPIN_S`` (a small kernel is done by then), then
-        sleep between polls, 10 us growing to 1 ms. Past ``timeout_s`` mark the runner stuck (keeping the memory the
-        kernel uses alive: OpenCL cannot stop it) and raise ``TimeoutError``."""
-        start = time.monotonic()
-        spin_until, deadline = start + SPIN_S, start + timeout_s
-        delay = 1e-5
-        while True:
-            status = event.command_execution_status
-            if status == self.cl.command_execution_status.COMPLETE:
-                return
-            if status < 0:
-                raise RuntimeError(f"OpenCL failed to run {what}: execution status {status}")
-            now = time.monotonic()
-            if now > deadline:
-                self._stuck = what
-                self._stuck_refs.append(keep)
-                raise WaitTimeoutError(f"{what} did not finish within {timeout_s} s")
-            if now > spin_until:
-                time.sleep(delay)
-                delay = min(delay * 2, 1e-3)
+    def _wait(self, event: Any, timeout_s: float, in_flight: list[tuple[Launch, Any]]) -> None:
+        """Wait for ``event`` (the batch's last command) through the ``EventWaiter``: no polling. Past ``timeout_s``
+        mark the runner stuck (keeping the memory the kernels use alive: OpenCL cannot stop them) and raise
+        ``WaitTimeoutError`` naming the first launch of the batch that has not completed."""
+        try:
+            done = self._waiter.wait(event, timeout_s)
+        except self.cl.Error as e:
+            raise RuntimeError(f"OpenCL failed to run {in_flight[0][0].what} (or a launch after it): {e}") from None
+        if done:
+            return
+        what = next((launch.what for launch, ev in in_flight if not _completed(self.cl, ev)), in_flight[-1][0].what)
+        self._stuck = what
+        self._stuck_refs.append((in_flight, list(self._buffers.values())))
+        raise WaitTimeoutError(f"{what} did not finish within {timeout_s} s")
+
+    def running(self) -> int | None:
+        """The position in the batch enqueued now of its first launch not completed (None: no batch runs)."""
+        in_flight = self.in_flight
+        for k, (_, ev) in enumerate(in_flight):
+            if not _completed(self.cl, ev):
+                return k
+        return None
+
+
+def _completed(cl: Any, event: Any) -> bool:
+    try:
+        return bool(event.command_execution_status == cl.command_execution_status.COMPLETE)
+    except cl.Error:
+        return True  # failed: not running
 
 
 class _Held:
@@ -393,20 +474,7 @@ def select_device(cl: Any, which: str | int | None = None) -> Any:
     raise NoDeviceError(f"no OpenCL device matches {which!r}: the devices present are {present}")
 
 
-class _DeviceBuffer:
-    """One storage array's OpenCL buffer: ``in_place`` (a ``USE_HOST_PTR`` buffer the device works in directly),
-    ``current`` (its bytes are the host's: copied in, or in place, since the last sync), ``dirty`` (a kernel may
-    have written it since), ``used`` (the runner's generation, its sync count, at the last use)."""
-
-    __slots__ = ("buf", "storage", "in_place", "current", "dirty", "used")
-
-    def __init__(self, buf: Any, storage: np.ndarray, in_place: bool) -> None:
-        self.buf, self.storage, self.in_place = buf, storage, in_place
-        self.current = self.dirty = False
-        self.used = 0
-
-
-def _storage_key(storage: np.ndarray, known: dict[int, _DeviceBuffer]) -> int:
+def _storage_key(storage: np.ndarray, known: dict[int, DeviceBuffer]) -> int:
     """The key of the OpenCL buffer for ``storage``: arrays over the same memory share one (views alias as in
     Metal); ``ValueError`` for two storages that overlap without being the same memory."""
     addr = _address(storage)

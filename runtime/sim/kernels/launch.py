@@ -1,0 +1,103 @@
+"""A dispatch prepared once for the runner's OpenCL device (``Launch``), the fault records of a batch of launches
+(``FaultRecords``) and the device copy of one storage array (``DeviceBuffer``).
+
+A ``Launch`` is what ``CompiledKernel.prepare`` makes after checking a dispatch's bindings and sizes: the OpenCL
+kernel arguments (the device buffers, the argument block, the SIMD-group scratch) and sizes, ready to enqueue. The
+simulated GPU keeps one per ICB command (``objects.ICBSlot``) and reuses it every submit; ``KernelRunner.run_batch``
+enqueues a batch of them at once and waits once. Each launch of a batch writes its own fault record (a slot of
+``FaultRecords``), so the dispatch that faulted is known after the one wait.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mtlir.runtime.sim.msl.guard.bound import FAULT_WORDS, SCRATCH_BYTES
+
+if TYPE_CHECKING:
+    from mtlir.runtime.sim.kernels.compiled import CompiledKernel, View
+
+__all__ = ["Launch", "FaultRecords", "DeviceBuffer", "MAX_BATCH", "RECORD_BYTES"]
+
+MAX_BATCH = 64  # launches enqueued before one wait: each has its own fault record and scratch (64 KiB + 64 bytes)
+RECORD_BYTES = FAULT_WORDS * 4  # the fault record's words before the scratch area (``guard.bound``)
+
+
+class DeviceBuffer:
+    """One storage array's OpenCL buffer: ``in_place`` (a ``USE_HOST_PTR`` buffer the device works in directly),
+    ``current`` (its bytes are the host's: copied in, or in place, since the last sync), ``dirty`` (a kernel may
+    have written it since), ``used`` (the runner's sync count at its last use). ``buf`` is None once the runner
+    dropped it (unused for a while): a launch that still holds it asks for a new one."""
+
+    __slots__ = ("buf", "storage", "in_place", "current", "dirty", "used")
+
+    def __init__(self, buf: Any, storage: np.ndarray, in_place: bool) -> None:
+        self.buf: Any = buf
+        self.storage, self.in_place = storage, in_place
+        self.current = self.dirty = False
+        self.used = 0
+
+
+class Launch:
+    """One dispatch ready to enqueue: ``ck`` (the kernel), ``views`` and ``bindings`` (as checked: the fault record
+    names the parameter through them), ``global_size`` and ``local_size`` (OpenCL's, threads), ``uses`` (per
+    binding its ``DeviceBuffer`` and whether the kernel may write it), ``args`` (the OpenCL arguments, the fault
+    record last but the SIMD scratch), ``kernel`` (its own OpenCL kernel object with ``args`` set, for a launch
+    kept and reused, else the compiled kernel's shared one, whose arguments are set at every enqueue) and
+    ``record`` (the fault record slot its arguments name now; -1: none yet)."""
+
+    __slots__ = ("ck", "views", "bindings", "global_size", "local_size", "uses", "args", "kernel", "own", "record",
+                 "fault_arg")
+
+    def __init__(self, ck: CompiledKernel, views: tuple[View, ...], bindings: dict[int, tuple[np.ndarray, int]],
+                 global_size: tuple[int, ...], local_size: tuple[int, int, int], uses: list[tuple[DeviceBuffer, bool]],
+                 args: list[Any], kernel: Any, own: bool) -> None:
+        self.ck, self.views, self.bindings = ck, views, bindings
+        self.global_size, self.local_size = global_size, local_size
+        self.uses, self.args, self.kernel, self.own = uses, args, kernel, own
+        self.fault_arg = len(ck.info.bindings) + 1  # after the buffers and the argument block
+        self.record = -1
+
+    @property
+    def what(self) -> str:
+        """The launch as errors name it: kernel, global size, threadgroup."""
+        return f"kernel {self.ck.function!r}, global size {self.global_size}, threadgroup {self.local_size}"
+
+
+class FaultRecords:
+    """``MAX_BATCH`` fault records, one per launch of a batch, each followed by its scratch area: one OpenCL buffer
+    of ``MAX_BATCH`` slots of ``stride`` bytes (a multiple of the device's ``mem_base_addr_align``) and a
+    sub-buffer per slot, the argument a launch gets. ``in_host_memory``: the buffer is the host array ``host``
+    itself (``USE_HOST_PTR``); otherwise ``read`` copies the records of a batch back in one rectangular copy."""
+
+    def __init__(self, cl: Any, context: Any, base_align: int, in_host_memory: bool) -> None:
+        self.cl = cl
+        self.stride = -(-(RECORD_BYTES + SCRATCH_BYTES) // base_align) * base_align
+        self.in_host_memory = in_host_memory
+        self.host = np.zeros(MAX_BATCH * self.stride, np.uint8)
+        flags = cl.mem_flags.READ_WRITE
+        if in_host_memory:
+            self.buf = cl.Buffer(context, flags | cl.mem_flags.USE_HOST_PTR, hostbuf=self.host)
+        else:
+            self.buf = cl.Buffer(context, flags | cl.mem_flags.COPY_HOST_PTR, hostbuf=self.host)
+        self.slots = [self.buf.get_sub_region(k * self.stride, self.stride) for k in range(MAX_BATCH)]
+        self.words = self.host.reshape(MAX_BATCH, self.stride)[:, :RECORD_BYTES].view(np.uint32)  # (slot, word)
+        self._copy = np.zeros((MAX_BATCH, RECORD_BYTES), np.uint8)  # the records read back (device copies)
+
+    def read(self, queue: Any, count: int) -> tuple[np.ndarray, Any]:
+        """The records of slots ``[0, count)`` as a ``(count, FAULT_WORDS)`` uint32 array, and the event to wait
+        for before reading it (None: in host memory, current once the kernels completed)."""
+        if self.in_host_memory:
+            return self.words[:count], None
+        out = self._copy[:count]
+        event = self.cl.enqueue_copy(queue, out, self.buf, buffer_origin=(0, 0), host_origin=(0, 0),
+                                     region=(RECORD_BYTES, count), buffer_pitches=(self.stride,),
+                                     host_pitches=(RECORD_BYTES,), is_blocking=False)
+        return out.view(np.uint32), event
+
+    def clear(self, queue: Any, slot: int, words: np.ndarray) -> None:
+        """Zero the record of ``slot`` after a fault (``words``: the record as ``read`` gave it)."""
+        words[:4] = 0
+        if not self.in_host_memory:
+            self.cl.enqueue_copy(queue, self.slots[slot], np.zeros(RECORD_BYTES, np.uint8), is_blocking=True)
