@@ -1,0 +1,151 @@
+"""The simulated GPU's batched kernel path with real kernels: an ICB range enqueued in batches with one wait each,
+launches prepared once per ICB command and reused while the ICB is unchanged, the fault of one dispatch of a batch
+named, a batch that does not finish timed out naming its kernel, and every trace matching through the simulated
+device when the runner copies buffers as on a discrete GPU."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mtlir.cli.lower import lower_trace
+from mtlir.frontend.trace import load_trace
+from mtlir.metal import MTL
+from mtlir.runtime.session import Session
+from mtlir.runtime.sim.device import SimDevice
+from mtlir.runtime.sim.kernels.launch import MAX_BATCH
+from mtlir.runtime.sim.kernels.runner import KernelRunner
+from simscene import Scene
+
+TRACES = Path(__file__).resolve().parents[4] / "examples" / "traces"
+HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
+MSL = HEAD + """
+kernel void fill(device float* out, uint3 lid [[thread_position_in_threadgroup]]) { out[lid.x] = 7.0f; }
+kernel void add1(device float* out, uint3 lid [[thread_position_in_threadgroup]]) { out[lid.x] += 1.0f; }
+kernel void copy(device float* out, device const float* src, uint3 lid [[thread_position_in_threadgroup]]) {
+  out[lid.x] = src[lid.x] * 2.0f;
+}
+kernel void over(device float* out, uint3 lid [[thread_position_in_threadgroup]]) { out[lid.x + 4] = 1.0f; }
+"""
+
+
+@pytest.fixture(scope="module")
+def runner() -> KernelRunner:
+    return KernelRunner()
+
+
+@pytest.fixture
+def scene(runner: KernelRunner) -> Iterator[Scene]:
+    s = Scene(strict=False, runner=runner, autorun=True)
+    s.lib = s.send(s.device, "newLibraryWithSource:options:error:", s.m.string(MSL), 0, s.err)
+    s.pipelines = {k: s.pipeline(k) for k in ("fill", "add1", "copy", "over")}
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _run(s: Scene, icb: int, count: int, *use: int) -> int:
+    cb = s.submit_icb(icb, 0, count, use=use)
+    s.send(cb, "waitUntilCompleted")
+    return cb
+
+
+def test_a_range_longer_than_a_batch_runs_whole_and_reuses_its_launches(scene: Scene, runner: KernelRunner,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    s, n = scene, MAX_BATCH + 6
+    out = s.buffer(16 * n)
+    icb = s.icb(n, max_bind=1)
+    for i in range(n):  # command i adds 1 to its own 4 floats, a view at byte 16 i
+        s.command(icb, i, "add1", [(out, 16 * i)], barrier=False)
+    prepared: list[Any] = []
+    real = KernelRunner.prepare
+
+    def counting(self: KernelRunner, *a: Any, **kw: Any) -> Any:
+        prepared.append(kw.get("keep"))
+        return real(self, *a, **kw)
+    monkeypatch.setattr(KernelRunner, "prepare", counting)
+    for round_ in (1, 2, 3):
+        cb = _run(s, icb, n, out)
+        assert s.status(cb) == MTL.StatusCompleted, s.error_text(cb)
+        assert s.floats(out)[:4 * n].tolist() == [float(round_)] * (4 * n)
+    assert prepared == [True] * n  # once per ICB command, at its first run: the later submits reuse them
+
+
+def test_a_command_the_cpu_changes_gets_a_new_launch(scene: Scene) -> None:
+    s = scene
+    a, b = s.buffer(16), s.buffer(16)
+    icb = s.icb(1, max_bind=2)
+    s.command(icb, 0, "fill", [(a, 0)])
+    _run(s, icb, 1, a, b)
+    s.command(icb, 0, "copy", [(b, 0), (a, 0)])  # another pipeline and other buffers
+    cb = _run(s, icb, 1, a, b)
+    assert s.status(cb) == MTL.StatusCompleted, s.error_text(cb)
+    assert s.floats(b)[:4].tolist() == [14.0] * 4
+
+
+def test_the_fault_of_one_dispatch_of_a_batch_names_that_dispatch(scene: Scene) -> None:
+    s = scene
+    ok, small = s.buffer(16), s.buffer(16)
+    icb = s.icb(3, max_bind=1)
+    s.command(icb, 0, "fill", [(ok, 0)], barrier=False)
+    s.command(icb, 1, "over", [(small, 0)], barrier=False)  # writes floats 4..7 of a 4-float buffer
+    s.command(icb, 2, "add1", [(ok, 0)], barrier=False)
+    cb = _run(s, icb, 3, ok, small)
+    assert s.status(cb) == MTL.StatusError and s.error_code(cb) == MTL.ErrorPageFault
+    text = s.error_text(cb)
+    assert "ICB command 1 of" in text and "kernel 'over' wrote 4 bytes out of bounds" in text, text
+    assert "ICB command 0 " not in text and "ICB command 2 " not in text
+    s.command(icb, 1, "fill", [(small, 0)], barrier=False)  # fixed: the records were cleared, the next run is clean
+    cb = _run(s, icb, 3, ok, small)
+    assert s.status(cb) == MTL.StatusCompleted, s.error_text(cb)
+
+
+def test_a_batch_that_does_not_finish_names_its_kernel() -> None:
+    spin = HEAD + """kernel void quick(device float* x) { x[3] = 1.0f; }
+    kernel void spin(device float* x, constant int& n) {
+      float acc = x[0];
+      for (int k = 0; k < n; k++) { acc = acc * 0.999999f + x[1]; }
+      x[2] = acc;
+    }"""
+    own = KernelRunner()
+    data, var = np.ones(16, np.uint8), np.zeros(4, np.uint8)
+    var.view(np.int32)[0] = 60_000_000
+    quick = own.compile(spin, "quick").prepare({0: (data, 0)}, (1, 1, 1), (1, 1, 1))
+    slow = own.compile(spin, "spin").prepare({0: (data, 0), 1: (var, 0)}, (1, 1, 1), (1, 1, 1))
+    assert quick is not None and slow is not None
+    own.run_batch([quick], timeout_s=30)  # built and warm
+    with pytest.raises(TimeoutError, match="kernel 'spin'.*did not finish within 0.05 s"):
+        own.run_batch([quick, slow], timeout_s=0.05)
+    with pytest.raises(RuntimeError, match="blocked by an earlier kernel that never finished"):
+        own.run_batch([quick], timeout_s=1)
+    own.queue.finish()  # let the spinning kernel end before the test does
+
+
+@pytest.fixture(scope="module")
+def copies() -> KernelRunner:
+    return KernelRunner(in_host_memory=False)
+
+
+@pytest.mark.parametrize("path", sorted(TRACES.glob("*.json")), ids=lambda p: p.name.removesuffix(".json"))
+def test_every_trace_matches_on_the_simulated_device_with_copies(copies: KernelRunner, path: Path) -> None:
+    """The copy path a discrete GPU takes (buffers on the device between kernels, copied at each command buffer's
+    start and end) through the whole simulated device, two submits each."""
+    trace = load_trace(path)
+    device = trace.device()
+    program = lower_trace(trace, device, "x86_64", keep_stages=False).program
+    dev = SimDevice("x86_64", family=device.family, residency_sets=device.residency_set, icb=device.icb,
+                    kernel_runner=copies)
+    try:
+        with Session(program, dev, initial=trace.initial_data(), timeout_s=60) as s:
+            for _ in range(2):
+                s.submit(**trace.values)
+            s.wait(timeout_s=60)
+            o = trace.output
+            got = np.frombuffer(s.read(o.placeholder, o.offset, o.nbytes), dtype=np.float32).reshape(o.shape)
+            np.testing.assert_allclose(got, o.expected_array(), rtol=1e-4, atol=1e-5)
+    finally:
+        dev.close()
