@@ -130,6 +130,9 @@ def concurrent_order(icb: ICB, first: int, count: int, seed: int | None = None) 
     return order
 
 
+_NOTHING: Any = object()  # a kept ICB command that runs nothing (a zero-size dispatch)
+
+
 def _reached(ev: SharedEvent, value: int) -> Callable[[], bool]:
     return lambda: ev.value >= value
 
@@ -498,20 +501,35 @@ class GPU:
             self._flush()
             self._run_alone(p, bindings, grid, threadgroup, what)
             return
-        launch: Launch | None
-        cached = slot[1].launch if slot is not None else None
-        if cached is not None and cached[0] == slot[0].version and cached[1] is p:  # type: ignore[index]
-            launch = cached[2]  # prepared at this command's first run, the ICB unchanged since
-        else:
-            try:
-                launch = prepare(bindings, grid, threadgroup, keep=slot is not None)
+        launch = self._kept(slot, p) if slot is not None else None
+        if launch is None:
+            old = slot[1].launch if slot is not None else None
+            try:  # a kept launch's OpenCL kernel object is reused when the command's pipeline stays
+                launch = prepare(bindings, grid, threadgroup, keep=slot is not None,
+                                 reuse=old[2] if old is not None and old[1] is p else None)
             except Exception as e:  # sizes or bindings the runner refuses fail the command buffer
                 self.last_exception = e
                 raise GPUFault(MTL.ErrorInternal, f"{what}: kernel {p.label} raised {type(e).__name__}: {e}") from e
             if slot is not None:
-                slot[1].launch = (slot[0].version, p, launch)
-        if launch is not None:
+                icb, s = slot
+                s.launch = (icb.version, p, launch, (s.grid, s.threadgroup, tuple(s.bindings.items())))
+        if launch is not None and launch is not _NOTHING:
             self._batch.append((launch, p, what))
+
+    @staticmethod
+    def _kept(slot: tuple[ICB, ICBSlot], p: Pipeline) -> Any:
+        """The launch kept for an ICB command (``ICBSlot.launch``), None when it must be prepared: kept while the
+        ICB's version stays, or while the command's content (sizes, bindings) is the same after the CPU rewrote
+        it (a submit that patches a command with the values it had)."""
+        icb, s = slot
+        kept = s.launch
+        if kept is None or kept[1] is not p:
+            return None
+        if kept[0] != icb.version:
+            if kept[3] != (s.grid, s.threadgroup, tuple(s.bindings.items())):
+                return None
+            s.launch = (icb.version, p, kept[2], kept[3])
+        return _NOTHING if kept[2] is None else kept[2]
 
     def _flush(self) -> None:
         """Run the batched dispatches: enqueued at once, one wait (``KernelRunner.run_batch``), the device lock

@@ -121,10 +121,11 @@ class CompiledKernel:
             raise fault[1]
 
     def prepare(self, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
-                threadgroup: tuple[int, int, int], *, keep: bool = False) -> Launch | None:
+                threadgroup: tuple[int, int, int], *, keep: bool = False, reuse: Launch | None = None) -> Launch | None:
         """Check a dispatch as ``run`` does and prepare it for the runner's ``run_batch`` (``launch.Launch``); None
         for a grid or threadgroup with a zero axis (nothing runs). ``keep``: the launch will be run again (its own
-        OpenCL kernel object, arguments set once). Raises what ``run`` raises before it launches."""
+        OpenCL kernel object, arguments set once; ``reuse``: a kept launch of this kernel that this one replaces,
+        whose kernel object it takes over). Raises what ``run`` raises before it launches."""
         views = self.views(bindings)
         grid, threadgroup = _size3(grid, "grid"), _size3(threadgroup, "threadgroup")
         if 0 in grid or 0 in threadgroup:
@@ -152,7 +153,7 @@ class CompiledKernel:
                              f"{global_size} ({total} threads) is more than the simulated device runs (below 2**32 "
                              f"threads per axis, as Metal addresses them, and at most 2**{limit} in all); a run-time "
                              "size that went below 1 and wrapped?")
-        return self._runner.prepare(self, views, bindings, global_size, threadgroup, keep=keep)
+        return self._runner.prepare(self, views, bindings, global_size, threadgroup, keep=keep, reuse=reuse)
 
 
 def _check_storage(storage: Any, where: str, writable: bool) -> None:

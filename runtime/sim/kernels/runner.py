@@ -72,6 +72,8 @@ class KernelRunner:
     and out as on a discrete GPU, whatever the device (``True`` where it does not is refused: ``ValueError``).
     Thread-safe: one lock serialises compiles and runs."""
 
+    checker: Any = None  # checked mode's hook (kernels/oclgrind.py ``checked_runs``): runs each launch checked
+
     def __init__(self, device: Any = None, *, cl: Any = None, in_host_memory: bool | None = None) -> None:
         if cl is None:
             cl = _import_pyopencl()
@@ -201,11 +203,13 @@ class KernelRunner:
         return got
 
     def prepare(self, ck: CompiledKernel, views: tuple[View, ...], bindings: dict[int, tuple[np.ndarray, int]],
-                global_size: tuple[int, ...], local_size: tuple[int, int, int], *, keep: bool = False) -> Launch:
+                global_size: tuple[int, ...], local_size: tuple[int, int, int], *, keep: bool = False,
+                reuse: Launch | None = None) -> Launch:
         """A ``Launch`` of ``ck`` for bindings and sizes that ``CompiledKernel.prepare`` checked: the device buffers
         (made once per storage array), the argument block, the SIMD scratch. ``keep``: the launch will be reused
         (the simulated GPU keeps one per ICB command): it gets an OpenCL kernel object of its own with its arguments
-        set once; otherwise it shares the compiled kernel's, its arguments set at every enqueue."""
+        set once; otherwise it shares the compiled kernel's, its arguments set at every enqueue. ``reuse``: a kept
+        launch of ``ck`` this one replaces (no longer run), whose kernel object it takes over."""
         cl = self.cl
         with self._lock:
             # The argument block (msl.ParamBinding): per binding its offset from the base pointer, the bytes of the
@@ -225,7 +229,10 @@ class KernelRunner:
                 args += [self._block(block), self._records.slots[0]]
                 if ck.info.simd:  # the threadgroup scratch SIMD-group lanes exchange values through (msl.simd)
                     args.append(cl.LocalMemory(scratch_bytes(local_size[0] * local_size[1] * local_size[2])))
-                kernel = cl.Kernel(ck._program, ck.function) if keep else ck._kernel
+                if keep and reuse is not None and reuse.own and reuse.ck is ck:
+                    kernel = reuse.kernel  # the launch it replaces is dropped: its kernel object is free
+                else:  # a new kernel object costs pyopencl ~200 us (it looks up its argument setter)
+                    kernel = cl.Kernel(ck._program, ck.function) if keep else ck._kernel
                 launch = Launch(ck, views, bindings, global_size, local_size, uses, args, kernel, keep)
                 if keep:
                     kernel.set_args(*args)
@@ -245,6 +252,8 @@ class KernelRunner:
         Raises ``TimeoutError`` (``WaitTimeoutError``) when a batch has not finished after ``timeout_s`` seconds,
         naming the first launch not finished (the runner then refuses further work: OpenCL cannot stop a
         kernel); ``RuntimeError`` when OpenCL refuses or fails a launch."""
+        if self.checker is not None and launches:  # checked mode: kernels/oclgrind.py checks each launch first
+            return self.checker(self, launches, timeout_s, keep)  # type: ignore[no-any-return]
         with self._lock:
             if self._stuck is not None:
                 raise RuntimeError(f"the OpenCL queue is blocked by an earlier kernel that never finished "
@@ -262,10 +271,9 @@ class KernelRunner:
                timeout_s: float) -> tuple[int, KernelAccessError] | None:
         cl, queue, records = self.cl, self.queue, self._records
         in_flight: list[tuple[Launch, Any]] = []
-        what = launches[0].what
+        launch = launches[0]
         try:
             for k, launch in enumerate(launches):
-                what = launch.what
                 if launch.uses and any(e.buf is None for e, _ in launch.uses):
                     self._rebind(launch)
                 for e, writable in launch.uses:
@@ -287,7 +295,7 @@ class KernelRunner:
             words, last = records.read(queue, len(launches))
             queue.flush()
         except cl.Error as e:
-            raise RuntimeError(f"OpenCL refused to run {what}: {e}") from None
+            raise RuntimeError(f"OpenCL refused to run {launch.what}: {e}") from None
         self.in_flight = in_flight
         try:
             self._wait(in_flight[-1][1] if last is None else last, timeout_s, in_flight)
