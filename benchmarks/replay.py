@@ -77,10 +77,12 @@ class Capture:
         return self.inner.sel_registerName(name)
 
 
-def handwritten(bridge: MetalBridge, run: list[tuple[Any, ...]], other: list[tuple[Any, ...]]) -> Callable[[], Any]:
+def handwritten(bridge: MetalBridge, run: list[tuple[Any, ...]], other: list[tuple[Any, ...]],
+                variables: tuple[str, ...] = ()) -> Callable[..., Any]:
     """The calls of ``run`` (a ``Capture``'s list) as a straight-line function of bare ctypes calls (module
-    docstring); ``other``: the same Program's calls with other variable values (an MTLSize that differs between
-    the two is built at its call). Raises ``ValueError`` when the two runs do not send the same calls."""
+    docstring), taking ``variables`` by keyword as an executor's ``run`` does (the values themselves are the
+    captured literals); ``other``: the same Program's calls with other variable values (an MTLSize that differs
+    between the two is built at its call). Raises ``ValueError`` when the two runs do not send the same calls."""
     if [c[0] for c in run] != [c[0] for c in other]:
         raise ValueError("the two captured submits differ in their calls")
     ns: dict[str, Any] = {"S": MTLSizeStruct}
@@ -99,7 +101,7 @@ def handwritten(bridge: MetalBridge, run: list[tuple[Any, ...]], other: list[tup
             return results[v]
         return repr(v)
 
-    lines = ["def submit():"]
+    lines = [f"def submit({', '.join(f'{v}=None' for v in variables)}):"]
     for i, (a, b) in enumerate(zip(run, other)):
         kind = a[0]
         if kind in ("msg", "c"):
@@ -159,8 +161,8 @@ def replay_figures(quick: bool = False) -> dict[str, Any]:
             cap = Capture(bridge)
             CompiledReplay(program, cap, regs).run(**vals)  # type: ignore[arg-type]
             caps.append(cap.calls)
-        hand = handwritten(bridge, caps[0], caps[1])
-        t = interleaved({"hand-written": hand, "interpreter": lambda: interp.run(**values),
+        hand = handwritten(bridge, caps[0], caps[1], tuple(program.variables))
+        t = interleaved({"hand-written": lambda: hand(**values), "interpreter": lambda: interp.run(**values),
                          "compiled": lambda: compiled.run(**values)}, n)
         cases[f"{trace} {'icb' if icb else 'direct'}"] = {
             "messages": sum(1 for c in caps[0] if c[0] == "msg"), "calls": len(caps[0]),

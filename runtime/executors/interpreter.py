@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import operator
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -27,6 +28,8 @@ from mtlir.program.instructions import (INSTRUCTIONS, Alu, Bitcast, Call, Cast, 
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.errors import ArgumentError, LinkError, MtlirError
+from mtlir.runtime.executors.native import NativeCalls, fits, value_bounds
+from mtlir.runtime.metal.marshal import ret_kind
 
 __all__ = ["Executor", "Interpreter", "prepare_registers", "ProgramError", "format_instr", "alu_fn", "cast_fn",
            "bitcast_fn", "float_rounder", "check_program", "bind_variables"]
@@ -301,8 +304,14 @@ _OTHERS = 8  # executors kept for run(program, ...) of another Program
 #   _MSG proto, args | _CALL fn, proto, args | _STORE dtype, addr, value | _LOAD dtype, addr |
 #   _INDEX itemsize, base, index | _ALU fn, srcs | _STRUCT fields | _GEP field, src | _CAST fn, src |
 #   _RANGE bound, end_pc | _END counter, range_pc, bound
-# kinds in the order the loop tests them
-_CALL, _MSG, _STORE, _LOAD, _INDEX, _ALU, _STRUCT, _GEP, _CAST, _RANGE, _END = range(11)
+#   _NATIVE fn, getter, result kind: a message as a bare ctypes call (a native MetalBridge, every value proven
+#   to fit: mtlir.runtime.executors.native), its arguments ``getter(regs)`` (constants converted once, kept in
+#   registers past nregs), the result converted as msg_send does (_PLAIN, _PTR, _BOOL) |
+#   _CELL cell, value: a store at a constant host address through a ctypes cell (same conditions)
+_CALL, _MSG, _STORE, _LOAD, _INDEX, _ALU, _STRUCT, _GEP, _CAST, _RANGE, _END, _NATIVE, _CELL = range(13)
+_PLAIN, _PTR, _BOOL = range(3)
+_RESULT_KINDS = {"void": _PLAIN, "plain": _PLAIN, "ptr": _PTR, "bool": _BOOL}
+_UNSET = object()
 
 
 class Interpreter(Executor):
@@ -313,12 +322,54 @@ class Interpreter(Executor):
     def __init__(self, program: Program, bridge: Bridge, registers: Sequence[Any] | None = None, *,
                  results: Sequence[int] = ()) -> None:
         super().__init__(program, bridge, registers, results=results)
+        self.native = NativeCalls.of(bridge)
+        self.bounds, self.fields = (value_bounds(program, {r: self.registers[r] for r in self.static})
+                                    if self.native is not None else ({}, {}))
+        self._constants: list[Any] = []  # converted constants of _NATIVE calls: registers nregs, nregs + 1, ...
         self.code = [self._decode(pc, ins) for pc, ins in enumerate(program.instrs)]
+        self.registers += self._constants
+        self._vars = tuple((name, r, lo, hi) for name, (r, lo, hi) in program.variables.items())
+
+    def _native(self, ins: Instr) -> tuple[Any, ...] | None:
+        """A ``_NATIVE`` or ``_CELL`` form of a message or a store where ``NativeCalls`` allows it, else None."""
+        native = self.native
+        if native is None:
+            return None
+        if type(ins) is Store:
+            addr, value = self.registers[ins.addr] if ins.addr in self.static else None, ins.value
+            if addr is None or value in self.static or not fits(self.bounds.get(value), ins.dtype):
+                return None
+            cell = native.cell(addr, ins.dtype)
+            return None if cell is None else (_CELL, -1, cell, value)
+        if type(ins) is not Call or ins.fn != "objc_msgSend" or len(ins.args) != len(ins.proto.args):
+            return None
+        fn = native.function(ins.proto)
+        if fn is None:
+            return None
+        slots = []
+        for dt, a in zip(ins.proto.args, ins.args):
+            if a in self.static:
+                ok, v = native.constant(dt, self.registers[a])
+                if not ok:
+                    return None
+                if type(v) is int and v == self.registers[a] and type(self.registers[a]) is int:
+                    slots.append(a)
+                else:
+                    slots.append(self.program.nregs + len(self._constants))
+                    self._constants.append(v)
+            elif fits(self.bounds.get(a), dt):
+                slots.append(a)
+            else:
+                return None
+        return (_NATIVE, ins.dst, fn, operator.itemgetter(*slots), _RESULT_KINDS[ret_kind(ins.proto.ret)])
 
     def _decode(self, pc: int, ins: Instr) -> tuple[Any, ...]:
         """Instruction ``pc`` in the loop's own form (``_CALL`` ... ``_END`` above): ALU ops and casts become their
         functions, a CALL of ``objc_msgSend`` a ``_MSG``, an END carries its RANGE's bound register."""
         try:
+            direct = self._native(ins)
+            if direct is not None:
+                return direct
             match ins:
                 case Call(dst=dst, fn="objc_msgSend", proto=proto, args=args):
                     return (_MSG, dst, proto, tuple(args))
@@ -355,8 +406,17 @@ class Interpreter(Executor):
         if program is not None and program is not self.program:
             return self._other(program).run(**values)
         program, regs, code = self.program, self.registers, self.code
-        for (r, _, _), v in zip(program.variables.values(), bind_variables(program, values)):
-            regs[r] = v
+        bound = len(values) == len(self._vars)
+        if bound:  # plain ints in bounds, by name: no conversion needed
+            for name, r, lo, hi in self._vars:
+                v = values.get(name, _UNSET)
+                if type(v) is not int or not lo <= v <= hi:
+                    bound = False
+                    break
+                regs[r] = v
+        if not bound:  # anything else: converted, or refused with the error naming the variable
+            for (r, _, _), v in zip(program.variables.values(), bind_variables(program, values)):
+                regs[r] = v
         b = self.bridge
         msg_send, c_call, load, store = b.msg_send, b.c_call, b.load, b.store
         pc, n = 0, len(code)
@@ -364,7 +424,14 @@ class Interpreter(Executor):
             while pc < n:
                 ins = code[pc]
                 k = ins[0]
-                if k == _MSG:
+                if k == _NATIVE:
+                    v = ins[2](*ins[3](regs))
+                    if ins[1] >= 0:
+                        kind = ins[4]
+                        regs[ins[1]] = v if kind == _PLAIN else (v or 0) if kind == _PTR else (1 if v & 255 else 0)
+                elif k == _CELL:
+                    ins[2].value = regs[ins[3]]
+                elif k == _MSG:
                     v = msg_send(ins[2], tuple([regs[a] for a in ins[3]]))
                     if ins[1] >= 0:
                         regs[ins[1]] = v

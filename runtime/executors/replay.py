@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from mtlir.ir.dtypes import DType
+from mtlir.ir.dtypes import DType, dtypes
 from mtlir.ir.evaluate import c_idiv, c_mod
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.program.instructions import Alu, Bitcast, Call, Cast, End, Gep, Index, Instr, Load, Range, Store, Struct
@@ -31,6 +31,8 @@ from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.executors.interpreter import (Executor, Interpreter, ProgramError, alu_fn, bind_variables,
                                                  bitcast_fn, cast_fn, float_rounder, format_instr)
+from mtlir.runtime.executors.native import RETURNS, NativeCalls, fits, value_bounds
+from mtlir.runtime.metal.marshal import MTLSizeStruct, ret_kind
 
 __all__ = ["CompiledReplay", "EXECUTORS", "make_executor"]
 
@@ -45,7 +47,7 @@ _EXPR = {
 
 
 _MISSING = object()
-_RESERVED = re.compile(r"[rPDWFCK]\d+|msg_send|c_call|load|store|idiv|cmod|max|min|range|bool|type|int|replay|make")
+_RESERVED = re.compile(r"[rPDWFCKVSNM]\d+|msg_send|c_call|load|store|idiv|cmod|max|min|range|bool|type|int|replay|make|_program|_slow|_note|_extra|_M|e")
 
 
 class CompiledReplay(Executor):
@@ -67,7 +69,8 @@ class CompiledReplay(Executor):
         self._keywords = all(n.isidentifier() and not keyword.iskeyword(n) and not _RESERVED.fullmatch(n)
                              for n in program.variables)
         self.namespace["_M"] = _MISSING
-        self.namespace["_rebind"] = self._rebind
+        self.namespace["_slow"] = self._slow
+        self.namespace["_note"] = self._note
         self.known: dict[int, Any] = {}  # registers folded at generation time: pure ops of static operands
         self.ints: set[int] = {r for r, _, _ in program.variables.values()}  # registers that hold a Python int
         self.ints |= {r for r in self.static if type(self.registers[r]) is int}
@@ -75,6 +78,9 @@ class CompiledReplay(Executor):
         for ins in program.instrs:
             if ins.dst >= 0:
                 self.writes[ins.dst] = self.writes.get(ins.dst, 0) + 1
+        self.native = NativeCalls.of(bridge)
+        self.bounds, self.fields = (value_bounds(program, {r: self.registers[r] for r in self.static})
+                                    if self.native is not None else ({}, {}))
         self.source = self._generate()
         CompiledReplay._count += 1
         filename = f"<mtlir compiled replay {CompiledReplay._count}>"
@@ -83,6 +89,8 @@ class CompiledReplay(Executor):
         self._filename = filename
         b = bridge
         self._replay: Callable[..., tuple[Any, ...]] = self.namespace["make"](b.msg_send, b.c_call, b.load, b.store)
+        if self._keywords:  # the generated function takes run's arguments itself: run(program=None, /, **values)
+            setattr(self, "run", self._replay)
 
     def _const(self, prefix: str, value: Any, key: Any = None) -> str:
         """A global name of the generated code holding ``value`` (one name per distinct ``key``, or value)."""
@@ -182,18 +190,20 @@ class CompiledReplay(Executor):
     def _generate(self) -> str:
         program = self.program
         names = list(program.variables)
-        if self._keywords:  # bind by keyword, types and bounds checked inline; anything unusual -> bind_variables
-            params = ", ".join(f"{n}=_M" for n in names)
-            out = [f"def replay({params}{', ' if params else ''}**_extra):"]
+        if self._keywords:  # bind by keyword, types and bounds checked inline; anything unusual -> _slow
+            params = "".join(f", {n}=_M" for n in names)
+            out = [f"def replay(_program=None, /{params}, **_extra):"]
             checks = " or ".join(f"type({n}) is not int or not {lo} <= {n} <= {hi}"
                                  for n, (_, lo, hi) in program.variables.items())
-            call = ", ".join(f"{n}={n}" for n in names)
-            out.append(f"    if _extra{' or ' + checks if checks else ''}:")
-            out.append(f"        return _rebind({call}{', ' if call else ''}**_extra)")
+            call = "".join(f", {n}={n}" for n in names)
+            out.append(f"    if _program is not None or _extra{' or ' + checks if checks else ''}:")
+            out.append(f"        return _slow(_program{call}, **_extra)")
             out += [f"    r{r} = {n}" for n, (r, _, _) in program.variables.items()]
+            out.append("    try:")  # free in Python 3.11 while nothing raises
+            depth = 2
         else:
             out = [f"def replay({', '.join(f'r{r}' for r, _, _ in program.variables.values())}):"]
-        depth = 1
+            depth = 1
         empty_body = False
         for pc, ins in enumerate(program.instrs):
             dst = ins.dst
@@ -216,6 +226,10 @@ class CompiledReplay(Executor):
                     depth += 1
                     empty_body = True
                     continue
+                case Call(fn="objc_msgSend", proto=proto, args=args) if self._direct(proto, args) is not None:
+                    line = lhs + self._direct(proto, args, dst >= 0)  # type: ignore[operator]
+                case Store(dtype=dtype, addr=addr, value=value) if self._cell(dtype, addr, value) is not None:
+                    line = f"{self._cell(dtype, addr, value)}.value = {self._ref(value)}"
                 case Call(fn=fn, proto=proto, args=args):
                     refs = [self._ref(a) for a in args]
                     tup = f"({', '.join(refs)}{',' if len(refs) == 1 else ''})"
@@ -243,6 +257,8 @@ class CompiledReplay(Executor):
             out.append(pad + line)
             self.lines[len(out)] = pc
             empty_body = False
+        if self._keywords:
+            out += ["        pass", "    except Exception as e:", "        _note(e)", "        raise"]
         ret = ", ".join(self._ref(r) for r in self.results)
         out.append(f"    return ({ret}{',' if len(self.results) == 1 else ''})")
         head = ["def make(msg_send, c_call, load, store):"]
@@ -250,30 +266,87 @@ class CompiledReplay(Executor):
         self.lines = {line + 1: pc for line, pc in self.lines.items()}  # the head line comes first
         return "\n".join(head + body) + "\n"
 
-    def _rebind(self, **values: Any) -> tuple[Any, ...]:
-        """The slow path of a keyword-bound replay: a value that is not a plain int in bounds, or an unknown name.
-        ``bind_variables`` raises the error naming the variable, or converts (e.g. numpy integers) and the run
-        goes on."""
-        vals = bind_variables(self.program, {k: v for k, v in values.items() if v is not _MISSING})
+    def _direct(self, proto: Any, args: tuple[int, ...], result: bool = False) -> str | None:
+        """A message as a bare ctypes call on a native MetalBridge (``mtlir.runtime.executors.native``): each
+        constant argument checked and converted now, each computed one proven to fit; None when one cannot be
+        (the message then goes through ``msg_send``, which checks it). ``result``: convert the raw result as
+        ``msg_send`` does."""
+        if self.native is None or len(args) != len(proto.args):
+            return None
+        fn = self.native.function(proto)
+        if fn is None:
+            return None
+        refs = []
+        for dt, a in zip(proto.args, args):
+            if self._fixed(a):
+                ok, v = NativeCalls.constant(dt, self._fixed_value(a))
+                if not ok:
+                    return None
+                if type(v) is int:
+                    refs.append(_INT_FMT.format(v))
+                elif type(v) is float and math.isfinite(v):
+                    refs.append(repr(v))
+                else:
+                    refs.append(self._const("V", v, key=(id(dt), repr(self._fixed_value(a)))))
+            elif dt is dtypes.MTLSize:
+                f = self.fields.get(a)
+                if f is None or len(f) != 3 or not all(fits(b, dtypes.uint64) for b in f):
+                    return None
+                refs.append(f"{self._const('S', MTLSizeStruct)}(*r{a})")
+            elif fits(self.bounds.get(a), dt):
+                refs.append(f"r{a}")
+            else:
+                return None
+        call = f"{self._const('N', fn, key=('fn', id(fn)))}({', '.join(refs)})"
+        return RETURNS[ret_kind(proto.ret)].format(call) if result else call
+
+    def _cell(self, dtype: DType, addr: int, value: int) -> str | None:
+        """A store at a constant host address of a value that fits, as a ctypes cell's assignment (the name of
+        the cell), on a native MetalBridge; None otherwise (``store`` checks it)."""
+        if self.native is None or not self._fixed(addr):
+            return None
+        if self._fixed(value):
+            ok, _ = NativeCalls.constant(dtype, self._fixed_value(value))
+            if not ok or type(self._fixed_value(value)) is not int:
+                return None
+        elif not fits(self.bounds.get(value), dtype):
+            return None
+        cell = NativeCalls.cell(self._fixed_value(addr), dtype)
+        return None if cell is None else self._const("M", cell, key=("cell", self._fixed_value(addr), dtype))
+
+    def _slow(self, program: Program | None, /, **values: Any) -> tuple[Any, ...]:
+        """The slow path of a keyword-bound replay: another Program named (``Executor``), a value that is not a
+        plain int in bounds, or an unknown name. ``bind_variables`` raises the error naming the variable, or
+        converts (e.g. numpy integers) and the run goes on."""
+        values = {k: v for k, v in values.items() if v is not _MISSING}
+        if program is not None and program is not self.program:
+            return self._other(program).run(**values)
+        vals = bind_variables(self.program, values)
         return self._replay(**dict(zip(self.program.variables, vals)))
+
+    def _note(self, e: BaseException) -> None:
+        """Add to ``e`` a note naming the instruction of the generated line it came from (none for a deferred
+        device error: GPU work before, not this call)."""
+        tb, pc = e.__traceback__, None
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == self._filename:
+                pc = self.lines.get(tb.tb_lineno)
+            tb = tb.tb_next
+        if pc is not None and not getattr(e, "deferred", False):
+            e.add_note(f"while running instruction {format_instr(self.program, pc)} ({self.name})")
 
     def run(self, program: Program | None = None, /, **values: Any) -> tuple[Any, ...]:
         """Execute the Program once through the generated function; same contract as ``Interpreter.run``
-        (``program``: see ``Executor``)."""
+        (``program``: see ``Executor``). Where the variables bind by keyword, ``run`` is the generated function
+        itself (set per instance at construction: one Python call less per submit)."""
         if program is not None and program is not self.program:
             return self._other(program).run(**values)
+        if self._keywords:
+            return self._replay(**values)
         try:
-            if self._keywords:
-                return self._replay(**values)
             return self._replay(*bind_variables(self.program, values))
         except Exception as e:
-            tb, pc = e.__traceback__, None
-            while tb is not None:
-                if tb.tb_frame.f_code.co_filename == self._filename:
-                    pc = self.lines.get(tb.tb_lineno)
-                tb = tb.tb_next
-            if pc is not None and not getattr(e, "deferred", False):  # deferred: GPU work before, not this call
-                e.add_note(f"while running instruction {format_instr(self.program, pc)} ({self.name})")
+            self._note(e)
             raise
 
 
