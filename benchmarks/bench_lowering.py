@@ -27,7 +27,7 @@ from mtlir.program.instructions import Call, End, Range
 from mtlir.program.program import Program
 from mtlir.frontend.nodes import buffer, timeline_value, view
 from mtlir.frontend.queue import Queue
-from mtlir.ir.uop import UOp
+from mtlir.ir.uop import UOp, gc_paused
 
 KERNELS = [Kernel(f"k{i}", f"k{i}", "", (KernelParam(None, 0), KernelParam(None, 1), KernelParam(None, 2),
                                         KernelParam("n", 3, "int32"))) for i in range(8)]
@@ -40,14 +40,15 @@ def build(ncmds: int, device: DeviceSpec, timestamps: bool = False, signal_every
     timestamp after every command (a profiled submit); ``signal_every``: a signal after every that many commands
     (a command buffer each)."""
     q = Queue(device)
-    for i in range(ncmds):
-        out = view(BUFFERS[i % 16], 256 * (i // 16 % 100_000), 4096)
-        q.exec(KERNELS[i % 8], [out, BUFFERS[(i + 1) % 16], BUFFERS[(i + 5) % 16]], [N if i % 4 else 3],
-               grid=(1 + i % 7, 2), threadgroup=(32,))
-        if timestamps:
-            q.timestamp(i)
-        if signal_every and (i + 1) % signal_every == 0 and i + 1 < ncmds:
-            q.signal(q.timeline, i + 1)
+    with gc_paused():  # as docs/lowering.md advises for a large queue built in a loop
+        for i in range(ncmds):
+            out = view(BUFFERS[i % 16], 256 * (i // 16 % 100_000), 4096)
+            q.exec(KERNELS[i % 8], [out, BUFFERS[(i + 1) % 16], BUFFERS[(i + 5) % 16]], [N if i % 4 else 3],
+                   grid=(1 + i % 7, 2), threadgroup=(32,))
+            if timestamps:
+                q.timestamp(i)
+            if signal_every and (i + 1) % signal_every == 0 and i + 1 < ncmds:
+                q.signal(q.timeline, i + 1)
     q.signal(q.timeline, timeline_value())
     return q.submit()
 

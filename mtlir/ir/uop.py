@@ -30,6 +30,7 @@ __all__ = ["UOp", "argkey", "live_nodes", "gc_paused"]
 # arg types keyed as (type, value): Python's == already tells their values apart and they hash deterministically
 _ATOMS = frozenset({str, int, bool, type(None), bytes, Ops})
 _NONE_KEY = (type(None), None)
+_INTS = "tuple of ints"  # the key's tag of a plain tuple whose every element is an int (no bool, no float)
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # dataclass type -> its field names (dataclasses.fields is slow)
 
 
@@ -47,6 +48,8 @@ def argkey(arg: Any) -> Any:
     if t is float:
         return (float, "nan") if arg != arg else (float, struct.pack("<d", arg))
     if t is tuple or (isinstance(arg, tuple) and hasattr(t, "_fields")):  # tuples and NamedTuples
+        if t is tuple and all([type(a) is int for a in arg]):  # (offset, nbytes) and the like: ints key as is
+            return (_INTS, arg)
         return (t, tuple([argkey(a) for a in arg]))
     if isinstance(arg, (Enum, DType)):
         return (t, arg)
@@ -173,7 +176,14 @@ class UOp(_Slots):
             raise TypeError(f"UOp({op!r}, {dtype!r}): {e}") from None
         if ref is not None and (found := ref()) is not None:
             return found
-        rank = _check_fields(op, dtype, src)
+        rank = 0
+        for s in src:  # the common case inline; _check_fields says what is wrong
+            if type(s) is not UOp:
+                rank = _check_fields(op, dtype, src)
+            elif s._rank >= rank:
+                rank = s._rank + 1
+        if type(op) is not Ops or not isinstance(dtype, DType):
+            _check_fields(op, dtype, src)
         new = object.__new__(_Filling)
         new.op, new.dtype, new.src, new.arg, new.tag, new._key, new._rank = op, dtype, src, arg, tag, key, rank
         new.__class__ = UOp  # type: ignore[assignment]

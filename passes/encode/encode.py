@@ -323,5 +323,7 @@ class Encode(Pass):
         the direct path) go to ``ctx``. Raises ``EncodeError`` naming the command."""
         if _several_queues(graph):
             return encode_queues(_EncodeCtx(self.max_range, ctx), graph.src)
+        if graph.op is Ops.SUBMIT:  # the usual root: no walk over the queue graph's nodes to find it
+            return encode_submit(_EncodeCtx(self.max_range, ctx), graph)
         return graph_rewrite(graph, ENCODE, ctx=_EncodeCtx(self.max_range, ctx), name="encode",
                              results_final=True)
