@@ -229,7 +229,8 @@ class _Reader:
         self.check(obj, path or "(top level)", dict)
         for key in obj:
             if key not in allowed:
-                where = f"{path}.{key}" if path else str(key)
+                name = str(key) or "''"  # an empty key still names a field
+                where = f"{path}.{name}" if path else name
                 raise self.fail(where, f"unknown field {key!r}: the trace format (docs/lowering.md, \"Traces\") has "
                                        f"{', '.join(sorted(allowed))} here")
 
@@ -279,9 +280,11 @@ def load_trace(path: str | Path) -> Trace:
     Raises ``TraceError`` (naming the field and the dispatch index) for a malformed trace and ``OSError`` when the
     file cannot be read."""
     p = Path(path)
-    text = p.read_text()
+    raw = p.read_bytes()
     try:
-        data = json.loads(text)
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise TraceError("(file)", f"not a trace: not UTF-8 text ({e.reason} at byte {e.start})", str(p)) from None
     except json.JSONDecodeError as e:
         raise TraceError("(file)", f"not valid JSON: {e}", str(p)) from None
     except RecursionError:
@@ -497,6 +500,9 @@ def _output(r: _Reader, o: dict[str, Any], buffers: dict[str, TraceBuffer]) -> O
     except QueueError as e:
         raise r.fail("output.dtype", str(e)) from None
     shape = tuple(r.check(s, f"output.shape[{j}]", int) for j, s in enumerate(r.get(o, "shape", "output", list)))
+    for j, extent in enumerate(shape):
+        if extent < 1:  # two negative extents would multiply to a positive size
+            raise r.fail(f"output.shape[{j}]", f"extent {extent} is below 1")
     expected = r.b64(r.get(o, "expected_b64", "output", str), "output.expected_b64")
     spec = OutputSpec(bid, off, dt, shape, expected)
     if len(expected) != spec.nbytes:

@@ -1,0 +1,167 @@
+"""A random queue as plain data (``QueueSpec``, JSON-able: failing ones are saved as regressions), built into an
+mtlir queue graph and run on the simulated Metal device.
+
+A spec names buffers by index (``buffer:b0`` ...), views by (buffer, first element, elements), and per dispatch a
+kernel of ``msl_library.LIBRARY``, its output view, its input views and its element count ``n``: an int, or the name of
+a run-time variable (then the grid is the expression ``(n + 31) // 32``). Besides dispatches a queue holds signals
+of shared events and later waits on them, waits on its timeline, and timestamps.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from msl_library import GROUP, LIBRARY, LibKernel
+
+KERNELS: dict[str, LibKernel] = {k.kernel.key: k for k in LIBRARY}
+
+
+@dataclass(frozen=True)
+class View:
+    """``elems`` int32 elements of buffer ``buffer`` from element ``first``."""
+
+    buffer: int
+    first: int
+    elems: int
+
+
+@dataclass(frozen=True)
+class Op:
+    """One queue operation. ``kind``: ``exec`` (``kernel``, ``out``, ``ins``, ``n``), ``wait`` (on the queue's
+    timeline, value ``timeline - 1``: lowers to nothing), ``signal`` / ``event-wait`` (shared event ``e<slot>`` at
+    value ``timeline``: an event is signaled once per submit, a value it already has would be refused),
+    ``timestamp`` (``slot``)."""
+
+    kind: str
+    kernel: str = ""
+    out: View | None = None
+    ins: tuple[View, ...] = ()
+    n: int | str = 0
+    slot: int = 0
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the queue is lowered for: GPU family, residency set, ICB, ABI."""
+
+    family: str = "Apple9"
+    residency_set: bool = True
+    icb: bool = True
+    target: str = "x86_64"
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """Buffers (elements each) and their initial data (from ``seed``); run-time variables ``name -> (min, max)``;
+    the operations; one dict of variable values per submit; the target."""
+
+    buffers: tuple[int, ...]
+    seed: int
+    variables: dict[str, tuple[int, int]]
+    ops: tuple[Op, ...]
+    submits: tuple[dict[str, int], ...]
+    target: Target = field(default_factory=Target)
+
+    def initial(self) -> list[bytes]:
+        """The initial bytes of each buffer (random int32, from ``seed``)."""
+        rng = np.random.default_rng(self.seed)
+        return [rng.integers(-1000, 1000, size=n, dtype=np.int32).tobytes() for n in self.buffers]
+
+    def to_json(self) -> str:
+        """The spec as JSON (``from_json`` reads it back)."""
+        return json.dumps(asdict(self), indent=1)
+
+    @staticmethod
+    def from_json(text: str) -> QueueSpec:
+        """A spec written by ``to_json``."""
+        d = json.loads(text)
+        view = (lambda v: None if v is None else View(**v))
+        ops = tuple(Op(o["kind"], o["kernel"], view(o["out"]), tuple(View(**v) for v in o["ins"]), o["n"], o["slot"])
+                    for o in d["ops"])
+        return QueueSpec(tuple(d["buffers"]), d["seed"], {k: (lo, hi) for k, (lo, hi) in d["variables"].items()},
+                         ops, tuple(d["submits"]), Target(**d["target"]))
+
+
+def n_value(n: int | str, values: dict[str, int]) -> int:
+    """The element count of a dispatch at one submit's values."""
+    return values[n] if isinstance(n, str) else n
+
+
+def build(spec: QueueSpec) -> Any:
+    """The queue graph of ``spec`` (one SUBMIT) for its target's device."""
+    from mtlir.frontend.nodes import buffer, shared_event, timeline_value, view
+    from mtlir.frontend.queue import Queue
+    from mtlir.ir.uop import UOp
+    from mtlir.metal import DeviceSpec
+    t = spec.target
+    q = Queue(DeviceSpec(t.family, t.residency_set, t.icb))
+    bufs = [buffer(f"b{i}", 4 * n) for i, n in enumerate(spec.buffers)]
+    variables = {name: UOp.variable(name, lo, hi) for name, (lo, hi) in spec.variables.items()}
+    step = timeline_value()
+
+    def as_view(v: View) -> UOp:
+        if v.first == 0 and v.elems == spec.buffers[v.buffer]:
+            return bufs[v.buffer]
+        return view(bufs[v.buffer], 4 * v.first, 4 * v.elems)
+
+    for op in spec.ops:
+        if op.kind == "exec":
+            lib = KERNELS[op.kernel]
+            assert op.out is not None
+            n: UOp | int = variables[op.n] if isinstance(op.n, str) else op.n
+            vals: list[UOp | int] = [n, op.ins[0].elems] if lib.gathers else [n]
+            grid = (n + (GROUP - 1)) // GROUP if isinstance(n, UOp) else -(-n // GROUP)
+            q.exec(lib.kernel, [as_view(op.out), *map(as_view, op.ins)], vals, grid=(grid,), threadgroup=(GROUP,))
+        elif op.kind == "wait":
+            q.wait(q.timeline, step - 1)
+        elif op.kind == "signal":
+            q.signal(shared_event(f"e{op.slot}"), step)
+        elif op.kind == "event-wait":
+            q.wait(shared_event(f"e{op.slot}"), step)
+        elif op.kind == "timestamp":
+            q.timestamp(op.slot)
+        else:
+            raise ValueError(f"unknown op kind {op.kind!r}")
+    q.signal(q.timeline, step)
+    return q.submit()
+
+
+@dataclass
+class SimResult:
+    """What the simulated device gave: the bytes of every buffer the Program has (by index) after each submit, and
+    the selectors of each submit's messages."""
+
+    buffers: list[dict[int, bytes]]
+    messages: list[list[str]]
+
+
+def run_sim(spec: QueueSpec, runner: Any, order_seed: int | None = None) -> SimResult:
+    """Lower ``spec`` with the default pipeline, link it on a ``SimDevice`` (strict) whose kernels run on
+    ``runner`` (one ``KernelRunner`` shared by every example: kernels build once), submit once per entry of
+    ``spec.submits`` (each recorded: its messages), wait, and read every buffer after each."""
+    import inspect
+
+    from mtlir.passes import lower
+    from mtlir.runtime import Session
+    from mtlir.runtime.sim.device import SimDevice
+    t = spec.target
+    program = lower(build(spec), t.target).program
+    names = {o.name for o in program.objects.values() if o.kind == "buffer"}
+    used = [i for i in range(len(spec.buffers)) if f"buffer:b{i}" in names]
+    init = spec.initial()
+    initial = {f"buffer:b{i}": init[i] for i in used}  # a buffer no dispatch binds is not in the Program
+    extra: dict[str, Any] = {}
+    if order_seed is not None and "order_seed" in inspect.signature(SimDevice).parameters:
+        extra["order_seed"] = order_seed
+    out = SimResult([], [])
+    with SimDevice(t.target, family=t.family, residency_sets=t.residency_set, icb=t.icb, kernel_runner=runner,
+                   timeout_s=60, **extra) as sim, Session(program, sim, initial=initial, timeout_s=60) as s:
+        for values in spec.submits:
+            bound = {k: v for k, v in values.items() if k in program.variables}
+            out.messages.append([m["selector"] for m in s.record_submit(**bound)])
+            s.wait(timeout_s=60)
+            out.buffers.append({i: s.read(f"buffer:b{i}") for i in used})
+    return out

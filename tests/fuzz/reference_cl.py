@@ -1,0 +1,103 @@
+"""The reference executor of the differential fuzzing: the same kernels, in the same order, run directly with
+pyopencl on the OpenCL device the simulated device uses. No mtlir code runs in between except the MSL -> OpenCL C
+translator (``mtlir.runtime.sim.msl.translate``, without its bounds checks, and ``simd.scratch_bytes``, the size of
+the local scratch its SIMD-group functions take): this module makes its own buffers, argument blocks and launches,
+and reads the buffers back itself.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from msl_library import GROUP
+from queue_spec import KERNELS, QueueSpec, n_value
+
+
+class Reference:
+    """Builds each library kernel once on the OpenCL ``device`` (a pyopencl Device) and runs queues on it."""
+
+    def __init__(self, device: Any) -> None:
+        import pyopencl as cl
+        self.cl = cl
+        self.ctx = cl.Context([device])
+        self.queue = cl.CommandQueue(self.ctx)
+        self._kernels: dict[str, tuple[Any, Any]] = {}
+
+    def _kernel(self, key: str) -> tuple[Any, Any]:
+        got = self._kernels.get(key)
+        if got is None:
+            from mtlir.runtime.sim.msl.translate import translate
+            lib = KERNELS[key].kernel
+            t = translate(lib.msl, bounds_checks=False)
+            program = self.cl.Program(self.ctx, t.source).build()
+            got = self._kernels[key] = (getattr(program, lib.function), t.kernels[lib.function])
+        return got
+
+    def run(self, spec: QueueSpec) -> list[list[bytes]]:
+        """Every buffer's bytes after each submit of ``spec``: its dispatches in queue order, one after the other
+        (an in-order OpenCL queue), with each submit's values of the variables."""
+        from mtlir.runtime.sim.msl.simd import scratch_bytes
+        cl, ctx, q = self.cl, self.ctx, self.queue
+        mf = cl.mem_flags
+        bufs = [cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.frombuffer(b, np.uint8).copy())
+                for b in spec.initial()]
+        fault = cl.Buffer(ctx, mf.READ_WRITE, 64)
+        keep: list[Any] = []
+        out = []
+        for values in spec.submits:
+            for op in spec.ops:
+                if op.kind != "exec":
+                    continue
+                assert op.out is not None
+                kernel, info = self._kernel(op.kernel)
+                n = n_value(op.n, values)
+                views = [op.out, *op.ins]
+                scalars = [n, op.ins[0].elems] if KERNELS[op.kernel].gathers else [n]
+                args: list[Any] = []
+                block = []
+                for b in info.bindings:
+                    if b.arg.kind == "buffer":
+                        v = views[b.arg.index]
+                        args.append(bufs[v.buffer])
+                        block += [4 * v.first, 0, 4 * spec.buffers[v.buffer]]
+                    else:
+                        s = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                      hostbuf=np.array([scalars[b.arg.index - len(views)]], np.int32))
+                        keep.append(s)
+                        args.append(s)
+                        block += [0, 0, 4]
+                argbuf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.array(block, np.uint64))
+                keep.append(argbuf)
+                args += [argbuf, fault]
+                if info.simd:
+                    args.append(cl.LocalMemory(-(-scratch_bytes(GROUP) // 32) * 32))
+                groups = -(-n // GROUP)
+                kernel(q, (groups * GROUP,), (GROUP,), *args)
+            snap = []
+            for b, size in zip(bufs, spec.buffers):
+                host = np.empty(4 * size, np.uint8)
+                cl.enqueue_copy(q, host, b)
+                snap.append(host.tobytes())
+            out.append(snap)
+            keep.clear()
+        return out
+
+
+def numpy_model(spec: QueueSpec) -> list[list[bytes]]:
+    """The same queue by the kernels' numpy meaning (``msl_library.LibKernel.numpy``): exact, as the kernels are int32."""
+    arrays = [np.frombuffer(b, np.int32).copy() for b in spec.initial()]
+    out = []
+    for values in spec.submits:
+        for op in spec.ops:
+            if op.kind != "exec":
+                continue
+            assert op.out is not None
+            lib = KERNELS[op.kernel]
+            n = n_value(op.n, values)
+            o = op.out
+            ins = [arrays[v.buffer][v.first:v.first + v.elems].copy() for v in op.ins]
+            target = arrays[o.buffer][o.first:o.first + o.elems]
+            lib.numpy(target, ins, n, op.ins[0].elems)
+        out.append([a.tobytes() for a in arrays])
+    return out
