@@ -136,8 +136,8 @@ def make_icb(ls: LinkState, device: int, o: Obj) -> None:
         m.send(desc, "setMaxKernelBufferBindCount:", bind_count)
         icb = ls.keep(o.name, ls.checked(
             m.send(device, "newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", desc,
-                   max(len(cmds), 1), 0), f"{o.name} ({len(cmds)} commands; a device without ICB support "
-                                          "(paravirtual Metal) needs the direct path: lower with --no-icb)"))
+                   max(len(cmds), 1), 0), f"{o.name} ({len(cmds)} commands; the device is out of memory, or has "
+                                          "no ICB support (paravirtual Metal): lower with --no-icb)"))
     finally:
         m.send(desc, "release")
     for i, c in enumerate(cmds):

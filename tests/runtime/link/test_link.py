@@ -138,7 +138,7 @@ def test_nil_library_names_the_pipeline_and_metal_says_why() -> None:
     ("newCommandQueueWithMaxCommandBufferCount:", "command queue 'queue': Metal returned nil"),
     ("newBufferWithLength:options:", r"buffer:0 \(256 bytes\): Metal returned nil"),
     ("newFunctionWithName:", "pipeline:add1: function 'add1' of its library: Metal returned nil"),
-    ("newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", "without ICB support .*--no-icb"),
+    ("newIndirectCommandBufferWithDescriptor:maxCommandCount:options:", "out of memory, or has no ICB support .*--no-icb"),
     ("newResidencySetWithDescriptor:error:", "residency set .*--no-residency-set"),
 ])
 def test_nil_results_name_the_object(selector: str, match: str) -> None:

@@ -212,7 +212,7 @@ def test_a_wait_shorter_than_the_watchdog_names_the_kernel_that_never_finishes()
 @pytest.mark.parametrize("fault, named", [
     ("alloc:buffer", r"buffer:0 \(256 bytes\): Metal returned nil"),
     ("alloc:buffer:1", r"buffer:1 \(256 bytes\): Metal returned nil"),
-    ("alloc:icb", r"^icb \(2 commands.*Metal returned nil"),
+    ("alloc:icb", r"^icb \(2 commands; the device is out of memory.*Metal returned nil"),
     ("alloc:pipeline", r"pipeline:add1: newComputePipelineStateWithDescriptor:options:reflection:error: returned "
                        r"nil: Insufficient memory .* function 'add1' .*\(NSError code 8\)"),
 ])
