@@ -263,6 +263,8 @@ def parse(text: str) -> UOp:
         tree = ast.parse(text, mode="exec")
     except SyntaxError as e:
         raise ParseError(f"line {e.lineno}: not valid Python: {e.msg}") from None
+    except (MemoryError, RecursionError, ValueError) as e:  # the parser's stack overflowed (a long run of signs), ...
+        raise ParseError(f"not valid Python: {e or type(e).__name__}") from None
     ev = _Evaluator()
     last: UOp | None = None
     try:
