@@ -28,8 +28,8 @@ from mtlir.program.instructions import (INSTRUCTIONS, Alu, Bitcast, Call, Cast, 
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.errors import ArgumentError, LinkError, MtlirError
-from mtlir.runtime.executors.native import NativeCalls, fits, value_bounds
-from mtlir.runtime.metal.marshal import ret_kind
+from mtlir.runtime.executors.native import NativeCalls, fits, plan_message, size_structs, value_bounds
+from mtlir.runtime.metal.marshal import MTLSizeStruct, ret_kind
 
 __all__ = ["Executor", "Interpreter", "prepare_registers", "ProgramError", "format_instr", "alu_fn", "cast_fn",
            "bitcast_fn", "float_rounder", "check_program", "bind_variables"]
@@ -307,8 +307,12 @@ _OTHERS = 8  # executors kept for run(program, ...) of another Program
 #   _NATIVE fn, getter, result kind: a message as a bare ctypes call (a native MetalBridge, every value proven
 #   to fit: mtlir.runtime.executors.native), its arguments ``getter(regs)`` (constants converted once, kept in
 #   registers past nregs), the result converted as msg_send does (_PLAIN, _PTR, _BOOL) |
-#   _CELL cell, value: a store at a constant host address through a ctypes cell (same conditions)
-_CALL, _MSG, _STORE, _LOAD, _INDEX, _ALU, _STRUCT, _GEP, _CAST, _RANGE, _END, _NATIVE, _CELL = range(13)
+#   _CELL cell, value: a store at a constant host address through a ctypes cell (same conditions) |
+#   _BLOCK ops, next_pc: a run of two or more _NATIVE instructions in a row, as (fn, getter, dst, result kind)
+#   tuples, run by one tight loop; the instructions after the first keep their own forms (never reached: no jump
+#   lands inside a run, jumps go to a RANGE or an END)
+#   _SIZE fields, MTLSizeStruct: a STRUCT built as the MTLSize that only direct calls read (native.size_structs)
+_CALL, _MSG, _STORE, _LOAD, _INDEX, _ALU, _STRUCT, _GEP, _CAST, _RANGE, _END, _NATIVE, _CELL, _BLOCK, _SIZE = range(15)
 _PLAIN, _PTR, _BOOL = range(3)
 _RESULT_KINDS = {"void": _PLAIN, "plain": _PLAIN, "ptr": _PTR, "bool": _BOOL}
 _UNSET = object()
@@ -323,45 +327,86 @@ class Interpreter(Executor):
                  results: Sequence[int] = ()) -> None:
         super().__init__(program, bridge, registers, results=results)
         self.native = NativeCalls.of(bridge)
-        self.bounds, self.fields = (value_bounds(program, {r: self.registers[r] for r in self.static})
-                                    if self.native is not None else ({}, {}))
+        self._fixed: dict[int, Any] = {}
+        self.bounds: dict[int, Any] = {}
+        self._sizes: set[int] = set()
+        if self.native is not None:
+            self._fixed = self._fold()
+            self.bounds, fields = value_bounds(program, self._fixed)
+            self._sizes = size_structs(program, self.native, self._fixed, self.bounds, fields)
         self._constants: list[Any] = []  # converted constants of _NATIVE calls: registers nregs, nregs + 1, ...
         self.code = [self._decode(pc, ins) for pc, ins in enumerate(program.instrs)]
         self.registers += self._constants
+        self._blocks()
+        self._results = operator.itemgetter(*self.results) if len(self.results) > 1 else None
         self._vars = tuple((name, r, lo, hi) for name, (r, lo, hi) in program.variables.items())
+        self._bridge_calls = (bridge.msg_send, bridge.c_call, bridge.load, bridge.store)
+
+    def _blocks(self) -> None:
+        """Fuse each run of two or more ``_NATIVE`` instructions into a ``_BLOCK`` at the run's first pc."""
+        code, pc = self.code, 0
+        while pc < len(code):
+            end = pc
+            while end < len(code) and code[end][0] == _NATIVE:
+                end += 1
+            if end - pc >= 2:
+                ops = tuple((c[2], c[3], c[1], c[4]) for c in code[pc:end])
+                code[pc] = (_BLOCK, -1, ops, end)
+            pc = max(end, pc + 1)
 
     def _native(self, ins: Instr) -> tuple[Any, ...] | None:
-        """A ``_NATIVE`` or ``_CELL`` form of a message or a store where ``NativeCalls`` allows it, else None."""
+        """A ``_NATIVE``, ``_CELL`` or ``_SIZE`` form where ``NativeCalls`` allows it, else None."""
         native = self.native
         if native is None:
             return None
         if type(ins) is Store:
-            addr, value = self.registers[ins.addr] if ins.addr in self.static else None, ins.value
-            if addr is None or value in self.static or not fits(self.bounds.get(value), ins.dtype):
+            addr, value = self._fixed.get(ins.addr), ins.value
+            if type(addr) is not int or value in self._fixed or not fits(self.bounds.get(value), ins.dtype):
                 return None
             cell = native.cell(addr, ins.dtype)
             return None if cell is None else (_CELL, -1, cell, value)
-        if type(ins) is not Call or ins.fn != "objc_msgSend" or len(ins.args) != len(ins.proto.args):
+        if type(ins) is Struct and ins.dst in self._sizes:
+            return (_SIZE, ins.dst, tuple(ins.fields), MTLSizeStruct)
+        if type(ins) is not Call:
             return None
-        fn = native.function(ins.proto)
-        if fn is None:
+        plan = plan_message(native, ins, self._fixed, self.bounds, self._sizes)
+        if plan is None:
             return None
         slots = []
-        for dt, a in zip(ins.proto.args, ins.args):
-            if a in self.static:
-                ok, v = native.constant(dt, self.registers[a])
-                if not ok:
-                    return None
-                if type(v) is int and v == self.registers[a] and type(self.registers[a]) is int:
-                    slots.append(a)
-                else:
-                    slots.append(self.program.nregs + len(self._constants))
-                    self._constants.append(v)
-            elif fits(self.bounds.get(a), dt):
-                slots.append(a)
+        for (const, v), a in zip(plan[1], ins.args):
+            if not const or (type(v) is int and type(self._fixed[a]) is int and a in self.static):
+                slots.append(a)  # a register, or a constant register holding the int as it is
             else:
-                return None
-        return (_NATIVE, ins.dst, fn, operator.itemgetter(*slots), _RESULT_KINDS[ret_kind(ins.proto.ret)])
+                slots.append(self.program.nregs + len(self._constants))
+                self._constants.append(v)
+        return (_NATIVE, ins.dst, plan[0], operator.itemgetter(*slots), _RESULT_KINDS[ret_kind(ins.proto.ret)])
+
+    def _fold(self) -> dict[int, Any]:
+        """Registers known before the run: the constants, selectors and objects, and the results of pure
+        instructions (casts, ALU, INDEX, STRUCT, GEP) of known operands written once, evaluated now as the loop
+        would (for the direct calls' proofs only: the instructions still run)."""
+        known = {r: self.registers[r] for r in self.static}
+        writes: dict[int, int] = {}
+        for ins in self.program.instrs:
+            if ins.dst >= 0:
+                writes[ins.dst] = writes.get(ins.dst, 0) + 1
+        for ins in self.program.instrs:
+            if writes.get(ins.dst) != 1 or not all(r in known for r in ins.reads()):
+                continue
+            val = [known[r] for r in ins.reads()]
+            try:
+                match ins:
+                    case Cast(dtype=dtype):
+                        known[ins.dst] = cast_fn(dtype)(val[0])
+                    case Bitcast(dtype=dtype):
+                        known[ins.dst] = bitcast_fn(dtype)(val[0])
+                    case Alu(op=op, dtype=dtype):
+                        known[ins.dst] = alu_fn(op, dtype)(*val)
+                    case Index(itemsize=itemsize):
+                        known[ins.dst] = val[0] + val[1] * itemsize
+            except Exception:  # it fails at run time, where the error names the instruction
+                continue
+        return known
 
     def _decode(self, pc: int, ins: Instr) -> tuple[Any, ...]:
         """Instruction ``pc`` in the loop's own form (``_CALL`` ... ``_END`` above): ALU ops and casts become their
@@ -417,13 +462,19 @@ class Interpreter(Executor):
         if not bound:  # anything else: converted, or refused with the error naming the variable
             for (r, _, _), v in zip(program.variables.values(), bind_variables(program, values)):
                 regs[r] = v
-        b = self.bridge
-        msg_send, c_call, load, store = b.msg_send, b.c_call, b.load, b.store
+        msg_send, c_call, load, store = self._bridge_calls
         pc, n = 0, len(code)
         try:
             while pc < n:
                 ins = code[pc]
                 k = ins[0]
+                if k == _BLOCK:
+                    for fn, get, d, kind in ins[2]:
+                        v = fn(*get(regs))
+                        if d >= 0:
+                            regs[d] = v if kind == _PLAIN else (v or 0) if kind == _PTR else (1 if v & 255 else 0)
+                    pc = ins[3]
+                    continue
                 if k == _NATIVE:
                     v = ins[2](*ins[3](regs))
                     if ins[1] >= 0:
@@ -431,6 +482,8 @@ class Interpreter(Executor):
                         regs[ins[1]] = v if kind == _PLAIN else (v or 0) if kind == _PTR else (1 if v & 255 else 0)
                 elif k == _CELL:
                     ins[2].value = regs[ins[3]]
+                elif k == _SIZE:
+                    regs[ins[1]] = ins[3](*[regs[a] for a in ins[2]])
                 elif k == _MSG:
                     v = msg_send(ins[2], tuple([regs[a] for a in ins[3]]))
                     if ins[1] >= 0:
@@ -463,7 +516,11 @@ class Interpreter(Executor):
                         pc = ins[3]
                 pc += 1
         except Exception as e:
+            if code[pc][0] == _BLOCK:  # the instruction of the block that raised
+                pc += code[pc][2].index((fn, get, d, kind))  # each op is unique: its getter is its own
             if not getattr(e, "deferred", False):  # a deferred device error: GPU work before, not this instruction
                 e.add_note(f"while running instruction {format_instr(program, pc)} ({self.name})")
             raise
-        return tuple(regs[r] for r in self.results)
+        if self._results is not None:
+            return self._results(regs)  # type: ignore[no-any-return]
+        return (regs[self.results[0]],) if self.results else ()

@@ -140,3 +140,57 @@ class NativeCalls:
         if ct is None or type(addr) is not int or not 0 < addr < (1 << 64):
             return None
         return ct.from_address(addr)
+
+
+Arg = tuple[bool, Any]  # (True, a constant as the ctypes call takes it) or (False, the register to read)
+
+
+def plan_message(native: NativeCalls, ins: Call, fixed: Mapping[int, Any], bounds: Mapping[int, Bounds],
+                 sizes: set[int] | frozenset[int] = frozenset()) -> tuple[Any, list[Arg]] | None:
+    """How a message of ``objc_msgSend`` runs as a direct call: ``(ctypes function, one Arg per argument)``, or
+    None when one value cannot be proven to fit. ``fixed``: registers whose value is known before the run;
+    ``sizes``: STRUCT registers that hold an ``MTLSizeStruct`` (``size_structs``)."""
+    if ins.fn != "objc_msgSend" or len(ins.args) != len(ins.proto.args):
+        return None
+    fn = native.function(ins.proto)
+    if fn is None:
+        return None
+    args: list[Arg] = []
+    for dt, a in zip(ins.proto.args, ins.args):
+        if a in fixed:
+            ok, v = native.constant(dt, fixed[a])
+            if not ok:
+                return None
+            args.append((True, v))
+        elif (dt is dtypes.MTLSize and a in sizes) or (dt is not dtypes.MTLSize and fits(bounds.get(a), dt)):
+            args.append((False, a))
+        else:
+            return None
+    return fn, args
+
+
+def size_structs(program: Program, native: NativeCalls, fixed: Mapping[int, Any], bounds: Mapping[int, Bounds],
+                 fields: Mapping[int, tuple[Any, ...]]) -> set[int]:
+    """STRUCT registers that can be built as an ``MTLSizeStruct`` instead of a tuple: three fields that fit
+    NSUInteger, written once, read only as MTLSize arguments of messages that all run as direct calls."""
+    writes: dict[int, int] = {}
+    for ins in program.instrs:
+        if ins.dst >= 0:
+            writes[ins.dst] = writes.get(ins.dst, 0) + 1
+    sizes = {ins.dst for ins in program.instrs if type(ins) is Struct and writes[ins.dst] == 1
+             and ins.dst not in fixed and len(fields.get(ins.dst, ())) == 3
+             and all(fits(b, dtypes.uint64) for b in fields[ins.dst])}
+    sizes -= set(program.results.values())
+    changed = True
+    while changed and sizes:
+        changed = False
+        for ins in program.instrs:
+            used = sizes.intersection(ins.reads())
+            if not used:
+                continue
+            ok = type(ins) is Call and plan_message(native, ins, fixed, bounds, sizes) is not None and all(
+                dt is dtypes.MTLSize for dt, a in zip(ins.proto.args, ins.args) if a in used)
+            if not ok:
+                sizes -= used
+                changed = True
+    return sizes
