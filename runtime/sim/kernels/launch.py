@@ -27,16 +27,18 @@ RECORD_BYTES = FAULT_WORDS * 4  # the fault record's words before the scratch ar
 class DeviceBuffer:
     """One storage array's OpenCL buffer: ``in_place`` (a ``USE_HOST_PTR`` buffer the device works in directly),
     ``current`` (its bytes are the host's: copied in, or in place, since the last sync), ``dirty`` (a kernel may
-    have written it since), ``used`` (the runner's sync count at its last use). ``buf`` is None once the runner
+    have written it since), ``used`` (the runner's sync count at its last use), ``snapshot`` (a small device copy's
+    bytes, kept on the host to tell whether the host changed the buffer since: ``KernelRunner._copy_in``). ``buf`` is None once the runner
     dropped it (unused for a while): a launch that still holds it asks for a new one."""
 
-    __slots__ = ("buf", "storage", "in_place", "current", "dirty", "used")
+    __slots__ = ("buf", "storage", "in_place", "current", "dirty", "used", "snapshot")
 
     def __init__(self, buf: Any, storage: np.ndarray, in_place: bool) -> None:
         self.buf: Any = buf
         self.storage, self.in_place = storage, in_place
         self.current = self.dirty = False
         self.used = 0
+        self.snapshot: np.ndarray | None = None  # a small device copy's bytes as the host last saw them
 
 
 class Launch:

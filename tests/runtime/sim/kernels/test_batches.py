@@ -149,3 +149,31 @@ def test_every_trace_matches_on_the_simulated_device_with_copies(copies: KernelR
             np.testing.assert_allclose(got, o.expected_array(), rtol=1e-4, atol=1e-5)
     finally:
         dev.close()
+
+
+def test_a_device_copy_is_copied_in_again_only_when_the_host_changed_it() -> None:
+    import pyopencl as cl
+    copies_made: list[int] = []
+
+    class Counting:  # pyopencl, counting the copies to the device (a numpy array as the source)
+        def __getattr__(self, name: str) -> object:
+            return getattr(cl, name)
+
+        @staticmethod
+        def enqueue_copy(queue: Any, dest: Any, src: Any, **kw: Any) -> Any:
+            if isinstance(src, np.ndarray) and not isinstance(dest, np.ndarray):
+                copies_made.append(src.nbytes)
+            return cl.enqueue_copy(queue, dest, src, **kw)
+
+    own = KernelRunner(cl=Counting(), in_host_memory=False)
+    ck = own.compile(MSL, "copy")
+    src, out = np.zeros(16, np.uint8), np.zeros(16, np.uint8)
+    src.view(np.float32)[:] = [1, 2, 3, 4]
+    ck.run({0: (out, 0), 1: (src, 0)}, (1, 1, 1), (4, 1, 1))
+    assert out.view(np.float32).tolist() == [2, 4, 6, 8] and len(copies_made) == 2
+    ck.run({0: (out, 0), 1: (src, 0)}, (1, 1, 1), (4, 1, 1))  # nothing changed on the host: nothing copied in
+    assert len(copies_made) == 2
+    src.view(np.float32)[2] = 10.0  # the host writes both buffers: both are copied in again
+    out.view(np.float32)[0] = -1.0
+    ck.run({0: (out, 0), 1: (src, 0)}, (1, 1, 1), (4, 1, 1))
+    assert out.view(np.float32).tolist() == [2, 4, 20, 8] and len(copies_made) == 4
