@@ -1,0 +1,120 @@
+"""Direct calls on a native MetalBridge (mtlir.runtime.executors.native): both executors send exactly the messages
+the msg_send path sends, through the stand-in libobjc of tests/native (x86_64), and only where every value is
+proven to fit; anything else keeps msg_send and its checks."""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mtlir.frontend.trace import load_trace
+from mtlir.ir.dtypes import dtypes
+from mtlir.passes import lower
+from mtlir.runtime.bridge.recording import RecordingBridge
+from mtlir.runtime.executors.interpreter import Interpreter
+from mtlir.runtime.executors.native import NativeCalls, fits, value_bounds
+from mtlir.runtime.executors.replay import CompiledReplay
+from mtlir.runtime.metal.bridge import MetalBridge, host_target
+
+ROOT = Path(__file__).resolve().parents[3]
+needs_x86_64 = pytest.mark.skipif(host_target() != "x86_64" or sys.platform != "linux",
+                                  reason="the stand-in objc_msgSend is x86_64 assembly")
+
+
+class Checked(MetalBridge):
+    """A MetalBridge subclass: NativeCalls refuses it, so every message goes through msg_send (the reference)."""
+
+
+def _standin() -> Any:
+    """benchmarks/standin.py (it builds the stand-in and links a Program onto it), loaded from its file."""
+    spec = importlib.util.spec_from_file_location("standin_for_tests", ROOT / "benchmarks" / "standin.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, MetalBridge, MetalBridge, Any]:
+    mod = _standin()
+    out = tmp_path_factory.mktemp("standin")
+    native = mod.build_standin(out)
+    path = str(out / "libfakeobjc.so")
+    lib = ctypes.CDLL(path)  # the same library the bridges load: its record counts their messages
+    checked = Checked(target="x86_64", libobjc=path, metal=path, coregraphics=None)
+    return mod, native, checked, lib
+
+
+def _calls(lib: Any) -> tuple[int, int]:
+    """(messages the stand-in's methods answered, messages none answered)."""
+    words = (ctypes.c_uint64 * 2).in_dll(lib, "fake_last")
+    return int(words[0]), int(words[1])
+
+
+@needs_x86_64
+@pytest.mark.parametrize("trace", ["mlp_deep.apple7", "symbolic_kv.apple7"])
+@pytest.mark.parametrize("icb", [True, False], ids=["icb", "direct"])
+def test_direct_calls_send_what_msg_send_sends(standin: Any, trace: str, icb: bool) -> None:
+    mod, native, checked, lib = standin
+    tr = load_trace(ROOT / "examples" / "traces" / f"{trace}.json")
+    program = lower(tr.queue(dataclasses.replace(tr.device(), icb=icb)), target="x86_64", keep_stages=False).program
+    values = {k: int(v) for k, v in tr.values.items() if k in program.variables}
+    if "timeline" in program.variables:
+        values["timeline"] = 3
+    regs = mod.standin_registers(program, native)
+    counts = []
+    for bridge in (checked, native):
+        for cls in (Interpreter, CompiledReplay):
+            ex = cls(program, bridge, regs)
+            before = _calls(lib)
+            ex.run(**values)
+            after = _calls(lib)
+            counts.append((after[0] - before[0], after[1] - before[1]))
+    assert len(set(counts)) == 1 and counts[0][0] > 5, counts
+    direct = CompiledReplay(program, native, regs)
+    assert "msg_send(" not in direct.source.split("try:", 1)[1], direct.source  # every message direct here
+    assert "msg_send(" in CompiledReplay(program, checked, regs).source
+    interp = Interpreter(program, native, regs)
+    assert not any(c[0] == 1 for c in interp.code)  # no _MSG left: all direct (blocks or single)
+
+
+@needs_x86_64
+def test_a_bad_variable_is_still_refused_by_name(standin: Any) -> None:
+    mod, native, _, _ = standin
+    tr = load_trace(ROOT / "examples" / "traces" / "symbolic_kv.apple7.json")
+    program = lower(tr.queue(tr.device()), target="x86_64", keep_stages=False).program
+    regs = mod.standin_registers(program, native)
+    for cls in (Interpreter, CompiledReplay):
+        with pytest.raises(ValueError, match="start_pos"):
+            cls(program, native, regs).run(start_pos=10**6, timeline=1)
+
+
+def test_only_a_native_metal_bridge_gets_direct_calls() -> None:
+    assert NativeCalls.of(RecordingBridge(target="x86_64")) is None
+    assert NativeCalls.of(object()) is None
+
+
+def test_fits_and_constants() -> None:
+    assert fits((0, 2**64 - 1), dtypes.uint64) and fits((0, 2**64 - 1), dtypes.id)
+    assert not fits((-1, 3), dtypes.uint64) and not fits(None, dtypes.uint64)
+    assert not fits((0, 2**32), dtypes.uint32) and not fits((0, 1), dtypes.float32)
+    assert fits((0, 1), dtypes.bool) and not fits((0, 2), dtypes.bool)
+    assert NativeCalls.constant(dtypes.uint64, -1) == (False, None)
+    assert NativeCalls.constant(dtypes.uint64, 5) == (True, 5)
+    ok, size = NativeCalls.constant(dtypes.MTLSize, (4, 2, 1))
+    assert ok and (size.width, size.height, size.depth) == (4, 2, 1)
+    assert NativeCalls.constant(dtypes.MTLSize, (4, -2, 1))[0] is False
+
+
+def test_value_bounds_follow_dtypes_and_variables() -> None:
+    tr = load_trace(ROOT / "examples" / "traces" / "symbolic_kv.apple7.json")
+    program = lower(tr.queue(tr.device()), target="x86_64", keep_stages=False).program
+    bounds, fields = value_bounds(program, {r: v for r, v in program.consts.items()})
+    r, lo, hi = program.variables["start_pos"]
+    assert bounds[r] == (lo, hi)
+    assert any(len(f) == 3 for f in fields.values())  # the MTLSize of the symbolic grid
