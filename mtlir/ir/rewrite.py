@@ -7,7 +7,8 @@ A->B->C->A, a replacement that contains the node it replaces, or one that keeps 
 
 How it runs (iterative throughout, so deep graphs work at Python's default recursion limit):
 
-1. a plain depth-first walk collects the input graph, sorted by ``UOp._rank`` (sources before users);
+1. a plain depth-first walk collects the input graph; when the matcher has no rule for any of its ops, that is all
+   (the graph is returned as it is); else the nodes are sorted by ``UOp._rank`` (sources before users);
 2. one loop over that list visits each node once: a node whose op has no rule and whose sources did not change
    costs a set lookup; only a node a rule rewrites (or whose sources changed) goes further;
 3. the node a rule returns is rewritten by a small depth-first worklist (``_Rewriter.run``) that also carries the
@@ -270,6 +271,10 @@ def graph_rewrite(graph: UOp, matcher: PatternMatcher, ctx: Any = None, name: st
     if not isinstance(matcher, PatternMatcher):
         raise TypeError(f"graph_rewrite {name!r}: the matcher is a {type(matcher).__name__}, not a PatternMatcher")
     nodes, old = _collect(graph)
+    if matcher._by_op.keys().isdisjoint({n.op for n in nodes}):  # no rule for any op of the graph: nothing fires
+        if trace is not None:
+            trace.name, trace.before, trace.after = name, graph, graph
+        return graph
     nodes.sort(key=_rank_of)
     rw = _Rewriter(matcher, ctx, name, trace, max_steps, nodes, old)
     by_op, rewrite, replaced, early, state = matcher._by_op, matcher.rewrite_with_rule, rw.replaced, rw.early, rw.state
