@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import Self
 
 __all__ = ["MtlirError", "InputError", "ArgumentError", "StateError", "LoweringError", "LinkError", "BridgeError",
-           "NoDeviceError", "DeviceError", "WaitTimeoutError", "GPUExecutionError", "MetalValidationError", "KernelAccessError", "UnsupportedError",
+           "NoDeviceError", "DeviceError", "WaitTimeoutError", "GPUExecutionError", "MetalValidationError", "KernelAccessError", "KernelCheckError", "UnsupportedError",
            "UnsupportedKernelError", "KernelCompileError", "InvalidMslError", "KernelBuildError"]
 
 class MtlirError(Exception):
@@ -159,6 +159,18 @@ class KernelAccessError(DeviceError):
         self.function, self.param, self.index, self.write = function, param, index, write
         self.offset, self.element, self.size = offset, element, size
         self.buffer_bytes, self.view_offset, self.memory = buffer_bytes, view_offset, memory
+
+
+class KernelCheckError(DeviceError):
+    """Checked mode (``SimDevice(checked=True)``, ``mtlir run --check-kernels``): Oclgrind ran a kernel translated
+    without mtlir's bounds checks and reported a problem (docs/simulator.md "Checked kernels"). ``function`` is the
+    kernel, ``kind`` the problem (``out-of-bounds read``, ``out-of-bounds write``, ``data race``, ...), ``msl_line``
+    the line of the kernel's MSL it happened at (None when Oclgrind names no line that comes from the MSL),
+    ``report`` Oclgrind's own text. The CLI exits with 3, as for the GPU fault the access would be on Metal."""
+
+    def __init__(self, message: str, *, function: str, kind: str, msl_line: int | None, report: str) -> None:
+        super().__init__(message)
+        self.function, self.kind, self.msl_line, self.report = function, kind, msl_line, report
 
 
 # ---- kernels the simulated device compiles

@@ -165,6 +165,13 @@ def build_parser() -> _Parser:
                           "MTLCommandBufferError (Timeout, PageFault, NotPermitted, OutOfMemory, InvalidResource, "
                           "or its code), K:hang for a kernel that never finishes, alloc:buffer|icb|pipeline[:N] for "
                           "an allocation that returns nil; may be given several times (docs/reliability.md)")
+    run.add_argument("--order-seed", type=int, metavar="N",
+                     help="simulated device: run the ICB commands between two barriers shuffled from seed N (an int "
+                          ">= 0) instead of last first (docs/simulator.md)")
+    run.add_argument("--check-kernels", action="store_true",
+                     help="simulated device: run every kernel, without mtlir's bounds checks, on Oclgrind first; an "
+                          "out-of-bounds access or a data race it reports is an error naming the kernel, the MSL line "
+                          "and the problem (exit 3; needs Debian's package oclgrind, make oclgrind)")
     run.add_argument("--list-devices", action="store_true",
                      help="list the OpenCL devices the simulated device can run kernels on, and exit (no TRACE)")
     run.set_defaults(pipeline=None, print_after_all=False)

@@ -192,6 +192,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
                              f"{device_name}")
         choose(args.opencl_device)
     _inject_faults(args, bridge, device_name)
+    _order_and_checks(args, bridge, device_name)
     o = trace.output
     clock.start("link")
     s: Any = None
@@ -277,6 +278,30 @@ def _inject_faults(args: argparse.Namespace, bridge: Any, device_name: str) -> N
         raise UsageError(f"--inject-fault injects faults on the simulated device (--device sim); this run is on "
                          f"{device_name}")
     inject(*faults)
+
+
+def _order_and_checks(args: argparse.Namespace, bridge: Any, device_name: str) -> None:
+    """``--order-seed N`` and ``--check-kernels``: the simulated device's ``order_seed`` and ``checked`` (set before
+    link builds the first kernel). ``UsageError`` for a negative seed or on a device that is not simulated."""
+    seed, checked = getattr(args, "order_seed", None), getattr(args, "check_kernels", False)
+    if seed is None and not checked:
+        return
+    flag = "--order-seed" if seed is not None else "--check-kernels"
+    if not hasattr(bridge, "order_seed"):
+        close = getattr(bridge, "close", None)
+        if close is not None:
+            close()
+        raise UsageError(f"{flag} is an option of the simulated device (--device sim); this run is on {device_name}")
+    if seed is not None and seed < 0:
+        raise UsageError(f"--order-seed {seed}: the seed is an int >= 0")
+    if seed is not None:
+        bridge.order_seed = seed
+    if checked:
+        from mtlir.runtime.sim.kernels.oclgrind import OCLGRIND_ICD, available
+        if not available():
+            raise UsageError(f"--check-kernels runs the kernels on Oclgrind, which is not installed ({OCLGRIND_ICD} "
+                             "is missing: make oclgrind, or apt-get install oclgrind)")
+        bridge.checked = True
 
 
 def _faults_not_fired(bridge: Any) -> list[str]:

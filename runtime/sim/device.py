@@ -174,6 +174,9 @@ class SimDevice:
         """The MSL compiler/runner (created at first use: building an OpenCL context takes a moment)."""
         if self._runner is None:
             self._runner = KernelRunner(self._opencl_device)
+            if self.checked:  # every launch run on Oclgrind first (kernels/oclgrind.py)
+                from mtlir.runtime.sim.kernels.oclgrind import checked_runs
+                self._runner.checker = checked_runs(self)
         return self._runner
 
     def choose_opencl_device(self, which: str | int) -> None:

@@ -115,7 +115,7 @@ def test_viz_writes_one_svg_per_stage(tmp_path: Path) -> None:
     assert code == 0, log
     one_json(out)
     names = sorted(p.name for p in (tmp_path / "pics").glob("*.svg"))
-    assert names == ["00-input.svg", "01-encode.svg", "02-abi.svg", "03-linearize.svg"]
+    assert names == ["00-input.svg", "01-encode.svg", "02-barriers.svg", "03-abi.svg", "04-linearize.svg"]
     assert all((tmp_path / "pics" / n).read_text().lstrip().startswith(("<?xml", "<svg")) for n in names)
     assert "unchanged" not in (tmp_path / "pics" / "01-encode.svg").read_text()
     # a pass that returns the very graph it was given: its picture's title and --print-after-all say so
@@ -129,7 +129,7 @@ def test_viz_writes_one_svg_per_stage(tmp_path: Path) -> None:
     code, out, log = mtlir("lower", MLP7, "--viz", str(tmp_path / "more"))
     assert code == 0, log
     assert sorted(p.name for p in (tmp_path / "more").glob("*.svg")) == [
-        "00-input.svg", "01-encode.svg", "02-abi.svg", "03-linearize.svg", "notes.svg"]
+        "00-input.svg", "01-encode.svg", "02-barriers.svg", "03-abi.svg", "04-linearize.svg", "notes.svg"]
 
 
 # ---- bad input: exit code 2, one line, no traceback

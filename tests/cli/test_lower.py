@@ -32,7 +32,7 @@ def test_setup_lists_what_link_sends_once_in_order() -> None:
     i = body.index("[icb indirectComputeCommandAtIndex: 1]")
     assert body[i + 2] == "[icb[1] setComputePipelineState: pipeline:r_start_pos]"
     assert "[icb[1] setKernelBuffer:offset:atIndex: buffer:3, 256, 0]" in body[i:i + 8]
-    assert "[icb[0] setBarrier]" in body
+    assert "[icb[1] setBarrier]" in body and "[icb[0] setBarrier]" not in body  # barriers: none before command 0
     assert body[-1] == "[queue addResidencySet: residency_set]"
     assert not any("commandBuffer]" in line or line.startswith("[cmdbuf") for line in body)  # nothing of a submit
 
@@ -73,8 +73,8 @@ def test_json_carries_the_icb_commands() -> None:
     assert icb["name"] == "icb" and len(icb["commands"]) == 5
     first, second = icb["commands"][:2]
     assert first["grid"] == [None, 1, 1] and first["threadgroup"] == [16, 1, 1]  # the grid is set per submit
-    assert first["variables"] == [{"name": "start_pos", "index": 3}] and first["barrier"] is True
-    assert second["bindings"][0] == {"buffer": "buffer:3", "offset": 256, "index": 0}
+    assert first["variables"] == [{"name": "start_pos", "index": 3}] and first["barrier"] is False
+    assert second["barrier"] is True and second["bindings"][0] == {"buffer": "buffer:3", "offset": 256, "index": 0}
 
 
 def test_the_program_picture_of_viz_shows_the_setup_and_the_icb(tmp_path: Path) -> None:
@@ -83,6 +83,6 @@ def test_the_program_picture_of_viz_shows_the_setup_and_the_icb(tmp_path: Path) 
         pytest.skip("Graphviz's dot is not installed")
     code, _, log = _mtlir("lower", KV7, "--target", "arm64", "--viz", str(tmp_path))
     assert code == 0, log
-    svg = (tmp_path / "03-linearize.svg").read_text()
+    svg = (tmp_path / "04-linearize.svg").read_text()
     assert "setup messages, sent once" in svg and "indirectComputeCommandAtIndex: 1" in svg
     assert "ICB icb: 5 commands" in svg and "buffer:3+256@0" in svg

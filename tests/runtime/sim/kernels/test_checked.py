@@ -1,0 +1,138 @@
+"""Checked kernels (runtime/sim/kernels/oclgrind.py): a kernel that races on one element and one that reads past its
+buffer, run on Oclgrind without mtlir's bounds checks, are errors naming the kernel, the MSL line and the kind of
+problem, from ``check_kernel``, ``SimDevice(checked=True)`` and ``mtlir run --check-kernels``; Oclgrind's report
+text is read and mapped back to the MSL line without Oclgrind too."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mtlir.errors import KernelCheckError
+from mtlir.frontend.nodes import buffer, timeline_value
+from mtlir.frontend.queue import Queue
+from mtlir.metal import DeviceSpec, Kernel, KernelParam
+from mtlir.passes import lower
+from mtlir.runtime.session import Session
+from mtlir.runtime.sim.device import SimDevice
+from mtlir.runtime.sim.kernels.oclgrind import available, check_kernel, parse_reports
+from mtlir.runtime.sim.msl.translate import translate
+
+pytest.importorskip("pyopencl")
+needs_oclgrind = pytest.mark.skipif(not available(), reason="Oclgrind is not installed (make oclgrind installs "
+                                                            "Debian's package oclgrind)")
+
+HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
+RACE = HEAD + """kernel void race(device float* out [[buffer(0)]],
+                 uint i [[thread_position_in_grid]]) {
+  out[0] = float(i);
+}"""  # every thread writes element 0, no atomic: line 5
+OOB = HEAD + """kernel void oob(const device float* x [[buffer(0)]], device float* y [[buffer(1)]],
+                uint i [[thread_position_in_grid]]) {
+  float v = 2.0f;
+  y[i] = x[i + 1] * v;
+}"""  # the last thread reads one float past x: line 6
+GOOD = HEAD + """kernel void good(const device float* x [[buffer(0)]], device float* y [[buffer(1)]],
+                 uint i [[thread_position_in_grid]]) {
+  y[i] = x[i] + 1.0f;
+}"""
+ROOT = Path(__file__).resolve().parents[4]
+
+SAMPLE = """Invalid read of size 4 at global memory address 0x2000000000100
+\tKernel: oob
+\tEntity: Global(63,0,0) Local(31,0,0) Group(1,0,0)
+\t  %4 = load float, float addrspace(1)* %arrayidx3, align 4
+\tAt line {line} (column 10) of input.cl:
+\t  y[i] = x[i + 1] * v;
+
+Write-write data race at global memory address 0x2000000000002
+\tKernel: race
+\tFirst entity:  Global(1,0,0) Local(1,0,0) Group(0,0,0)
+"""
+
+
+def _bytes(n: int) -> np.ndarray:
+    return np.zeros(n, np.uint8)
+
+
+def test_reports_are_read_and_mapped_to_the_msl_line() -> None:
+    t = translate(OOB, bounds_checks=False)
+    line = next(i for i, text in enumerate(t.source.split("\n"), 1) if "x[i + 1]" in text)
+    oob, race = parse_reports(SAMPLE.format(line=line), t, OOB)
+    assert (oob.kind, oob.kernel, oob.cl_line, oob.msl_line) == ("out-of-bounds read", "oob", line, 6)
+    assert (race.kind, race.kernel, race.cl_line, race.msl_line) == ("data race (write-write)", "race", None, None)
+    assert parse_reports("nothing to say\n") == []
+
+
+@needs_oclgrind
+def test_a_race_on_one_element_is_caught() -> None:
+    with pytest.raises(KernelCheckError) as e:
+        check_kernel(RACE, "race", {0: (_bytes(64), 0)}, (2, 1, 1), (32, 1, 1))
+    assert (e.value.function, e.value.kind, e.value.msl_line) == ("race", "data race (write-write)", 5)
+    assert "kernel 'race': data race (write-write) at MSL line 5: `out[0] = float(i);`" in str(e.value)
+
+
+@needs_oclgrind
+def test_a_read_past_the_buffer_is_caught() -> None:
+    with pytest.raises(KernelCheckError) as e:
+        check_kernel(OOB, "oob", {0: (_bytes(256), 0), 1: (_bytes(256), 0)}, (2, 1, 1), (32, 1, 1))
+    assert (e.value.function, e.value.kind, e.value.msl_line) == ("oob", "out-of-bounds read", 6)
+    assert "MSL line 6: `y[i] = x[i + 1] * v;`" in str(e.value) and "Invalid read of size 4" in e.value.report
+
+
+@needs_oclgrind
+def test_a_correct_kernel_passes_and_a_view_is_honoured() -> None:
+    check_kernel(GOOD, "good", {0: (_bytes(512), 256), 1: (_bytes(256), 0)}, (2, 1, 1), (32, 1, 1))
+    with pytest.raises(KernelCheckError, match="out-of-bounds read"):  # 64 floats from byte 260: one past the end
+        check_kernel(GOOD, "good", {0: (_bytes(512), 260), 1: (_bytes(256), 0)}, (2, 1, 1), (32, 1, 1))
+
+
+@needs_oclgrind
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "faithful"])
+def test_the_simulated_device_checks_every_kernel(strict: bool) -> None:
+    """The racy kernel runs without complaint on the normal path; checked, the host's next call raises."""
+    race = Kernel("race", "race", RACE, (KernelParam(None, 0, "float32"),))
+    q = Queue(DeviceSpec("Apple9"))
+    q.exec(race, [buffer("out", 256)], [], (2,), (32,)).signal(q.timeline, timeline_value())
+    program = lower(q.submit(), target="x86_64").program
+    with SimDevice("x86_64", strict=strict) as dev, Session(program, dev, timeout_s=60) as s:
+        s.submit()
+        s.wait(timeout_s=60)
+    with pytest.raises(KernelCheckError, match=r"kernel 'race': data race \(write-write\) at MSL line 5"):
+        with SimDevice("x86_64", strict=strict, checked=True) as dev, Session(program, dev, timeout_s=60) as s:
+            s.submit()
+            s.wait(timeout_s=60)
+
+
+def _trace(tmp_path: Path) -> Path:
+    """A one-dispatch trace of the out-of-bounds kernel (the format of docs/lowering.md "Traces")."""
+    trace = {"workload": "oob", "arch": "Apple9", "variables": {},
+             "buffers": {"1": {"size": 256, "init": {"offset": 0, "b64": base64.b64encode(bytes(256)).decode()}},
+                         "2": {"size": 256, "init": None}},
+             "programs": {"oob": {"function": "oob", "msl": OOB,
+                                  "signature": [[None, 0, "dtypes.float", [64]], [None, 1, "dtypes.float", [64]]]}},
+             "dispatches": [{"kernel": "oob", "grid": [2, 1, 1], "threadgroup": [32, 1, 1],
+                             "args": [{"buffer": 1, "offset": 0, "size": 256}, {"buffer": 2, "offset": 0, "size": 256}],
+                             "vars": []}],
+             "output": {"buffer": 2, "offset": 0, "dtype": "dtypes.float", "shape": [64],
+                        "expected_b64": base64.b64encode(bytes(256)).decode()}}
+    path = tmp_path / "oob.json"
+    path.write_text(json.dumps(trace))
+    return path
+
+
+@needs_oclgrind
+def test_mtlir_run_check_kernels_exits_3_naming_kernel_line_and_kind(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONSAFEPATH="1")
+    run = [sys.executable, "-m", "mtlir", "run", str(_trace(tmp_path)), "--device", "sim", "--order-seed", "4"]
+    proc = subprocess.run([*run, "--check-kernels"], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "kernel 'oob': out-of-bounds read at MSL line 6" in proc.stderr, proc.stderr[-2000:]
+    bad = subprocess.run([*run[:-1], "-1"], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert bad.returncode == 2 and "--order-seed -1" in bad.stderr, bad.stderr[-2000:]
