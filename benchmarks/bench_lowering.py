@@ -1,25 +1,27 @@
-"""Lowering cost per command as queues grow, and messages per submit for the ICB vs the direct path.
+"""Queue building + lowering cost per command as queues grow, and messages per submit for the ICB vs the direct path.
 
-    python benchmarks/bench_lowering.py [--sizes 10,1000,10000,100000] [--repeat 3] [--paths icb,direct,...]
+    python -m benchmarks.bench_lowering [--sizes 1000,10000,100000] [--rounds 7] [--paths icb,direct,...]
 
-Part 1 lowers queues of 10, 1k, 10k and 100k commands (8 kernels, 16 buffers, a distinct view per command, a
+(from where the package ``benchmarks`` is importable: ``make bench`` sets that up; ``python -m benchmarks`` reports
+the same figures as JSON, ``benchmarks/compiler.py``.)
+
+Part 1 builds and lowers queues of 1k, 10k and 100k commands (8 kernels, 16 buffers, a distinct view per command, a
 run-time variable as a kernel argument: no two EXECs alike) through the default pipeline for Apple7 without a
 residency set (the longest message chain), on each path: ``icb``, ``direct`` (a device without ICB support),
 ``icb+ts`` and ``direct+ts`` (a timestamp after every command: one command buffer per command, a loop on the ICB
 path, unrolled on the direct path), ``icb+sig`` (a signal after every second command: a command buffer per two
-commands); ``direct+ts`` and ``icb+sig`` stop at 10k commands, they cost far more per command. It prints
-the best of ``--repeat`` runs in µs per command and the ratio 100k / 1k: flat lowering keeps it near 1 (the aim:
-about 5 µs per command on the ICB path, under ~50 on the direct path). Building the queue graph is not counted.
-"x toposort" divides the lowering time by one ``toposort()`` of the same queue graph measured in the same run: a
-machine-independent view of the cost (a walk that only visits each node once). Part 2 prints how many messages
-one submit sends on each path for 1, 100 and 1000 kernels (loops unrolled). Numbers are measured in this run only;
-nothing is compared with a stored value.
+commands); ``direct+ts`` and ``icb+sig`` stop at 10k commands, they cost far more per command. Each figure is the
+median over ``--rounds`` interleaved rounds of CPU time (``benchmarks.timing.interleaved``) of building the queue
+graph (``Queue.exec`` ..., under ``gc_paused`` as docs/lowering.md advises) and lowering it, in µs per command;
+"x toposort" divides it by one ``toposort()`` of the same queue graph timed in the same rounds (a walk that visits
+each node once: a machine-independent view). The last columns split one extra lowering by pass (µs per command,
+the pass and its verifier; one run, not a median). The flatness line is the cost per command at the largest size
+over that at 1k (the aim: at most 1.3, and at most 5 µs per command on every path). Part 2 prints how many
+messages one submit sends on each path for 1, 100 and 1000 kernels (loops unrolled).
 """
 from __future__ import annotations
 
 import argparse
-import gc
-import time
 
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
 from mtlir.passes import lower
@@ -72,36 +74,29 @@ def messages(program: Program) -> int:
     return total
 
 
-def cost_per_command(sizes: list[int], repeat: int, path: str = "icb") -> dict[int, float]:
-    """Lower a queue of each size on ``path`` (``PATHS``); print and return the best µs per command."""
+def cost_per_command(sizes: list[int], rounds: int, path: str = "icb") -> dict[int, float]:
+    """Build and lower a queue of each size on ``path`` (``PATHS``); print and return the median µs per command."""
+    from benchmarks.timing import interleaved, ratio
     icb, stamps, every, largest = PATHS[path]
     device = DeviceSpec("Apple7", residency_set=False, icb=icb)
     out: dict[int, float] = {}
-    print(f"\n{path}:\n{'commands':>9} {'µs/command':>11} {'total ms':>9} {'x toposort':>10}   per pass (µs/command)")
+    print(f"\n{path}:\n{'commands':>9} {'µs/command':>11} {'x toposort':>10}   one lowering by pass (µs/command)")
     for n in sizes:
         if n > largest:
             print(f"{n:>9} {'(skipped)':>11}")
             continue
         graph = build(n, device, stamps, every)
-        best, timings = float("inf"), []
-        for _ in range(repeat if n < 100_000 else max(repeat - 1, 1)):
-            gc.collect()
-            t0 = time.perf_counter()
-            lowered = lower(graph, target="arm64", keep_stages=False)
-            dt = time.perf_counter() - t0
-            if dt < best:
-                best, timings = dt, lowered.timings
-        out[n] = best / n * 1e6
-        t0 = time.perf_counter()
-        graph.toposort()  # a reference for this machine's Python speed: one walk over the same queue graph
-        walk = time.perf_counter() - t0
-        passes = "  ".join(f"{t.name} {(t.seconds + t.verify_seconds) / n * 1e6:.2f}" for t in timings)
-        print(f"{n:>9} {out[n]:>11.2f} {best * 1e3:>9.1f} {best / walk:>10.1f}   {passes}")
+        t = interleaved({"build+lower": lambda: lower(build(n, device, stamps, every), target="arm64",
+                                                      keep_stages=False),
+                         "toposort": graph.toposort}, 1, rounds)
+        out[n] = t["build+lower"] / n * 1e6
+        timings = lower(graph, target="arm64", keep_stages=False).timings
+        passes = "  ".join(f"{p.name} {(p.seconds + p.verify_seconds) / n * 1e6:.2f}" for p in timings)
+        print(f"{n:>9} {out[n]:>11.2f} {ratio(t['build+lower'], t['toposort']):>10.1f}   {passes}")
         del graph
-    if 1000 in out and 100_000 in out:
-        print(f"flatness: cost per command at 100k / at 1k = {out[100_000] / out[1000]:.2f}")
-    elif 1000 in out and 10_000 in out:
-        print(f"flatness: cost per command at 10k / at 1k = {out[10_000] / out[1000]:.2f}")
+    if 1000 in out and len(out) > 1:
+        top = max(out)
+        print(f"flatness: cost per command at {top} / at 1000 = {out[top] / out[1000]:.2f}")
     return out
 
 
@@ -119,15 +114,15 @@ def messages_per_submit(counts: list[int]) -> None:
 def main() -> None:
     """Run both parts (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="10,1000,10000,100000", help="queue lengths, comma separated")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per size (the best counts)")
+    ap.add_argument("--sizes", default="1000,10000,100000", help="queue lengths, comma separated")
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds per size (the median counts; >= 7)")
     ap.add_argument("--paths", default=",".join(PATHS), help=f"paths to measure, comma separated ({', '.join(PATHS)})")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     for path in args.paths.split(","):
         if path not in PATHS:
             ap.error(f"unknown path {path!r}: expected one of {', '.join(PATHS)}")
-        cost_per_command(sizes, args.repeat, path)
+        cost_per_command(sizes, args.rounds, path)
     messages_per_submit([1, 100, 1000])
 
 
