@@ -17,7 +17,7 @@ APT_PACKAGES := graphviz pocl-opencl-icd ocl-icd-libopencl1 build-essential
 MODULES := $(sort $(shell find mtlir passes runtime clients -name '*.py' 2>/dev/null))
 export PYTHONSAFEPATH := 1
 
-.PHONY: run test test-gpu test-arm64 typecheck setup sysdeps browser objc oclgrind bench example clean FORCE
+.PHONY: run test test-gpu test-arm64 typecheck setup sysdeps browser objc oclgrind bench example fuzz clean FORCE
 
 run: $(STAMP)
 	$(VENV)/bin/mtlir run $(TRACE) --viz $(OUT)/$(notdir $(basename $(TRACE)))
@@ -25,6 +25,12 @@ run: $(STAMP)
 
 test: typecheck browser objc oclgrind
 	$(PY) -m pytest -rs tests
+
+# the long fuzzing campaign (docs/fuzzing.md): the hypothesis profile fuzz (tests/fuzz/fuzz_profile.py, thousands of
+# random queues and bad inputs); a queue that fails is saved as JSON into tests/fuzz/regressions/, which the normal
+# suite replays. FUZZ_ARGS passes more pytest options (FUZZ_ARGS="--hypothesis-seed=7").
+fuzz: $(STAMP)
+	PYTHONPATH=tests/fuzz $(PY) -m pytest -p fuzz_profile --hypothesis-profile=fuzz -q -rs $(FUZZ_ARGS) tests/fuzz
 
 # the tests marked gpu (tests/runtime/sim/kernels/test_gpu.py): every trace on an OpenCL device that is a GPU; they
 # skip, saying why, where there is none (docs/performance.md: how they ran on an NVIDIA H200)

@@ -141,9 +141,10 @@ class SimResult:
 def run_sim(spec: QueueSpec, runner: Any, order_seed: int | None = None) -> SimResult:
     """Lower ``spec`` with the default pipeline, link it on a ``SimDevice`` (strict) whose kernels run on
     ``runner`` (one ``KernelRunner`` shared by every example: kernels build once), submit once per entry of
-    ``spec.submits`` (each recorded: its messages), wait, and read every buffer after each."""
-    import inspect
-
+    ``spec.submits`` (each recorded: its messages), wait, and read every buffer after each. ``order_seed``: the
+    order of the commands between two ICB barriers (``SimDevice(order_seed=...)``: None runs them last first, an
+    int shuffles them). The GPU watchdog waits 30 s, not 2: on a busy machine a command buffer can wait on its fence
+    that long without anything being wrong."""
     from mtlir.passes import lower
     from mtlir.runtime import Session
     from mtlir.runtime.sim.device import SimDevice
@@ -153,12 +154,9 @@ def run_sim(spec: QueueSpec, runner: Any, order_seed: int | None = None) -> SimR
     used = [i for i in range(len(spec.buffers)) if f"buffer:b{i}" in names]
     init = spec.initial()
     initial = {f"buffer:b{i}": init[i] for i in used}  # a buffer no dispatch binds is not in the Program
-    extra: dict[str, Any] = {}
-    if order_seed is not None and "order_seed" in inspect.signature(SimDevice).parameters:
-        extra["order_seed"] = order_seed
     out = SimResult([], [])
     with SimDevice(t.target, family=t.family, residency_sets=t.residency_set, icb=t.icb, kernel_runner=runner,
-                   timeout_s=60, **extra) as sim, Session(program, sim, initial=initial, timeout_s=60) as s:
+                   timeout_s=60, gpu_timeout_s=30, order_seed=order_seed) as sim, Session(program, sim, initial=initial, timeout_s=60) as s:
         for values in spec.submits:
             bound = {k: v for k, v in values.items() if k in program.variables}
             out.messages.append([m["selector"] for m in s.record_submit(**bound)])

@@ -85,7 +85,7 @@ class Reference:
 
 
 def numpy_model(spec: QueueSpec) -> list[list[bytes]]:
-    """The same queue by the kernels' numpy meaning (``msl_library.LibKernel.numpy``): exact, as the kernels are int32."""
+    """The same queue by the kernels' numpy meaning (``msl_library.LibKernel.numpy``): exact (int32 kernels)."""
     arrays = [np.frombuffer(b, np.int32).copy() for b in spec.initial()]
     out = []
     for values in spec.submits:

@@ -8,7 +8,8 @@ failing queue as JSON into tests/fuzz/regressions/, which ``test_regressions`` r
 """
 from __future__ import annotations
 
-import inspect
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,7 @@ from strategies import queue_specs
 
 REGRESSIONS = Path(__file__).parent / "regressions"
 FUZZ_EXAMPLES = 200  # the normal suite's examples; a profile that asks for more (``fuzz``) gets its own number
-CAMPAIGN = settings.default.max_examples > FUZZ_EXAMPLES  # the loaded profile: the long campaign of make fuzz
-
-
-def _has_order_seed() -> bool:
-    from mtlir.runtime.sim.device import SimDevice
-    return "order_seed" in inspect.signature(SimDevice).parameters
+CAMPAIGN = settings.default.max_examples > FUZZ_EXAMPLES  # the loaded profile is the campaign's (make fuzz)
 
 
 @pytest.fixture(scope="module")
@@ -61,33 +57,34 @@ def check(spec: QueueSpec, runner: Any, reference: Reference, order_seed: int | 
         assert len(msgs) == expected, f"submit {k}: {len(msgs)} messages, the formula says {expected}: {msgs}"
 
 
+_SAVE_AS = REGRESSIONS / f"queue-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
 def _save(spec: QueueSpec, order_seed: int | None) -> None:
-    """Keep a failing queue as a regression (only in the fuzz campaign: ``make fuzz`` sets the profile)."""
+    """Keep a failing queue as a regression (only in the campaign: ``make fuzz`` loads the profile). One file per
+    campaign, written at every failure: hypothesis runs the smallest failing example last, so that is what stays."""
     if not CAMPAIGN:
         return
     REGRESSIONS.mkdir(exist_ok=True)
-    text = spec.to_json()
-    name = f"queue-{abs(hash(text)) % 10**8:08d}.json"
-    (REGRESSIONS / name).write_text(text if order_seed is None else
-                                    text[:-1] + f',\n "order_seed": {order_seed}\n}}')
+    doc = json.loads(spec.to_json())
+    doc["order_seed"] = order_seed
+    _SAVE_AS.write_text(json.dumps(doc, indent=1) + "\n")
 
 
-@settings(max_examples=max(FUZZ_EXAMPLES, settings.default.max_examples), deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                           HealthCheck.function_scoped_fixture])
+@settings(max_examples=max(FUZZ_EXAMPLES, settings.default.max_examples), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(spec=queue_specs(), order_seed=st.none() | st.integers(0, 2**16))
 def test_sim_equals_reference(spec: QueueSpec, order_seed: int | None, runner: Any, reference: Reference) -> None:
-    seed = order_seed if _has_order_seed() else None
     try:
-        check(spec, runner, reference, seed)
+        check(spec, runner, reference, order_seed)
     except Exception:
-        _save(spec, seed)
+        _save(spec, order_seed)
         raise
 
 
 @pytest.mark.parametrize("path", sorted(REGRESSIONS.glob("*.json")), ids=lambda p: p.name)
 def test_regressions(path: Path, runner: Any, reference: Reference) -> None:
     """Every queue a campaign found failing, replayed (with its adversarial order seed where it had one)."""
-    import json
-    seed = json.loads(path.read_text()).pop("order_seed", None)
-    text = json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "order_seed"})
-    check(QueueSpec.from_json(text), runner, reference, seed if _has_order_seed() else None)
+    doc = json.loads(path.read_text())
+    seed = doc.pop("order_seed", None)
+    check(QueueSpec.from_json(json.dumps(doc)), runner, reference, seed)

@@ -116,14 +116,16 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70
                                                                                       max_size=4), max_leaves=12)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=max(150, settings.default.max_examples), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(data=json_values)
 def test_any_json_value(data: Any) -> None:
     """Any JSON value as a whole trace."""
     load_checked(data)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=max(300, settings.default.max_examples), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(which=st.sampled_from(SMALL), pick=st.integers(0, 10**6), value=json_values, remove=st.booleans())
 def test_any_json_value_anywhere(which: str, pick: int, value: Any, remove: bool) -> None:
     """A real trace with any JSON value at any of its fields (or the field removed)."""
@@ -137,7 +139,7 @@ _TRACE_CACHE: dict[str, Any] = {}
 _PATH_CACHE: dict[str, list[tuple[Any, ...]]] = {}
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=max(100, settings.default.max_examples), deadline=None)
 @given(raw=st.binary(max_size=64) | st.text(max_size=64).map(str.encode))
 def test_load_trace_any_bytes(raw: bytes, tmp_path_factory: Any) -> None:
     """Any file: not UTF-8, not JSON, not an object: a ``TraceError`` naming the file."""
