@@ -21,6 +21,10 @@ worker threads included) where the OpenCL device is a CPU, wall time on a GPU (i
 ratio is median(sim) / median(raw) over ``rounds`` rounds after two warm-up rounds. ``sim_overhead_us_per_dispatch``
 is the same pair on one trace made long (mlp.apple7's five dispatches repeated ``long_repeat`` times into one
 command buffer): (median sim - median raw) / dispatches, the simulator's own cost per dispatch of a batch.
+``kernel_path_over_pyopencl``: the kernel path alone against the same raw rounds, what the simulated GPU's thread
+does for one ICB range (the trace's dispatches prepared once as ``Launch``es, then per round one
+``KernelRunner.run_batch``: buffers made current, one enqueue per launch, one wait, the fault records read), without
+the Objective-C messages, the Session and the command buffer around it.
 """
 from __future__ import annotations
 
@@ -195,9 +199,18 @@ def _pair(path: Path, opencl_device: str | int | None, rounds: int) -> dict[str,
         clock = time.process_time if on_cpu else time.perf_counter
         sim_s, raw_s = _interleaved(sim.round, raw.round, rounds, clock)
         sim_wall, raw_wall = _interleaved(sim.round, raw.round, max(3, rounds // 2), time.perf_counter)
+        launches = [ck.prepare(b, g, t, keep=True) for ck, b, g, t in work]
+        batch = [la for la in launches if la is not None]
+
+        def kernel_path() -> None:  # what the simulated GPU's thread does for one ICB range: one batch, one wait
+            runner.run_batch(batch, 120, keep=True)
+        batch_s, raw_b = _interleaved(kernel_path, raw.round, rounds, clock)
+        runner.sync()
         n = len(work)
         return {"trace": path.name, "dispatches": n, "clock": "cpu" if on_cpu else "wall",
                 "sim_us": sim_s * 1e6, "raw_us": raw_s * 1e6, "ratio": sim_s / raw_s,
+                "kernel_path_us": batch_s * 1e6, "kernel_path_raw_us": raw_b * 1e6,
+                "kernel_path_ratio": batch_s / raw_b,
                 "sim_wall_us": sim_wall * 1e6, "raw_wall_us": raw_wall * 1e6, "wall_ratio": sim_wall / raw_wall,
                 "overhead_us_per_dispatch": (sim_s - raw_s) / n * 1e6, "match": sim.output_matches(),
                 "device": runner.device_name}
@@ -223,13 +236,15 @@ def measure(opencl_device: str | int | None = None, rounds: int = 15, skip: tupl
     return {"device": rows[0]["device"] if rows else long["device"],
             "sim_run_over_pyopencl": {"worst": max(r["ratio"] for r in rows),
                                       "traces": {r["trace"]: r["ratio"] for r in rows}},
+            "kernel_path_over_pyopencl": {"worst": max(r["kernel_path_ratio"] for r in rows),
+                                          "traces": {r["trace"]: r["kernel_path_ratio"] for r in rows}},
             "sim_overhead_us_per_dispatch": long["overhead_us_per_dispatch"],
             "rows": rows + [long]}
 
 
 def _print_row(row: dict[str, Any], out: Any) -> None:
     print(f"{row['trace']:30} {row['dispatches']:4} {row['sim_us']:9.1f} {row['raw_us']:9.1f} {row['ratio']:6.2f} "
-          f"{row['wall_ratio']:6.2f} {row['overhead_us_per_dispatch']:8.1f} "
+          f"{row['wall_ratio']:6.2f} {row['overhead_us_per_dispatch']:8.1f} {row['kernel_path_ratio']:7.2f} "
           f"{'match' if row['match'] else 'MISMATCH'}", file=out, flush=True)
 
 
@@ -241,11 +256,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     ap.add_argument("--skip", default="", help="trace file names to leave out, comma-separated")
     args = ap.parse_args(argv)
-    print(f"{'trace':30} {'disp':>4} {'sim us':>9} {'raw us':>9} {'ratio':>6} {'wall':>6} {'ovh us/d':>8}")
+    print(f"{'trace':30} {'disp':>4} {'sim us':>9} {'raw us':>9} {'ratio':>6} {'wall':>6} {'ovh us/d':>8} "
+          f"{'kernels':>7}")
     figures = measure(args.opencl_device, args.rounds, tuple(s for s in args.skip.split(",") if s),
                       args.long_repeat, out=sys.stdout)
     print(f"OpenCL device: {figures['device']}; medians of {args.rounds} interleaved rounds "
           f"({figures['rows'][0]['clock']} time)")
+    print(f"kernel_path_over_pyopencl (worst): {figures['kernel_path_over_pyopencl']['worst']:.2f}")
     print(f"sim_run_over_pyopencl (worst): {figures['sim_run_over_pyopencl']['worst']:.2f} (bar 1.3); "
           f"sim_overhead_us_per_dispatch: {figures['sim_overhead_us_per_dispatch']:.1f} (bar 20)")
     if args.json is not None:
