@@ -45,12 +45,16 @@ class Op:
 
 @dataclass(frozen=True)
 class Target:
-    """Where the queue is lowered for: GPU family, residency set, ICB, ABI."""
+    """Where the queue is lowered for and how it runs: GPU family, residency set, ICB, ABI; ``strict``: the
+    simulated device refuses misuse at the call (else faithful: what Metal does without its validation layer);
+    ``executor``: the Session's (``compiled`` or ``interpreter``)."""
 
     family: str = "Apple9"
     residency_set: bool = True
     icb: bool = True
     target: str = "x86_64"
+    strict: bool = True
+    executor: str = "compiled"
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,7 @@ class SimResult:
 
 
 def run_sim(spec: QueueSpec, runner: Any, order_seed: int | None = None) -> SimResult:
-    """Lower ``spec`` with the default pipeline, link it on a ``SimDevice`` (strict) whose kernels run on
+    """Lower ``spec`` with the default pipeline, link it on a ``SimDevice`` (strict or faithful) whose kernels run on
     ``runner`` (one ``KernelRunner`` shared by every example: kernels build once), submit once per entry of
     ``spec.submits`` (each recorded: its messages), wait, and read every buffer after each. ``order_seed``: the
     order of the commands between two ICB barriers (``SimDevice(order_seed=...)``: None runs them last first, an
@@ -155,8 +159,9 @@ def run_sim(spec: QueueSpec, runner: Any, order_seed: int | None = None) -> SimR
     init = spec.initial()
     initial = {f"buffer:b{i}": init[i] for i in used}  # a buffer no dispatch binds is not in the Program
     out = SimResult([], [])
-    with SimDevice(t.target, family=t.family, residency_sets=t.residency_set, icb=t.icb, kernel_runner=runner,
-                   timeout_s=60, gpu_timeout_s=30, order_seed=order_seed) as sim, Session(program, sim, initial=initial, timeout_s=60) as s:
+    sim = SimDevice(t.target, strict=t.strict, family=t.family, residency_sets=t.residency_set, icb=t.icb,
+                    kernel_runner=runner, timeout_s=60, gpu_timeout_s=30, order_seed=order_seed)
+    with sim, Session(program, sim, initial=initial, executor=t.executor, timeout_s=60) as s:
         for values in spec.submits:
             bound = {k: v for k, v in values.items() if k in program.variables}
             out.messages.append([m["selector"] for m in s.record_submit(**bound)])

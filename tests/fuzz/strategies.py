@@ -7,7 +7,8 @@ overlaps no input, except the elementwise kernel in place, whose threads each re
 each dispatch's element count an int or a variable; between them waits on the queue's timeline, signals of shared
 events and later waits on them, or (a profiled submit: never with shared events, which encode refuses) timestamps;
 1 or 2 submits, each with its own values of the variables; a random target (Apple7/Apple9, residency set or not,
-ICB or direct path, arm64/x86_64).
+ICB or direct path, arm64/x86_64), the simulated device strict or faithful, the compiled executor or the
+interpreter.
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ MAX_N = 64  # the largest element count of a dispatch: every buffer holds at lea
 
 
 def targets() -> st.SearchStrategy[Target]:
-    """Every lowering target: family, residency set, ICB, ABI."""
+    """Every lowering target (family, residency set, ICB, ABI), strict or faithful, either executor."""
     return st.builds(Target, st.sampled_from(["Apple7", "Apple9"]), st.booleans(), st.booleans(),
-                     st.sampled_from(["arm64", "x86_64"]))
+                     st.sampled_from(["arm64", "x86_64"]), st.booleans(), st.sampled_from(["compiled", "interpreter"]))
 
 
 def _view(draw: Any, sizes: tuple[int, ...], need: int, buffers: list[int]) -> View:
