@@ -26,6 +26,7 @@ Before / after (``y = f(x); z = g(x); w = h(y)`` with ``y``, ``z`` disjoint view
 """
 from __future__ import annotations
 
+import bisect
 import functools
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -83,54 +84,186 @@ def _const(declaration: str) -> bool:
     return "const" in head.replace("(", " ").replace(")", " ").split()
 
 
+class _Kernel(NamedTuple):
+    """What the pass needs of one pipeline's kernel: bytes each buffer index may touch from its offset (None: to
+    the end of the buffer) and the indices it writes (None: unknown, every one)."""
+
+    extent: dict[int, int]
+    written: frozenset[int] | None
+
+
+def _kernel_facts(kernel: Kernel | None) -> _Kernel:
+    if kernel is None:
+        return _Kernel({}, None)
+    extent = {p.index: p.elements * element_dtype(p.dtype).itemsize for p in kernel.params
+              if p.var is None and p.elements is not None}
+    return _Kernel(extent, written_indices(kernel))
+
+
 def command_accesses(cmd: IcbCommand, kernel: Kernel | None, sizes: dict[str, int]) -> list[Access]:
     """What ICB command ``cmd`` touches (module docstring). ``kernel``: its pipeline's Kernel (None: unknown, every
     buffer written); ``sizes``: bytes of each buffer placeholder by name (a missing one: to the end of the address
     space)."""
-    params = {p.index: p for p in kernel.params} if kernel is not None else {}
-    written = written_indices(kernel) if kernel is not None else None
+    return _accesses(cmd, _kernel_facts(kernel), sizes)
+
+
+def _accesses(cmd: IcbCommand, k: _Kernel, sizes: dict[str, int]) -> list[Access]:
     out: list[Access] = []
+    written = k.written
     for name, offset, index in cmd.bindings:
         if name == "varbuf":
             continue  # constant T& slots: only read, written by the CPU before the submit
-        param = params.get(index)
         end = sizes.get(name, 1 << 64)
-        if param is not None and param.elements is not None:
-            end = min(end, offset + param.elements * element_dtype(param.dtype).itemsize)
+        n = k.extent.get(index)
+        if n is not None and offset + n < end:
+            end = offset + n
         out.append(Access(name, offset, max(end, offset + 1), written is None or index in written))
     for index in cmd.rebound:
         out.append(Access(_ANY, 0, 1 << 64, written is None or index in written))
     return out
 
 
+class _Intervals:
+    """A union of byte ranges kept as sorted, disjoint ``[starts[i], ends[i])``: an overlap test and an insertion
+    cost a bisection (so a group of 100,000 commands on slices of one buffer stays linear-logarithmic)."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def overlaps(self, lo: int, hi: int) -> bool:
+        i = bisect.bisect_right(self.starts, lo) - 1
+        if i >= 0 and self.ends[i] > lo:
+            return True
+        return i + 1 < len(self.starts) and self.starts[i + 1] < hi
+
+    def add(self, lo: int, hi: int) -> None:
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_left(ends, lo)          # the first range that ends at or after lo: merges from there
+        j = bisect.bisect_right(starts, hi)       # ranges starting after hi stay
+        if i < j:
+            lo, hi = min(lo, starts[i]), max(hi, ends[j - 1])
+        starts[i:j], ends[i:j] = [lo], [hi]
+
+
+_SMALL = 12  # a group of at most this many accesses is scanned; a larger one keeps interval sets per buffer
+_BIG = 1 << 64
+
+
+class _Group:
+    """The accesses of the commands since the last barrier, as ``(buffer, lo, hi, write)`` tuples: a plain list
+    while the group is small (scanned), then per buffer the union of the bytes read and of the bytes written
+    (``_Intervals``), and whether any command reads or writes through a buffer variable (any buffer)."""
+
+    __slots__ = ("small", "reads", "writes", "any_read", "any_write")
+
+    def __init__(self) -> None:
+        self.small: list[tuple[str, int, int, bool]] | None = []
+        self.reads: dict[str, _Intervals] = {}
+        self.writes: dict[str, _Intervals] = {}
+        self.any_read = self.any_write = False
+
+    def conflicts(self, mine: list[tuple[str, int, int, bool]]) -> bool:
+        """Whether an access of ``mine`` conflicts with one of the group (``Access.conflicts``)."""
+        small = self.small
+        if small is not None:
+            for name, lo, hi, w in mine:
+                for other, olo, ohi, ow in small:
+                    if (w or ow) and lo < ohi and olo < hi and (name == other or not name or not other):
+                        return True
+            return False
+        for name, lo, hi, w in mine:
+            if not name:  # a buffer variable: any buffer
+                if self.any_write or self.writes or (w and (self.any_read or self.reads)):
+                    return True
+                continue
+            if self.any_write or (w and self.any_read):
+                return True
+            iv = self.writes.get(name)
+            if iv is not None and iv.overlaps(lo, hi):
+                return True
+            iv = self.reads.get(name) if w else None
+            if iv is not None and iv.overlaps(lo, hi):
+                return True
+        return False
+
+    def add(self, mine: list[tuple[str, int, int, bool]]) -> None:
+        """Add the accesses of one command."""
+        small = self.small
+        if small is not None:
+            small += mine
+            if len(small) <= _SMALL:
+                return
+            self.small, mine = None, small
+        for name, lo, hi, w in mine:
+            if not name:
+                if w:
+                    self.any_write = True
+                else:
+                    self.any_read = True
+                continue
+            table = self.writes if w else self.reads
+            iv = table.get(name)
+            if iv is None:
+                iv = table[name] = _Intervals()
+            iv.add(lo, hi)
+
+
 def place_barriers(spec: IcbSpec) -> IcbSpec:
     """``spec`` with a barrier on a command only where one of its accesses conflicts with an access of the
-    commands since the last barrier (the first command has none: nothing runs before it in its range)."""
-    kernels = {o.name: o.payload[0] for o in spec.pipelines if o.payload and isinstance(o.payload[0], Kernel)}
+    commands since the last barrier (the first command has none: nothing runs before it in its range). A group
+    beyond a few accesses costs a bisection per access: linear-logarithmic in the commands, however many share one
+    group."""
+    facts = {o.name: _kernel_facts(o.payload[0]) for o in spec.pipelines
+             if o.payload and isinstance(o.payload[0], Kernel)}
+    unknown = _Kernel({}, None)
     sizes = {o.name: int(o.payload[0]) for o in spec.buffers if o.payload and isinstance(o.payload[0], int)}
-    group: list[Access] = []
+    group = _Group()
     out: list[IcbCommand] = []
+    changed = False
+    new = tuple.__new__
     for i, cmd in enumerate(spec.commands):
-        mine = command_accesses(cmd, kernels.get(cmd.pipeline), sizes)
-        barrier = i > 0 and any(a.conflicts(b) for a in mine for b in group)
+        k = facts.get(cmd.pipeline, unknown)
+        written, extent = k.written, k.extent
+        mine: list[tuple[str, int, int, bool]] = []
+        for name, offset, index in cmd.bindings:
+            if name == "varbuf":
+                continue  # constant T& slots: only read, written by the CPU before the submit
+            end = sizes.get(name, _BIG)
+            n = extent.get(index)
+            if n is not None and offset + n < end:
+                end = offset + n
+            mine.append((name, offset, end if end > offset else offset + 1, written is None or index in written))
+        for index in cmd.rebound:
+            mine.append((_ANY, 0, _BIG, written is None or index in written))
+        barrier = i > 0 and group.conflicts(mine)
         if barrier:
-            group = []
-        group += mine
-        out.append(cmd if cmd.barrier == barrier else cmd._replace(barrier=barrier))
-    if all(a is b for a, b in zip(out, spec.commands)):
+            group = _Group()
+        group.add(mine)
+        if cmd.barrier is not barrier:
+            cmd, changed = new(IcbCommand, (*cmd[:4], barrier, *cmd[5:])), True
+        out.append(cmd)
+    if not changed:
         return spec
     return IcbSpec(CommandList(out), spec.pipelines, spec.buffers, spec.max_bind_count)
 
 
-def _icb(x: UOp) -> UOp | None:
-    """An ICB placeholder with its barriers placed (None when they already are)."""
+def _icb(ctx: set[int], x: UOp) -> UOp | None:
+    """An ICB placeholder with its barriers placed (None when this rewrite placed them already: ``ctx`` holds the
+    placeholders it made, so the fixed point does not read the command list a second time)."""
     obj = x.arg
-    if not isinstance(obj, Obj) or obj.kind != "icb" or not obj.payload or not isinstance(obj.payload[0], IcbSpec):
+    if id(obj) in ctx or not isinstance(obj, Obj) or obj.kind != "icb" or not obj.payload \
+            or not isinstance(obj.payload[0], IcbSpec):
         return None
     spec = place_barriers(obj.payload[0])
     if spec is obj.payload[0]:
+        ctx.add(id(obj))
         return None
-    return UOp(Ops.OBJECT, x.dtype, x.src, Obj(obj.kind, obj.name, (spec, *obj.payload[1:])))
+    placed = UOp(Ops.OBJECT, x.dtype, x.src, Obj(obj.kind, obj.name, (spec, *obj.payload[1:])))
+    ctx.add(id(placed.arg))  # hash-consing may give back an equal node made earlier: its own arg
+    return placed
 
 
 # the ICB placeholder -> the same placeholder with barriers only where a command depends on its group
@@ -148,4 +281,4 @@ class Barriers(Pass):
     def apply(self, graph: UOp, ctx: PassContext) -> UOp:
         """``graph`` with its ICB placeholder's barriers placed (the graph itself when it has no ICB, or when
         every barrier is needed)."""
-        return graph_rewrite(graph, BARRIERS, name="barriers")
+        return graph_rewrite(graph, BARRIERS, ctx=set(), name="barriers")
