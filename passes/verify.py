@@ -23,7 +23,7 @@ from mtlir.ir.uop import UOp
 
 __all__ = ["VerifyError", "verify_graph", "verify_program", "verify_queue", "node_line", "graph_text", "stage_text",
            "SPEC", "QUEUE_SPEC", "Checks", "checked_once",
-           "STAGE_CHECKS", "QUEUE_OPS"]
+           "STAGE_CHECKS", "STAGE_OPS", "QUEUE_OPS"]
 
 QUEUE_OPS = frozenset({Ops.SUBMIT, Ops.EXEC, Ops.WAIT, Ops.SIGNAL, Ops.TIMESTAMP, Ops.COPY, Ops.FILL, Ops.KERNEL,
                        Ops.BUFFER, Ops.BUFFER_VIEW})
@@ -243,15 +243,33 @@ class Checks:
             keys = pat.op_keys()
             for op in (Ops if keys is None else keys):
                 self.by_op.setdefault(op, []).append((pat, fn))
+        # an op whose one check's pattern is only ops and a name (every rule of SPEC): the check called directly
+        self.direct: dict[Ops, Callable[[UOp], str | None]] = {
+            op: _by_name(pats[0][1], pats[0][0].name) for op, pats in self.by_op.items()
+            if len(pats) == 1 and _only_op(pats[0][0])}
 
     def problem(self, u: UOp) -> str | None:
         """The first problem a check finds with ``u`` (None: fine)."""
+        fn1 = self.direct.get(u.op)
+        if fn1 is not None:
+            return fn1(u)
         for pat, fn in self.by_op.get(u.op, ()):
             for captures in pat.match(u, {}):
                 found = fn(**captures)
                 if found is not None:
                     return found
         return None
+
+
+def _only_op(pat: UPat) -> bool:
+    """A pattern that matches every node of its ops, capturing it under a name (no dtype, source or arg test)."""
+    return pat.name is not None and pat.only_ops()
+
+
+def _by_name(fn: Callable[..., str | None], name: str | None) -> Callable[[UOp], str | None]:
+    """``fn`` taking the node as the keyword ``name``, called with the node."""
+    assert name is not None
+    return lambda u: fn(**{name: u})
 
 
 # each rule: pattern -> the problem as text, or None when the node is fine
@@ -389,39 +407,99 @@ STAGE_CHECKS: dict[str, Callable[[UOp, UOp], str | None]] = {
 }
 
 
-def verify_graph(root: UOp, pass_name: str, extra: Callable[[UOp, UOp], str | None] | None = None) -> None:
+def verify_graph(root: UOp, pass_name: str, extra: Callable[[UOp, UOp], str | None] | None = None,
+                 extra_ops: frozenset[Ops] | None = None) -> None:
     """Check every node of ``root`` against ``SPEC``, the postcondition of ``pass_name`` (if it has one) and
-    ``extra`` (a pass's own check, e.g. abi's per target), in one walk.
+    ``extra`` (a pass's own check, e.g. abi's per target; ``extra_ops``: the only ops it can object to, None: any),
+    in one walk.
 
-    Inside ``checked_once()`` (a pipeline run) a node that passed ``SPEC`` after an earlier pass is not checked
-    against it again (nodes are immutable): only the postcondition, an op test, runs on it.
+    Inside ``checked_once()`` (a pipeline run) only the nodes the pass made are walked: a node verified after an
+    earlier pass was checked with its whole subgraph (nodes are immutable), and its entry keeps the set of ops in
+    that subgraph (a bit mask). The postcondition still covers those old subgraphs: one holding an op the
+    postcondition looks at (``STAGE_OPS``; a queue op after encode, an MSG or CALL after abi) is walked and checked
+    node by node; the root is checked whatever it is.
     Raises ``VerifyError`` naming the pass and the first bad node (in toposort order)."""
     stage = STAGE_CHECKS.get(pass_name)
+    watch = STAGE_OPS.get(pass_name, _ALL_OPS) if stage is not None else frozenset()
     if extra is not None:
         first = stage
         stage = extra if first is None else (lambda u, r: first(u, r) or extra(u, r))
-    done = _CHECKED[-1] if _CHECKED else set()
-    add, spec = done.add, SPEC.problem
-    for u in root.toposort():
-        problem = None
-        if u not in done:
-            problem = spec(u)
-            if problem is None:
-                add(u)
-        if problem is None and stage is not None:
-            problem = stage(u, root)
+        watch = watch | (extra_ops if extra_ops is not None else _ALL_OPS)
+    if not _CHECKED:
+        for u in root.toposort():
+            problem = SPEC.problem(u) or (stage(u, root) if stage is not None else None)
+            if problem is not None:
+                raise VerifyError(pass_name, u, problem, _context(root, u))
+        return
+    done = _CHECKED[-1]
+    spec, bit = SPEC.problem, _BIT
+    fresh, boundary = _fresh(root, done)
+    for u in fresh:
+        problem = spec(u) or (stage(u, root) if stage is not None else None)
         if problem is not None:
             raise VerifyError(pass_name, u, problem, _context(root, u))
+        mask = bit[u.op]
+        for src in u.src:
+            mask |= done[src]
+        done[u] = mask
+    if stage is None:
+        return
+    watched = 0
+    for op in watch:
+        watched |= bit[op]
+    seen: set[UOp] = set()
+    for b in boundary:  # old subgraphs under new nodes (or the old root): walked only where the postcondition looks
+        if b is root or done[b] & watched:
+            for u in (b.toposort() if done[b] & watched else (b,)):
+                if u not in seen:
+                    seen.add(u)
+                    problem = stage(u, root)
+                    if problem is not None:
+                        raise VerifyError(pass_name, u, problem, _context(root, u))
 
 
-_CHECKED: list[set[UOp]] = []  # per open checked_once(): the nodes that passed SPEC (innermost last)
+def _fresh(root: UOp, done: dict[UOp, int]) -> tuple[list[UOp], list[UOp]]:
+    """The nodes under ``root`` not in ``done``, each after its sources (as ``UOp.toposort``), and the nodes of
+    ``done`` they (or the root) reach directly, in first-met order."""
+    if root in done:
+        return [], [root]
+    order: list[UOp] = []
+    boundary: dict[UOp, None] = {}
+    placed: dict[UOp, bool] = {}  # False: sources being visited, True: in ``order``
+    stack = [root]
+    push, pop, get, append = stack.append, stack.pop, placed.get, order.append
+    while stack:
+        node = pop()
+        state = get(node)
+        if state is None:
+            placed[node] = False
+            push(node)
+            for s in reversed(node.src):
+                if s in done:
+                    boundary[s] = None
+                elif s not in placed:
+                    push(s)
+        elif state is False:
+            placed[node] = True
+            append(node)
+    return order, list(boundary)
+
+
+_BIT = {op: 1 << i for i, op in enumerate(Ops)}  # an op's bit in the masks of checked_once
+_ALL_OPS = frozenset(Ops)
+# the ops each postcondition can object to: an old subgraph holding none of them needs no look after that pass
+STAGE_OPS: dict[str, frozenset[Ops]] = {
+    "encode": QUEUE_OPS, "abi": QUEUE_OPS | {Ops.MSG, Ops.MSGS, Ops.CALL, Ops.CALLS},  # abi's includes encode's
+}
+
+_CHECKED: list[dict[UOp, int]] = []  # per open checked_once(): node -> the ops of its subgraph, as a bit mask
 
 
 @contextlib.contextmanager
 def checked_once() -> Iterator[None]:
-    """Within this block ``verify_graph`` checks each distinct node against ``SPEC`` once (PassPipeline.run uses it:
-    the stages of one lowering share most of their nodes)."""
-    _CHECKED.append(set())
+    """Within this block ``verify_graph`` checks each distinct node against ``SPEC`` once, and walks only the nodes
+    a pass made (PassPipeline.run uses it: the stages of one lowering share most of their nodes)."""
+    _CHECKED.append({})
     try:
         yield
     finally:

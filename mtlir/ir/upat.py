@@ -133,6 +133,11 @@ class UPat:
             return frozenset(keys)
         return self.ops
 
+    def only_ops(self) -> bool:
+        """Whether this pattern matches every node of its ops (no dtype, source or arg test, no alternatives), so
+        a table of checks may call its function on the node without matching."""
+        return self.dtypes is None and self.src_mode == "any" and self.arg_key is _NO_ARG and not self.alternatives
+
     def capture_names(self) -> frozenset[str]:
         """Every name this pattern (or any alternative, at any depth) can capture."""
         names: set[str] = set()
