@@ -163,7 +163,7 @@ def replay_figures(quick: bool = False) -> dict[str, Any]:
             caps.append(cap.calls)
         hand = handwritten(bridge, caps[0], caps[1], tuple(program.variables))
         t = interleaved({"hand-written": lambda: hand(**values), "interpreter": lambda: interp.run(**values),
-                         "compiled": lambda: compiled.run(**values)}, n)
+                         "compiled": lambda: compiled.run(**values)}, n, 7 if quick else 15)
         cases[f"{trace} {'icb' if icb else 'direct'}"] = {
             "messages": sum(1 for c in caps[0] if c[0] == "msg"), "calls": len(caps[0]),
             "us_hand_written": t["hand-written"] * 1e6, "us_interpreter": t["interpreter"] * 1e6,

@@ -31,7 +31,7 @@ from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.executors.interpreter import (Executor, Interpreter, ProgramError, alu_fn, bind_variables,
                                                  bitcast_fn, cast_fn, float_rounder, format_instr)
-from mtlir.runtime.executors.native import RETURNS, NativeCalls, fits, value_bounds
+from mtlir.runtime.executors.native import RETURNS, NativeCalls, fits, size_structs, value_bounds
 from mtlir.runtime.metal.marshal import MTLSizeStruct, ret_kind
 
 __all__ = ["CompiledReplay", "EXECUTORS", "make_executor"]
@@ -47,6 +47,7 @@ _EXPR = {
 
 
 _MISSING = object()
+_POINTERS = ("ptr", "id", "sel")  # argument kinds ctypes passes as c_void_p (None is NULL)
 _RESERVED = re.compile(r"[rPDWFCKVSNM]\d+|msg_send|c_call|load|store|idiv|cmod|max|min|range|bool|type|int|replay|make|_program|_slow|_note|_extra|_M|e")
 
 
@@ -81,6 +82,9 @@ class CompiledReplay(Executor):
         self.native = NativeCalls.of(bridge)
         self.bounds, self.fields = (value_bounds(program, {r: self.registers[r] for r in self.static})
                                     if self.native is not None else ({}, {}))
+        self.raw = self._raw_results()
+        self.sizes = (size_structs(program, self.native, {r: self.registers[r] for r in self.static}, self.bounds,
+                                   self.fields) if self.native is not None else set())
         self.source = self._generate()
         CompiledReplay._count += 1
         filename = f"<mtlir compiled replay {CompiledReplay._count}>"
@@ -226,12 +230,13 @@ class CompiledReplay(Executor):
                     depth += 1
                     empty_body = True
                     continue
-                case Call(fn="objc_msgSend", proto=proto, args=args) if self._direct(proto, args) is not None:
-                    line = lhs + self._direct(proto, args, dst >= 0)  # type: ignore[operator]
+                case Call(fn="objc_msgSend", proto=proto, args=args) if self._direct(proto, args, dst=dst) is not None:
+                    line = lhs + self._direct(proto, args, dst >= 0, dst=dst)  # type: ignore[operator]
                 case Store(dtype=dtype, addr=addr, value=value) if self._cell(dtype, addr, value) is not None:
                     line = f"{self._cell(dtype, addr, value)}.value = {self._ref(value)}"
                 case Call(fn=fn, proto=proto, args=args):
-                    refs = [self._ref(a) for a in args]
+                    refs = [f"({self._ref(a)} or 0)" if a in self.raw else
+                            f"(r{a}.width, r{a}.height, r{a}.depth)" if a in self.sizes else self._ref(a) for a in args]
                     tup = f"({', '.join(refs)}{',' if len(refs) == 1 else ''})"
                     p = self._const("P", proto)
                     line = (f"{lhs}msg_send({p}, {tup})" if fn == "objc_msgSend"
@@ -245,6 +250,8 @@ class CompiledReplay(Executor):
                     line = f"{lhs}{self._ref(base)} + {self._ref(index)}{scale}"
                 case Alu(op=op, dtype=dtype, srcs=srcs):
                     line = lhs + self._alu(pc, op, dtype, srcs)
+                case Struct(fields=fields) if dst in self.sizes:  # an MTLSize only direct calls read
+                    line = f"{lhs}{self._const('S', MTLSizeStruct)}({', '.join(self._ref(a) for a in fields)})"
                 case Struct(fields=fields):
                     line = f"{lhs}({', '.join(self._ref(a) for a in fields)},)"
                 case Gep(field=field, src=src):
@@ -266,11 +273,11 @@ class CompiledReplay(Executor):
         self.lines = {line + 1: pc for line, pc in self.lines.items()}  # the head line comes first
         return "\n".join(head + body) + "\n"
 
-    def _direct(self, proto: Any, args: tuple[int, ...], result: bool = False) -> str | None:
+    def _direct(self, proto: Any, args: tuple[int, ...], result: bool = False, dst: int = -1) -> str | None:
         """A message as a bare ctypes call on a native MetalBridge (``mtlir.runtime.executors.native``): each
         constant argument checked and converted now, each computed one proven to fit; None when one cannot be
         (the message then goes through ``msg_send``, which checks it). ``result``: convert the raw result as
-        ``msg_send`` does."""
+        ``msg_send`` does, unless ``dst`` is one of the ``raw`` registers."""
         if self.native is None or len(args) != len(proto.args):
             return None
         fn = self.native.function(proto)
@@ -288,17 +295,35 @@ class CompiledReplay(Executor):
                     refs.append(repr(v))
                 else:
                     refs.append(self._const("V", v, key=(id(dt), repr(self._fixed_value(a)))))
+            elif dt is dtypes.MTLSize and a in self.sizes:
+                refs.append(f"r{a}")
             elif dt is dtypes.MTLSize:
                 f = self.fields.get(a)
                 if f is None or len(f) != 3 or not all(fits(b, dtypes.uint64) for b in f):
                     return None
                 refs.append(f"{self._const('S', MTLSizeStruct)}(*r{a})")
+            elif a in self.raw:  # a raw pointer result: None (NULL) goes to a pointer argument as it is
+                refs.append(f"r{a}" if dt.kind in _POINTERS else f"(r{a} or 0)")
             elif fits(self.bounds.get(a), dt):
                 refs.append(f"r{a}")
             else:
                 return None
         call = f"{self._const('N', fn, key=('fn', id(fn)))}({', '.join(refs)})"
-        return RETURNS[ret_kind(proto.ret)].format(call) if result else call
+        return RETURNS[ret_kind(proto.ret)].format(call) if result and dst not in self.raw else call
+
+    def _raw_results(self) -> set[int]:
+        """Pointer results of messages on a native MetalBridge that may stay as ctypes returns them (None for
+        NULL): written once, not a result, read only as arguments of messages (``_direct`` passes them to a
+        pointer parameter as they are; anywhere else they are read as ``(r or 0)``)."""
+        if self.native is None:
+            return set()
+        raw = {ins.dst for ins in self.program.instrs if type(ins) is Call and ins.fn == "objc_msgSend"
+               and ins.dst >= 0 and self.writes.get(ins.dst) == 1 and ret_kind(ins.proto.ret) == "ptr"}
+        raw -= set(self.results)
+        for ins in self.program.instrs:
+            if type(ins) is not Call or ins.fn != "objc_msgSend":
+                raw -= set(ins.reads())
+        return raw
 
     def _cell(self, dtype: DType, addr: int, value: int) -> str | None:
         """A store at a constant host address of a value that fits, as a ctypes cell's assignment (the name of
