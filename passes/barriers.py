@@ -44,6 +44,8 @@ from mtlir.program.payloads import CommandList, IcbCommand, IcbSpec
 __all__ = ["Barriers", "Access", "command_accesses", "place_barriers", "written_indices"]
 
 _ANY = ""  # the buffer of an Access through a buffer variable: any buffer
+_BIG = 1 << 64  # past the end of any buffer
+_SMALL = 12  # a group of at most this many accesses is scanned; a larger one keeps interval sets per buffer
 
 
 class Access(NamedTuple):
@@ -85,8 +87,8 @@ def _const(declaration: str) -> bool:
 
 
 class _Kernel(NamedTuple):
-    """What the pass needs of one pipeline's kernel: bytes each buffer index may touch from its offset (None: to
-    the end of the buffer) and the indices it writes (None: unknown, every one)."""
+    """What the pass needs of one pipeline's kernel: the bytes each buffer index may touch from its offset (an index
+    missing: to the end of the buffer) and the indices it writes (None: unknown, every one)."""
 
     extent: dict[int, int]
     written: frozenset[int] | None
@@ -104,22 +106,23 @@ def command_accesses(cmd: IcbCommand, kernel: Kernel | None, sizes: dict[str, in
     """What ICB command ``cmd`` touches (module docstring). ``kernel``: its pipeline's Kernel (None: unknown, every
     buffer written); ``sizes``: bytes of each buffer placeholder by name (a missing one: to the end of the address
     space)."""
-    return _accesses(cmd, _kernel_facts(kernel), sizes)
+    return [Access(*t) for t in _accesses(cmd, _kernel_facts(kernel), sizes)]
 
 
-def _accesses(cmd: IcbCommand, k: _Kernel, sizes: dict[str, int]) -> list[Access]:
-    out: list[Access] = []
-    written = k.written
+def _accesses(cmd: IcbCommand, k: _Kernel, sizes: dict[str, int]) -> list[tuple[str, int, int, bool]]:
+    """``command_accesses`` as plain ``(buffer, lo, hi, write)`` tuples (the pass's loop makes one list per command)."""
+    out: list[tuple[str, int, int, bool]] = []
+    written, extent = k.written, k.extent
     for name, offset, index in cmd.bindings:
         if name == "varbuf":
             continue  # constant T& slots: only read, written by the CPU before the submit
-        end = sizes.get(name, 1 << 64)
-        n = k.extent.get(index)
+        end = sizes.get(name, _BIG)
+        n = extent.get(index)
         if n is not None and offset + n < end:
             end = offset + n
-        out.append(Access(name, offset, max(end, offset + 1), written is None or index in written))
+        out.append((name, offset, end if end > offset else offset + 1, written is None or index in written))
     for index in cmd.rebound:
-        out.append(Access(_ANY, 0, 1 << 64, written is None or index in written))
+        out.append((_ANY, 0, _BIG, written is None or index in written))
     return out
 
 
@@ -146,10 +149,6 @@ class _Intervals:
         if i < j:
             lo, hi = min(lo, starts[i]), max(hi, ends[j - 1])
         starts[i:j], ends[i:j] = [lo], [hi]
-
-
-_SMALL = 12  # a group of at most this many accesses is scanned; a larger one keeps interval sets per buffer
-_BIG = 1 << 64
 
 
 class _Group:
@@ -225,24 +224,12 @@ def place_barriers(spec: IcbSpec) -> IcbSpec:
     changed = False
     new = tuple.__new__
     for i, cmd in enumerate(spec.commands):
-        k = facts.get(cmd.pipeline, unknown)
-        written, extent = k.written, k.extent
-        mine: list[tuple[str, int, int, bool]] = []
-        for name, offset, index in cmd.bindings:
-            if name == "varbuf":
-                continue  # constant T& slots: only read, written by the CPU before the submit
-            end = sizes.get(name, _BIG)
-            n = extent.get(index)
-            if n is not None and offset + n < end:
-                end = offset + n
-            mine.append((name, offset, end if end > offset else offset + 1, written is None or index in written))
-        for index in cmd.rebound:
-            mine.append((_ANY, 0, _BIG, written is None or index in written))
+        mine = _accesses(cmd, facts.get(cmd.pipeline, unknown), sizes)
         barrier = i > 0 and group.conflicts(mine)
         if barrier:
             group = _Group()
         group.add(mine)
-        if cmd.barrier is not barrier:
+        if cmd.barrier != barrier:
             cmd, changed = new(IcbCommand, (*cmd[:4], barrier, *cmd[5:])), True
         out.append(cmd)
     if not changed:

@@ -143,13 +143,13 @@ def _error(r: Report, function: str, msl: str, count: int) -> KernelCheckError:
                             report=r.text)
 
 
-def check_launch(msl: str, launch: Any) -> None:
+def check_launch(msl: str, launch: Any, timeout_s: float = 120.0) -> None:
     """The checked-mode hook of the kernel runner: ``check_kernel`` for one ``Launch`` (its kernel, bindings as
-    they are on the host now, and its OpenCL sizes turned back into threadgroups)."""
+    they are on the host now, and its OpenCL sizes turned back into threadgroups), within ``timeout_s`` seconds."""
     local = tuple(launch.local_size) + (1,) * (3 - len(launch.local_size))
     glob = tuple(launch.global_size) + (1,) * (3 - len(launch.global_size))
     grid = tuple(g // t for g, t in zip(glob, local))
-    check_kernel(msl, launch.ck.function, launch.bindings, grid, local)
+    check_kernel(msl, launch.ck.function, launch.bindings, grid, local, timeout_s=timeout_s)
 
 
 def _msl_of(runner: Any, ck: Any) -> str:
@@ -171,7 +171,7 @@ def checked_runs(dev: Any) -> Callable[[Any, Sequence[Any], float, bool], Any]:
             for k, launch in enumerate(launches):
                 runner.sync()
                 try:
-                    check_launch(_msl_of(runner, launch.ck), launch)
+                    check_launch(_msl_of(runner, launch.ck), launch, timeout_s)
                 except KernelCheckError as e:
                     dev.defer_error(e)
                     raise
