@@ -20,6 +20,7 @@ import ast
 import dataclasses
 import enum
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -260,7 +261,9 @@ def parse(text: str) -> UOp:
     if not isinstance(text, str):
         raise TypeError(f"parse: expected a str, got {type(text).__name__}")
     try:
-        tree = ast.parse(text, mode="exec")
+        with warnings.catch_warnings():  # an invalid escape in a string is the text's problem, not a warning
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text, mode="exec")
     except SyntaxError as e:
         raise ParseError(f"line {e.lineno}: not valid Python: {e.msg}") from None
     except (MemoryError, RecursionError, ValueError) as e:  # the parser's stack overflowed (a long run of signs), ...

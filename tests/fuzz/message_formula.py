@@ -14,7 +14,7 @@ _TAKES = {k.kernel.key: (1 + k.inputs, 2 if k.gathers else 1) for k in LIBRARY} 
 @dataclass
 class _CommandBuffer:
     waits: int = 0
-    kernels: list[str] = field(default_factory=list)
+    commands: list[Op] = field(default_factory=list)
     signals: int = 0
 
 
@@ -27,12 +27,12 @@ commands is committed first, without a signal); a wait on the queue's own
     cbs, cur = [], _CommandBuffer()
     for op in (*ops, Op("signal")):
         if op.kind == "exec":
-            if profiled and cur.kernels:
+            if profiled and cur.commands:
                 cbs.append(cur)
                 cur = _CommandBuffer()
-            cur.kernels.append(op.kernel)
+            cur.commands.append(op)
         elif op.kind == "event-wait":
-            if cur.kernels:  # the wait goes before the next encoder: the commands before it are committed first
+            if cur.commands:  # the wait goes before the next encoder: the commands before it are committed first
                 cbs.append(cur)
                 cur = _CommandBuffer()
             cur.waits += 1
@@ -43,28 +43,45 @@ commands is committed first, without a signal); a wait on the queue's own
     return cbs
 
 
+def _input_bindings(spec: QueueSpec, op: Op) -> int:
+    """How many buffer parameters of dispatch ``op`` bind a buffer variable (an input rebound per submit)."""
+    assert op.out is not None
+    return sum(1 for v in (op.out, *op.ins) if v.buffer in spec.inputs)
+
+
 def messages_per_submit(spec: QueueSpec) -> int:
     """The messages of one submit of ``spec``:
 
     patches (ICB path: one ``concurrentDispatchThreadgroups:threadsPerThreadgroup:`` per command whose sizes depend
-    on a variable) + per command buffer: 2 (``commandBuffer``, ``retain``) + its shared-event waits + its signals
-    + 1 (``commit``) + when it has commands, 4 (``computeCommandEncoder``, ``waitForFence:``, ``updateFence:``,
-    ``endEncoding``) and
-    - ICB path: 1 ``useResources:count:usage:`` without a residency set + 2 per distinct pipeline on Apple7 (the
-      warm-up ``setComputePipelineState:`` + empty dispatch) + ceil(commands / 16384) ``executeCommandsInBuffer``;
+    on a variable, one ``setKernelBuffer:offset:atIndex:`` per binding of a buffer variable) + per command buffer:
+    2 (``commandBuffer``, ``retain``) + its shared-event waits + its signals + 1 (``commit``) + when it has
+    commands, 4 (``computeCommandEncoder``, ``waitForFence:``, ``updateFence:``, ``endEncoding``) and
+    - ICB path: without a residency set 1 ``useResources:count:usage:`` (+ 1 more when its commands bind a buffer
+      variable, or, in the loop of a profiled submit, when any command of the loop binds one) + 2 per distinct pipeline on Apple7 (the warm-up ``setComputePipelineState:`` + empty dispatch) +
+      ceil(commands / 16384) ``executeCommandsInBuffer:withRange:``;
     - direct path: per command 2 (``setComputePipelineState:``, ``dispatchThreadgroups:...``) + one
       ``setBuffer:offset:atIndex:`` per buffer + one ``setBytes:length:atIndex:`` per variable."""
     t = spec.target
     execs = [op for op in spec.ops if op.kind == "exec"]
-    total = sum(1 for op in execs if isinstance(op.n, str)) if t.icb else 0
-    for cb in command_buffers(spec.ops):
+    total = sum((1 if isinstance(op.n, str) else 0) + _input_bindings(spec, op) for op in execs) if t.icb else 0
+    cbs = command_buffers(spec.ops)
+    # a profiled submit on the ICB path folds its one-command buffers without a signal (all but the last: it
+    # signals) into a loop when there are 2 or more: every iteration sends what any iteration needs (the second
+    # useResources, with a count of 0 for a command that binds no buffer variable)
+    profiled = any(op.kind == "timestamp" for op in spec.ops)
+    loop = cbs[:-1] if profiled and len(cbs) > 2 else []
+    looped = any(_input_bindings(spec, op) for cb in loop for op in cb.commands)
+    for n, cb in enumerate(cbs):
         total += 2 + cb.waits + cb.signals + 1
-        if not cb.kernels:
+        if not cb.commands:
             continue
         total += 4
+        kernels = [op.kernel for op in cb.commands]
         if t.icb:
-            total += (0 if t.residency_set else 1) + (2 * len(set(cb.kernels)) if t.family == "Apple7" else 0)
-            total += -(-len(cb.kernels) // MAX_RANGE)
+            if not t.residency_set:
+                inputs = (looped and n < len(loop)) or any(_input_bindings(spec, op) for op in cb.commands)
+                total += 1 + (1 if inputs else 0)
+            total += (2 * len(set(kernels)) if t.family == "Apple7" else 0) + -(-len(kernels) // MAX_RANGE)
         else:
-            total += sum(2 + sum(_TAKES[k]) for k in cb.kernels)
+            total += sum(2 + sum(_TAKES[k]) for k in kernels)
     return total

@@ -68,6 +68,17 @@ class QueueSpec:
     ops: tuple[Op, ...]
     submits: tuple[dict[str, int], ...]
     target: Target = field(default_factory=Target)
+    inputs: tuple[int, ...] = ()
+
+    def instances(self, b: int) -> tuple[str, ...]:
+        """The MTLBuffers behind buffer ``b``: ``b<i>``, or for an input (a buffer variable, rebound per submit)
+        two, ``b<i>#0`` and ``b<i>#1``: submit k binds ``b<i>#<k % 2>``."""
+        return (f"b{b}#0", f"b{b}#1") if b in self.inputs else (f"b{b}",)
+
+    def bound(self, b: int, submit: int) -> str:
+        """The MTLBuffer buffer ``b`` is at submit number ``submit``."""
+        got = self.instances(b)
+        return got[submit % len(got)]
 
     def initial(self) -> list[bytes]:
         """The initial bytes of each buffer (random int32, from ``seed``)."""
@@ -86,7 +97,7 @@ class QueueSpec:
         ops = tuple(Op(o["kind"], o["kernel"], view(o["out"]), tuple(View(**v) for v in o["ins"]), o["n"], o["slot"])
                     for o in d["ops"])
         return QueueSpec(tuple(d["buffers"]), d["seed"], {k: (lo, hi) for k, (lo, hi) in d["variables"].items()},
-                         ops, tuple(d["submits"]), Target(**d["target"]))
+                         ops, tuple(d["submits"]), Target(**d["target"]), tuple(d.get("inputs", ())))
 
 
 def n_value(n: int | str, values: dict[str, int]) -> int:
@@ -96,13 +107,14 @@ def n_value(n: int | str, values: dict[str, int]) -> int:
 
 def build(spec: QueueSpec) -> Any:
     """The queue graph of ``spec`` (one SUBMIT) for its target's device."""
-    from mtlir.frontend.nodes import buffer, shared_event, timeline_value, view
+    from mtlir.frontend.nodes import buffer, buffer_variable, shared_event, timeline_value, view
     from mtlir.frontend.queue import Queue
     from mtlir.ir.uop import UOp
     from mtlir.metal import DeviceSpec
     t = spec.target
     q = Queue(DeviceSpec(t.family, t.residency_set, t.icb))
-    bufs = [buffer(f"b{i}", 4 * n) for i, n in enumerate(spec.buffers)]
+    bufs = [buffer_variable(f"in{i}") if i in spec.inputs else buffer(f"b{i}", 4 * n)
+            for i, n in enumerate(spec.buffers)]
     variables = {name: UOp.variable(name, lo, hi) for name, (lo, hi) in spec.variables.items()}
     step = timeline_value()
 
@@ -135,10 +147,10 @@ def build(spec: QueueSpec) -> Any:
 
 @dataclass
 class SimResult:
-    """What the simulated device gave: the bytes of every buffer the Program has (by index) after each submit, and
-    the selectors of each submit's messages."""
+    """What the simulated device gave: the bytes of every MTLBuffer the run has (by ``QueueSpec.instances`` name)
+    after each submit, and the selectors of each submit's messages."""
 
-    buffers: list[dict[int, bytes]]
+    buffers: list[dict[str, bytes]]
     messages: list[list[str]]
 
 
@@ -151,10 +163,11 @@ def run_sim(spec: QueueSpec, runner: Any, order_seed: int | None = None) -> SimR
     that long without anything being wrong."""
     from mtlir.passes import lower
     from mtlir.runtime import Session
+    from mtlir.runtime.link.link import collect_objects
     from mtlir.runtime.sim.device import SimDevice
     t = spec.target
     program = lower(build(spec), t.target).program
-    names = {o.name for o in program.objects.values() if o.kind == "buffer"}
+    names = {name for name, o in collect_objects(program).items() if o.kind == "buffer"}  # the ICB's included
     used = [i for i in range(len(spec.buffers)) if f"buffer:b{i}" in names]
     init = spec.initial()
     initial = {f"buffer:b{i}": init[i] for i in used}  # a buffer no dispatch binds is not in the Program
@@ -162,9 +175,16 @@ def run_sim(spec: QueueSpec, runner: Any, order_seed: int | None = None) -> SimR
     sim = SimDevice(t.target, strict=t.strict, family=t.family, residency_sets=t.residency_set, icb=t.icb,
                     kernel_runner=runner, timeout_s=60, gpu_timeout_s=30, order_seed=order_seed)
     with sim, Session(program, sim, initial=initial, executor=t.executor, timeout_s=60) as s:
-        for values in spec.submits:
-            bound = {k: v for k, v in values.items() if k in program.variables}
+        placeholder = {f"b{i}": f"buffer:b{i}" for i in used}
+        handles = {}
+        for i in spec.inputs:  # the MTLBuffers given to the buffer variables, made after link
+            for name in spec.instances(i):
+                placeholder[name] = f"input:{name}"
+                handles[name] = s.linked.new_buffer(f"input:{name}", 4 * spec.buffers[i], init[i])
+        for k, values in enumerate(spec.submits):
+            given = {**values, **{f"in{i}": handles[spec.bound(i, k)] for i in spec.inputs}}
+            bound = {name: v for name, v in given.items() if name in program.variables}
             out.messages.append([m["selector"] for m in s.record_submit(**bound)])
             s.wait(timeout_s=60)
-            out.buffers.append({i: s.read(f"buffer:b{i}") for i in used})
+            out.buffers.append({name: s.read(p) for name, p in placeholder.items()})
     return out

@@ -34,18 +34,20 @@ class Reference:
             got = self._kernels[key] = (getattr(program, lib.function), t.kernels[lib.function])
         return got
 
-    def run(self, spec: QueueSpec) -> list[list[bytes]]:
-        """Every buffer's bytes after each submit of ``spec``: its dispatches in queue order, one after the other
-        (an in-order OpenCL queue), with each submit's values of the variables."""
+    def run(self, spec: QueueSpec) -> list[dict[str, bytes]]:
+        """Every buffer's bytes after each submit of ``spec`` (by ``QueueSpec.instances`` name): its dispatches in
+        queue order, one after the other (an in-order OpenCL queue), with each submit's values of the variables and
+        its MTLBuffer behind each buffer variable."""
         from mtlir.runtime.sim.msl.simd import scratch_bytes
         cl, ctx, q = self.cl, self.ctx, self.queue
         mf = cl.mem_flags
-        bufs = [cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.frombuffer(b, np.uint8).copy())
-                for b in spec.initial()]
+        init = spec.initial()
+        bufs = {name: cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.frombuffer(data, np.uint8).copy())
+                for b, data in enumerate(init) for name in spec.instances(b)}
         fault = cl.Buffer(ctx, mf.READ_WRITE, 64)
         keep: list[Any] = []
         out = []
-        for values in spec.submits:
+        for k, values in enumerate(spec.submits):
             for op in spec.ops:
                 if op.kind != "exec":
                     continue
@@ -59,7 +61,7 @@ class Reference:
                 for b in info.bindings:
                     if b.arg.kind == "buffer":
                         v = views[b.arg.index]
-                        args.append(bufs[v.buffer])
+                        args.append(bufs[spec.bound(v.buffer, k)])
                         block += [4 * v.first, 0, 4 * spec.buffers[v.buffer]]
                     else:
                         s = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
@@ -74,21 +76,22 @@ class Reference:
                     args.append(cl.LocalMemory(-(-scratch_bytes(GROUP) // 32) * 32))
                 groups = -(-n // GROUP)
                 kernel(q, (groups * GROUP,), (GROUP,), *args)
-            snap = []
-            for b, size in zip(bufs, spec.buffers):
-                host = np.empty(4 * size, np.uint8)
-                cl.enqueue_copy(q, host, b)
-                snap.append(host.tobytes())
+            snap = {}
+            for name, buf in bufs.items():
+                host = np.empty(buf.size, np.uint8)
+                cl.enqueue_copy(q, host, buf)
+                snap[name] = host.tobytes()
             out.append(snap)
             keep.clear()
         return out
 
 
-def numpy_model(spec: QueueSpec) -> list[list[bytes]]:
+def numpy_model(spec: QueueSpec) -> list[dict[str, bytes]]:
     """The same queue by the kernels' numpy meaning (``msl_library.LibKernel.numpy``): exact (int32 kernels)."""
-    arrays = [np.frombuffer(b, np.int32).copy() for b in spec.initial()]
+    arrays = {name: np.frombuffer(data, np.int32).copy() for b, data in enumerate(spec.initial())
+              for name in spec.instances(b)}
     out = []
-    for values in spec.submits:
+    for k, values in enumerate(spec.submits):
         for op in spec.ops:
             if op.kind != "exec":
                 continue
@@ -96,8 +99,8 @@ def numpy_model(spec: QueueSpec) -> list[list[bytes]]:
             lib = KERNELS[op.kernel]
             n = n_value(op.n, values)
             o = op.out
-            ins = [arrays[v.buffer][v.first:v.first + v.elems].copy() for v in op.ins]
-            target = arrays[o.buffer][o.first:o.first + o.elems]
+            ins = [arrays[spec.bound(v.buffer, k)][v.first:v.first + v.elems].copy() for v in op.ins]
+            target = arrays[spec.bound(o.buffer, k)][o.first:o.first + o.elems]
             lib.numpy(target, ins, n, op.ins[0].elems)
-        out.append([a.tobytes() for a in arrays])
+        out.append({name: a.tobytes() for name, a in arrays.items()})
     return out

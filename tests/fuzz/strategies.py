@@ -1,6 +1,7 @@
 """Hypothesis strategies of random valid queues (``queue_spec.QueueSpec``) for the differential fuzzing.
 
-A queue: 3 or 4 int32 buffers of 64 to 128 elements, 0 to 2 run-time variables ``n0``, ``n1`` (bounds within
+A queue: 3 or 4 int32 buffers of 64 to 128 elements (up to 2 of them buffer variables: inputs bound per submit,
+alternating between two MTLBuffers), 0 to 2 run-time variables ``n0``, ``n1`` (bounds within
 [1, 64]), 1 to 6 dispatches of the kernels of ``msl_library`` over random views (any buffer, any offset; views of
 one buffer overlap freely across dispatches, so the order of the commands matters; within one dispatch the output
 overlaps no input, except the elementwise kernel in place, whose threads each read and write their own element),
@@ -85,4 +86,5 @@ def queue_specs(draw: Any) -> QueueSpec:
                 ops.append(Op("signal", slot=signaled[-1]))
     submits = tuple(draw(st.lists(st.fixed_dictionaries({k: st.integers(lo, hi) for k, (lo, hi) in variables.items()}),
                                   min_size=1, max_size=2)))
-    return QueueSpec(sizes, draw(st.integers(0, 2**16)), variables, tuple(ops), submits, draw(targets()))
+    inputs = tuple(sorted(draw(st.sets(st.integers(0, len(sizes) - 1), max_size=2))))
+    return QueueSpec(sizes, draw(st.integers(0, 2**16)), variables, tuple(ops), submits, draw(targets()), inputs)

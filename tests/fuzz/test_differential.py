@@ -49,11 +49,14 @@ def check(spec: QueueSpec, runner: Any, reference: Reference, order_seed: int | 
         assert w == m, f"submit {k}: the pyopencl reference disagrees with the kernels' numpy meaning"
     got = run_sim(spec, runner, order_seed)
     expected = messages_per_submit(spec)
+    bound = {name for op in spec.ops if op.out is not None
+             for v in (op.out, *op.ins) for name in spec.instances(v.buffer)}
     for k, (snap, msgs) in enumerate(zip(got.buffers, got.messages)):
-        for i, data in snap.items():
-            if data != want[k][i]:
-                first = next(j for j in range(0, len(data), 4) if data[j:j + 4] != want[k][i][j:j + 4]) // 4
-                raise AssertionError(f"submit {k}: buffer b{i} differs from the reference from element {first}")
+        assert bound <= set(snap), f"submit {k}: buffers {sorted(bound - set(snap))} were not read back"
+        for name, data in snap.items():
+            if data != want[k][name]:
+                first = next(j for j in range(0, len(data), 4) if data[j:j + 4] != want[k][name][j:j + 4]) // 4
+                raise AssertionError(f"submit {k}: buffer {name} differs from the reference from element {first}")
         assert len(msgs) == expected, f"submit {k}: {len(msgs)} messages, the formula says {expected}: {msgs}"
 
 
