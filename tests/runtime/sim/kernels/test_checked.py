@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtlir.errors import KernelCheckError
+from mtlir.errors import KernelCheckError, NoDeviceError
 from mtlir.frontend.nodes import buffer, timeline_value
 from mtlir.frontend.queue import Queue
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
@@ -136,3 +136,16 @@ def test_mtlir_run_check_kernels_exits_3_naming_kernel_line_and_kind(tmp_path: P
     assert "kernel 'oob': out-of-bounds read at MSL line 6" in proc.stderr, proc.stderr[-2000:]
     bad = subprocess.run([*run[:-1], "-1"], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert bad.returncode == 2 and "--order-seed -1" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_check_kernels_without_oclgrind_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from mtlir.cli.main import main
+    from mtlir.runtime.sim.kernels import oclgrind
+    monkeypatch.setattr(oclgrind, "available", lambda: False)
+    out, log = io.StringIO(), io.StringIO()
+    code = main(["run", str(_trace(tmp_path)), "--device", "sim", "--check-kernels"], out=out, log=log)
+    assert code == 2 and "--check-kernels runs the kernels on Oclgrind, which is not installed" in log.getvalue()
+    with pytest.raises(NoDeviceError, match="checked kernels need Oclgrind"):
+        oclgrind.check_kernel(GOOD, "good", {0: (_bytes(256), 0), 1: (_bytes(256), 0)}, (2, 1, 1), (32, 1, 1))
