@@ -101,22 +101,36 @@ class _Builder:
 
     def direct_commands(self, enc: MessageBatch, first: int, count: int) -> None:
         """The direct path's messages for ``count`` commands from ``first``, into the encoder's batch (the messages
-        as data: a node per message cost ~60 µs per message over the later passes)."""
+        as data: a node per message cost ~60 µs per message over the later passes). A message met before in this
+        batch (a pipeline, a binding, a grid) is the same entry: one lookup, its operands not looked up again."""
         memo = self.direct_memo         # per binding triple / size pair: the message, shared across encoders
-        send = enc.send
+        local: dict[object, tuple[str, tuple[int, ...]]] = {}  # the same, as this batch's entries
+        append, ref = enc.msgs.append, enc.ref
         for c in self.e.cmds[first:first + count]:
             k = c.kernel
-            send("setComputePipelineState:", k.pipeline)
+            m = local.get(id(k))  # a KernelLayout lives as long as the reader: its id is its own
+            if m is None:
+                m = local[id(k)] = ("setComputePipelineState:", (ref(k.pipeline),))
+            append(m)
             nb = len(k.buffers)
             for j, t in enumerate(c.icb_binds):
                 key = (t, j < nb)
-                got = memo.get(key)
-                if got is None or not t[0]:
-                    got = self.direct_binding(c, j, t, nb)
+                m = local.get(key) if t[0] else None
+                if m is None:
+                    got = memo.get(key)
+                    if got is None or not t[0]:
+                        got = self.direct_binding(c, j, t, nb)
+                        if t[0]:
+                            memo[key] = got
+                    m = (got[0], tuple([ref(a) for a in got[1]]))
                     if t[0]:
-                        memo[key] = got
-                send(got[0], *got[1])
-            send("dispatchThreadgroups:threadsPerThreadgroup:", c.grid.node, c.threadgroup.node)
+                        local[key] = m
+                append(m)
+            sizes = (c.grid.node, c.threadgroup.node)
+            m = local.get(sizes)
+            if m is None:
+                m = local[sizes] = ("dispatchThreadgroups:threadsPerThreadgroup:", (ref(sizes[0]), ref(sizes[1])))
+            append(m)
 
     def direct_binding(self, c: Command, j: int, t: tuple[str, int, int], nb: int) -> tuple[str, tuple[UOp, ...]]:
         """The direct path's message binding parameter ``j`` of command ``c`` (binding triple ``t``): a buffer
