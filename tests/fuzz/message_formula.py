@@ -26,7 +26,7 @@ commands is committed first, without a signal); a wait on the queue's own
     profiled = any(op.kind == "timestamp" for op in ops)
     cbs, cur = [], _CommandBuffer()
     for op in (*ops, Op("signal")):
-        if op.kind == "exec":
+        if op.kind in ("exec", "copy", "fill"):
             if profiled and cur.commands:
                 cbs.append(cur)
                 cur = _CommandBuffer()
@@ -54,11 +54,13 @@ def messages_per_submit(spec: QueueSpec) -> int:
 
     patches (ICB path: one ``concurrentDispatchThreadgroups:threadsPerThreadgroup:`` per command whose sizes depend
     on a variable, one ``setKernelBuffer:offset:atIndex:`` per binding of a buffer variable) + per command buffer:
-    2 (``commandBuffer``, ``retain``) + its shared-event waits + its signals + 1 (``commit``) + when it has
-    commands, 4 (``computeCommandEncoder``, ``waitForFence:``, ``updateFence:``, ``endEncoding``) and
+    2 (``commandBuffer``, ``retain``) + its shared-event waits + its signals + 1 (``commit``) + per encoder (a run
+    of dispatches, or of blits) 4 (``computeCommandEncoder`` or ``blitCommandEncoder``, ``waitForFence:``,
+    ``updateFence:``, ``endEncoding``) and for a blit encoder one message per blit, for a compute encoder
     - ICB path: without a residency set 1 ``useResources:count:usage:`` (+ 1 more when its commands bind a buffer
-      variable, or, in the loop of a profiled submit, when any command of the loop binds one) + 2 per distinct pipeline on Apple7 (the warm-up ``setComputePipelineState:`` + empty dispatch) +
-      ceil(commands / 16384) ``executeCommandsInBuffer:withRange:``;
+      variable, or, in the loop of a profiled submit, when any command of the loop binds one) + 2 per distinct
+      pipeline on Apple7 (the warm-up ``setComputePipelineState:`` + empty dispatch) + ceil(commands / 16384)
+      ``executeCommandsInBuffer:withRange:``;
     - direct path: per command 2 (``setComputePipelineState:``, ``dispatchThreadgroups:...``) + one
       ``setBuffer:offset:atIndex:`` per buffer + one ``setBytes:length:atIndex:`` per variable."""
     t = spec.target
@@ -73,15 +75,29 @@ def messages_per_submit(spec: QueueSpec) -> int:
     looped = any(_input_bindings(spec, op) for cb in loop for op in cb.commands)
     for n, cb in enumerate(cbs):
         total += 2 + cb.waits + cb.signals + 1
-        if not cb.commands:
-            continue
-        total += 4
-        kernels = [op.kernel for op in cb.commands]
-        if t.icb:
-            if not t.residency_set:
-                inputs = (looped and n < len(loop)) or any(_input_bindings(spec, op) for op in cb.commands)
-                total += 1 + (1 if inputs else 0)
-            total += (2 * len(set(kernels)) if t.family == "Apple7" else 0) + -(-len(kernels) // MAX_RANGE)
-        else:
-            total += sum(2 + sum(_TAKES[k]) for k in kernels)
+        for encoder in _encoders(cb.commands):
+            total += 4
+            if encoder[0].kind != "exec":  # a blit encoder: one message per blit
+                total += len(encoder)
+                continue
+            kernels = [op.kernel for op in encoder]
+            if t.icb:
+                if not t.residency_set:
+                    inputs = (looped and n < len(loop)) or any(_input_bindings(spec, op) for op in encoder)
+                    total += 1 + (1 if inputs else 0)
+                total += (2 * len(set(kernels)) if t.family == "Apple7" else 0) + -(-len(kernels) // MAX_RANGE)
+            else:
+                total += sum(2 + sum(_TAKES[k]) for k in kernels)
     return total
+
+
+def _encoders(commands: list[Op]) -> list[list[Op]]:
+    """The encoders of a command buffer: each run of dispatches one compute encoder, each run of blits one blit
+    encoder."""
+    out: list[list[Op]] = []
+    for op in commands:
+        if out and (out[-1][0].kind == "exec") == (op.kind == "exec"):
+            out[-1].append(op)
+        else:
+            out.append([op])
+    return out

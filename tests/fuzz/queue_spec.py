@@ -30,7 +30,8 @@ class View:
 
 @dataclass(frozen=True)
 class Op:
-    """One queue operation. ``kind``: ``exec`` (``kernel``, ``out``, ``ins``, ``n``), ``wait`` (on the queue's
+    """One queue operation. ``kind``: ``exec`` (``kernel``, ``out``, ``ins``, ``n``), ``copy`` (blit: ``ins[0]``'s
+    elements into ``out``, as many), ``fill`` (blit: every byte of ``out`` set to ``slot``), ``wait`` (on the queue's
     timeline, value ``timeline - 1``: lowers to nothing), ``signal`` / ``event-wait`` (shared event ``e<slot>`` at
     value ``timeline``: an event is signaled once per submit, a value it already has would be refused),
     ``timestamp`` (``slot``)."""
@@ -131,6 +132,12 @@ def build(spec: QueueSpec) -> Any:
             vals: list[UOp | int] = [n, op.ins[0].elems] if lib.gathers else [n]
             grid = (n + (GROUP - 1)) // GROUP if isinstance(n, UOp) else -(-n // GROUP)
             q.exec(lib.kernel, [as_view(op.out), *map(as_view, op.ins)], vals, grid=(grid,), threadgroup=(GROUP,))
+        elif op.kind == "copy":
+            assert op.out is not None
+            q.copy(as_view(op.ins[0]), as_view(op.out), 4 * op.out.elems)
+        elif op.kind == "fill":
+            assert op.out is not None
+            q.fill(as_view(op.out), op.slot, 4 * op.out.elems)
         elif op.kind == "wait":
             q.wait(q.timeline, step - 1)
         elif op.kind == "signal":

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from msl_library import GROUP
-from queue_spec import KERNELS, QueueSpec, n_value
+from queue_spec import KERNELS, Op, QueueSpec, n_value
 
 
 class Reference:
@@ -34,6 +34,17 @@ class Reference:
             got = self._kernels[key] = (getattr(program, lib.function), t.kernels[lib.function])
         return got
 
+    def _blit(self, spec: QueueSpec, op: Op, bufs: dict[str, Any], k: int) -> None:
+        """A copy (``enqueue_copy`` between the two buffers) or a fill (``enqueue_fill_buffer``) of submit ``k``."""
+        assert op.out is not None
+        dst = bufs[spec.bound(op.out.buffer, k)]
+        if op.kind == "copy":
+            src = op.ins[0]
+            self.cl.enqueue_copy(self.queue, dst, bufs[spec.bound(src.buffer, k)], byte_count=4 * op.out.elems,
+                                 src_offset=4 * src.first, dst_offset=4 * op.out.first)
+        else:
+            self.cl.enqueue_fill_buffer(self.queue, dst, np.uint8(op.slot), 4 * op.out.first, 4 * op.out.elems)
+
     def run(self, spec: QueueSpec) -> list[dict[str, bytes]]:
         """Every buffer's bytes after each submit of ``spec`` (by ``QueueSpec.instances`` name): its dispatches in
         queue order, one after the other (an in-order OpenCL queue), with each submit's values of the variables and
@@ -49,6 +60,8 @@ class Reference:
         out = []
         for k, values in enumerate(spec.submits):
             for op in spec.ops:
+                if op.kind in ("copy", "fill"):
+                    self._blit(spec, op, bufs, k)
                 if op.kind != "exec":
                     continue
                 assert op.out is not None
@@ -93,6 +106,16 @@ def numpy_model(spec: QueueSpec) -> list[dict[str, bytes]]:
     out = []
     for k, values in enumerate(spec.submits):
         for op in spec.ops:
+            if op.kind in ("copy", "fill"):
+                assert op.out is not None
+                dst = arrays[spec.bound(op.out.buffer, k)].view(np.uint8)[4 * op.out.first:4 * (op.out.first
+                                                                                                  + op.out.elems)]
+                if op.kind == "fill":
+                    dst[:] = op.slot
+                else:
+                    src = op.ins[0]
+                    dst[:] = arrays[spec.bound(src.buffer, k)].view(np.uint8)[4 * src.first:4 * (src.first
+                                                                                                  + src.elems)]
             if op.kind != "exec":
                 continue
             assert op.out is not None

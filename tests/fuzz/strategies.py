@@ -1,15 +1,15 @@
 """Hypothesis strategies of random valid queues (``queue_spec.QueueSpec``) for the differential fuzzing.
 
 A queue: 3 or 4 int32 buffers of 64 to 128 elements (up to 2 of them buffer variables: inputs bound per submit,
-alternating between two MTLBuffers), 0 to 2 run-time variables ``n0``, ``n1`` (bounds within
-[1, 64]), 1 to 6 dispatches of the kernels of ``msl_library`` over random views (any buffer, any offset; views of
-one buffer overlap freely across dispatches, so the order of the commands matters; within one dispatch the output
-overlaps no input, except the elementwise kernel in place, whose threads each read and write their own element),
-each dispatch's element count an int or a variable; between them waits on the queue's timeline, signals of shared
-events and later waits on them, or (a profiled submit: never with shared events, which encode refuses) timestamps;
-1 or 2 submits, each with its own values of the variables; a random target (Apple7/Apple9, residency set or not,
-ICB or direct path, arm64/x86_64), the simulated device strict or faithful, the compiled executor or the
-interpreter.
+alternating between two MTLBuffers), 0 to 2 run-time variables ``n0``, ``n1`` (bounds within [1, 64]), 1 to 6
+commands: dispatches of the kernels of ``msl_library`` over random views (any buffer, any offset; views of one
+buffer overlap freely across commands, so their order matters; within one dispatch the output overlaps no input,
+except the elementwise kernel in place, whose threads each read and write their own element), each dispatch's
+element count an int or a variable; or blits (a copy between views that do not overlap, a fill). Between them:
+waits on the queue's timeline, signals of shared events and later waits on them, or (a profiled submit: never with
+shared events or blits, which encode refuses) timestamps; 1 or 2 submits, each with its own values of the
+variables; a random target (Apple7/Apple9, residency set or not, ICB or direct path, arm64/x86_64), the simulated
+device strict or faithful, the compiled executor or the interpreter.
 """
 from __future__ import annotations
 
@@ -60,6 +60,22 @@ def dispatches(draw: Any, sizes: tuple[int, ...], variables: dict[str, tuple[int
 
 
 @st.composite
+def blits(draw: Any, sizes: tuple[int, ...]) -> Op:
+    """A copy between two views that do not overlap (Metal leaves an overlapping copy undefined), or a fill."""
+    every = list(range(len(sizes)))
+    elems = draw(st.integers(1, MAX_N))
+    out = _view(draw, sizes, elems, every)
+    out = View(out.buffer, out.first, elems)
+    if draw(st.booleans()):
+        return Op("fill", out=out, slot=draw(st.integers(0, 255)))
+    src = _view(draw, sizes, elems, every)
+    src = View(src.buffer, src.first, elems)
+    if _overlaps(out, src):
+        src = View(next(b for b in every if b != out.buffer), 0, elems)
+    return Op("copy", out=out, ins=(src,))
+
+
+@st.composite
 def queue_specs(draw: Any) -> QueueSpec:
     """A random valid queue (module docstring)."""
     sizes = tuple(draw(st.lists(st.integers(MAX_N, 2 * MAX_N), min_size=3, max_size=4)))
@@ -72,7 +88,8 @@ def queue_specs(draw: Any) -> QueueSpec:
     signaled: list[int] = []
     slots = iter(draw(st.permutations(range(8))))
     for _ in range(draw(st.integers(1, 6))):
-        ops.append(draw(dispatches(sizes, variables)))
+        blit = not profiled and draw(st.integers(0, 3)) == 0  # encode refuses blits in a profiled submit
+        ops.append(draw(blits(sizes) if blit else dispatches(sizes, variables)))
         extra = draw(st.sampled_from(["none", "none", "wait", "event"]))
         if profiled and extra != "none":
             ops.append(Op("timestamp", slot=next(slots)))
