@@ -94,9 +94,8 @@ class QueueSpec:
     def from_json(text: str) -> QueueSpec:
         """A spec written by ``to_json``."""
         d = json.loads(text)
-        view = (lambda v: None if v is None else View(**v))
-        ops = tuple(Op(o["kind"], o["kernel"], view(o["out"]), tuple(View(**v) for v in o["ins"]), o["n"], o["slot"])
-                    for o in d["ops"])
+        ops = tuple(Op(o["kind"], o["kernel"], None if o["out"] is None else View(**o["out"]),
+                       tuple(View(**v) for v in o["ins"]), o["n"], o["slot"]) for o in d["ops"])
         return QueueSpec(tuple(d["buffers"]), d["seed"], {k: (lo, hi) for k, (lo, hi) in d["variables"].items()},
                          ops, tuple(d["submits"]), Target(**d["target"]), tuple(d.get("inputs", ())))
 

@@ -43,7 +43,7 @@ class Reference:
             self.cl.enqueue_copy(self.queue, dst, bufs[spec.bound(src.buffer, k)], byte_count=4 * op.out.elems,
                                  src_offset=4 * src.first, dst_offset=4 * op.out.first)
         else:
-            self.cl.enqueue_fill_buffer(self.queue, dst, np.uint8(op.slot), 4 * op.out.first, 4 * op.out.elems)
+            self.cl.enqueue_fill_buffer(self.queue, dst, np.full(1, op.slot, np.uint8), 4 * op.out.first, 4 * op.out.elems)
 
     def run(self, spec: QueueSpec) -> list[dict[str, bytes]]:
         """Every buffer's bytes after each submit of ``spec`` (by ``QueueSpec.instances`` name): its dispatches in

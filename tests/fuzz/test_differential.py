@@ -24,7 +24,7 @@ from strategies import queue_specs
 
 REGRESSIONS = Path(__file__).parent / "regressions"
 FUZZ_EXAMPLES = 200  # the normal suite's examples; a profile that asks for more (``fuzz``) gets its own number
-CAMPAIGN = settings.default.max_examples > FUZZ_EXAMPLES  # the loaded profile is the campaign's (make fuzz)
+CAMPAIGN = settings().max_examples > FUZZ_EXAMPLES  # the loaded profile is the campaign's (make fuzz)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def _save(spec: QueueSpec, order_seed: int | None) -> None:
     _SAVE_AS.write_text(json.dumps(doc, indent=1) + "\n")
 
 
-@settings(max_examples=max(FUZZ_EXAMPLES, settings.default.max_examples), deadline=None,
+@settings(max_examples=max(FUZZ_EXAMPLES, settings().max_examples), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(spec=queue_specs(), order_seed=st.none() | st.integers(0, 2**16))
 def test_sim_equals_reference(spec: QueueSpec, order_seed: int | None, runner: Any, reference: Reference) -> None:

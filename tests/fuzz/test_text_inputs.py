@@ -51,14 +51,14 @@ def parse_checked(text: str) -> None:
     assert parse(render(g)) is g
 
 
-@settings(max_examples=max(200, settings.default.max_examples), deadline=None,
+@settings(max_examples=max(200, settings().max_examples), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(text=st.text(max_size=80) | st.lists(st.sampled_from(TOKENS), max_size=30).map("".join))
 def test_parse_any_text(text: str) -> None:
     parse_checked(text)
 
 
-@settings(max_examples=max(300, settings.default.max_examples), deadline=None,
+@settings(max_examples=max(300, settings().max_examples), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(at=st.integers(0, 10**6), cut=st.integers(0, 12), insert=st.sampled_from(TOKENS) | st.text(max_size=6))
 def test_parse_mutated_graph(at: int, cut: int, insert: str) -> None:
@@ -93,14 +93,14 @@ PIPELINE_TOKENS = ["encode", "barriers", "abi", "symbolic", "linearize", "{", "}
                    "x86_64", "max-range", "max_range", "16384", "-1", "0", "2**64", "1e9", " ", "\t", "nope", "{}"]
 
 
-@settings(max_examples=max(300, settings.default.max_examples), deadline=None)
+@settings(max_examples=max(300, settings().max_examples), deadline=None)
 @given(text=st.text(max_size=40) | st.lists(st.sampled_from(PIPELINE_TOKENS), max_size=12).map("".join),
        start=st.sampled_from(["queue", "messages", "calls", "program"]))
 def test_pipeline_any_text(text: str, start: str) -> None:
     pipeline_checked(text, start)
 
 
-@settings(max_examples=max(200, settings.default.max_examples), deadline=None)
+@settings(max_examples=max(200, settings().max_examples), deadline=None)
 @given(at=st.integers(0, 10**6), cut=st.integers(0, 6), insert=st.sampled_from(PIPELINE_TOKENS))
 def test_pipeline_mutated(at: int, cut: int, insert: str) -> None:
     i = at % (len(PIPELINE) + 1)

@@ -26,7 +26,7 @@ from no_hang import no_hang
 TRACES = Path(__file__).parents[2] / "examples" / "traces"
 SMALL = ("symbolic_kv.apple7.json", "conv.apple9.json")
 # the campaign (make fuzz: a profile of more examples than the suite's) mutates every field of every trace
-EVERY = tuple(sorted(p.name for p in TRACES.glob("*.json"))) if settings.default.max_examples > 300 else SMALL
+EVERY = tuple(sorted(p.name for p in TRACES.glob("*.json"))) if settings().max_examples > 300 else SMALL
 HUGE = (2**31, 2**36 + 1, 2**60, 2**64)
 # missing, mistyped (null, bool, string, float, list, object), negative, zero, huge, out of any range
 BAD_VALUES: tuple[Any, ...] = (None, True, "x", -1, 0, 1.5, [], {}, -2**31 - 1, *HUGE)
@@ -119,7 +119,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70
                                                                                       max_size=4), max_leaves=12)
 
 
-@settings(max_examples=max(150, settings.default.max_examples), deadline=None,
+@settings(max_examples=max(150, settings().max_examples), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(data=json_values)
 def test_any_json_value(data: Any) -> None:
@@ -127,7 +127,7 @@ def test_any_json_value(data: Any) -> None:
     load_checked(data)
 
 
-@settings(max_examples=max(300, settings.default.max_examples), deadline=None,
+@settings(max_examples=max(300, settings().max_examples), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(which=st.sampled_from(EVERY), pick=st.integers(0, 10**6), value=json_values, remove=st.booleans())
 def test_any_json_value_anywhere(which: str, pick: int, value: Any, remove: bool) -> None:
@@ -142,7 +142,7 @@ _TRACE_CACHE: dict[str, Any] = {}
 _PATH_CACHE: dict[str, list[tuple[Any, ...]]] = {}
 
 
-@settings(max_examples=max(100, settings.default.max_examples), deadline=None)
+@settings(max_examples=max(100, settings().max_examples), deadline=None)
 @given(raw=st.binary(max_size=64) | st.text(max_size=64).map(str.encode))
 def test_load_trace_any_bytes(raw: bytes, tmp_path_factory: Any) -> None:
     """Any file: not UTF-8, not JSON, not an object: a ``TraceError`` naming the file."""
