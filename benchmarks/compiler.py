@@ -88,7 +88,7 @@ def rewrite_figures(quick: bool = False) -> dict[str, Any]:
                            "rewrite_nomatch": nomatch}
     try:
         from tinygrad.uop.ops import PatternMatcher as TPatternMatcher, UOp as TUOp, UPat as TUPat
-        from tinygrad.uop.ops import GroupOp as TGroupOp, graph_rewrite as tgraph_rewrite
+        from tinygrad.uop.ops import GroupOp as TGroupOp, graph_rewrite as tgraph_rewrite  # type: ignore[attr-defined]
     except ImportError:
         return out
     g = graphs["chain"]

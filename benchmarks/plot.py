@@ -38,10 +38,10 @@ def plot(fig: dict[str, Any], folder: Path) -> Path:
     rows = [r for r in fig.get("sim_rows", []) if "_long" not in r["trace"]]
     if rows:
         names = [r["trace"].replace(".json", "") for r in rows]
-        xs = range(len(rows))
-        right.bar([x - 0.2 for x in xs], [r["sim_us"] for r in rows], 0.4, label="simulated device")
-        right.bar([x + 0.2 for x in xs], [r["raw_us"] for r in rows], 0.4, label="plain pyopencl")
-        right.set_xticks(list(xs), names, rotation=60, ha="right", fontsize=7)
+        ticks = list(range(len(rows)))
+        right.bar([x - 0.2 for x in ticks], [r["sim_us"] for r in rows], 0.4, label="simulated device")
+        right.bar([x + 0.2 for x in ticks], [r["raw_us"] for r in rows], 0.4, label="plain pyopencl")
+        right.set_xticks(ticks, names, rotation=60, ha="right", fontsize=7)
         right.set(ylabel="µs per trace run (CPU time)",
                   title=f"Simulator vs pyopencl: {fig.get('sim_overhead_us_per_dispatch', float('nan')):.0f} µs "
                         "overhead per dispatch")

@@ -124,7 +124,8 @@ def _value(fig: dict[str, Any], key: str) -> tuple[float | None, str]:
         "replay_interp_over_direct": lambda: "; ".join(
             f"{c}: {r['us_interpreter']:.1f} us" for c, r in fig["replay_cases"].items()),
         "submit_time_100k_over_10": lambda: ", ".join(
-            f"{n} commands {us:.1f} us ({fig['submit_messages'][n]} messages)" for n, us in fig["submit_us"].items()),
+            f"{n} commands {us:.1f} us ({fig['submit_messages'][n]} messages)" for n, us in fig["submit_us"].items())
+        + f"; per message {fig['submit_time_per_message_100k_over_10']:.2f}x",
         "sim_run_over_pyopencl": lambda: ", ".join(f"{t.split('.json')[0]} {r:.2f}"
                                                    for t, r in fig["sim_run_traces"].items()),
         "sim_overhead_us_per_dispatch": lambda: f"on {fig['sim_device']}",

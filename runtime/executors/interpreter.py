@@ -4,7 +4,9 @@ Every executor runs the instruction set of ``mtlir.program.instructions`` exactl
 file prepared once (``prepare_registers``: constants, selectors resolved with ``sel_registerName``, device objects
 from ``link``). A run binds the Program's variables by name and touches only the registers instructions write.
 
-- ``Interpreter``: a dispatch loop over pre-decoded instructions; the reference for the semantics.
+- ``Interpreter``: a dispatch loop over pre-decoded instructions; the reference for the semantics. On a native
+  ``MetalBridge`` its messages of proven values are bare ctypes calls, runs of them fused into one block
+  (``mtlir.runtime.executors.native``).
 - ``CompiledReplay`` (``mtlir.runtime.executors.replay``): one generated Python function per Program, for speed.
 
 Arithmetic has C semantics: integers wrap to the dtype (two's complement), division truncates toward zero, a

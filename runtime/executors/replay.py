@@ -11,8 +11,11 @@ source of a function for the Program (``source``) and compiles it:
   of ``bind_variables``, which names the variable and its bounds);
 - integer wraps, int -> int casts and divisions by positive constants are inline expressions.
 
-So a submit costs about what the raw bridge calls cost (benchmarks/bench_replay.py). An exception raised by the
-Bridge during a run carries a note naming the instruction (from the generated line).
+On a native ``MetalBridge`` a message whose every value is proven to fit is a bare ctypes call and a store at a
+constant address a ctypes cell (``mtlir.runtime.executors.native``), so a submit costs what the same calls written
+by hand cost (``python -m benchmarks --only replay``: 0.99-1.05x). Where the variables bind by keyword, ``run`` is
+the generated function itself. An exception raised by the Bridge during a run carries a note naming the
+instruction (from the generated line).
 """
 from __future__ import annotations
 
@@ -48,7 +51,8 @@ _EXPR = {
 
 _MISSING = object()
 _POINTERS = ("ptr", "id", "sel")  # argument kinds ctypes passes as c_void_p (None is NULL)
-_RESERVED = re.compile(r"[rPDWFCKVSNM]\d+|msg_send|c_call|load|store|idiv|cmod|max|min|range|bool|type|int|replay|make|_program|_slow|_note|_extra|_M|e")
+_RESERVED = re.compile(r"[rPDWFCKVSNM]\d+|msg_send|c_call|load|store|idiv|cmod|max|min|range|bool|type|int|replay|make"
+                       r"|_program|_slow|_note|_extra|_M|e")  # names of the generated code
 
 
 class CompiledReplay(Executor):
