@@ -1,8 +1,9 @@
 """The plot of docs/performance.md: ``python -m benchmarks --plot docs/img`` writes ``performance.svg``.
 
 Left: host µs per command (queue building + lowering) against the command count, one line per path, both axes
-logarithmic. Right: µs per trace run on the simulated device and with plain pyopencl, per trace, with the
-simulator's per-dispatch overhead of one long command buffer in the title. matplotlib is an optional dependency
+logarithmic. Right: µs per dispatch of a whole trace run on the simulated device and with plain pyopencl, per
+trace (the last one long: one command buffer of many dispatches), with the simulator's per-dispatch overhead of
+that long command buffer in the title. matplotlib is an optional dependency
 (``pip install -e '.[bench]'``); a group not run leaves its panel empty with a note.
 """
 from __future__ import annotations
@@ -35,14 +36,16 @@ def plot(fig: dict[str, Any], folder: Path) -> Path:
         left.legend(fontsize=8)
     else:
         left.text(0.5, 0.5, "lowering not run", ha="center", transform=left.transAxes)
-    rows = [r for r in fig.get("sim_rows", []) if "_long" not in r["trace"]]
+    rows = fig.get("sim_rows", [])
     if rows:
         names = [r["trace"].replace(".json", "") for r in rows]
         ticks = list(range(len(rows)))
-        right.bar([x - 0.2 for x in ticks], [r["sim_us"] for r in rows], 0.4, label="simulated device")
-        right.bar([x + 0.2 for x in ticks], [r["raw_us"] for r in rows], 0.4, label="plain pyopencl")
+        right.bar([x - 0.2 for x in ticks], [r["sim_us"] / r["dispatches"] for r in rows], 0.4,
+                  label="simulated device")
+        right.bar([x + 0.2 for x in ticks], [r["raw_us"] / r["dispatches"] for r in rows], 0.4,
+                  label="plain pyopencl")
         right.set_xticks(ticks, names, rotation=60, ha="right", fontsize=7)
-        right.set(ylabel="µs per trace run (CPU time)",
+        right.set(ylabel="µs per dispatch of a trace run (CPU time)",
                   title=f"Simulator vs pyopencl: {fig.get('sim_overhead_us_per_dispatch', float('nan')):.0f} µs "
                         "overhead per dispatch")
         right.legend(fontsize=8)
