@@ -9,8 +9,10 @@ write-after-read, write-after-write). This pass rewrites the ICB placeholder (``
 
 What a command touches, per binding ``(placeholder, offset, index)``, on the base buffer, never by view identity:
 
-- the bytes ``[offset, offset + elements × element size)`` when the kernel's ``KernelParam`` declares ``elements``
-  (what the kernel reads or writes, checked against the view by encode), else ``[offset, end of the buffer)``;
+- the bytes ``[offset, offset + size)`` of the view bound there (``IcbCommand.extents``: a view's size, a buffer's
+  size), narrowed to ``elements × element size`` when the kernel's ``KernelParam`` declares ``elements`` (what the
+  kernel reads or writes, checked against the view by encode); ``[offset, end of the buffer)`` when neither is
+  known;
 - written when the kernel's MSL declares the parameter ``device T*`` without ``const`` (``mtlir.msl``'s
   signature); ``const device T*`` and ``constant`` parameters are read-only. A kernel whose signature cannot be read
   (no MSL, a parse error) is taken to write every buffer it binds;
@@ -112,14 +114,16 @@ def command_accesses(cmd: IcbCommand, kernel: Kernel | None, sizes: dict[str, in
 def _accesses(cmd: IcbCommand, k: _Kernel, sizes: dict[str, int]) -> list[tuple[str, int, int, bool]]:
     """``command_accesses`` as plain ``(buffer, lo, hi, write)`` tuples (the pass's loop makes one list per command)."""
     out: list[tuple[str, int, int, bool]] = []
-    written, extent = k.written, k.extent
-    for name, offset, index in cmd.bindings:
+    written, extent, views = k.written, k.extent, cmd.extents
+    for j, (name, offset, index) in enumerate(cmd.bindings):
         if name == "varbuf":
             continue  # constant T& slots: only read, written by the CPU before the submit
         end = sizes.get(name, _BIG)
         n = extent.get(index)
         if n is not None and offset + n < end:
             end = offset + n
+        if j < len(views) and views[j] and offset + views[j] < end:
+            end = offset + views[j]
         out.append((name, offset, end if end > offset else offset + 1, written is None or index in written))
     for index in cmd.rebound:
         out.append((_ANY, 0, _BIG, written is None or index in written))

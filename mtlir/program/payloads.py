@@ -24,7 +24,8 @@ class IcbCommand(NamedTuple):
     (threadgroups) and ``threadgroup`` (threads), where an entry set per submit is 0 (``symbolic`` is then True:
     the Program sends this run's sizes); ``setBarrier`` when ``barrier``. ``variables`` names the variable of each
     variables-buffer binding ``(name, buffer index)``; ``rebound`` lists the buffer indices a submit binds
-    (buffer variables), which link leaves unbound.
+    (buffer variables), which link leaves unbound. ``extents``: per entry of ``bindings``, the bytes of the view (or
+    buffer) bound there from its offset, 0 where unknown (empty: none known); the ``barriers`` pass decides on them.
 
     A NamedTuple rather than a dataclass: a queue of 100,000 commands hashes its command list as plain tuples."""
 
@@ -36,6 +37,7 @@ class IcbCommand(NamedTuple):
     symbolic: bool = False
     variables: tuple[tuple[str, int], ...] = ()
     rebound: tuple[int, ...] = ()
+    extents: tuple[int, ...] = ()
 
 
 class CommandList(tuple):  # type: ignore[type-arg]

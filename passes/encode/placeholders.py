@@ -138,11 +138,12 @@ class SubmitPlaceholders:
         e = self.e
         if not e.inputs:
             out = [_new(IcbCommand, (c.kernel.pipeline.arg.name, c.icb_binds, c.grid.link, c.threadgroup.link, True,
-                                     c.symbolic, c.kernel.var_names, ())) for c in e.cmds]
+                                     c.symbolic, c.kernel.var_names, (), _extents(c.args))) for c in e.cmds]
         else:  # a buffer variable's binding is left to each submit
             out = [IcbCommand(c.kernel.pipeline.arg.name, tuple(t for t in c.icb_binds if t[0]), c.grid.link,
                               c.threadgroup.link, True, c.symbolic, c.kernel.var_names,
-                              tuple(t[2] for t in c.icb_binds if not t[0])) for c in e.cmds]
+                              tuple(t[2] for t in c.icb_binds if not t[0]),
+                              tuple(x for t, x in zip(c.icb_binds, _extents(c.args)) if t[0])) for c in e.cmds]
         pipelines = tuple(dict.fromkeys(k.pipeline.arg for k in e.kernels.values()))
         buffers = tuple(o.arg for o in e.buffers.values())
         if self.varbuf is not None:
@@ -187,3 +188,10 @@ class SubmitPlaceholders:
         counts = placeholder("table", f"table:resource-counts:{span.first}",
                              TableEntries(len(o.payload) for o in per_iteration), dtypes.uint64.ptr())
         return table.index(counter).load(), counts.index(counter).load()
+
+
+def _extents(args: tuple[UOp, ...]) -> tuple[int, ...]:
+    """``IcbCommand.extents`` of an EXEC's sources: the bytes of each view or buffer from its offset (a view's size,
+    a buffer's size), 0 for a buffer variable (its size is known at run time only) and for a variable's value."""
+    return tuple(int(a.arg[1]) if a.op in (Ops.BUFFER, Ops.BUFFER_VIEW) and isinstance(a.arg[1], int) else 0
+                 for a in args)

@@ -11,10 +11,10 @@ import pytest
 from mtlir.frontend.nodes import buffer, buffer_variable, timeline_value, view
 from mtlir.frontend.queue import Queue
 from mtlir.ir.uop import UOp
-from mtlir.metal import DeviceSpec, Kernel, KernelParam
+from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj
 from mtlir.passes import PASSES, Barriers, PassPipeline, default_pipeline, lower
-from mtlir.passes.barriers import Access, written_indices
-from mtlir.program.payloads import IcbSpec
+from mtlir.passes.barriers import Access, place_barriers, written_indices
+from mtlir.program.payloads import CommandList, IcbCommand, IcbSpec
 from mtlir.program.program import Program
 
 
@@ -64,8 +64,14 @@ def test_byte_ranges_of_the_base_buffer_not_view_identity() -> None:
     assert _barriers((COPY, X, lo), (COPY, hi, Z)) == [False, False]  # reads bytes 256.. of y, written 0..255
     assert _barriers((COPY, X, lo), (COPY, lo, Z)) == [False, True]   # another view node of the same bytes
     assert _barriers((COPY, X, view(Y, 0, 512)), (COPY, view(Y, 252, 256), Z)) == [False, True]  # 4 bytes overlap
-    # a kernel without elements reaches to the end of its buffer: conservative
-    assert _barriers((WHOLE, X, lo), (COPY, hi, Z)) == [False, True]
+    # a kernel without elements touches its view, offset + size
+    assert _barriers((WHOLE, X, lo), (COPY, hi, Z)) == [False, False]
+    assert _barriers((WHOLE, X, view(Y, 0, 260)), (COPY, hi, Z)) == [False, True]
+    spec = IcbSpec(CommandList([IcbCommand("pipeline:whole", (("buffer:y", 0, 1),), (1, 1, 1), (1, 1, 1)),
+                                IcbCommand("pipeline:whole", (("buffer:y", 256, 1),), (1, 1, 1), (1, 1, 1))]),
+                   (Obj("pipeline", "pipeline:whole", (WHOLE,)),), (Obj("buffer", "buffer:y", (1024,)),), 2)
+    # without extents (a hand-built IcbSpec) nor elements: to the end of the buffer, conservative
+    assert [c.barrier for c in place_barriers(spec).commands] == [False, True]
 
 
 def test_a_barrier_starts_a_new_group() -> None:

@@ -38,11 +38,11 @@ def test_icb_spec_holds_every_command_as_data() -> None:
     spec = icb_spec(p)
     assert spec.commands == (
         IcbCommand("pipeline:saxpy", (("buffer:x", 0, 0), ("buffer:y", 256, 1), ("varbuf", 0, 2)), (0, 1, 1),
-                   (32, 1, 1), False, True, (("n", 2),), ()),  # barriers: nothing runs before command 0
+                   (32, 1, 1), False, True, (("n", 2),), (), (8192, 4096, 0)),  # barriers: none before command 0
         IcbCommand("pipeline:scale", (("buffer:y", 0, 0), ("buffer:z", 0, 1)), (2, 2, 1), (16, 2, 1), True, False,
-                   (), ()),
+                   (), (), (8192, 4096)),
         IcbCommand("pipeline:saxpy", (("buffer:z", 0, 0), ("buffer:x", 0, 1), ("varbuf", 0, 2)), (8, 1, 1),
-                   (32, 1, 1), True, False, (("n", 2),), ()))
+                   (32, 1, 1), True, False, (("n", 2),), (), (4096, 8192, 0)))  # extents: view/buffer bytes
     assert [o.name for o in spec.pipelines] == ["pipeline:saxpy", "pipeline:scale"]
     assert spec.pipelines[0].payload == (SAXPY,)
     assert [(o.name, o.payload[0]) for o in spec.buffers] == [("buffer:x", 8192), ("buffer:y", 8192),
