@@ -22,7 +22,7 @@ from typing import Any
 from mtlir.metal import abi_prototype, c_prototype
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.recording import RecordingBridge
-from mtlir.runtime.executors.interpreter import prepare_registers
+from mtlir.runtime.executors.executor import prepare_registers
 from mtlir.runtime.link.link import link
 from mtlir.runtime.metal.bridge import MetalBridge
 

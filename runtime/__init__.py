@@ -8,7 +8,8 @@ the messages a run sends; ``Messenger`` sends one by selector name (docs/runtime
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.bridge.messenger import Messenger
 from mtlir.runtime.bridge.recording import Message, RecordingBridge
-from mtlir.runtime.executors.interpreter import Executor, Interpreter, ProgramError, prepare_registers
+from mtlir.runtime.executors.executor import Executor, ProgramError, prepare_registers
+from mtlir.runtime.executors.interpreter import Interpreter
 from mtlir.runtime.executors.replay import EXECUTORS, CompiledReplay, make_executor
 from mtlir.runtime.link.link import link
 from mtlir.runtime.link.linked import Linked

@@ -37,7 +37,7 @@ from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.bridge.recording import Message, RecordingBridge
 from mtlir.errors import ArgumentError, GPUExecutionError, StateError, WaitTimeoutError
-from mtlir.runtime.executors.interpreter import Executor
+from mtlir.runtime.executors.executor import Executor
 from mtlir.runtime.link.link import link
 from mtlir.runtime.link.linked import Linked
 from mtlir.runtime.executors.replay import make_executor

@@ -83,7 +83,7 @@ def test_the_classes_keep_their_python_bases() -> None:
     from mtlir.ir.rewrite import RewriteLoopError
     from mtlir.ir.upat import RuleError
     from mtlir.passes.verify import VerifyError
-    from mtlir.runtime.executors.interpreter import ProgramError
+    from mtlir.runtime.executors.executor import ProgramError
     for cls in (TraceError, VerifyError, LoweringError, UsageError, ProgramError):
         assert issubclass(cls, ValueError), cls
     for cls in (LinkError, BridgeError, DeviceError, KernelAccessError, KernelCompileError, UnsupportedKernelError,

@@ -32,8 +32,9 @@ from mtlir.ir.ops import GroupOp, Ops
 from mtlir.program.instructions import Alu, Bitcast, Call, Cast, End, Gep, Index, Instr, Load, Range, Store, Struct
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
-from mtlir.runtime.executors.interpreter import (Executor, Interpreter, ProgramError, alu_fn, bind_variables,
-                                                 bitcast_fn, cast_fn, float_rounder, format_instr)
+from mtlir.runtime.executors.executor import (Executor, ProgramError, alu_fn, bind_variables, bitcast_fn, cast_fn,
+                                              float_rounder, format_instr)
+from mtlir.runtime.executors.interpreter import Interpreter
 from mtlir.runtime.executors.native import RETURNS, NativeCalls, fits, size_structs, value_bounds
 from mtlir.runtime.metal.marshal import MTLSizeStruct, ret_kind
 

@@ -40,7 +40,7 @@ from mtlir.errors import LinkError
 from mtlir.metal import MTL, Kernel, Obj
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
-from mtlir.runtime.executors.interpreter import prepare_registers
+from mtlir.runtime.executors.executor import prepare_registers
 from mtlir.runtime.link.kinds import make_buffer, make_icb, make_pipeline, make_residency_set, make_table
 from mtlir.runtime.link.linked import Linked
 from mtlir.runtime.link.state import LinkState, obj_name

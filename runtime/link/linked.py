@@ -11,7 +11,7 @@ from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.bridge.messenger import Messenger
 from mtlir.errors import ArgumentError, LinkError, MetalValidationError
-from mtlir.runtime.executors.interpreter import prepare_registers
+from mtlir.runtime.executors.executor import prepare_registers
 
 __all__ = ["Linked", "above_max_buffer_length"]
 

@@ -349,7 +349,7 @@ def test_every_error_of_the_front_end_is_bad_input(name: str, command: str) -> N
 
 
 def test_internal_errors_stay_internal() -> None:
-    from mtlir.runtime.executors.interpreter import ProgramError
+    from mtlir.runtime.executors.executor import ProgramError
     assert exit_code(ValueError("a bug")) is None and exit_code(KeyError("x")) is None
     assert exit_code(ProgramError("a malformed Program is a bug of the lowering")) is None
 

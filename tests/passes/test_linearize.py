@@ -50,7 +50,8 @@ def test_loop_invariant_work_stays_outside_the_loop() -> None:
 
 def test_a_linearized_loop_runs_on_the_interpreter() -> None:
     import mtlir.runtime as runtime
-    from mtlir.runtime.executors.interpreter import Interpreter, prepare_registers
+    from mtlir.runtime.executors.executor import prepare_registers
+    from mtlir.runtime.executors.interpreter import Interpreter
     p = linearize(_loop_sum(), "x86_64")
     bridge = runtime.RecordingBridge(target="x86_64")
     addr = bridge.malloc(64)

@@ -17,7 +17,8 @@ from mtlir.program.instructions import (Alu, Bitcast, Call, Cast, End, Gep, Inde
                                         Struct)
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.recording import RecordingBridge
-from mtlir.runtime.executors.interpreter import Interpreter, ProgramError, prepare_registers
+from mtlir.runtime.executors.executor import ProgramError, prepare_registers
+from mtlir.runtime.executors.interpreter import Interpreter
 from mtlir.runtime.executors.replay import CompiledReplay, make_executor
 from mtlir.errors import BridgeError, LinkError
 
