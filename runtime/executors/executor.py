@@ -19,11 +19,12 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from mtlir.ir.dtypes import DType, dtypes
+from mtlir.ir.dtypes import DType
 from mtlir.ir.dtypes import wrap
 from mtlir.ir.evaluate import ALU_FUNCS
 from mtlir.ir.ops import GroupOp, Ops
-from mtlir.program.instructions import INSTRUCTIONS, Alu, Bitcast, Call, Cast, End, Gep, Index, Load, Range, Store, Struct
+from mtlir.program.instructions import (INSTRUCTIONS, Alu, Bitcast, Call, Cast, End, Gep, Index, Load, Range, Store,
+                                        Struct)
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.errors import ArgumentError, LinkError, MtlirError

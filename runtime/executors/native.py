@@ -25,7 +25,7 @@ from mtlir.metal import Prototype
 from mtlir.program.instructions import Alu, Bitcast, Call, Cast, Gep, Index, Load, Struct
 from mtlir.program.program import Program
 from mtlir.runtime.metal.bridge import MetalBridge
-from mtlir.runtime.metal.marshal import MTLSizeStruct, Unfit, checker, ret_kind
+from mtlir.runtime.metal.marshal import Unfit, checker, ret_kind
 from mtlir.errors import BridgeError
 
 __all__ = ["NativeCalls", "value_bounds", "Bounds", "RETURNS", "fits"]
