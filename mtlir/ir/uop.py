@@ -45,6 +45,8 @@ def argkey(arg: Any) -> Any:
     t = type(arg)
     if t in _ATOMS:
         return (t, arg)
+    if t in _OPAQUE:  # a type keyed by Python's == before (e.g. MessageList): skip the tests below
+        return _opaque(t, arg)
     if t is float:
         return (float, "nan") if arg != arg else (float, struct.pack("<d", arg))
     if t is tuple or (isinstance(arg, tuple) and hasattr(t, "_fields")):  # tuples and NamedTuples
@@ -53,7 +55,7 @@ def argkey(arg: Any) -> Any:
         return (t, tuple([argkey(a) for a in arg]))
     if isinstance(arg, (Enum, DType)):
         return (t, arg)
-    if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
+    if hasattr(t, "__dataclass_fields__") and not isinstance(arg, type):  # dataclasses.is_dataclass, inline
         if not t.__dataclass_params__.frozen:
             raise TypeError(f"a {t.__name__} is a mutable dataclass: only frozen dataclasses can be args")
         # the key is kept on the instance (outside its fields: eq, hash and repr do not see it), so a Prototype or
@@ -70,11 +72,21 @@ def argkey(arg: Any) -> Any:
         return key
     if t is frozenset:
         return (frozenset, frozenset([argkey(a) for a in arg]))
+    key = _opaque(t, arg)
+    _OPAQUE.add(t)
+    return key
+
+
+def _opaque(t: type, arg: Any) -> Any:
+    """The key of a value keyed by its type and Python's ``==``; raises ``TypeError`` when it is not hashable."""
     try:
         hash(arg)
     except TypeError:
         raise TypeError(f"a {t.__name__} is not hashable: args and tags must be immutable values") from None
     return (t, arg)
+
+
+_OPAQUE: set[type] = set()  # types argkey keyed by value (its last case): the same for every instance of the type
 
 
 # the intern table: node key -> weak reference; a node removes its own entry when it is freed (UOp.__del__)
