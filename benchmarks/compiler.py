@@ -1,7 +1,7 @@
 """The front end and the passes: queue building + lowering per command, memory, messages per submit, rewrite.
 
-Built on the queues and graphs of ``benchmarks/bench_lowering.py`` and ``benchmarks/bench_rewrite.py`` (their
-``build``/``PATHS``/``messages`` and ``chain``/``wide``/``dfs``/``no_match``), measured here the package's way
+Built on ``benchmarks/bench_lowering.py`` (its ``build``/``PATHS``/``messages``) and ``benchmarks/bench_rewrite.py``
+(its ``figures``), measured the package's way
 (``benchmarks.timing``: interleaved with a reference, medians of at least 7 rounds, CPU time):
 
 - ``lowering_figures``: per path and command count, building the queue graph (``Queue.exec`` ...) and all passes
@@ -12,8 +12,9 @@ Built on the queues and graphs of ``benchmarks/bench_lowering.py`` and ``benchma
   the direct path, by kernel count.
 - ``rewrite_figures``: ``graph_rewrite`` with no matching rule over a plain iterative DFS of the same graph
   (``rewrite_nomatch_over_dfs``, the worse of a 100k chain and a 20k-wide sink) and, where tinygrad is
-  installed, ``graph_rewrite`` with one rule matching every node over tinygrad's own on the same graph built with
-  tinygrad's UOps (``rewrite_match_over_tinygrad``).
+  installed, ``graph_rewrite`` with one rule rewriting every ADD over tinygrad's own with the same rule on the
+  same chain built with tinygrad's UOps (``rewrite_match_over_tinygrad``); ``rewrite_rows``: every case of
+  ``bench_rewrite.figures``.
 """
 from __future__ import annotations
 
@@ -22,9 +23,8 @@ import tracemalloc
 from typing import Any
 
 from benchmarks.bench_lowering import PATHS, build, messages
-from benchmarks.bench_rewrite import chain, dfs, no_match, wide
-from benchmarks.timing import interleaved, ratio
-from mtlir import PatternMatcher, UPat, graph_rewrite
+from benchmarks.bench_rewrite import figures as rewrite_rows
+from benchmarks.timing import MIN_ROUNDS, interleaved, ratio
 from mtlir.metal import DeviceSpec
 from mtlir.passes import lower
 
@@ -75,30 +75,17 @@ def lowering_figures(quick: bool = False) -> dict[str, Any]:
 
 
 def rewrite_figures(quick: bool = False) -> dict[str, Any]:
-    """graph_rewrite against a plain DFS and against tinygrad (module docstring)."""
-    n = 2000 if quick else 100_000
-    graphs = {"chain": chain(n), "wide": wide(n // 5)}
-    nomatch: dict[str, dict[str, float]] = {}
-    for name, g in graphs.items():
-        assert graph_rewrite(g, no_match) is g
-        t = interleaved({"no-match": lambda: graph_rewrite(g, no_match), "dfs": lambda: dfs(g)}, 1)
-        nomatch[name] = {"us_per_node_rewrite": t["no-match"] / n * 1e6, "us_per_node_dfs": t["dfs"] / n * 1e6,
-                         "ratio": ratio(t["no-match"], t["dfs"])}
-    out: dict[str, Any] = {"rewrite_nomatch_over_dfs": max(v["ratio"] for v in nomatch.values()),
-                           "rewrite_nomatch": nomatch}
-    try:
-        from tinygrad.uop.ops import PatternMatcher as TPatternMatcher, UOp as TUOp, UPat as TUPat
-        from tinygrad.uop.ops import GroupOp as TGroupOp, graph_rewrite as tgraph_rewrite  # type: ignore[attr-defined]
-    except ImportError:
-        return out
-    g = graphs["chain"]
-    every = PatternMatcher([(UPat(tuple({u.op for u in g.toposort()}), name="x"), lambda x: None)])
-    tevery = TPatternMatcher([(TUPat(tuple(TGroupOp.All), name="x"), lambda x: None)])
-    tx = TUOp.variable("x", 0, 10)
-    tchain = tx
-    for i in range(1, n + 1):
-        tchain = tchain + i
-    t = interleaved({"mtlir": lambda: graph_rewrite(g, every), "tinygrad": lambda: tgraph_rewrite(tchain, tevery)}, 1)
-    out["rewrite_match_over_tinygrad"] = ratio(t["mtlir"], t["tinygrad"])
-    out["rewrite_match"] = {"us_per_node_mtlir": t["mtlir"] / n * 1e6, "us_per_node_tinygrad": t["tinygrad"] / n * 1e6}
+    """graph_rewrite against a plain DFS and against tinygrad: ``bench_rewrite.figures`` (its docstring: the
+    graphs, the rules, interleaved medians), flattened (module docstring)."""
+    rows = rewrite_rows(2000 if quick else 100_000, MIN_ROUNDS)
+    out: dict[str, Any] = {"rewrite_nomatch_over_dfs": max(r["no-match / dfs"] for r in rows.values()),
+                           "rewrite_nomatch": {g: {"us_per_node_rewrite": r["no-match us/node"],
+                                                   "us_per_node_dfs": r["dfs us/node"], "ratio": r["no-match / dfs"]}
+                                               for g, r in rows.items()},
+                           "rewrite_rows": rows}
+    chain_row = rows.get("chain", {})
+    if "match / tinygrad" in chain_row:
+        out["rewrite_match_over_tinygrad"] = chain_row["match / tinygrad"]
+        out["rewrite_match"] = {"us_per_node_mtlir": chain_row["match us/node"],
+                                "us_per_node_tinygrad": chain_row["tinygrad match us/node"]}
     return out

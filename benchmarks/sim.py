@@ -4,7 +4,8 @@ The measurement is ``benchmarks/bench_dispatch.py``'s ``measure()`` (its docstri
 how it is timed: interleaved rounds, process CPU time on a CPU device); this module picks its size and flattens
 the figures for ``python -m benchmarks``: ``sim_run_over_pyopencl`` is the worst trace's ratio (each trace's
 ratio and absolute µs beside it), ``sim_overhead_us_per_dispatch`` the simulator's own cost per dispatch of one
-long command buffer.
+long command buffer, ``kernel_path_over_pyopencl`` the kernel path alone (launches prepared once) against the same
+raw rounds, the worst trace.
 """
 from __future__ import annotations
 
@@ -26,4 +27,7 @@ def sim_figures(quick: bool = False, opencl_device: str | int | None = None) -> 
     return {"sim_run_over_pyopencl": got["sim_run_over_pyopencl"]["worst"],
             "sim_run_traces": got["sim_run_over_pyopencl"]["traces"],
             "sim_overhead_us_per_dispatch": got["sim_overhead_us_per_dispatch"],
+            **({"kernel_path_over_pyopencl": got["kernel_path_over_pyopencl"]["worst"],
+                "kernel_path_traces": got["kernel_path_over_pyopencl"]["traces"]}
+               if "kernel_path_over_pyopencl" in got else {}),
             "sim_device": got["device"], "sim_rows": got["rows"]}
