@@ -35,7 +35,7 @@ import numpy as np
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
 from mtlir.errors import DeviceError, KernelAccessError, MetalValidationError
-from mtlir.runtime.sim.kernels.compiled import DEFAULT_TIMEOUT_S
+from mtlir.runtime.sim.kernels.compiled import DEFAULT_TIMEOUT_S, CompiledKernel
 from mtlir.runtime.sim.kernels.launch import MAX_BATCH, Launch
 from mtlir.runtime.sim.rules.checks import size_problem
 from mtlir.runtime.sim.objects import (ICB, Binding, BlitCopy, BlitEncoder, BlitFill, Buffer, CommandBuffer,
@@ -496,8 +496,10 @@ class GPU:
             self._flush()  # what was batched runs before an injected fault strikes
             self._inject(p, what)
         self.kernels_run += 1
-        prepare = getattr(p.kernel, "prepare", None)
-        if prepare is None:  # a kernel that is not batched (the tests' Python kernels): run it now
+        # only the runner's own kernels are batched: another kernel object (the tests' Python kernels, a wrapper that
+        # records each run) is run through its ``run``, at once
+        prepare = p.kernel.prepare if isinstance(p.kernel, CompiledKernel) else None
+        if prepare is None:
             self._flush()
             self._run_alone(p, bindings, grid, threadgroup, what)
             return

@@ -46,7 +46,7 @@ from mtlir.runtime.sim.kernels.waiter import EventWaiter
 from mtlir.runtime.sim.msl.translate import Translation, translate
 from mtlir.runtime.sim.msl.simd import scratch_bytes
 
-KEEP_SYNCS = 16  # a device buffer unused for this many syncs is dropped
+KEEP_SYNCS = 4  # a device buffer unused for this many syncs is dropped (a submit syncs 2-3 times)
 SNAPSHOT_BYTES = 1 << 18  # device copies of buffers up to this size are copied in only when the host changed them
 
 __all__ = ["KernelRunner", "INSTALL_HINT", "BUILD_OPTIONS", "list_devices", "select_device", "device_name",
