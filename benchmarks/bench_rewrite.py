@@ -80,7 +80,8 @@ def tinygrad_case(n: int) -> Callable[[], Any] | None:
     """``graph_rewrite`` of tinygrad with the ADD -> SUB rule on tinygrad's chain of ``n`` ADDs; None without
     tinygrad."""
     try:
-        from tinygrad.uop.ops import Ops as TOps, PatternMatcher as TPatternMatcher, UOp as TUOp, UPat as TUPat
+        from tinygrad.uop import Ops as TOps
+        from tinygrad.uop.ops import PatternMatcher as TPatternMatcher, UOp as TUOp, UPat as TUPat
         from tinygrad.uop.ops import graph_rewrite as tgraph_rewrite
     except ImportError:
         return None
