@@ -166,6 +166,9 @@ class Queue:
                 got = self._sizes.get(key)
             except TypeError:  # an unhashable size: _mtlsize names it
                 key, got = None, None
+        elif type(sizes) is int or type(sizes) is UOp:  # one size: the same key as the 1-tuple, the same meaning
+            key = (type(sizes), sizes)
+            got = self._sizes.get(key)
         else:
             key, got = None, None
         if got is None:

@@ -104,6 +104,24 @@ def test_bad_buffers_and_queues(call, message) -> None:  # type: ignore[no-untyp
     assert message in str(e.value)
 
 
+def test_exec_remembers_only_the_checks_that_passed() -> None:
+    # each distinct size tuple and value is checked once per queue; a value equal to a good one but of another type
+    # (True == 1), and a bad one met twice, are still refused every time
+    x, y = buffer("x", 4096), buffer("y", 4096)
+    q = Queue(DeviceSpec("Apple9"))
+    q.exec(SAXPY, [x, y], [1], grid=(4,), threadgroup=(32,))
+    q.exec(SAXPY, (x, y), (1,), grid=4, threadgroup=[32, 1])  # the same sizes written otherwise: the same EXEC
+    assert q.ops[0] is q.ops[1]
+    with pytest.raises(QueueError, match="command 2 .*variable 'n' must be an int or a UOp, got True"):
+        q.exec(SAXPY, [x, y], [True], grid=(4,), threadgroup=(32,))
+    with pytest.raises(QueueError, match="command 2 .*grid.x: a size must be an int or an expression"):
+        q.exec(SAXPY, [x, y], [1], grid=(True,), threadgroup=(32,))
+    for _ in range(2):
+        with pytest.raises(QueueError, match="command 2 .*above Metal's maximum of 1024 threads per threadgroup"):
+            q.exec(SAXPY, [x, y], [1], grid=(4,), threadgroup=(64, 32))
+    assert q.ncommands == 2 and len(q.ops) == 2
+
+
 def test_a_timestamp_slot_taken_twice_is_refused_naming_both_commands() -> None:
     a, b = buffer("a", 64), buffer("b", 64)
     q = Queue().timestamp(0).exec(SCALE, [a, b]).timestamp(1).exec(SCALE, [b, a])
