@@ -6,6 +6,8 @@ On a native ``MetalBridge`` its messages of proven values are bare ctypes calls,
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -30,11 +32,15 @@ __all__ = ["Interpreter"]
 #   to fit: mtlir.runtime.executors.native), its arguments ``getter(regs)`` (constants converted once, kept in
 #   registers past nregs), the result converted as msg_send does (_PLAIN, _PTR, _BOOL) |
 #   _CELL cell, value: a store at a constant host address through a ctypes cell (same conditions) |
-#   _BLOCK ops, next_pc: a run of two or more _NATIVE instructions in a row, as (fn, getter, dst, result kind)
-#   tuples, run by one tight loop; the instructions after the first keep their own forms (never reached: no jump
-#   lands inside a run, jumps go to a RANGE or an END)
-#   _SIZE fields, MTLSizeStruct: a STRUCT built as the MTLSize that only direct calls read (native.size_structs)
-_CALL, _MSG, _STORE, _LOAD, _INDEX, _ALU, _STRUCT, _GEP, _CAST, _RANGE, _END, _NATIVE, _CELL, _BLOCK, _SIZE = range(15)
+#   _SIZE fields, MTLSizeStruct: a STRUCT built as the MTLSize that only direct calls read (native.size_structs) |
+#   _KNOWN: a pure instruction whose result _fold computed (native only): its register holds it from the start |
+#   _BLOCK ops, next_pc, pcs: on a native MetalBridge, a run of straight-line instructions that each are
+#   ``regs[dst] = fn(*getter(regs))`` (_NATIVE, _CELL, _SIZE, _CAST, _ALU; a _KNOWN one is left out), as
+#   (fn, getter, dst, result kind) tuples run by one tight loop; ``pcs``: each op's instruction. The instructions
+#   after the first keep their own forms (never reached: no jump lands inside a run, jumps go to a RANGE or END)
+_CALL, _MSG, _STORE, _LOAD, _INDEX, _ALU, _STRUCT, _GEP, _CAST, _RANGE, _END, _NATIVE, _CELL, _BLOCK, _SIZE, _KNOWN = \
+    range(16)
+_FUSED = (_NATIVE, _CELL, _SIZE, _CAST, _ALU, _KNOWN)
 _PLAIN, _PTR, _BOOL = range(3)
 _RESULT_KINDS = {"void": _PLAIN, "plain": _PLAIN, "ptr": _PTR, "bool": _BOOL}
 _UNSET = object()
@@ -65,16 +71,38 @@ class Interpreter(Executor):
         self._bridge_calls = (bridge.msg_send, bridge.c_call, bridge.load, bridge.store)
 
     def _blocks(self) -> None:
-        """Fuse each run of two or more ``_NATIVE`` instructions into a ``_BLOCK`` at the run's first pc."""
+        """On a native MetalBridge, fuse each run of instructions of ``_FUSED`` kinds with two or more ops into a
+        ``_BLOCK`` at the run's first pc (a run holding a RANGE's END or a jump target cannot occur: those are
+        RANGE and END, never fused)."""
+        if self.native is None:
+            return
         code, pc = self.code, 0
         while pc < len(code):
             end = pc
-            while end < len(code) and code[end][0] == _NATIVE:
+            while end < len(code) and code[end][0] in _FUSED:
                 end += 1
-            if end - pc >= 2:
-                ops = tuple((c[2], c[3], c[1], c[4]) for c in code[pc:end])
-                code[pc] = (_BLOCK, -1, ops, end)
+            ops = [(self._op(code[i]), i) for i in range(pc, end) if code[i][0] != _KNOWN]
+            if len(ops) >= 2 or (ops and end - pc > len(ops)):
+                code[pc] = (_BLOCK, -1, tuple(op for op, _ in ops), end, tuple(i for _, i in ops))
             pc = max(end, pc + 1)
+
+    @staticmethod
+    def _op(c: tuple[Any, ...]) -> tuple[Any, Any, int, int]:
+        """A fused instruction as ``(fn, getter, dst, result kind)``: ``regs[dst] = fn(*getter(regs))``."""
+        def get(regs: Sequence[int]) -> Any:  # one register: a slice gives a list of one
+            return operator.itemgetter(*regs) if len(regs) > 1 else operator.itemgetter(slice(regs[0], regs[0] + 1))
+        k = c[0]
+        if k == _NATIVE:
+            return c[2], c[3], c[1], c[4]
+        if k == _CELL:  # the cell as an array of one, assigned by setitem
+            cell = c[2]
+            return (functools.partial(operator.setitem, (type(cell) * 1).from_address(ctypes.addressof(cell)), 0),
+                    get([c[3]]), -1, _PLAIN)
+        if k == _SIZE:
+            return c[3], get(c[2]), c[1], _PLAIN
+        if k == _CAST:
+            return c[2], get([c[3]]), c[1], _PLAIN
+        return c[2], get(c[3]), c[1], _PLAIN  # _ALU
 
     def _native(self, ins: Instr) -> tuple[Any, ...] | None:
         """A ``_NATIVE``, ``_CELL`` or ``_SIZE`` form where ``NativeCalls`` allows it, else None."""
@@ -106,7 +134,7 @@ class Interpreter(Executor):
     def _fold(self) -> dict[int, Any]:
         """Registers known before the run: the constants, selectors and objects, and the results of pure
         instructions (casts, ALU, INDEX, STRUCT, GEP) of known operands written once, evaluated now as the loop
-        would (for the direct calls' proofs only: the instructions still run)."""
+        would (the proofs of the direct calls use them; their instructions become _KNOWN: nothing to run)."""
         known = {r: self.registers[r] for r in self.static}
         writes: dict[int, int] = {}
         for ins in self.program.instrs:
@@ -134,6 +162,9 @@ class Interpreter(Executor):
         """Instruction ``pc`` in the loop's own form (``_CALL`` ... ``_END`` above): ALU ops and casts become their
         functions, a CALL of ``objc_msgSend`` a ``_MSG``, an END carries its RANGE's bound register."""
         try:
+            if ins.dst >= 0 and ins.dst in self._fixed and ins.dst not in self.static:
+                self.registers[ins.dst] = self._fixed[ins.dst]  # computed once by _fold: held from the start
+                return (_KNOWN, ins.dst)
             direct = self._native(ins)
             if direct is not None:
                 return direct
@@ -197,6 +228,9 @@ class Interpreter(Executor):
                             regs[d] = v if kind == _PLAIN else (v or 0) if kind == _PTR else (1 if v & 255 else 0)
                     pc = ins[3]
                     continue
+                if k == _KNOWN:
+                    pc += 1
+                    continue
                 if k == _NATIVE:
                     v = ins[2](*ins[3](regs))
                     if ins[1] >= 0:
@@ -238,8 +272,8 @@ class Interpreter(Executor):
                         pc = ins[3]
                 pc += 1
         except Exception as e:
-            if code[pc][0] == _BLOCK:  # the instruction of the block that raised
-                pc += code[pc][2].index((fn, get, d, kind))  # each op is unique: its getter is its own
+            if code[pc][0] == _BLOCK:  # the instruction of the block that raised (each op is its own object)
+                pc = code[pc][4][code[pc][2].index((fn, get, d, kind))]
             if not getattr(e, "deferred", False):  # a deferred device error: GPU work before, not this instruction
                 e.add_note(f"while running instruction {format_instr(program, pc)} ({self.name})")
             raise

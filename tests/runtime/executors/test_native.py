@@ -20,6 +20,7 @@ from mtlir.runtime.executors.interpreter import Interpreter
 from mtlir.runtime.executors.native import NativeCalls, fits, value_bounds
 from mtlir.runtime.executors.replay import CompiledReplay
 from mtlir.runtime.metal.bridge import MetalBridge, host_target
+from mtlir.runtime.metal.marshal import MTLSizeStruct
 
 ROOT = Path(__file__).resolve().parents[3]
 needs_x86_64 = pytest.mark.skipif(host_target() != "x86_64" or sys.platform != "linux",
@@ -81,6 +82,13 @@ def test_direct_calls_send_what_msg_send_sends(standin: Any, trace: str, icb: bo
     assert "msg_send(" in CompiledReplay(program, checked, regs).source
     interp = Interpreter(program, native, regs)
     assert not any(c[0] == 1 for c in interp.code)  # no _MSG left: all direct (blocks or single)
+    # after a run the fused, direct interpreter holds what the checked one holds, register by register
+    reference = Interpreter(program, checked, regs)
+    reference.run(**values)
+    interp.run(**values)
+    got = [(v.width, v.height, v.depth) if isinstance(v, MTLSizeStruct) else v
+           for v in interp.registers[:program.nregs]]
+    assert got == reference.registers[:program.nregs]
 
 
 @needs_x86_64
