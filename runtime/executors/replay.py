@@ -61,7 +61,9 @@ class CompiledReplay(Executor):
 
     Registers that never change (constants, selectors, objects) become literals; the others are locals; RANGE ...
     END become ``for`` loops; a message is ``msg_send(PROTO, (receiver, sel, ...))`` with a constant tuple when
-    every argument is static. Same semantics as ``Interpreter`` (a loop counter is local to its loop)."""
+    every argument is static. On a native ``MetalBridge`` a message of proven values is a bare ctypes call
+    (``mtlir.runtime.executors.native``; ``raw``: pointer results kept as ctypes returns them, ``sizes``: MTLSize
+    structs built once). Same semantics as ``Interpreter`` (a loop counter is local to its loop)."""
 
     name = "compiled"
     _count: ClassVar[int] = 0
