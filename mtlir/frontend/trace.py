@@ -284,7 +284,8 @@ def load_trace(path: str | Path) -> Trace:
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise TraceError("(file)", f"not a trace: not UTF-8 text ({e.reason} at byte {e.start})", str(p)) from None
+        raise TraceError("(file)", f"not a JSON trace: byte {e.start} is not UTF-8 text ({e.reason})",
+                         str(p)) from None
     except json.JSONDecodeError as e:
         raise TraceError("(file)", f"not valid JSON: {e}", str(p)) from None
     except RecursionError:

@@ -668,7 +668,7 @@ def test_a_binary_trace_file_is_bad_input_naming_the_file(tmp_path: Path) -> Non
     path.write_bytes(b"\xff\xfe{\x00" + bytes(range(256)))
     code, out, log = mtlir("run", str(path), "--json")
     assert code == 2 and log.count("\n") == 1
-    assert f"{path}: not a JSON trace: byte 0 is not UTF-8 text" in log and one_json(out)["exit_code"] == 2
+    assert f"{path}: (file): not a JSON trace: byte 0 is not UTF-8 text" in log and one_json(out)["exit_code"] == 2
 
 
 def test_a_buffer_too_big_for_this_machine_is_bad_input_naming_it(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ def test_a_file_that_is_not_utf8(tmp_path: Path) -> None:
     """A file that is not UTF-8 raised UnicodeDecodeError (not the loader's error) from ``read_text``."""
     path = tmp_path / "t.json"
     path.write_bytes(b"\x80{}")
-    with pytest.raises(TraceError, match="not UTF-8") as e:
+    with pytest.raises(TraceError, match="byte 0 is not UTF-8 text") as e:
         load_trace(path)
     assert e.value.field == "(file)" and str(path) in str(e.value)
 
