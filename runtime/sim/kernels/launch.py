@@ -85,14 +85,28 @@ class FaultRecords:
             self.buf = cl.Buffer(context, flags | cl.mem_flags.COPY_HOST_PTR, hostbuf=self.host)
         self.slots = [self.buf.get_sub_region(k * self.stride, self.stride) for k in range(MAX_BATCH)]
         self.words = self.host.reshape(MAX_BATCH, self.stride)[:, :RECORD_BYTES].view(np.uint32)  # (slot, word)
-        self._copy = np.zeros((MAX_BATCH, RECORD_BYTES), np.uint8)  # the records read back (device copies)
+        self._copy: np.ndarray | None = None  # where the records are read back to (device copies): pinned memory
+        self._pinned: Any = None
+
+    def _destination(self, queue: Any) -> np.ndarray:
+        """The host array the records are read into: a mapping of an ``ALLOC_HOST_PTR`` buffer, kept mapped (page-
+        locked memory: a read into it took ~55 µs on the H200 against ~85 µs into a numpy array)."""
+        if self._copy is None:
+            cl = self.cl
+            self._pinned = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
+                                     size=MAX_BATCH * RECORD_BYTES)
+            mapped, _ = cl.enqueue_map_buffer(queue, self._pinned, cl.map_flags.READ | cl.map_flags.WRITE, 0,
+                                              (MAX_BATCH, RECORD_BYTES), np.uint8, is_blocking=True)
+            mapped[:] = 0
+            self._copy = mapped
+        return self._copy
 
     def read(self, queue: Any, count: int) -> tuple[np.ndarray, Any]:
         """The records of slots ``[0, count)`` as a ``(count, FAULT_WORDS)`` uint32 array, and the event to wait
         for before reading it (None: in host memory, current once the kernels completed)."""
         if self.in_host_memory:
             return self.words[:count], None
-        out = self._copy[:count]
+        out = self._destination(queue)[:count]
         event = self.cl.enqueue_copy(queue, out, self.buf, buffer_origin=(0, 0), host_origin=(0, 0),
                                      region=(RECORD_BYTES, count), buffer_pitches=(self.stride,),
                                      host_pitches=(RECORD_BYTES,), is_blocking=False)
