@@ -97,8 +97,16 @@ def tinygrad_case(n: int) -> Callable[[], Any] | None:
 def figures(nodes: int = 100_000, rounds: int = 7) -> dict[str, Any]:
     """µs per node of every case on both graphs and the ratios to ``dfs`` (and ``match`` over tinygrad's), medians
     of ``rounds`` interleaved rounds: ``{"chain": {...}, "wide": {...}}``."""
+    limit = sys.getrecursionlimit()
+    try:  # tinygrad's rewrite recurses on a chain (and its import raises the limit): the caller's limit comes back
+        sys.setrecursionlimit(max(limit, 4 * nodes))
+        return _figures(nodes, rounds)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def _figures(nodes: int, rounds: int) -> dict[str, Any]:
     from benchmarks.timing import interleaved, ratio
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 4 * nodes))  # tinygrad's rewrite recurses on a chain
     out: dict[str, Any] = {}
     for name, graph in (("chain", chain(nodes)), ("wide", wide(nodes // 5))):
         n = dfs(graph)

@@ -37,7 +37,7 @@ def _size(v: UOp | int, where: str) -> UOp:
     return v.cast(dtypes.uint64)
 
 
-def _mtlsize(sizes: Sequence[UOp | int], where: str) -> UOp:
+def _mtlsize(sizes: Sequence[UOp | int] | UOp | int, where: str) -> UOp:
     if isinstance(sizes, (int, UOp)):
         sizes = (sizes,)
     if not isinstance(sizes, (tuple, list)) or not 1 <= len(sizes) <= 3:
@@ -158,7 +158,7 @@ class Queue:
         check_var_value(v, dt, f"{where}: variable {p.var!r} (parameter {p.index})")
         return v.cast(dt)
 
-    def _struct(self, sizes: Sequence[UOp | int], kernel: Kernel, label: str) -> UOp:
+    def _struct(self, sizes: Sequence[UOp | int] | UOp | int, kernel: Kernel, label: str) -> UOp:
         """The MTLSize STRUCT of a grid or threadgroup (``label``), built and checked once per distinct sizes."""
         if type(sizes) is tuple or type(sizes) is list:
             try:  # the sizes' types first in the key: True must not find the node of 1, nor a UOp meet an int
