@@ -469,8 +469,16 @@ class GPU:
     def _icb_command(self, cb: CommandBuffer, enc: Encoder, ex: Execute, i: int, slot: ICBSlot) -> None:
         if slot.grid is None:
             return  # never given a dispatch: an empty command
-        what = f"ICB command {i} of {ex.icb.describe()}"
         p = slot.pipeline
+        kept = slot.launch
+        if kept is not None and p is not None and kept[1] is p and p.alive and kept[4] is not None \
+                and not (self.dev.spec.needs_warmup and p not in ex.bound_pipelines) \
+                and self._still_bound(p, slot, enc, cb):
+            launch = self._kept((ex.icb, slot), p)
+            if launch is not None:  # run before with the same content: its sizes were checked then, its buffers now
+                self._run(p, {}, slot.grid, slot.threadgroup, kept[4], (ex.icb, slot), launch)
+                return
+        what = f"ICB command {i} of {ex.icb.describe()}"
         if p is None:
             raise GPUFault(MTL.ErrorPageFault, f"{what} has no pipeline")
         if not p.alive:  # an ICB does not retain its commands' pipelines (rule 14)
@@ -488,10 +496,27 @@ class GPU:
                                   lambda buf: buf in enc.used or buf in cb.resident)
         self._run(p, bindings, slot.grid, slot.threadgroup, what, (ex.icb, slot))
 
+    @staticmethod
+    def _still_bound(p: Pipeline, slot: ICBSlot, enc: Encoder, cb: CommandBuffer) -> bool:
+        """Whether a kept ICB command may take the fast path: every parameter bound to a live, resident buffer and
+        the threadgroup within the pipeline's limit (what can change while the command stays the same); False sends
+        it through the full checks, which raise the fault."""
+        tg = slot.threadgroup
+        if tg[0] * tg[1] * tg[2] > p.max_threads:
+            return False
+        bound, used, resident = slot.bindings, enc.used, cb.resident
+        for index, _, _ in p.params:
+            b = bound.get(index)
+            if b is None or not b[0].alive or not (b[0] in used or b[0] in resident):
+                return False
+        return True
+
     def _run(self, p: Pipeline, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
-             threadgroup: tuple[int, int, int], what: str, slot: tuple[ICB, ICBSlot] | None = None) -> None:
+             threadgroup: tuple[int, int, int], what: str, slot: tuple[ICB, ICBSlot] | None = None,
+             kept: Any = None) -> None:
         """Add one dispatch to the batch (``_flush`` runs it), its launch prepared once per ICB command (``slot``:
-        kept on the ICBSlot while the ICB's version stays) and at every run for a direct dispatch."""
+        kept on the ICBSlot while the ICB's version stays; ``kept``: that launch, already looked up) and at every run
+        for a direct dispatch."""
         if self.injected_fault is not None or self.faulty:
             self._flush()  # what was batched runs before an injected fault strikes
             self._inject(p, what)
@@ -503,7 +528,7 @@ class GPU:
             self._flush()
             self._run_alone(p, bindings, grid, threadgroup, what)
             return
-        launch = self._kept(slot, p) if slot is not None else None
+        launch = kept if kept is not None else self._kept(slot, p) if slot is not None else None
         if launch is None:
             old = slot[1].launch if slot is not None else None
             try:  # a kept launch's OpenCL kernel object is reused when the command's pipeline stays
@@ -514,7 +539,7 @@ class GPU:
                 raise GPUFault(MTL.ErrorInternal, f"{what}: kernel {p.label} raised {type(e).__name__}: {e}") from e
             if slot is not None:
                 icb, s = slot
-                s.launch = (icb.version, p, launch, (s.grid, s.threadgroup, tuple(s.bindings.items())))
+                s.launch = (icb.version, p, launch, (s.grid, s.threadgroup, tuple(s.bindings.items())), what)
         if launch is not None and launch is not _NOTHING:
             self._batch.append((launch, p, what))
 
@@ -529,8 +554,9 @@ class GPU:
             return None
         if kept[0] != icb.version:
             if kept[3] != (s.grid, s.threadgroup, tuple(s.bindings.items())):
+                s.launch = (kept[0], kept[1], kept[2], kept[3], None)  # changed: the full checks run again
                 return None
-            s.launch = (icb.version, p, kept[2], kept[3])
+            s.launch = (icb.version, p, kept[2], kept[3], kept[4])
         return _NOTHING if kept[2] is None else kept[2]
 
     def _flush(self) -> None:

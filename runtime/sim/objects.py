@@ -391,9 +391,10 @@ class ICBSlot:
         self.threadgroup: tuple[int, int, int] = (0, 0, 0)
         self.barrier = False
         # the kernel runner's prepared launch of this command: (the ICB's version, the pipeline, the launch or None
-        # for nothing to run, (grid, threadgroup, bindings) as prepared); the GPU reuses it while the ICB's version
-        # or the command's content stays the same (gpu.GPU._kept)
-        self.launch: tuple[int, Any, Any, Any] | None = None
+        # for nothing to run, (grid, threadgroup, bindings) as prepared, the dispatch's name or None when the
+        # command changed since); the GPU reuses it while the ICB's version or the command's content stays the same
+        # (gpu.GPU._kept, GPU._icb_command)
+        self.launch: tuple[int, Any, Any, Any, str | None] | None = None
 
 
 class ICBSlots(dict[int, ICBSlot]):

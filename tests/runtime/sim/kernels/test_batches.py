@@ -177,3 +177,22 @@ def test_a_device_copy_is_copied_in_again_only_when_the_host_changed_it() -> Non
     out.view(np.float32)[0] = -1.0
     ck.run({0: (out, 0), 1: (src, 0)}, (1, 1, 1), (4, 1, 1))
     assert out.view(np.float32).tolist() == [2, 4, 20, 8] and len(copies_made) == 4
+
+
+def test_a_kept_command_is_checked_again_at_every_run(scene: Scene) -> None:
+    """A command whose launch is kept still meets the checks that can change while it stays the same: residency,
+    a buffer released since, the pipeline's threadgroup limit."""
+    s = scene
+    a, b = s.buffer(16), s.buffer(16)
+    icb = s.icb(2, max_bind=1)
+    s.command(icb, 0, "add1", [(a, 0)])
+    s.command(icb, 1, "add1", [(b, 0)])
+    cb = _run(s, icb, 2, a, b)
+    assert s.status(cb) == MTL.StatusCompleted, s.error_text(cb)
+    cb = _run(s, icb, 2, a)  # b is not made resident this time
+    assert s.status(cb) == MTL.StatusError and s.error_code(cb) == MTL.ErrorInvalidResource
+    assert "ICB command 1 of" in s.error_text(cb) and "not resident" in s.error_text(cb)
+    s.dev.set_max_total_threads(s.pipelines["add1"], 2)  # below the commands' 4 threads: Metal drops them
+    cb = _run(s, icb, 2, a, b)
+    assert s.status(cb) == MTL.StatusCompleted, s.error_text(cb)
+    assert s.floats(a)[:4].tolist() == [2.0] * 4 and s.floats(b)[:4].tolist() == [1.0] * 4
