@@ -529,6 +529,10 @@ class GPU:
             self._run_alone(p, bindings, grid, threadgroup, what)
             return
         launch = kept if kept is not None else self._kept(slot, p) if slot is not None else None
+        if launch is not None and slot is not None and kept is None:  # checked in full now: the fast path again
+            k = slot[1].launch
+            if k is not None and k[4] is None:
+                slot[1].launch = (k[0], k[1], k[2], k[3], what)
         if launch is None:
             old = slot[1].launch if slot is not None else None
             try:  # a kept launch's OpenCL kernel object is reused when the command's pipeline stays
