@@ -4,6 +4,7 @@ named, a batch that does not finish timed out naming its kernel, and every trace
 device when the runner copies buffers as on a discrete GPU."""
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ kernel void copy(device float* out, device const float* src, uint3 lid [[thread_
   out[lid.x] = src[lid.x] * 2.0f;
 }
 kernel void over(device float* out, uint3 lid [[thread_position_in_threadgroup]]) { out[lid.x + 4] = 1.0f; }
+kernel void spin(device float* x, uint3 lid [[thread_position_in_threadgroup]]) {
+  float acc = x[0];
+  for (int k = 0; k < 100000000; k++) { acc = acc * 0.999999f + x[1]; }
+  x[2 + lid.x] = acc;
+}
 """
 
 
@@ -41,7 +47,7 @@ def runner() -> KernelRunner:
 def scene(runner: KernelRunner) -> Iterator[Scene]:
     s = Scene(strict=False, runner=runner, autorun=True)
     s.lib = s.send(s.device, "newLibraryWithSource:options:error:", s.m.string(MSL), 0, s.err)
-    s.pipelines = {k: s.pipeline(k) for k in ("fill", "add1", "copy", "over")}
+    s.pipelines = {k: s.pipeline(k) for k in ("fill", "add1", "copy", "over", "spin")}
     try:
         yield s
     finally:
@@ -196,3 +202,22 @@ def test_a_kept_command_is_checked_again_at_every_run(scene: Scene) -> None:
     cb = _run(s, icb, 2, a, b)
     assert s.status(cb) == MTL.StatusCompleted, s.error_text(cb)
     assert s.floats(a)[:4].tolist() == [2.0] * 4 and s.floats(b)[:4].tolist() == [1.0] * 4
+
+
+def test_the_running_kernel_of_a_batch_is_named(scene: Scene) -> None:
+    s = scene
+    a, b = s.buffer(16), s.buffer(64)
+    icb = s.icb(2, max_bind=1)
+    s.command(icb, 0, "fill", [(a, 0)])
+    s.command(icb, 1, "spin", [(b, 0)], tg=(1, 1, 1))
+    cb = s.submit_icb(icb, 0, 2, use=(a, b))
+    seen = None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the batch's first kernel not completed: fill a moment, then spin
+        seen = s.dev.running_kernel
+        if seen is not None and seen[0] == "spin":
+            break
+        time.sleep(0.001)
+    assert seen is not None and seen[0] == "spin" and seen[1].startswith("ICB command 1 of") and s.dev.kernel_running
+    s.send(cb, "waitUntilCompleted")
+    assert s.status(cb) == MTL.StatusCompleted and s.dev.running_kernel is None
