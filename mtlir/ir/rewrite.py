@@ -254,6 +254,14 @@ def _collect(graph: UOp) -> tuple[list[UOp], set[UOp]]:
     return nodes, seen
 
 
+def _final_sources(u: UOp, lookup: Callable[[UOp], UOp | None]) -> bool:
+    """Whether every source of ``u`` is done and is its own result."""
+    for s in u.src:
+        if lookup(s) is not s:
+            return False
+    return True
+
+
 def graph_rewrite(graph: UOp, matcher: PatternMatcher, ctx: Any = None, name: str = "rewrite",
                   trace: RewriteTrace | None = None, max_steps: int = 10_000, results_final: bool = False) -> UOp:
     """Rewrite ``graph`` with ``matcher`` to a fixed point and return the new graph (``graph`` itself when no
@@ -317,6 +325,11 @@ def graph_rewrite(graph: UOp, matcher: PatternMatcher, ctx: Any = None, name: st
                 replaced[n] = ret
             continue
         done = rw.lookup(ret)
+        if done is None and ret.op not in by_op and _final_sources(ret, rw.lookup):
+            # the usual result: a node no rule matches over sources already final, so final itself (what the
+            # worklist would find, without it)
+            rw.record(ret, ret)
+            done = ret
         if done is None or done is _BUSY:
             out = rw.run(n, before, fired)
         else:
