@@ -14,8 +14,8 @@ from mtlir.ir.ops import GroupOp, Ops
 from mtlir.ir.uop import UOp
 from mtlir.frontend.nodes import QueueError, buffer_base, buffer_label, buffer_nbytes, is_buffer, node_text
 
-__all__ = ["ExecParts", "ExecChecks", "exec_parts", "param_dtype", "var_dtype", "int_expression", "check_size", "check_threads",
-           "check_var_value", "check_elements", "SIZE_OPS", "MAX_SIZE", "MAX_THREADS"]
+__all__ = ["ExecParts", "ExecChecks", "exec_parts", "param_dtype", "var_dtype", "int_expression", "check_size",
+           "check_threads", "check_var_value", "check_elements", "SIZE_OPS", "MAX_SIZE", "MAX_THREADS"]
 
 MAX_SIZE = 2**32 - 1  # the largest grid or threadgroup size (threadgroups or threads per axis) encode accepts
 MAX_THREADS = 2**32 - 1  # threads per axis (grid x threadgroup): MSL thread positions are 32-bit uint

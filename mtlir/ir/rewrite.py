@@ -272,8 +272,9 @@ def graph_rewrite(graph: UOp, matcher: PatternMatcher, ctx: Any = None, name: st
     bounds how many rewrites may be in progress at once (successive or nested); a valid graph of any size stays
     far below it. ``results_final``: a rule's result is the node's final result, not rewritten again (for a
     lowering whose rules return nodes no rule matches, built from sources already rewritten: abi's CALLs, encode's
-    message chain; the walk then skips the worklist a result would go through). Raises ``RewriteLoopError`` for a rule set that does not terminate, ``RuleError`` for a rule
-    returning something other than a UOp, ``TypeError`` for a ``graph`` that is not a UOp."""
+    message chain; the walk then skips the worklist a result would go through). Raises ``RewriteLoopError`` for
+    a rule set that does not terminate, ``RuleError`` for a rule returning something other than a UOp,
+    ``TypeError`` for a ``graph`` that is not a UOp."""
     if not isinstance(graph, UOp):
         raise TypeError(f"graph_rewrite {name!r}: the graph is a {type(graph).__name__}, not a UOp")
     if not isinstance(matcher, PatternMatcher):
