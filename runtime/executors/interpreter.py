@@ -36,7 +36,7 @@ __all__ = ["Interpreter"]
 #   _KNOWN: a pure instruction whose result _fold computed (native only): its register holds it from the start |
 #   _BLOCK ops, next_pc, pcs: on a native MetalBridge, a run of straight-line instructions that each are
 #   ``regs[dst] = fn(*getter(regs))`` (_NATIVE, _CELL, _SIZE, _CAST, _ALU; a _KNOWN one is left out), as
-#   (fn, getter, dst, result kind) tuples run by one tight loop; ``pcs``: each op's instruction. The instructions
+#   (fn, getter, dst) tuples run by one tight loop; ``pcs``: each op's instruction. The instructions
 #   after the first keep their own forms (never reached: no jump lands inside a run, jumps go to a RANGE or END)
 _CALL, _MSG, _STORE, _LOAD, _INDEX, _ALU, _STRUCT, _GEP, _CAST, _RANGE, _END, _NATIVE, _CELL, _BLOCK, _SIZE, _KNOWN = \
     range(16)
@@ -44,6 +44,17 @@ _FUSED = (_NATIVE, _CELL, _SIZE, _CAST, _ALU, _KNOWN)
 _PLAIN, _PTR, _BOOL = range(3)
 _RESULT_KINDS = {"void": _PLAIN, "plain": _PLAIN, "ptr": _PTR, "bool": _BOOL}
 _UNSET = object()
+_POINTERS = ("ptr", "id", "sel")  # parameter kinds ctypes passes as c_void_p (None is NULL)
+
+
+def _ptr_result(fn: Any, *args: Any) -> Any:
+    """A direct call whose pointer result is converted as msg_send does (NULL as 0)."""
+    return fn(*args) or 0
+
+
+def _bool_result(fn: Any, *args: Any) -> int:
+    """A direct call whose BOOL result is read as msg_send does (the low byte only)."""
+    return 1 if fn(*args) & 255 else 0
 
 
 class Interpreter(Executor):
@@ -63,6 +74,8 @@ class Interpreter(Executor):
             self.bounds, fields = value_bounds(program, self._fixed)
             self._sizes = size_structs(program, self.native, self._fixed, self.bounds, fields)
         self._constants: list[Any] = []  # converted constants of _NATIVE calls: registers nregs, nregs + 1, ...
+        self._raw: set[int] = set()
+        self._scratch = -1
         self.code = [self._decode(pc, ins) for pc, ins in enumerate(program.instrs)]
         self.registers += self._constants
         self._blocks()
@@ -76,6 +89,9 @@ class Interpreter(Executor):
         RANGE and END, never fused)."""
         if self.native is None:
             return
+        self._raw = self._raw_results()
+        self._scratch = len(self.registers)  # where an op without a result writes its None
+        self.registers.append(None)
         code, pc = self.code, 0
         while pc < len(code):
             end = pc
@@ -86,23 +102,45 @@ class Interpreter(Executor):
                 code[pc] = (_BLOCK, -1, tuple(op for op, _ in ops), end, tuple(i for _, i in ops))
             pc = max(end, pc + 1)
 
-    @staticmethod
-    def _op(c: tuple[Any, ...]) -> tuple[Any, Any, int, int]:
-        """A fused instruction as ``(fn, getter, dst, result kind)``: ``regs[dst] = fn(*getter(regs))``."""
+    def _raw_results(self) -> set[int]:
+        """Pointer results of direct calls that may stay as ctypes returns them (None for NULL) inside a block:
+        written once, not a result, read only by direct calls, at pointer parameters (None is NULL there)."""
+        writes: dict[int, int] = {}
+        for ins in self.program.instrs:
+            writes[ins.dst] = writes.get(ins.dst, 0) + 1
+        raw = {c[1] for c in self.code if c[0] == _NATIVE and c[1] >= 0 and c[4] == _PTR and writes[c[1]] == 1}
+        raw -= set(self.results)
+        for pc, ins in enumerate(self.program.instrs):
+            reads = raw.intersection(ins.reads())
+            if reads and not (self.code[pc][0] == _NATIVE and type(ins) is Call and all(
+                    dt.kind in _POINTERS for dt, a in zip(ins.proto.args, ins.args) if a in reads)):
+                raw -= reads
+        return raw
+
+    def _op(self, c: tuple[Any, ...]) -> tuple[Any, Any, int]:
+        """A fused instruction as ``(fn, getter, dst)``: ``regs[dst] = fn(*getter(regs))`` (an op without a result
+        writes the scratch register; a result to convert as msg_send does gets a wrapper)."""
         def get(regs: Sequence[int]) -> Any:  # one register: a slice gives a list of one
             return operator.itemgetter(*regs) if len(regs) > 1 else operator.itemgetter(slice(regs[0], regs[0] + 1))
         k = c[0]
         if k == _NATIVE:
-            return c[2], c[3], c[1], c[4]
+            fn, dst, kind = c[2], c[1], c[4]
+            if dst < 0:
+                return fn, c[3], self._scratch
+            if kind == _PTR and dst not in self._raw:
+                fn = functools.partial(_ptr_result, fn)
+            elif kind == _BOOL:
+                fn = functools.partial(_bool_result, fn)
+            return fn, c[3], dst
         if k == _CELL:  # the cell as an array of one, assigned by setitem
             cell = c[2]
             return (functools.partial(operator.setitem, (type(cell) * 1).from_address(ctypes.addressof(cell)), 0),
-                    get([c[3]]), -1, _PLAIN)
+                    get([c[3]]), self._scratch)
         if k == _SIZE:
-            return c[3], get(c[2]), c[1], _PLAIN
+            return c[3], get(c[2]), c[1]
         if k == _CAST:
-            return c[2], get([c[3]]), c[1], _PLAIN
-        return c[2], get(c[3]), c[1], _PLAIN  # _ALU
+            return c[2], get([c[3]]), c[1]
+        return c[2], get(c[3]), c[1]  # _ALU
 
     def _native(self, ins: Instr) -> tuple[Any, ...] | None:
         """A ``_NATIVE``, ``_CELL`` or ``_SIZE`` form where ``NativeCalls`` allows it, else None."""
@@ -222,10 +260,8 @@ class Interpreter(Executor):
                 ins = code[pc]
                 k = ins[0]
                 if k == _BLOCK:
-                    for fn, get, d, kind in ins[2]:
-                        v = fn(*get(regs))
-                        if d >= 0:
-                            regs[d] = v if kind == _PLAIN else (v or 0) if kind == _PTR else (1 if v & 255 else 0)
+                    for fn, get, d in ins[2]:
+                        regs[d] = fn(*get(regs))
                     pc = ins[3]
                     continue
                 if k == _KNOWN:
@@ -273,7 +309,7 @@ class Interpreter(Executor):
                 pc += 1
         except Exception as e:
             if code[pc][0] == _BLOCK:  # the instruction of the block that raised (each op is its own object)
-                pc = code[pc][4][code[pc][2].index((fn, get, d, kind))]
+                pc = code[pc][4][code[pc][2].index((fn, get, d))]
             if not getattr(e, "deferred", False):  # a deferred device error: GPU work before, not this instruction
                 e.add_note(f"while running instruction {format_instr(program, pc)} ({self.name})")
             raise
