@@ -126,3 +126,29 @@ def test_value_bounds_follow_dtypes_and_variables() -> None:
     r, lo, hi = program.variables["start_pos"]
     assert bounds[r] == (lo, hi)
     assert any(len(f) == 3 for f in fields.values())  # the MTLSize of the symbolic grid
+
+
+@needs_x86_64
+@pytest.mark.parametrize("icb", [True, False], ids=["icb", "direct"])
+def test_a_nil_result_is_nil_on_every_path(standin: Any, icb: bool) -> None:
+    """A queue that answers no commandBuffer gives nil: every message after it goes to nil on the direct paths
+    too (a pointer result kept as ctypes returns it is NULL where it is passed on), as on the checked path."""
+    mod, native, checked, lib = standin
+    tr = load_trace(ROOT / "examples" / "traces" / "mlp_deep.apple7.json")
+    program = lower(tr.queue(dataclasses.replace(tr.device(), icb=icb)), target="x86_64", keep_stages=False).program
+    regs = mod.standin_registers(program, native)
+    queue = next(r for r, o in program.objects.items() if o.kind == "queue")
+    event = next(r for r, o in program.objects.items() if o.kind == "event")
+    regs[queue] = regs[event]  # an object whose class has no commandBuffer: the message answers nil
+    counts, files = [], []
+    for bridge in (checked, native):
+        for cls in (Interpreter, CompiledReplay):
+            ex = cls(program, bridge, regs)
+            before = _calls(lib)
+            ex.run(timeline=2)
+            after = _calls(lib)
+            counts.append((after[0] - before[0], after[1] - before[1]))
+            if cls is Interpreter:
+                files.append([0 if v is None else v for v in ex.registers[:program.nregs]])
+    assert len(set(counts)) == 1 and counts[0][1] == 1, counts  # one unrecognized message, the rest to nil
+    assert files[0] == files[1]
