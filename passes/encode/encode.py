@@ -48,7 +48,8 @@ from mtlir.passes.encode.messages import MessageBatch, msg, u64
 from mtlir.passes.encode.placeholders import SubmitPlaceholders
 from mtlir.passes.encode.commands import VAR_SLOT, Blit, Command, EncodeError, placeholder
 from mtlir.passes.encode.events import check_events
-from mtlir.passes.encode.spans import CommandBufferSpan, command_buffers, queue_command_buffers
+from mtlir.passes.encode.spans import (MIN_LOOP, CommandBufferSpan, command_buffers, fold_signal_runs,
+                                       queue_command_buffers)
 from mtlir.passes.encode.spans import stamps as stamps_of
 from mtlir.passes.encode.submit import SubmitReader
 from mtlir.program.payloads import TableEntries
@@ -79,25 +80,30 @@ class _Builder:
         if first == 0 and count == len(cmds):  # the whole submit: the kernels in the order encode met them
             pipes = list(dict.fromkeys(k.pipeline for k in self.e.kernels.values()))
         else:
-            pipes = list(dict.fromkeys(cmds[c].kernel.pipeline for c in range(first, first + count)))
+            pipes = _pipelines(cmds[first:first + count])
         for pipe in pipes:
             enc.send("setComputePipelineState:", pipe)
             enc.send("dispatchThreadgroups:threadsPerThreadgroup:", zero, zero)
 
     def loop_warmup(self, enc: MessageBatch, span: CommandBufferSpan, counter: UOp) -> None:
-        """The warm-up of iteration ``counter`` of a profiled loop: the pipeline of that iteration's command only
-        (METAL.md §3 rule 16 needs the pipeline the encoder's command uses), read from a link-time table of the
-        run's pipelines indexed by the counter; the pipeline itself when the run uses one."""
+        """The warm-up of iteration ``counter`` of a loop: the distinct pipelines of that iteration's commands in
+        first-use order (METAL.md §3 rule 16 needs the pipelines the encoder's commands use; every iteration has
+        as many, ``fold_signal_runs``), the k-th read from a link-time table of the run's k-th pipelines indexed by
+        the counter (``table:pipelines:F``, ``table:pipelines:F:k`` for k > 0), or the pipeline itself when every
+        iteration has the same."""
         zero = UOp.struct(dtypes.MTLSize, 0, 0, 0)
-        pipes = [c.kernel.pipeline for c in self.e.cmds[span.first:span.first + span.ncmds]]
-        if len(set(pipes)) == 1:
-            pipe = pipes[0]
-        else:
-            table = placeholder("table", f"table:pipelines:{span.first}", TableEntries(p.arg for p in pipes),
-                                dtypes.id.ptr())
-            pipe = table.index(counter).load()
-        enc.send("setComputePipelineState:", pipe)
-        enc.send("dispatchThreadgroups:threadsPerThreadgroup:", zero, zero)
+        cmds, w = self.e.cmds, span.width
+        per = [_pipelines(cmds[j:j + w]) for j in range(span.first, span.first + span.ncmds, w)]
+        for k in range(len(per[0])):
+            pipes = [p[k] for p in per]
+            if len(set(pipes)) == 1:
+                pipe = pipes[0]
+            else:
+                name = f"table:pipelines:{span.first}" + (f":{k}" if k else "")
+                table = placeholder("table", name, TableEntries(p.arg for p in pipes), dtypes.id.ptr())
+                pipe = table.index(counter).load()
+            enc.send("setComputePipelineState:", pipe)
+            enc.send("dispatchThreadgroups:threadsPerThreadgroup:", zero, zero)
 
     def direct_commands(self, enc: MessageBatch, first: int, count: int) -> None:
         """The direct path's messages for ``count`` commands from ``first``, into the encoder's batch (the messages
@@ -179,7 +185,7 @@ class _Builder:
             icb = self.ph.icb
             assert icb is not None
             if first is not None:
-                enc.send("executeCommandsInBuffer:withRange:", icb, UOp.struct(dtypes.NSRange, first, u64(1)))
+                enc.send("executeCommandsInBuffer:withRange:", icb, UOp.struct(dtypes.NSRange, first, u64(span.width)))
             else:
                 end = span.first + span.ncmds
                 for j in range(span.first, end, self.e.max_range):
@@ -193,8 +199,10 @@ class _Builder:
 
     def command_buffer(self, deps: list[UOp], span: CommandBufferSpan, slot: UOp, first: UOp | None,
                        counter: UOp | None = None) -> UOp:
-        """One command buffer of ``span``; in a profiled loop ``first`` is the command this iteration executes (a
-        node) and ``counter`` the loop counter (0 .. span.ncmds-1). Returns its last node (the MSGS that commits).
+        """One command buffer of ``span``; in a loop ``first`` is the first command this iteration executes (a
+        node) and ``counter`` the loop counter (0 .. span.ncmds // span.width - 1), and a loop of signaling
+        command buffers signals the iteration's value of a link-time table (``table:signals:F``). Returns its last
+        node (the MSGS that commits).
 
         Three messages return a value and are MSG nodes (``commandBuffer``, ``retain``, ``computeCommandEncoder``);
         the void ones are data: one MSGS on the encoder (``waitForFence:`` through ``endEncoding``) and one on the
@@ -215,10 +223,16 @@ class _Builder:
             else:
                 done = self.blit_encoder(cb, done, seg)
         tail = MessageBatch()
-        if span.signal is not None:
+        signal = span.signal
+        if span.values:
+            assert counter is not None
+            table = placeholder("table", f"table:signals:{span.first}", TableEntries(span.values),
+                                dtypes.uint64.ptr())
+            signal = table.index(counter).load()
+        if signal is not None:
             event = span.event if span.event is not None else self.e.timeline
             assert event is not None
-            tail.send("encodeSignalEvent:value:", event, span.signal)
+            tail.send("encodeSignalEvent:value:", event, signal)
         tail.send("commit")
         return tail.node(cb.after(done))
 
@@ -230,10 +244,10 @@ class _Builder:
             spans = command_buffers(e, True, loops=self.ph.icb_path)
             owner = [e.queues[0].name] * len(spans)
         else:
-            queued = [(span, q.name) for q in e.queues for span in queue_command_buffers(e, q)]
+            queued = [(span, q.name) for q in e.queues for span in self.fold(queue_command_buffers(e, q))]
             spans, owner = [span for span, _ in queued], [name for _, name in queued]
         stamps = stamps_of(e, spans) if profiled else ()
-        ncbs = sum(p.ncmds if p.loop else 1 for p in spans)
+        ncbs = sum(p.ncmds // p.width if p.loop else 1 for p in spans)
         self.cbslots = placeholder("cbslots", "cbslots", (ncbs, stamps), dtypes.id.ptr())
         deps = self.ph.patches()
         if self.ph.icb_path and not e.device.residency_set and e.inputs:
@@ -244,15 +258,35 @@ class _Builder:
             self.queue = placeholder("queue", "queue" if name is None else f"queue:{name}")
             self.fence = placeholder("fence", "fence" if name is None else f"fence:{name}")
             if p.loop:
-                rng = UOp.range(u64(p.ncmds).after(*deps), self.e.ctx.fresh("range"), dtypes.uint64)
-                cmd = rng + p.first if p.first else rng
+                n = p.ncmds // p.width
+                rng = UOp.range(u64(n).after(*deps), self.e.ctx.fresh("range"), dtypes.uint64)
+                cmd = rng * p.width if p.width > 1 else rng
+                cmd = cmd + p.first if p.first else cmd
                 body = self.command_buffer([rng], p, (rng + slot if slot else rng).cast(dtypes.int64), cmd, rng)
                 deps = [rng.end(body)]
-                slot += p.ncmds
+                slot += n
             else:
                 deps = [self.command_buffer(deps, p, UOp.const(dtypes.int64, slot), None)]
                 slot += 1
         return UOp.sink(*deps, arg=e.device)
+
+    def fold(self, spans: list[CommandBufferSpan]) -> list[CommandBufferSpan]:
+        """One queue's command buffers with runs of like signaling ones as loops (``fold_signal_runs``), on the ICB
+        path of a submit without buffer variables (their per-encoder arrays are not tabled); else as they are."""
+        e = self.e
+        if not self.ph.icb_path or e.inputs or len(spans) < MIN_LOOP:
+            return spans
+        warm, listed = e.device.needs_warmup, not e.device.residency_set
+
+        def shape(first: int, count: int) -> object:
+            return (len(_pipelines(e.cmds[first:first + count])) if warm else 0,
+                    bool(self.ph.resource_names(first, count) or e.slot_values) if listed else True)
+        return fold_signal_runs(spans, shape, e.max_range)
+
+
+def _pipelines(cmds: list[Command]) -> list[UOp]:
+    """The distinct pipelines of ``cmds`` in first-use order."""
+    return list(dict.fromkeys(c.kernel.pipeline for c in cmds))
 
 
 def _encoders(span: CommandBufferSpan) -> list[CommandBufferSpan | tuple[Blit, ...]]:

@@ -164,7 +164,7 @@ class SubmitPlaceholders:
 
     def resources(self, span: CommandBufferSpan, counter: UOp | None) -> tuple[UOp, UOp]:
         """The ``useResources:count:usage:`` array and count of one encoder: exactly the buffers its commands bind
-        (+ the variables buffer). In a profiled loop (``counter``) each iteration's command has its own list: a
+        (+ the variables buffer). In a loop (``counter``) each iteration's commands have their own list: a
         ``resources`` array per distinct list, and two link-time tables indexed by the counter give the iteration's
         array and its length (the array itself when every iteration lists the same buffers)."""
         ptr = dtypes.id.ptr()
@@ -175,8 +175,8 @@ class SubmitPlaceholders:
             return table, u64(len(names))
         arrays: dict[tuple[str, ...], Obj] = {}  # a list of names -> the placeholder of that array
         per_iteration: list[Obj] = []
-        for j in range(span.first, span.first + span.ncmds):
-            names = self.resource_names(j, 1)
+        for j in range(span.first, span.first + span.ncmds, span.width):
+            names = self.resource_names(j, span.width)
             obj = arrays.get(names)
             if obj is None:
                 obj = arrays[names] = Obj("resources", f"resources:{j}", names)

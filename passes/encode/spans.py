@@ -4,8 +4,9 @@ timestamp slot gets (``stamps``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
+from mtlir.ir.ops import Ops
 from mtlir.ir.uop import UOp
 from mtlir.passes.encode.commands import Blit, Command, EncodeError, QueueRange
 from mtlir.program.payloads import Stamp
@@ -13,12 +14,15 @@ from mtlir.program.payloads import Stamp
 if TYPE_CHECKING:
     from mtlir.passes.encode.submit import SubmitReader
 
-__all__ = ["CommandBufferSpan", "command_buffers", "queue_command_buffers", "stamps"]
+__all__ = ["CommandBufferSpan", "command_buffers", "fold_signal_runs", "queue_command_buffers", "stamps"]
+
+MIN_LOOP = 4  # the fewest like command buffers fold_signal_runs makes a loop of (fewer stay unrolled)
 
 
 class CommandBufferSpan(NamedTuple):
     """The span of commands one command buffer of the submit encodes, ``first`` .. ``first + ncmds - 1``, and the
-    value its ``signal`` sends; with ``loop``, a loop (RANGE) of ``ncmds`` one-command buffers over the span.
+    value its ``signal`` sends; with ``loop``, a loop (RANGE) of ``ncmds // width`` command buffers of ``width``
+    commands each over the span (``fold_signal_runs``: each signaling ``event`` with its value of ``values``).
     ``event``: the event it signals (None: the queue's timeline); ``waits``: ``(event, value)`` of each
     ``encodeWaitForEvent:value:`` before its encoder (waits on other queues' timelines or shared events)."""
 
@@ -29,6 +33,8 @@ class CommandBufferSpan(NamedTuple):
     event: UOp | None = None                    # the event signaled (None: the queue's timeline)
     waits: tuple[tuple[UOp, UOp], ...] = ()     # (event, value) waited for before the encoder
     blits: tuple[tuple[int, Blit], ...] = ()    # (command position, blit): a blit encoder before that command
+    width: int = 1                              # a loop: commands per iteration (per command buffer)
+    values: tuple[int, ...] = ()                # a loop of signaling command buffers: each iteration's signal value
 
     def segments(self) -> list[tuple[int, int] | tuple[Blit, ...]]:
         """The encoders of this command buffer in order: ``(first, end)`` command ranges for compute encoders and
@@ -104,6 +110,39 @@ def command_buffers(reader: SubmitReader, profiled: bool, loops: bool) -> list[C
             out.append(p)
     return out
 
+def fold_signal_runs(spans: list[CommandBufferSpan], shape: Callable[[int, int], object],
+                     max_range: int) -> list[CommandBufferSpan]:
+    """Fold runs of at least ``MIN_LOOP`` like command buffers of one queue into loops (``loop``, ``width``,
+    ``values``): consecutive spans of ``width`` commands each (at most ``max_range``: one
+    ``executeCommandsInBuffer:withRange:`` per iteration), each closed by a signal of one event with a constant
+    value, without waits or blits, whose ``shape(first, width)`` (what else must agree between iterations: how many
+    distinct pipelines the warm-up sends, whether useResources lists anything) is the same. A loop sends the same
+    messages as the command buffers it replaces; its per-iteration values come from link-time tables."""
+    def key(p: CommandBufferSpan) -> object:
+        if p.loop or p.waits or p.blits or not 1 <= p.ncmds <= max_range or p.signal is None \
+                or p.signal.op is not Ops.CONST:
+            return None
+        return (p.ncmds, p.event, shape(p.first, p.ncmds))
+
+    out: list[CommandBufferSpan] = []
+    i = 0
+    while i < len(spans):
+        k = key(spans[i])
+        j = i + 1
+        if k is not None:
+            while j < len(spans) and spans[j].first == spans[j - 1].first + spans[j - 1].ncmds and key(spans[j]) == k:
+                j += 1
+        if j - i < MIN_LOOP:
+            out += spans[i:j]
+        else:
+            first = spans[i]
+            out.append(CommandBufferSpan(first.first, sum(p.ncmds for p in spans[i:j]), None, True, first.event,
+                                         width=first.ncmds, values=tuple(int(p.signal.arg) for p in spans[i:j]
+                                                                         if p.signal is not None)))
+        i = j
+    return out
+
+
 def stamps(reader: SubmitReader, spans: list[CommandBufferSpan]) -> tuple[Stamp, ...]:
     """Which command buffer's GPU time each timestamp slot gets (``Queue.timestamp``): right after an EXEC its
     end, else the start of the next command, else the end of the last one."""
@@ -112,8 +151,8 @@ def stamps(reader: SubmitReader, spans: list[CommandBufferSpan]) -> tuple[Stamp,
     slot = 0
     for p in spans:
         for c in range(p.first, p.first + p.ncmds):
-            cb_of[c] = slot + (c - p.first if p.loop else 0)
-        slot += p.ncmds if p.loop else 1
+            cb_of[c] = slot + ((c - p.first) // p.width if p.loop else 0)
+        slot += p.ncmds // p.width if p.loop else 1
     out = []
     for pos, stamp_slot, after_exec in reader.stamps_at:
         if after_exec or (pos == n and n > 0):

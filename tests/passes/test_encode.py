@@ -441,3 +441,78 @@ def test_a_profiled_loop_runs_on_the_strict_simulated_device(family: str) -> Non
         s.submit(timeline=1)
         s.wait(timeout_s=60)
         np.testing.assert_array_equal(np.frombuffer(s.read("buffer:d"), np.float32), x * -4)
+
+
+# ---- runs of like signaling command buffers as one loop (spans.fold_signal_runs)
+
+
+def _signal_runs(device: DeviceSpec, n: int, every: int, kernels: list[Kernel]) -> UOp:
+    """``n`` commands cycling through ``kernels`` over views of two buffers, a constant signal after every
+    ``every`` of them, then the timeline's signal."""
+    x, y = buffer("x", 1 << 16), buffer("y", 1 << 16)
+    q = Queue(device)
+    for i in range(n):
+        k = kernels[i % len(kernels)]
+        q.exec(k, [view(x, 256 * i, 256), y if i % 3 else x], [N] if k.var_params else [])
+        if (i + 1) % every == 0 and i + 1 < n:
+            q.signal(q.timeline, i + 1)
+    q.signal(q.timeline, timeline_value())
+    return q.submit()
+
+
+def _loops(program: Program) -> int:
+    return sum(line.startswith("for ") for line in message_lines(program))
+
+
+def _recorded(program: Program) -> list[tuple[object, str, list[object]]]:
+    """The messages of one submit, a ``resources`` array as the buffers it lists (a loop shares one array among
+    the iterations that list the same buffers, where the unrolled command buffers have one each)."""
+    import mtlir.runtime as runtime
+    arrays = objects(program, "resources") + [o for t in objects(program, "table") for o in t.payload
+                                              if isinstance(o, Obj) and o.kind == "resources"]
+    lists = {o.name: o.payload for o in arrays}
+    with runtime.Session(program, runtime.RecordingBridge(target=program.target)) as s:
+        return [(m["receiver"], m["selector"], [lists.get(a, a) if isinstance(a, str) else a for a in m["args"]])
+                for m in s.record_submit(**{k: v for k, v in (("n", 5), ("timeline", 100)) if k in program.variables})]
+
+
+@pytest.mark.parametrize("family, residency", [("Apple7", False), ("Apple7", True), ("Apple9", False)])
+@pytest.mark.parametrize("every, kernels", [(2, [SCALE, SAXPY]), (3, [SCALE]), (1, [SAXPY, SCALE, SCALE])])
+def test_signal_runs_are_one_loop_sending_the_unrolled_messages(monkeypatch: pytest.MonkeyPatch, family: str,
+                                                                residency: bool, every: int,
+                                                                kernels: list[Kernel]) -> None:
+    """A command buffer per ``every`` commands, each closed by a constant signal, is one loop over tables (signal
+    values, pipelines, resources) whose run sends exactly the messages the unrolled command buffers send."""
+    import mtlir.passes.encode.encode as encode_mod
+    import mtlir.passes.encode.spans as spans_mod
+    device = DeviceSpec(family, residency_set=residency)
+    looped = lower(_signal_runs(device, 24, every, kernels), target="arm64").program
+    monkeypatch.setattr(encode_mod, "MIN_LOOP", 10**9)
+    monkeypatch.setattr(spans_mod, "MIN_LOOP", 10**9)
+    unrolled = lower(_signal_runs(device, 24, every, kernels), target="arm64").program
+    assert _loops(looped) == 1 and _loops(unrolled) == 0
+    assert len(looped.instrs) < len(unrolled.instrs) // 3
+    tables = {o.name: tuple(o.payload) for o in objects(looped, "table")}
+    assert tables["table:signals:0"] == tuple(range(every, 24, every))
+    assert objects(looped, "cbslots")[0].payload == objects(unrolled, "cbslots")[0].payload
+    assert _recorded(looped) == _recorded(unrolled)
+
+
+def test_signal_runs_that_differ_in_shape_stay_unrolled() -> None:
+    """A run shorter than MIN_LOOP, command buffers of different widths, a signal value of a run-time variable or
+    waits between them leave the command buffers unrolled."""
+    from mtlir.passes.encode.spans import MIN_LOOP
+    device = DeviceSpec("Apple7", residency_set=False)
+    assert not _loops(lower(_signal_runs(device, MIN_LOOP, 1, [SCALE])).program)
+    assert _loops(lower(_signal_runs(device, MIN_LOOP + 1, 1, [SCALE])).program) == 1
+    x = buffer("x", 4096)
+    q = Queue(device)
+    for i in range(12):  # widths 1, 2, 1, 2, ...
+        q.exec(SCALE, [x, x])
+        if i % 3 != 1:
+            q.signal(q.timeline, i + 1)
+    assert not _loops(lower(q.submit()).program)
+    q = Queue(device)
+    for i in range(12):
+        q.exec(SCALE, [x, x]).signal(q.timeline, N + i)
+    assert not _loops(lower(q.submit()).program)
