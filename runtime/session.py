@@ -368,8 +368,10 @@ class Session:
         deadline = time.monotonic() + timeout
         delay = 0.0
         done: list[Submission] = []
+        block = getattr(self.bridge, "wait_command_buffers", None)  # a SimDevice: block on its condition
         while True:
             current = self._timeline_now()
+            running: list[int] = []  # the head submit's command buffers that have not ended
             while pending:
                 rec = pending[0]
                 live = [cb for cb in rec.cbs if cb]
@@ -378,6 +380,7 @@ class Session:
                     self._fail(rec, deadline)
                 reached = rec.value is None or current is None or current >= rec.value
                 if not reached or any(st != MTL.StatusCompleted for st in statuses):
+                    running = [cb for cb, st in zip(live, statuses) if st < MTL.StatusCompleted]
                     break
                 self._finish(rec)
                 done.append(pending.pop(0))
@@ -394,10 +397,14 @@ class Session:
                                      f"buffer failed, or the submit failed before committing its signal), and "
                                      f"{self._signaled_text(current)}")
                 return done
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left < 0:
                 raise WaitTimeoutError(self._timeout_text(target, current, pending, timeout))
-            time.sleep(delay)
-            delay = min(delay * 2 or 1e-5, 1e-3)
+            if block is not None and running:
+                block(running, left)  # wakes when they end (or at the deadline): the loop then reads them
+            else:  # any other bridge, or what is awaited is not the end of a command buffer (another queue's signal)
+                time.sleep(delay)
+                delay = min(delay * 2 or 1e-5, 1e-3)
 
     def _pending(self, value: int | None) -> list[Submission]:
         """The in-flight submits a wait for ``value`` waits for, oldest first: every one for None; else every one up

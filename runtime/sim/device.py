@@ -47,6 +47,7 @@ _POOL_BASE = 0x1_7000_0000
 _ZOMBIES = 1 << 16                # deallocated objects remembered for "message sent to deallocated instance"
 _CUT = " (a 64-bit handle cut to 32 bits?)"
 _MTLSIZE_PTR = PtrDType(dtypes.MTLSize)
+_U64_MAX = (1 << 64) - 1
 
 
 _WORD, _ID, _SIZE, _FLOAT = range(4)
@@ -56,10 +57,13 @@ class _ArgumentDecoder:
     """The argument decoder of one selector on one target, computed once: the prototype, the argument count (self
     and _cmd included) and per argument its kind, dtype and integer bounds (``SimDevice._decode`` uses it)."""
 
-    __slots__ = ("proto", "nargs", "kinds", "dtypes", "lo", "hi")
+    __slots__ = ("proto", "nargs", "kinds", "dtypes", "lo", "hi", "seen", "held")
 
     def __init__(self, proto: Prototype) -> None:
         self.proto, self.nargs = proto, len(proto.args)
+        # the ids of prototype objects found equal to ``proto`` (``held`` keeps them alive, so no id is reused)
+        self.seen: set[int] = {id(proto)}
+        self.held: list[Prototype] = [proto]
         args = proto.args[2:]
         self.dtypes = args
         self.kinds = tuple(_ID if dt is dtypes.id else _SIZE if dt is _MTLSIZE_PTR or dt is dtypes.MTLSize
@@ -333,6 +337,25 @@ class SimDevice:
             self._cv.wait(min(left, 0.05))
         return True
 
+    def wait_command_buffers(self, handles: Iterable[int], timeout_s: float) -> bool:
+        """Block the calling host thread (it takes the lock itself) until every command buffer in ``handles`` has
+        ended (status Completed or Error) or ``timeout_s`` seconds pass: True when they all ended. The GPU thread
+        sets an event per command buffer waited for when it ends, so the caller wakes once, without polling
+        (``Session.wait`` uses it on a SimDevice; real Metal's equivalent is ``waitUntilCompleted``, METAL.md §1).
+        A handle that is not a live command buffer counts as ended: the caller's next message names the problem.
+        Nothing is sent or checked: it only waits."""
+        deadline = clock() + timeout_s
+        with self._lock:
+            events = []
+            for h in handles:
+                obj = self._objects.get(h) if type(h) is int else None
+                if isinstance(obj, CommandBuffer) and obj.status < MTL.StatusCompleted:
+                    events.append(self.gpu.end_waiters.setdefault(obj, threading.Event()))
+        for ev in events:  # set by ``GPU._finish`` (the lock is not held here: the GPU thread runs meanwhile)
+            if not ev.wait(max(0.0, deadline - clock())):
+                return False
+        return True
+
     # ------------------------------------------------------------------ Bridge: runtime functions
     def sel_registerName(self, name: str) -> int:
         """The SEL for ``name`` (any name registers, as in libobjc; messaging an unknown one is refused)."""
@@ -436,17 +459,22 @@ class SimDevice:
                                   "simulated device answers no other")
             decoder = self._decoders[name] = _ArgumentDecoder(abi_prototype(name, self.target))
         expected = decoder.proto
-        if proto is not expected and proto != expected:
-            check_prototype(name, proto, expected, self.target)
+        if id(proto) not in decoder.seen:  # the fields compared once per prototype object, then its id suffices
+            if proto != expected:
+                check_prototype(name, proto, expected, self.target)
+            if len(decoder.held) < 16:
+                decoder.held.append(proto)
+                decoder.seen.add(id(proto))
         if len(args) != decoder.nargs:
             raise BridgeError(f"{name}: wrong argument count: {len(args) - 2} after self and _cmd, the prototype "
                               f"has {decoder.nargs - 2}")
         recv = args[0]
-        obj = self._objects.get(recv) if type(recv) is int else None
-        if obj is not None:
-            method = METHODS.lookup(type(obj), name)
+        seen = self._objects.get(recv) if type(recv) is int else None
+        method = None
+        if seen is not None:
+            method = METHODS.lookup(type(seen), name)
             if method is not None and method.lockless:
-                return self._result(expected.ret, method.fn(self, obj))
+                return self._result(expected.ret, method.fn(self, seen))
         with self._lock:
             if recv == 0 and type(recv) is int:
                 if self.strict:
@@ -455,7 +483,8 @@ class SimDevice:
             obj = self._objects.get(recv) if type(recv) is int else None
             if obj is None:
                 obj = self._lookup(recv, f"{name} (receiver)")
-            method = METHODS.lookup(type(obj), name)
+            if obj is not seen:  # deallocated (or replaced) since the look-up without the lock
+                method = METHODS.lookup(type(obj), name)
             if method is None:
                 raise BridgeError(f"-[{obj.objc_class} {name}]: unrecognized selector sent to instance {recv:#x}")
             result = method.fn(self, obj, *self._decode(name, decoder, args, method) if decoder.kinds else ())
@@ -482,7 +511,11 @@ class SimDevice:
                 else:
                     out.append(self._arg_object(name, i, value, spec))
             elif kind == _SIZE:
-                out.append(decode_size(name, i, dt, value, self.memory))
+                if type(value) is tuple and dt is dtypes.MTLSize and len(value) == 3 \
+                        and all(type(v) is int and 0 <= v <= _U64_MAX for v in value):
+                    out.append(value)  # x86_64's by-value MTLSize of three NSUIntegers: nothing to convert
+                else:
+                    out.append(decode_size(name, i, dt, value, self.memory))
             else:
                 if not isinstance(value, (int, float)) or isinstance(value, bool):
                     raise BridgeError(f"{name}: argument {i} ({dt.name}) must be a number, got {value!r}")

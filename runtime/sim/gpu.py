@@ -166,6 +166,12 @@ class GPU:
         self._batch: list[tuple[Launch, Pipeline, str]] = []
         self._in_flight: tuple[list[tuple[Launch, Pipeline, str]], int] | None = None  # the batch running now
         self.host_blocked: CommandQueue | None = None  # the queue a host thread is blocked on in commandBuffer
+        # a kernel ran with its results left on the OpenCL device since the last ``sync`` (False: a sync has
+        # nothing to bring back nor to mark stale, and is skipped)
+        self.unsynced = False
+        # command buffers a host thread waits for (``SimDevice.wait_command_buffers``): set when they end, so that
+        # thread wakes once, at the end, not at every notify of the device's condition
+        self.end_waiters: dict[CommandBuffer, threading.Event] = {}
 
     @property
     def running(self) -> tuple[str, str, int] | None:
@@ -210,7 +216,9 @@ class GPU:
         watchdog. Returns False when nothing could run."""
         if self.busy:
             return False
-        heads = sorted((q.pending[0] for q in self.queues if q.pending), key=lambda c: c.seq)
+        heads = [q.pending[0] for q in self.queues if q.pending]
+        if len(heads) > 1:
+            heads.sort(key=lambda c: c.seq)
         now = clock()
         for cb in heads:
             gate = cb.gate
@@ -257,7 +265,13 @@ class GPU:
         """Bring what kernels wrote into the buffers' host memory and drop the kernel runner's device copies (the
         next kernel copies in what the host wrote since): called where the host may look or write, at a command
         buffer's start and end, an event signal and a gate the command buffer blocks on. Between those, buffers
-        stay on the OpenCL device (``KernelRunner.sync``)."""
+        stay on the OpenCL device (``KernelRunner.sync``). Skipped when no kernel ran since the last sync: every
+        result is in the host memory then, and no device copy is current (the next kernel copies in what the host
+        wrote), so a command buffer of one encoder syncs once, after its kernels, not also at its start, its
+        signal and its end."""
+        if not self.unsynced:
+            return
+        self.unsynced = False
         runner = self.dev._runner
         if runner is not None:
             runner.sync()
@@ -574,6 +588,7 @@ class GPU:
         runner = batch[0][0].ck._runner
         cb = self.advancing
         lock = self.dev._lock
+        self.unsynced = True
         lock.release()
         try:
             with self.kernel_lock:
@@ -607,6 +622,7 @@ class GPU:
                    threadgroup: tuple[int, int, int], what: str) -> None:
         """Run one kernel that has no prepared launches (``kernel.run``), the device lock released meanwhile."""
         lock = self.dev._lock
+        self.unsynced = True
         lock.release()
         try:
             with self.kernel_lock:
@@ -702,6 +718,9 @@ class GPU:
                 elif isinstance(step, SignalStep) and not step.fired:
                     step.event.skipped.append((step.value, cb))  # rule 6: Metal skips it
         cb.gate, cb.run = None, None
+        ended = self.end_waiters.pop(cb, None) if self.end_waiters else None
+        if ended is not None:
+            ended.set()
         cb.queue.pending.remove(cb)
         cb.queue.live.discard(cb)
         for buf in cb.reads:
