@@ -159,6 +159,8 @@ SYMBOLIC = PatternMatcher([
 
 def simplify(node: UOp) -> UOp:
     """``node`` simplified with the symbolic rules (to a fixed point)."""
+    if not node.src and SYMBOLIC.rewrite(node) is None:  # a constant or a variable: no walk (encode meets many)
+        return node
     return graph_rewrite(node, SYMBOLIC, name="symbolic")
 
 

@@ -38,9 +38,10 @@ buffer. Cost: one visit per queue op and per distinct size, buffer and kernel no
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mtlir.ir.dtypes import dtypes
+from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import MTL, DeviceSpec
 from mtlir.ir.ops import Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
@@ -138,6 +139,57 @@ class _Builder:
                 m = local[sizes] = ("dispatchThreadgroups:threadsPerThreadgroup:", (ref(sizes[0]), ref(sizes[1])))
             append(m)
 
+    def direct_shape(self, i: int) -> object:
+        """What the direct-path messages of command ``i`` share with the other iterations of a profiled loop: the
+        parameter indices, each variable's size, and a grid or threadgroup that depends on variables itself (a
+        constant one is read from a table)."""
+        c = self.e.cmds[i]
+        k = c.kernel
+        return (tuple(index for index, _ in k.buffers), tuple((index, dt.itemsize) for index, dt in k.vars),
+                c.grid.node if c.grid.symbolic else None, c.threadgroup.node if c.threadgroup.symbolic else None)
+
+    def direct_loop(self, enc: MessageBatch, span: CommandBufferSpan, counter: UOp) -> None:
+        """The direct path's messages of iteration ``counter`` of a profiled loop (one command each, all of one
+        ``direct_shape``): the same messages as ``direct_commands`` for that command, each operand that differs
+        between iterations read from a link-time table indexed by the counter (``table:direct-OPERAND:F``: the
+        pipeline, each buffer and offset, each variable's slot offset, each constant grid or threadgroup size)."""
+        e, first = self.e, span.first
+        cmds = e.cmds[first:first + span.ncmds]
+
+        def per(name: str, values: Sequence[object], same: UOp, dtype: DType) -> UOp:
+            if all(v == values[0] for v in values):
+                return same
+            table = placeholder("table", f"table:direct-{name}:{first}", TableEntries(values), dtype.ptr())
+            return table.index(counter).load()
+        c0 = cmds[0]
+        enc.send("setComputePipelineState:", per("pipeline", [c.kernel.pipeline.arg for c in cmds],
+                                                 c0.kernel.pipeline, dtypes.id))
+        nb = len(c0.kernel.buffers)
+        for j, t in enumerate(c0.icb_binds):
+            if j < nb:
+                binds = [e.binds[c.args[j]] for c in cmds]
+                handles = [e.buffers[b.name].arg for b in binds if b.name is not None]
+                handle = per(f"buffer{j}", handles, e.buffers[binds[0].name or ""], dtypes.id)
+                offset = per(f"offset{j}", [b.offset for b in binds], u64(binds[0].offset), dtypes.uint64)
+                enc.send("setBuffer:offset:atIndex:", handle, offset, u64(t[2]))
+            else:
+                slots = [c.icb_binds[j][1] for c in cmds]
+                assert self.ph.contents is not None
+                ptr = per(f"slot{j}", slots, self.ph.slot_ptr(t[1] // VAR_SLOT), dtypes.uint64)
+                if ptr.op is Ops.LOAD:
+                    ptr = self.ph.contents.index(ptr)
+                dt = c0.kernel.vars[j - nb][1]
+                enc.send("setBytes:length:atIndex:", ptr, u64(dt.itemsize), u64(t[2]))
+        sizes = []
+        for role, size in (("grid", c0.grid), ("threadgroup", c0.threadgroup)):
+            if size.symbolic:
+                sizes.append(size.node)
+                continue
+            links = [(c.grid if role == "grid" else c.threadgroup).link for c in cmds]
+            sizes.append(UOp.struct(dtypes.MTLSize, *(per(f"{role}{a}", [v[a] for v in links], u64(size.link[a]),
+                                                          dtypes.uint64) for a in range(3))))
+        enc.send("dispatchThreadgroups:threadsPerThreadgroup:", *sizes)
+
     def direct_binding(self, c: Command, j: int, t: tuple[str, int, int], nb: int) -> tuple[str, tuple[UOp, ...]]:
         """The direct path's message binding parameter ``j`` of command ``c`` (binding triple ``t``): a buffer
         with ``setBuffer:offset:atIndex:``, a variable with ``setBytes:length:atIndex:`` from its slot."""
@@ -191,6 +243,8 @@ class _Builder:
                 for j in range(span.first, end, self.e.max_range):
                     enc.send("executeCommandsInBuffer:withRange:", icb,
                              UOp.struct(dtypes.NSRange, j, min(self.e.max_range, end - j)))
+        elif counter is not None:
+            self.direct_loop(enc, span, counter)
         else:
             self.direct_commands(enc, span.first, span.ncmds)
         enc.send("updateFence:", self.fence)
@@ -241,7 +295,9 @@ class _Builder:
         e = self.e
         profiled = bool(e.stamps_at)
         if profiled:  # one queue (encode_queues refuses TIMESTAMPs with several)
-            spans = command_buffers(e, True, loops=self.ph.icb_path)
+            direct_loops = not self.ph.icb_path and not e.inputs
+            spans = command_buffers(e, True, loops=self.ph.icb_path or direct_loops,
+                                    shape=self.direct_shape if direct_loops else None)
             owner = [e.queues[0].name] * len(spans)
         else:
             queued = [(span, q.name) for q in e.queues for span in self.fold(queue_command_buffers(e, q))]

@@ -25,6 +25,8 @@ def _of(name: str | None) -> str:
 def _goes_down(prev: UOp, value: UOp, equal: bool = False) -> bool:
     """Whether ``value`` is below ``prev`` (``equal``: or equal to it) for every value of their variables (by their
     bounds, or as a constant difference of the same expression)."""
+    if prev.op is Ops.CONST and value.op is Ops.CONST:  # the usual signal values: no bounds to compute
+        return bool(value.arg < prev.arg or (equal and value.arg == prev.arg))
     if bounds(value)[1] < bounds(prev)[0] or (equal and bounds(value)[1] <= bounds(prev)[0]):
         return True
     (base0, k0), (base1, k1) = _offset(prev), _offset(value)

@@ -79,9 +79,11 @@ def queue_command_buffers(reader: SubmitReader, q: QueueRange) -> list[CommandBu
         spans.append(CommandBufferSpan(start, q.end - start, None, False, None, tuple(waits), tuple(blits)))
     return spans
 
-def command_buffers(reader: SubmitReader, profiled: bool, loops: bool) -> list[CommandBufferSpan]:
+def command_buffers(reader: SubmitReader, profiled: bool, loops: bool,
+                    shape: Callable[[int], object] | None = None) -> list[CommandBufferSpan]:
     """The command buffers of the submit (module docstring), in order; ``profiled``: one per command (the
-    submit has TIMESTAMPs); ``loops``: fold runs of one-command buffers without a signal into loops."""
+    submit has TIMESTAMPs); ``loops``: fold runs of one-command buffers without a signal into loops, of commands
+    whose ``shape(command)`` is the same when given (the direct path: what its messages must share)."""
     n = len(reader.cmds)
     signals = reader.signals
     spans: list[CommandBufferSpan] = []
@@ -104,7 +106,7 @@ def command_buffers(reader: SubmitReader, profiled: bool, loops: bool) -> list[C
     for p in spans:
         prev = out[-1] if out else None
         if p.ncmds == 1 and p.signal is None and prev is not None and prev.signal is None and prev.ncmds >= 1 \
-                and prev.first + prev.ncmds == p.first:
+                and prev.first + prev.ncmds == p.first and (shape is None or shape(prev.first) == shape(p.first)):
             out[-1] = CommandBufferSpan(prev.first, prev.ncmds + 1, None, True)
         else:
             out.append(p)

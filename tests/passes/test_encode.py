@@ -151,13 +151,17 @@ def test_timestamps_name_the_command_buffer_and_time(icb: bool) -> None:
     assert slots.payload == (3, (Stamp(10, 0, "GPUStartTime"), Stamp(11, 0, "GPUEndTime"),
                                  Stamp(12, 1, "GPUStartTime"), Stamp(13, 2, "GPUEndTime")))
     lines = message_lines(p)
-    if icb:  # the ICB path loops over the first two one-command buffers; the last one signals
-        assert lines[0] == "for 2" and lines.count("end") == 1
-        body = lines[1:lines.index("end")]
-        assert body.count("queue commandBuffer") == 1 and "encoder executeCommandsInBuffer:withRange: icb * 1" in body
-        assert count_messages(p) == 2 * len(body) + len(lines) - len(body) - 2
-    else:  # the direct path unrolls: three command buffers
-        assert lines.count("queue commandBuffer") == 3 and "for 2" not in lines
+    # both paths loop over the first two one-command buffers (the last one signals)
+    assert lines[0] == "for 2" and lines.count("end") == 1
+    body = lines[1:lines.index("end")]
+    assert body.count("queue commandBuffer") == 1 and count_messages(p) == 2 * len(body) + len(lines) - len(body) - 2
+    if icb:
+        assert "encoder executeCommandsInBuffer:withRange: icb * 1" in body
+    else:  # scale(x, y) then scale(y, x): the buffers come from tables, the pipeline is one
+        assert "encoder setBuffer:offset:atIndex: * 0 1" in body
+        assert "encoder setComputePipelineState: pipeline:scale" in body
+        assert {o.name: tuple(b.name for b in o.payload) for o in objects(p, "table")} == {
+            "table:direct-buffer0:0": ("buffer:x", "buffer:y"), "table:direct-buffer1:0": ("buffer:y", "buffer:x")}
 
 
 def test_timestamp_without_commands_is_refused() -> None:
@@ -515,4 +519,52 @@ def test_signal_runs_that_differ_in_shape_stay_unrolled() -> None:
     q = Queue(device)
     for i in range(12):
         q.exec(SCALE, [x, x]).signal(q.timeline, N + i)
+    assert not _loops(lower(q.submit()).program)
+
+
+SCALE2 = Kernel("scale2", "scale2", "kernel void scale2(device float* x, device float* y) {}", SCALE.params)
+
+
+def _profiled_direct(symbolic: bool) -> UOp:
+    """24 commands, a timestamp after each, on a device without ICBs: two kernels of one layout over views at
+    different offsets of two buffers, constant grids that differ (``symbolic``: saxpy, its grid ``(n + 31) // 32``
+    for all, the variable's slot the same)."""
+    x, y = buffer("x", 1 << 16), buffer("y", 1 << 16)
+    q = Queue(DeviceSpec("Apple7", icb=False))
+    for i in range(24):
+        if symbolic:
+            q.exec(SAXPY, [view(x, 256 * i, 256), y], [N], grid=((N + 31) // 32,), threadgroup=(32,))
+        else:
+            q.exec([SCALE, SCALE2][i % 2], [view(x, 256 * i, 256), y if i % 3 else x], grid=(1 + i % 5, 2),
+                   threadgroup=(32 if i % 4 else 16,))
+        q.timestamp(i)
+    q.signal(q.timeline, timeline_value())
+    return q.submit()
+
+
+@pytest.mark.parametrize("target", ["arm64", "x86_64"])
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_a_profiled_direct_submit_is_one_loop_sending_the_unrolled_messages(monkeypatch: pytest.MonkeyPatch,
+                                                                           target: str, symbolic: bool) -> None:
+    """On the direct path a profiled submit's one-command buffers of one layout are one loop whose messages read
+    what differs (pipeline, buffers, offsets, sizes) from tables; its run sends exactly the unrolled messages."""
+    import mtlir.passes.encode.encode as encode_mod
+    looped = lower(_profiled_direct(symbolic), target=target).program
+    monkeypatch.setattr(encode_mod._Builder, "direct_shape", lambda self, i: i)  # every command its own shape
+    unrolled = lower(_profiled_direct(symbolic), target=target).program
+    assert _loops(looped) == 1 and _loops(unrolled) == 0
+    assert len(looped.instrs) < len(unrolled.instrs) // 5
+    assert objects(looped, "cbslots")[0].payload == objects(unrolled, "cbslots")[0].payload
+    assert _recorded(looped) == _recorded(unrolled)
+
+
+def test_direct_commands_of_different_layouts_are_not_one_loop() -> None:
+    x = buffer("x", 4096)
+    q = Queue(DeviceSpec("Apple7", icb=False))
+    for i in range(6):
+        if i % 2:
+            q.exec(SAXPY, [x, x], [N])
+        else:
+            q.exec(SCALE, [x, x])
+        q.timestamp(i)
     assert not _loops(lower(q.submit()).program)
