@@ -300,8 +300,11 @@ class SimDevice:
             if obj.error is not None:
                 self._release_internal(obj.error)
         elif isinstance(obj, Buffer):
+            self.gpu.forget(obj)
             if obj.region is not None:
                 self.memory.release(obj.region)
+        elif isinstance(obj, Pipeline):
+            self.gpu.forget(obj)
         elif isinstance(obj, NSString):
             if obj.cstr is not None:
                 self.memory.release(obj.cstr)

@@ -133,6 +133,29 @@ def concurrent_order(icb: ICB, first: int, count: int, seed: int | None = None) 
 _NOTHING: Any = object()  # a kept ICB command that runs nothing (a zero-size dispatch)
 
 
+_DIRECT_LAUNCHES = 4096  # direct dispatches' launches kept (``GPU.direct_launches``); past it they are all dropped
+
+
+def _direct_key(p: Pipeline, d: Dispatch) -> tuple[Any, ...] | None:
+    """What a direct dispatch's launch depends on: the pipeline, the sizes, the bindings of the pipeline's
+    parameters (buffer objects and offsets; the bytes of ``setBytes`` into a ``constant`` parameter, which no kernel
+    can write, so the launch's copy of them stays what was set) and, for ``forget``, the objects it names; None
+    (not kept) for ``setBytes`` into a ``device`` parameter or an unbound one (``_bindings`` has raised for it)."""
+    bound: list[Any] = []
+    objects: list[Any] = [p]
+    for index, kind, _ in p.params:
+        b = d.bindings.get(index)
+        if b is None:
+            return None
+        bound.append(b)
+        if isinstance(b, bytes):
+            if kind != "constant":
+                return None  # setBytes into a device pointer: a fresh copy at every run (the kernel may write it)
+        else:
+            objects.append(b[0])
+    return (p, d.grid, d.threadgroup, tuple(objects), tuple(bound))
+
+
 def _reached(ev: SharedEvent, value: int) -> Callable[[], bool]:
     return lambda: ev.value >= value
 
@@ -172,6 +195,10 @@ class GPU:
         # command buffers a host thread waits for (``SimDevice.wait_command_buffers``): set when they end, so that
         # thread wakes once, at the end, not at every notify of the device's condition
         self.end_waiters: dict[CommandBuffer, threading.Event] = {}
+        # direct dispatches' launches by content (``_direct_key``): a submit that encodes the same dispatch again
+        # reuses its launch (its own OpenCL kernel object from the second run on); ``forget`` drops those of a
+        # buffer or pipeline deallocated, so a cached launch never keeps a released buffer's memory alive
+        self.direct_launches: dict[tuple[Any, ...], Launch | None] = {}
 
     @property
     def running(self) -> tuple[str, str, int] | None:
@@ -402,7 +429,14 @@ class GPU:
         what = f"dispatch of {p.label}"
         if not self._sizes_ok(p, d.grid, d.threadgroup, what):
             return
-        self._run(p, self._bindings(p, d.bindings, what, None), d.grid, d.threadgroup, what)
+        bindings = self._bindings(p, d.bindings, what, None)
+        self._run(p, bindings, d.grid, d.threadgroup, what, direct=_direct_key(p, d))
+
+    def forget(self, obj: Buffer | Pipeline) -> None:
+        """Drop the direct dispatches' launches that name ``obj`` (called when it is deallocated)."""
+        if self.direct_launches:
+            for key in [k for k in self.direct_launches if obj in k[3]]:
+                del self.direct_launches[key]
 
     def _sizes_ok(self, p: Pipeline, grid: tuple[int, int, int], threadgroup: tuple[int, int, int],
                   what: str) -> bool:
@@ -527,10 +561,10 @@ class GPU:
 
     def _run(self, p: Pipeline, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
              threadgroup: tuple[int, int, int], what: str, slot: tuple[ICB, ICBSlot] | None = None,
-             kept: Any = None) -> None:
+             kept: Any = None, direct: tuple[Any, ...] | None = None) -> None:
         """Add one dispatch to the batch (``_flush`` runs it), its launch prepared once per ICB command (``slot``:
-        kept on the ICBSlot while the ICB's version stays; ``kept``: that launch, already looked up) and at every run
-        for a direct dispatch."""
+        kept on the ICBSlot while the ICB's version stays; ``kept``: that launch, already looked up) and once per
+        direct dispatch content (``direct``: its ``_direct_key``; a launch of its own from its second run on)."""
         if self.injected_fault is not None or self.faulty:
             self._flush()  # what was batched runs before an injected fault strikes
             self._inject(p, what)
@@ -543,6 +577,13 @@ class GPU:
             self._run_alone(p, bindings, grid, threadgroup, what)
             return
         launch = kept if kept is not None else self._kept(slot, p) if slot is not None else None
+        keep = slot is not None
+        if direct is not None:
+            cached = self.direct_launches.get(direct, _NOTHING)
+            if cached is not _NOTHING and (cached is None or cached.own):
+                launch = _NOTHING if cached is None else cached
+            else:
+                keep = cached is not _NOTHING  # run before: worth a kernel object of its own
         if launch is not None and slot is not None and kept is None:  # checked in full now: the fast path again
             k = slot[1].launch
             if k is not None and k[4] is None:
@@ -550,7 +591,7 @@ class GPU:
         if launch is None:
             old = slot[1].launch if slot is not None else None
             try:  # a kept launch's OpenCL kernel object is reused when the command's pipeline stays
-                launch = prepare(bindings, grid, threadgroup, keep=slot is not None,
+                launch = prepare(bindings, grid, threadgroup, keep=keep,
                                  reuse=old[2] if old is not None and old[1] is p else None)
             except Exception as e:  # sizes or bindings the runner refuses fail the command buffer
                 self.last_exception = e
@@ -558,6 +599,10 @@ class GPU:
             if slot is not None:
                 icb, s = slot
                 s.launch = (icb.version, p, launch, (s.grid, s.threadgroup, tuple(s.bindings.items())), what)
+            elif direct is not None:
+                if len(self.direct_launches) >= _DIRECT_LAUNCHES:
+                    self.direct_launches.clear()
+                self.direct_launches[direct] = launch
         if launch is not None and launch is not _NOTHING:
             self._batch.append((launch, p, what))
 
