@@ -30,7 +30,6 @@ __all__ = ["UOp", "argkey", "live_nodes", "gc_paused"]
 # arg types keyed as (type, value): Python's == already tells their values apart and they hash deterministically
 _ATOMS = frozenset({str, int, bool, type(None), bytes, Ops})
 _NONE_KEY = (type(None), None)
-_INTS = "tuple of ints"  # the key's tag of a plain tuple whose every element is an int (no bool, no float)
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # dataclass type -> its field names (dataclasses.fields is slow)
 
 
@@ -50,8 +49,8 @@ def argkey(arg: Any) -> Any:
     if t is float:
         return (float, "nan") if arg != arg else (float, struct.pack("<d", arg))
     if t is tuple or (isinstance(arg, tuple) and hasattr(t, "_fields")):  # tuples and NamedTuples
-        if t is tuple and all([type(a) is int for a in arg]):  # (offset, nbytes) and the like: ints key as is
-            return (_INTS, arg)
+        if t is tuple and all([type(a) is int for a in arg]):  # (offset, nbytes) and the like: the tuple itself
+            return arg  # (no other key is a tuple of ints: each starts with a type; saves a tuple per view node)
         return (t, tuple([argkey(a) for a in arg]))
     if isinstance(arg, (Enum, DType)):
         return (t, arg)

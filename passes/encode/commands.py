@@ -63,15 +63,20 @@ class Binding(NamedTuple):
 
 
 class Command(NamedTuple):
-    """One EXEC as encode keeps it."""
+    """One EXEC as encode keeps it (the EXEC node itself, not a tuple of its arguments: 72 bytes per command)."""
 
     kernel: KernelLayout
     grid: Size
     threadgroup: Size
-    args: tuple[UOp, ...]                       # the EXEC's buffer and variable sources
+    node: UOp                                   # the EXEC
     icb_binds: tuple[tuple[str, int, int], ...]  # per parameter: (placeholder name, offset, index); name "" for a
     #                                             buffer variable (bound by each submit)
     symbolic: bool                              # sizes set by each submit (concurrentDispatchThreadgroups)
+
+    @property
+    def args(self) -> tuple[UOp, ...]:
+        """The EXEC's buffer and variable sources."""
+        return self.node.src[3:]
 
 
 

@@ -167,7 +167,7 @@ class _Builder:
         nb = len(c0.kernel.buffers)
         for j, t in enumerate(c0.icb_binds):
             if j < nb:
-                binds = [e.binds[c.args[j]] for c in cmds]
+                binds = [e.binding(c.node.src[3 + j]) for c in cmds]
                 handles = [e.buffers[b.name].arg for b in binds if b.name is not None]
                 handle = per(f"buffer{j}", handles, e.buffers[binds[0].name or ""], dtypes.id)
                 offset = per(f"offset{j}", [b.offset for b in binds], u64(binds[0].offset), dtypes.uint64)
@@ -194,7 +194,7 @@ class _Builder:
         """The direct path's message binding parameter ``j`` of command ``c`` (binding triple ``t``): a buffer
         with ``setBuffer:offset:atIndex:``, a variable with ``setBytes:length:atIndex:`` from its slot."""
         if j < nb:
-            b = self.e.binds[c.args[j]]
+            b = self.e.binding(c.args[j])
             handle = self.e.buffers[b.name] if b.name is not None else b.base
             return "setBuffer:offset:atIndex:", (handle, u64(b.offset), u64(t[2]))
         dt = c.kernel.vars[j - nb][1]

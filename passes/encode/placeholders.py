@@ -74,7 +74,7 @@ class SubmitPlaceholders:
                     continue
                 cmd = placeholder("icbcmd", f"icb[{i}]", (i,))
                 for (index, _), a in zip(c.kernel.buffers, c.args):
-                    b = e.binds[a]
+                    b = e.binding(a)
                     if b.name is None:
                         patches.append(msg("setKernelBuffer:offset:atIndex:", cmd, b.base, u64(b.offset), u64(index)))
                 if c.symbolic:
@@ -84,8 +84,8 @@ class SubmitPlaceholders:
 
     def command_inputs(self, c: Command) -> tuple[UOp, ...]:
         """The buffer variables command ``c`` binds, each once, in parameter order."""
-        binds = self.e.binds
-        return tuple(dict.fromkeys(b.base for b in (binds[a] for a in c.args[:len(c.kernel.buffers)])
+        binding = self.e.binding
+        return tuple(dict.fromkeys(b.base for b in (binding(a) for a in c.args[:len(c.kernel.buffers)])
                                    if b.name is None))
 
     def input_arrays(self, spans: list[CommandBufferSpan]) -> None:
@@ -136,14 +136,16 @@ class SubmitPlaceholders:
     def icb_spec(self) -> IcbSpec:
         """The ICB payload: every command as data (``IcbCommand``), the pipelines and buffers it names."""
         e = self.e
+        seen: dict[tuple[int, ...], tuple[int, ...]] = {}
         if not e.inputs:
             out = [_new(IcbCommand, (c.kernel.pipeline.arg.name, c.icb_binds, c.grid.link, c.threadgroup.link, True,
-                                     c.symbolic, c.kernel.var_names, (), _extents(c.args))) for c in e.cmds]
+                                     c.symbolic, c.kernel.var_names, (), _extents(c.node.src[3:], seen)))
+                   for c in e.cmds]
         else:  # a buffer variable's binding is left to each submit
             out = [IcbCommand(c.kernel.pipeline.arg.name, tuple(t for t in c.icb_binds if t[0]), c.grid.link,
                               c.threadgroup.link, True, c.symbolic, c.kernel.var_names,
                               tuple(t[2] for t in c.icb_binds if not t[0]),
-                              tuple(x for t, x in zip(c.icb_binds, _extents(c.args)) if t[0])) for c in e.cmds]
+                              tuple(x for t, x in zip(c.icb_binds, _extents(c.args, seen)) if t[0])) for c in e.cmds]
         pipelines = tuple(dict.fromkeys(k.pipeline.arg for k in e.kernels.values()))
         buffers = tuple(o.arg for o in e.buffers.values())
         if self.varbuf is not None:
@@ -190,8 +192,12 @@ class SubmitPlaceholders:
         return table.index(counter).load(), counts.index(counter).load()
 
 
-def _extents(args: tuple[UOp, ...]) -> tuple[int, ...]:
+_SIZED = (Ops.BUFFER, Ops.BUFFER_VIEW)
+
+
+def _extents(args: tuple[UOp, ...], seen: dict[tuple[int, ...], tuple[int, ...]]) -> tuple[int, ...]:
     """``IcbCommand.extents`` of an EXEC's sources: the bytes of each view or buffer from its offset (a view's size,
-    a buffer's size), 0 for a buffer variable (its size is known at run time only) and for a variable's value."""
-    return tuple(int(a.arg[1]) if a.op in (Ops.BUFFER, Ops.BUFFER_VIEW) and isinstance(a.arg[1], int) else 0
-                 for a in args)
+    a buffer's size), 0 for a buffer variable (its size is known at run time only) and for a variable's value.
+    Equal tuples are one object (``seen``): commands of one shape share it (72 bytes per command at 100k)."""
+    ext = tuple([a.arg[1] if a.op in _SIZED and type(a.arg[1]) is int else 0 for a in args])
+    return seen.setdefault(ext, ext)

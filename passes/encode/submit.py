@@ -44,7 +44,7 @@ class SubmitReader:
     tgs: dict[UOp, Size] = field(default_factory=dict)         # threadgroup STRUCT -> Size
     grid_hi: list[int] = field(default_factory=lambda: [1, 1, 1])  # per axis: the largest grid / threadgroup size
     tg_hi: list[int] = field(default_factory=lambda: [1, 1, 1])
-    binds: dict[UOp, Binding] = field(default_factory=dict)
+    binds: dict[UOp, Binding] = field(default_factory=dict)    # BUFFER / buffer variable -> Binding (views: binding())
     base_names: dict[UOp, str | None] = field(default_factory=dict)   # BUFFER / buffer variable -> placeholder
     pids: dict[tuple[int, int | DType, int], int] = field(default_factory=dict)  # parameter (KernelLayout.pids): id
     memos: list[dict[UOp, tuple[str, int, int]]] = field(default_factory=list)  # per pid: node -> ICB binding
@@ -93,7 +93,7 @@ class SubmitReader:
                         i = len(cmds)
                         args = src[3:]
                         binds = tuple([memos[p].get(b) or check(b, p, i, k) for b, p in zip(args, k.pids)])
-                        cmds.append(_new(Command, (k, grid, tg, args, binds, grid.symbolic or tg.symbolic)))
+                        cmds.append(_new(Command, (k, grid, tg, op, binds, grid.symbolic or tg.symbolic)))
                         continue
                 cmds.append(self.read_exec(op, len(cmds)))
                 continue
@@ -194,7 +194,7 @@ class SubmitReader:
         tg = self.tgs.get(src[2]) or self.read_size(src[2], f"command {i} ({k.kernel.key})", "threadgroup")
         args = src[3:]
         binds = [self.memos[p].get(b) or self.check_bind(b, p, i, k) for b, p in zip(args, k.pids)]
-        return _new(Command, (k, grid, tg, args, tuple(binds), grid.symbolic or tg.symbolic))
+        return _new(Command, (k, grid, tg, op, tuple(binds), grid.symbolic or tg.symbolic))
 
     def check_bind(self, b: UOp, pid: int, i: int, k: KernelLayout) -> tuple[str, int, int]:
         """The ICB binding of argument ``b`` for parameter ``pid`` (an id of (index, element size, bytes the
@@ -295,7 +295,17 @@ class SubmitReader:
         pname = self.base_names.get(base, "?")
         if pname == "?":
             pname = self.read_base(base, where(*at))
-        bind = self.binds[node] = _new(Binding, (base, offset, pname))
+        bind = _new(Binding, (base, offset, pname))
+        if node.op is not Ops.BUFFER_VIEW:  # a view's is rebuilt by binding(): views are often one per command
+            self.binds[node] = bind
+        return bind
+
+    def binding(self, node: UOp) -> Binding:
+        """The Binding of a buffer argument read before (``read_buffer``)."""
+        bind = self.binds.get(node)
+        if bind is None:
+            base = node.src[0]
+            return _new(Binding, (base, node.arg[0], self.base_names[base]))
         return bind
 
     def read_base(self, base: UOp, where: str) -> str | None:
