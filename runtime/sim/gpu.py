@@ -385,7 +385,7 @@ class GPU:
                 self._flush()
                 yield from self._execute_icb(cb, enc, command)
         if self._batch:
-            self._flush()
+            self._flush(write_back=True)
             yield None
         if isinstance(enc, BlitEncoder):
             for blit in enc.blits:
@@ -498,7 +498,7 @@ class GPU:
                 self._flush()
                 yield None
         if self._batch:
-            self._flush()
+            self._flush(write_back=True)
         yield None
 
     def _batched(self, add: Callable[..., None], *args: Any) -> None:
@@ -622,9 +622,10 @@ class GPU:
             s.launch = (icb.version, p, kept[2], kept[3], kept[4])
         return _NOTHING if kept[2] is None else kept[2]
 
-    def _flush(self) -> None:
+    def _flush(self, write_back: bool = False) -> None:
         """Run the batched dispatches: enqueued at once, one wait (``KernelRunner.run_batch``), the device lock
-        released meanwhile. A kernel access outside its buffers raises ``GPUFault`` PageFault naming its dispatch
+        released meanwhile; ``write_back`` at the end of an ICB range or an encoder (where a sync usually follows:
+        the copies back of what kernels wrote ride on the batch's wait). A kernel access outside its buffers raises ``GPUFault`` PageFault naming its dispatch
         (strict mode also defers a ``MetalValidationError``); a runner error (a timeout, OpenCL refusing) raises
         ``GPUFault`` Internal."""
         batch, self._batch = self._batch, []
@@ -640,7 +641,8 @@ class GPU:
                 self.in_kernel = True
                 self._in_flight = (batch, cb.handle if cb is not None else 0)
                 try:
-                    fault = runner.run_batch([b[0] for b in batch], DEFAULT_TIMEOUT_S, keep=True)
+                    fault = runner.run_batch([b[0] for b in batch], DEFAULT_TIMEOUT_S, keep=True,
+                                             write_back=write_back)
                 finally:
                     self.in_kernel = False
                     self._in_flight = None

@@ -245,13 +245,17 @@ class KernelRunner:
                 raise RuntimeError(f"OpenCL refused the arguments of kernel {ck.function!r}: {err}") from None
             return launch
 
-    def run_batch(self, launches: Sequence[Launch], timeout_s: float,
-                  keep: bool = False) -> tuple[int, KernelAccessError] | None:
+    def run_batch(self, launches: Sequence[Launch], timeout_s: float, keep: bool = False,
+                  write_back: bool = False) -> tuple[int, KernelAccessError] | None:
         """Run ``launches`` in order (the in-order queue runs each after the one before), enqueued ``MAX_BATCH`` at a
         time with one wait each: buffers copied in at their first use since the last sync, every launch with its own
         fault record. Returns the first fault, ``(position in launches, KernelAccessError)``, None when none
         faulted: the batch with the faulting launch ran whole (its later launches too), later batches did not.
-        Without ``keep`` the results are synced to the host arrays before it returns.
+        Without ``keep`` the results are synced to the host arrays before it returns. ``write_back`` (with
+        ``keep``, where the device keeps its own copies): the buffers kernels wrote since the last sync are copied
+        back to the host arrays behind the last batch, covered by its one wait (the simulated GPU asks for it at
+        the end of an encoder's work: the ``sync`` after it then has nothing to copy nor to wait for, one round
+        trip to the device fewer); the device copies stay current.
 
         Raises ``TimeoutError`` (``WaitTimeoutError``) when a batch has not finished after ``timeout_s`` seconds,
         naming the first launch not finished (the runner then refuses further work: OpenCL cannot stop a
@@ -264,17 +268,20 @@ class KernelRunner:
                                    f"({self._stuck}); make a new KernelRunner")
             fault: tuple[int, KernelAccessError] | None = None
             for first in range(0, len(launches), MAX_BATCH):
-                fault = self._batch(launches[first:first + MAX_BATCH], first, timeout_s)
+                last = first + MAX_BATCH >= len(launches)
+                fault = self._batch(launches[first:first + MAX_BATCH], first, timeout_s,
+                                    write_back and keep and last and not self.in_host_memory)
                 if fault is not None:
                     break
             if not keep:
                 self._sync_locked()
             return fault
 
-    def _batch(self, launches: Sequence[Launch], first: int,
-               timeout_s: float) -> tuple[int, KernelAccessError] | None:
+    def _batch(self, launches: Sequence[Launch], first: int, timeout_s: float,
+               write_back: bool = False) -> tuple[int, KernelAccessError] | None:
         cl, queue, records = self.cl, self.queue, self._records
         in_flight: list[tuple[Launch, Any]] = []
+        back: list[DeviceBuffer] = []
         launch = launches[0]
         try:
             for k, launch in enumerate(launches):
@@ -296,6 +303,11 @@ class KernelRunner:
                     launch.record = k
                 in_flight.append((launch, cl.enqueue_nd_range_kernel(queue, launch.kernel, launch.global_size,
                                                                      launch.local_size)))
+            if write_back:  # behind the kernels in the in-order queue: the one wait covers the copies too
+                for entry in self._buffers.values():
+                    if entry.dirty and not entry.in_place:
+                        back.append(entry)
+                        cl.enqueue_copy(queue, entry.storage, entry.buf, is_blocking=False)
             words, last = records.read(queue, len(launches))
             queue.flush()
         except cl.Error as e:
@@ -305,6 +317,10 @@ class KernelRunner:
             self._wait(in_flight[-1][1] if last is None else last, timeout_s, in_flight)
         finally:
             self.in_flight = []
+        for entry in back:  # the host arrays hold what the device copies hold
+            entry.dirty = False
+            if entry.snapshot is not None:
+                np.copyto(entry.snapshot, entry.storage)
         for k in range(len(launches)):
             if words[k, 0]:
                 launch = launches[k]

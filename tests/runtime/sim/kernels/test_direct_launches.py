@@ -171,3 +171,30 @@ def test_a_command_buffer_syncs_once_after_its_kernels(scene: Scene, monkeypatch
     # waiter on the event sees its results) and the end (nothing ran since the signal): one sync
     assert len(syncs) == 1
     assert s.floats(out)[:4].tolist() == [2.0] * 4
+
+
+def test_on_a_device_with_its_own_memory_the_results_come_back_with_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copies back of what the kernels wrote ride on the batch's wait: the sync after it finds nothing to copy
+    (one round trip to the device fewer), and the host reads the results."""
+    copies = KernelRunner(in_host_memory=False)
+    s = Scene(strict=False, runner=copies, autorun=True)
+    try:
+        s.lib = s.send(s.device, "newLibraryWithSource:options:error:", s.m.string(MSL), 0, s.err)
+        s.pipelines = {k: s.pipeline(k) for k in ("add1", "addk", "bump")}
+        out = s.buffer(16)
+        left: list[int] = []
+        real = KernelRunner._sync_locked
+
+        def counting(self: KernelRunner) -> None:
+            left.append(sum(1 for e in self._buffers.values() if e.dirty and not e.in_place))
+            real(self)
+        monkeypatch.setattr(KernelRunner, "_sync_locked", counting)
+        for round_ in (1, 2, 3):
+            _direct(s, "add1", out)
+            assert s.floats(out)[:4].tolist() == [float(round_)] * 4
+        assert left and not any(left)
+        s.dev.write(s.contents(out), np.full(4, 10.0, np.float32).tobytes())  # the host writes: copied in again
+        _direct(s, "add1", out)
+        assert s.floats(out)[:4].tolist() == [11.0] * 4
+    finally:
+        s.close()
