@@ -139,6 +139,34 @@ class _Builder:
                 m = local[sizes] = ("dispatchThreadgroups:threadsPerThreadgroup:", (ref(sizes[0]), ref(sizes[1])))
             append(m)
 
+    def direct_runs(self, enc: MessageBatch, encoder: UOp, first: int, count: int) -> MessageBatch:
+        """The direct path's messages of commands ``first .. first+count-1`` of one encoder (``encoder``), into
+        ``enc``: each run of at least ``MIN_LOOP`` consecutive commands of one ``direct_shape`` as a loop
+        (``direct_loop``) between the batch before it and a new batch after it (whose ``receiver`` is the
+        encoder after the loop's END), the others as ``direct_commands``. Returns the batch to continue."""
+        e = self.e
+        if e.inputs or count < MIN_LOOP:
+            self.direct_commands(enc, first, count)
+            return enc
+        shape = self.direct_shape
+        end, i = first + count, first
+        while i < end:
+            key, j = shape(i), i + 1
+            while j < end and shape(j) == key:
+                j += 1
+            if j - i < MIN_LOOP:
+                self.direct_commands(enc, i, j - i)
+            else:
+                recv = encoder if enc.receiver is None else enc.receiver
+                before = enc.node(recv) if enc.msgs else recv  # (an empty batch: two loops in a row)
+                rng = UOp.range(u64(j - i).after(before), e.ctx.fresh("range"), dtypes.uint64)
+                body = MessageBatch()
+                self.direct_loop(body, i, j - i, rng)
+                enc = MessageBatch()
+                enc.receiver = encoder.after(rng.end(body.node(encoder.after(rng))))
+            i = j
+        return enc
+
     def direct_shape(self, i: int) -> object:
         """What the direct-path messages of command ``i`` share with the other iterations of a profiled loop: the
         parameter indices, each variable's size, and a grid or threadgroup that depends on variables itself (a
@@ -148,13 +176,14 @@ class _Builder:
         return (tuple(index for index, _ in k.buffers), tuple((index, dt.itemsize) for index, dt in k.vars),
                 c.grid.node if c.grid.symbolic else None, c.threadgroup.node if c.threadgroup.symbolic else None)
 
-    def direct_loop(self, enc: MessageBatch, span: CommandBufferSpan, counter: UOp) -> None:
-        """The direct path's messages of iteration ``counter`` of a profiled loop (one command each, all of one
-        ``direct_shape``): the same messages as ``direct_commands`` for that command, each operand that differs
-        between iterations read from a link-time table indexed by the counter (``table:direct-OPERAND:F``: the
-        pipeline, each buffer and offset, each variable's slot offset, each constant grid or threadgroup size)."""
-        e, first = self.e, span.first
-        cmds = e.cmds[first:first + span.ncmds]
+    def direct_loop(self, enc: MessageBatch, first: int, count: int, counter: UOp) -> None:
+        """The direct path's messages of iteration ``counter`` of a loop over commands ``first .. first+count-1``
+        (one command per iteration, all of one ``direct_shape``): the same messages as ``direct_commands`` for that
+        command, each operand that differs between iterations read from a link-time table indexed by the counter
+        (``table:direct-OPERAND:F``: the pipeline, each buffer and offset, each variable's slot offset, each
+        constant grid or threadgroup size)."""
+        e = self.e
+        cmds = e.cmds[first:first + count]
 
         def per(name: str, values: Sequence[object], same: UOp, dtype: DType) -> UOp:
             if all(v == values[0] for v in values):
@@ -244,9 +273,13 @@ class _Builder:
                     enc.send("executeCommandsInBuffer:withRange:", icb,
                              UOp.struct(dtypes.NSRange, j, min(self.e.max_range, end - j)))
         elif counter is not None:
-            self.direct_loop(enc, span, counter)
+            self.direct_loop(enc, span.first, span.ncmds, counter)
         else:
-            self.direct_commands(enc, span.first, span.ncmds)
+            encoder = msg("computeCommandEncoder", cb.after(done))
+            enc = self.direct_runs(enc, encoder, span.first, span.ncmds)
+            enc.send("updateFence:", self.fence)
+            enc.send("endEncoding")
+            return enc.node(encoder) if enc.receiver is None else enc.node(enc.receiver)
         enc.send("updateFence:", self.fence)
         enc.send("endEncoding")
         return enc.node(msg("computeCommandEncoder", cb.after(done)))

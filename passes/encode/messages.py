@@ -20,18 +20,22 @@ def msg(selector: str, recv: UOp, *args: UOp) -> UOp:
 
 def u64(v: int) -> UOp:
     """A uint64 constant (NSUInteger arguments)."""
+    if type(v) is int and 0 <= v <= 0xFFFFFFFFFFFFFFFF:  # the usual case: no conversion to make
+        return UOp(Ops.CONST, dtypes.uint64, (), v)
     return UOp.const(dtypes.uint64, v)
 
 
 class MessageBatch:
     """Void messages to one receiver, collected as data for one MSGS node: each operand once (its index in the
-    node's sources, 0 being the receiver), the messages in order."""
+    node's sources, 0 being the receiver), the messages in order; ``receiver``: where the batch's caller keeps
+    the receiver it is to go to, when it is not the plain object (e.g. an encoder after a loop)."""
 
-    __slots__ = ("operands", "msgs")
+    __slots__ = ("operands", "msgs", "receiver")
 
     def __init__(self) -> None:
         self.operands: dict[UOp, int] = {}
         self.msgs: list[tuple[str, tuple[int, ...]]] = []
+        self.receiver: UOp | None = None
 
     def ref(self, u: UOp) -> int:
         """The index of operand ``u`` in the MSGS's sources (added on first use)."""

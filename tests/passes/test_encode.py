@@ -525,10 +525,10 @@ def test_signal_runs_that_differ_in_shape_stay_unrolled() -> None:
 SCALE2 = Kernel("scale2", "scale2", "kernel void scale2(device float* x, device float* y) {}", SCALE.params)
 
 
-def _profiled_direct(symbolic: bool) -> UOp:
-    """24 commands, a timestamp after each, on a device without ICBs: two kernels of one layout over views at
-    different offsets of two buffers, constant grids that differ (``symbolic``: saxpy, its grid ``(n + 31) // 32``
-    for all, the variable's slot the same)."""
+def _profiled_direct(symbolic: bool, stamps: bool = True) -> UOp:
+    """24 commands, a timestamp after each (``stamps``), on a device without ICBs: two kernels of one layout over
+    views at different offsets of two buffers, constant grids that differ (``symbolic``: saxpy, its grid
+    ``(n + 31) // 32`` for all, the variable's slot the same)."""
     x, y = buffer("x", 1 << 16), buffer("y", 1 << 16)
     q = Queue(DeviceSpec("Apple7", icb=False))
     for i in range(24):
@@ -537,28 +537,32 @@ def _profiled_direct(symbolic: bool) -> UOp:
         else:
             q.exec([SCALE, SCALE2][i % 2], [view(x, 256 * i, 256), y if i % 3 else x], grid=(1 + i % 5, 2),
                    threadgroup=(32 if i % 4 else 16,))
-        q.timestamp(i)
+        if stamps:
+            q.timestamp(i)
     q.signal(q.timeline, timeline_value())
     return q.submit()
 
 
 @pytest.mark.parametrize("target", ["arm64", "x86_64"])
 @pytest.mark.parametrize("symbolic", [False, True])
-def test_a_profiled_direct_submit_is_one_loop_sending_the_unrolled_messages(monkeypatch: pytest.MonkeyPatch,
-                                                                           target: str, symbolic: bool) -> None:
-    """On the direct path a profiled submit's one-command buffers of one layout are one loop whose messages read
-    what differs (pipeline, buffers, offsets, sizes) from tables; its run sends exactly the unrolled messages."""
+@pytest.mark.parametrize("stamps", [True, False])
+def test_direct_commands_of_one_layout_are_one_loop_sending_the_unrolled_messages(
+        monkeypatch: pytest.MonkeyPatch, target: str, symbolic: bool, stamps: bool) -> None:
+    """On the direct path a profiled submit's one-command buffers of one layout, or a run of such commands in one
+    encoder, are one loop whose messages read what differs (pipeline, buffers, offsets, sizes) from tables; its
+    run sends exactly the unrolled messages."""
     import mtlir.passes.encode.encode as encode_mod
-    looped = lower(_profiled_direct(symbolic), target=target).program
+    looped = lower(_profiled_direct(symbolic, stamps), target=target).program
     monkeypatch.setattr(encode_mod._Builder, "direct_shape", lambda self, i: i)  # every command its own shape
-    unrolled = lower(_profiled_direct(symbolic), target=target).program
+    unrolled = lower(_profiled_direct(symbolic, stamps), target=target).program
     assert _loops(looped) == 1 and _loops(unrolled) == 0
-    assert len(looped.instrs) < len(unrolled.instrs) // 5
+    assert len(looped.instrs) < len(unrolled.instrs) // (5 if stamps else 2)
     assert objects(looped, "cbslots")[0].payload == objects(unrolled, "cbslots")[0].payload
     assert _recorded(looped) == _recorded(unrolled)
 
 
-def test_direct_commands_of_different_layouts_are_not_one_loop() -> None:
+@pytest.mark.parametrize("stamps", [True, False])
+def test_direct_commands_of_different_layouts_are_not_one_loop(stamps: bool) -> None:
     x = buffer("x", 4096)
     q = Queue(DeviceSpec("Apple7", icb=False))
     for i in range(6):
@@ -566,5 +570,30 @@ def test_direct_commands_of_different_layouts_are_not_one_loop() -> None:
             q.exec(SAXPY, [x, x], [N])
         else:
             q.exec(SCALE, [x, x])
-        q.timestamp(i)
+        if stamps:
+            q.timestamp(i)
     assert not _loops(lower(q.submit()).program)
+
+
+def test_two_runs_in_one_encoder_are_two_loops_and_the_rest_unrolled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the direct path (no timestamps) runs of one layout of at least MIN_LOOP commands are loops one after the
+    other in the encoder; shorter runs stay unrolled between them; the messages are the unrolled ones."""
+    import mtlir.passes.encode.encode as encode_mod
+    from mtlir.passes.encode.spans import MIN_LOOP
+    x, y = buffer("x", 1 << 16), buffer("y", 1 << 16)
+
+    def queue() -> UOp:
+        q = Queue(DeviceSpec("Apple7", icb=False))
+        for i in range(MIN_LOOP):
+            q.exec(SCALE, [view(x, 256 * i, 256), y])
+        for i in range(MIN_LOOP):
+            q.exec(SAXPY, [y, view(x, 256 * i, 256)], [N + i])
+        q.exec(SCALE, [x, y]).exec(SAXPY, [x, y], [N])
+        for i in range(MIN_LOOP):
+            q.exec(SCALE2, [y, x], grid=(i + 1,))
+        q.signal(q.timeline, timeline_value())
+        return q.submit()
+    looped = lower(queue()).program
+    assert _loops(looped) == 3
+    monkeypatch.setattr(encode_mod._Builder, "direct_shape", lambda self, i: i)
+    assert _recorded(looped) == _recorded(lower(queue()).program)
