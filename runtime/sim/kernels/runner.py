@@ -48,6 +48,7 @@ from mtlir.runtime.sim.msl.simd import scratch_bytes
 
 KEEP_SYNCS = 4  # a device buffer unused for this many syncs is dropped (a submit syncs 2-3 times)
 SNAPSHOT_BYTES = 1 << 18  # device copies of buffers up to this size are copied in only when the host changed them
+MIRROR_BYTES = 1 << 24  # buffers up to this size come back through a page-locked mirror (``_copy_back``)
 
 __all__ = ["KernelRunner", "INSTALL_HINT", "BUILD_OPTIONS", "list_devices", "select_device", "device_name",
            "device_kind"]
@@ -97,6 +98,7 @@ class KernelRunner:
         self._buffers: dict[int, DeviceBuffer] = {}
         self._generation = 0  # syncs so far
         self._blocks: dict[bytes, Any] = {}  # argument blocks by content: most dispatches repeat one
+        self._mirrors: dict[DeviceBuffer, np.ndarray] = {}  # page-locked host copies results come back through
         self._waiter = EventWaiter()
         self.in_flight: list[tuple[Launch, Any]] = []  # the batch enqueued now: (launch, its kernel's event)
         # Where the device works in host memory (PoCL's CPU device: a map of a USE_HOST_PTR buffer returns the host
@@ -144,20 +146,46 @@ class KernelRunner:
             back = []
             for e in self._buffers.values():
                 if e.dirty and not e.in_place:
-                    cl.enqueue_copy(self.queue, e.storage, e.buf, is_blocking=False)
-                    back.append(e)
+                    back.append((e, self._copy_back(e)))
                 e.current = e.dirty = False
             if back:
                 self.queue.finish()
-                for e in back:
-                    if e.snapshot is not None:
-                        np.copyto(e.snapshot, e.storage)  # the device copy's bytes, now also the host's
+                for e, mirror in back:
+                    self._landed(e, mirror)
         except cl.Error as err:
             raise RuntimeError(f"OpenCL could not copy the kernels' results back to the host: {err}") from None
         finally:
             old = self._generation - KEEP_SYNCS
             for key in [k for k, e in self._buffers.items() if e.used < old]:
-                self._buffers.pop(key).buf = None  # a launch holding it rebinds at its next run
+                dropped = self._buffers.pop(key)
+                dropped.buf = None  # a launch holding it rebinds at its next run
+                self._mirrors.pop(dropped, None)
+
+    def _copy_back(self, e: DeviceBuffer) -> np.ndarray | None:
+        """Enqueue the copy of ``e``'s device copy to the host, without waiting: into its page-locked mirror
+        (returned; ``_landed`` moves the bytes to the host array once the copy completed) for a buffer of at most
+        ``MIRROR_BYTES``, else straight into the host array (None). A copy into pageable memory is staged by the
+        driver on the calling thread: NVIDIA's waits there for the kernels before it and copies twice, where a copy
+        into page-locked memory is one DMA that the batch's wait covers (as ``FaultRecords`` reads its records)."""
+        cl, storage = self.cl, e.storage
+        mirror = self._mirrors.get(e)
+        if mirror is None and 0 < storage.nbytes <= MIRROR_BYTES:
+            pinned = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
+                               size=storage.nbytes)
+            mapped, _ = cl.enqueue_map_buffer(self.queue, pinned, cl.map_flags.READ | cl.map_flags.WRITE, 0,
+                                              (storage.nbytes,), np.uint8, is_blocking=True)
+            mirror = self._mirrors[e] = mapped  # kept mapped, as the fault records' destination is
+        cl.enqueue_copy(self.queue, storage if mirror is None else mirror, e.buf, is_blocking=False)
+        return mirror
+
+    @staticmethod
+    def _landed(e: DeviceBuffer, mirror: np.ndarray | None) -> None:
+        """After the copy ``_copy_back`` enqueued completed: the bytes in the host array (from the mirror), and in
+        the snapshot (the device copy's bytes are the host's now)."""
+        if mirror is not None:
+            np.copyto(e.storage, mirror)
+        if e.snapshot is not None:
+            np.copyto(e.snapshot, e.storage)
 
     def compile(self, msl: str, function: str) -> CompiledKernel:
         """The kernel ``function`` of the MSL library ``msl``, translated and built once (cached).
@@ -281,7 +309,7 @@ class KernelRunner:
                write_back: bool = False) -> tuple[int, KernelAccessError] | None:
         cl, queue, records = self.cl, self.queue, self._records
         in_flight: list[tuple[Launch, Any]] = []
-        back: list[DeviceBuffer] = []
+        back: list[tuple[DeviceBuffer, np.ndarray | None]] = []
         launch = launches[0]
         try:
             for k, launch in enumerate(launches):
@@ -306,8 +334,7 @@ class KernelRunner:
             if write_back:  # behind the kernels in the in-order queue: the one wait covers the copies too
                 for entry in self._buffers.values():
                     if entry.dirty and not entry.in_place:
-                        back.append(entry)
-                        cl.enqueue_copy(queue, entry.storage, entry.buf, is_blocking=False)
+                        back.append((entry, self._copy_back(entry)))
             words, last = records.read(queue, len(launches))
             queue.flush()
         except cl.Error as e:
@@ -317,10 +344,9 @@ class KernelRunner:
             self._wait(in_flight[-1][1] if last is None else last, timeout_s, in_flight)
         finally:
             self.in_flight = []
-        for entry in back:  # the host arrays hold what the device copies hold
+        for entry, mirror in back:  # the host arrays hold what the device copies hold
             entry.dirty = False
-            if entry.snapshot is not None:
-                np.copyto(entry.snapshot, entry.storage)
+            self._landed(entry, mirror)
         for k in range(len(launches)):
             if words[k, 0]:
                 launch = launches[k]

@@ -193,6 +193,8 @@ def test_on_a_device_with_its_own_memory_the_results_come_back_with_the_batch(mo
             _direct(s, "add1", out)
             assert s.floats(out)[:4].tolist() == [float(round_)] * 4
         assert left and not any(left)
+        # through a page-locked mirror of the buffer (a DMA the wait covers), then into the host array
+        assert [m.nbytes for m in copies._mirrors.values()] == [16]
         s.dev.write(s.contents(out), np.full(4, 10.0, np.float32).tobytes())  # the host writes: copied in again
         _direct(s, "add1", out)
         assert s.floats(out)[:4].tolist() == [11.0] * 4
