@@ -7,13 +7,15 @@ and the dispatch cost, nothing more, so an executor's own overhead shows in full
 Program is linked on a ``RecordingBridge`` (its fake device) and its registers are then remade on the stand-in by
 kind: the device, queue, shared event, ICB and its commands are the stand-in's objects, every other object (a
 pipeline, a fence, a buffer) a stand-in object whose class answers nothing (a message to it returns 0, as a message
-to an unrecognized selector does), and every host table (``cbslots``, ``resources``, ``contents``, ...) host memory
-of the ``MetalBridge`` of the size link gave it, with link's bytes. x86_64 only (the stand-in's objc_msgSend is
+to an unrecognized selector does), and every host table (``cbslots``, ``resources``, ``contents``, ``table``, ...)
+host memory of the ``MetalBridge`` of the size link gave it, with link's bytes (the handles in a ``table`` or
+``resources`` array replaced by the stand-in's). x86_64 only (the stand-in's objc_msgSend is
 x86_64 assembly); needs a C compiler (``cc``).
 """
 from __future__ import annotations
 
 import platform
+import struct
 import shutil
 import subprocess
 from pathlib import Path
@@ -91,20 +93,34 @@ def standin_registers(program: Program, bridge: MetalBridge) -> list[Any]:
     made = {"device": device, "queue": int(send(device, "newCommandQueueWithMaxCommandBufferCount:", 4)),
             "event": int(send(device, "newSharedEvent")), "icb": icb,
             "icbcmd": int(send(icb, "indirectComputeCommandAtIndex:", 0))}
-    objects: dict[int, Any] = {}
-    for r, obj in program.objects.items():
-        value = linked.registers[r]
-        if obj.kind in made:
-            objects[r] = made[obj.kind]
-        elif obj.kind in _HOST_KINDS:
+    # every object link made (also those only named inside a host table), remade on the stand-in: device objects
+    # as above, host memory of the same size; then the host memory filled with link's bytes, the handles and host
+    # addresses inside a table or a resources array replaced by the stand-in's
+    remade: dict[int, int] = {}
+    host: list[tuple[int, int, int, str]] = []  # (stand-in address, fake address, bytes, kind)
+
+    def remake(value: int, kind: str) -> int:
+        if value in remade:
+            return remade[value]
+        if kind in _HOST_KINDS:
             nbytes = rec.sizes.get(value, 0)
-            if obj.kind == "contents":
+            if kind == "contents":
                 nbytes = next((n for _, c, n in linked.buffers.values() if c == value), nbytes)
-            addr = bridge.malloc(max(nbytes, 64))
-            if nbytes:
-                bridge.write(addr, rec.read(value, nbytes))
-            objects[r] = addr
-        else:  # an object only passed as an argument: a stand-in object that answers no message
-            objects[r] = int(send(device, "newBufferWithLength:options:", 16, 0))
+            remade[value] = bridge.malloc(max(nbytes, 64))
+            host.append((remade[value], value, nbytes, kind))
+        else:  # made[kind], or a stand-in object that answers no message
+            remade[value] = made.get(kind) or int(send(device, "newBufferWithLength:options:", 16, 0))
+        return remade[value]
+    for name, handle in linked.handles.items():
+        if name in linked.objects and type(handle) is int:
+            remake(handle, linked.objects[name].kind)
+    objects = {r: remake(linked.registers[r], obj.kind) for r, obj in program.objects.items()}
+    for addr, value, nbytes, kind in host:
+        data = rec.read(value, nbytes) if nbytes else b""
+        if kind in ("table", "resources") and nbytes >= 8:
+            words = struct.unpack(f"<{nbytes // 8}Q", data[:nbytes // 8 * 8])
+            data = struct.pack(f"<{len(words)}Q", *(remade.get(w, w) for w in words)) + data[len(words) * 8:]
+        if data:
+            bridge.write(addr, data)
     linked.release()
     return prepare_registers(program, bridge, objects)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -35,16 +36,50 @@ __all__ = ["Interpreter"]
 #   _SIZE fields, MTLSizeStruct: a STRUCT built as the MTLSize that only direct calls read (native.size_structs) |
 #   _KNOWN: a pure instruction whose result _fold computed (native only): its register holds it from the start |
 #   _BLOCK ops, next_pc, pcs: on a native MetalBridge, a run of straight-line instructions that each are
-#   ``regs[dst] = fn(*getter(regs))`` (_NATIVE, _CELL, _SIZE, _CAST, _ALU; a _KNOWN one is left out), as
+#   ``regs[dst] = fn(*getter(regs))`` (_FUSED kinds; a _KNOWN one is left out; a loop of known bound whose body
+#   is all of them unrolled, its counter set by an op per iteration), as
 #   (fn, getter, dst) tuples run by one tight loop; ``pcs``: each op's instruction. The instructions
 #   after the first keep their own forms (never reached: no jump lands inside a run, jumps go to a RANGE or END)
-_CALL, _MSG, _STORE, _LOAD, _INDEX, _ALU, _STRUCT, _GEP, _CAST, _RANGE, _END, _NATIVE, _CELL, _BLOCK, _SIZE, _KNOWN = \
-    range(16)
-_FUSED = (_NATIVE, _CELL, _SIZE, _CAST, _ALU, _KNOWN)
+#   _ARRAY getitem, index: a load at a constant host table's entry ``index`` (bounded), ``getitem`` of a ctypes
+#   array over the table (native.NativeCalls.array); the INDEX that only such loads read becomes _KNOWN
+#   _ARRAYSET setitem, index, value: a store into such a table entry (the value proven to fit)
+_CALL, _MSG, _STORE, _LOAD, _INDEX, _ALU, _STRUCT, _GEP, _CAST, _RANGE, _END, _NATIVE, _CELL, _BLOCK, _SIZE, _KNOWN, \
+    _ARRAY, _ARRAYSET = range(18)
+_FUSED = (_NATIVE, _CELL, _SIZE, _CAST, _ALU, _KNOWN, _ARRAY, _ARRAYSET, _MSG, _CALL, _STORE, _LOAD, _INDEX, _STRUCT,
+          _GEP)
+_UNROLL = 4096  # the most ops a loop of known bound becomes when a block unrolls it
 _PLAIN, _PTR, _BOOL = range(3)
 _RESULT_KINDS = {"void": _PLAIN, "plain": _PLAIN, "ptr": _PTR, "bool": _BOOL}
 _UNSET = object()
 _POINTERS = ("ptr", "id", "sel")  # parameter kinds ctypes passes as c_void_p (None is NULL)
+
+
+_NONE = operator.itemgetter(slice(0, 0))  # the getter of an op without operands
+
+
+def _dst(d: int, scratch: int) -> int:
+    return d if d >= 0 else scratch
+
+
+def _send(send: Any, proto: Any, *args: Any) -> Any:
+    """A block op of msg_send (or a C call): the operands as one tuple, as the loop passes them."""
+    return send(proto, args)
+
+
+def _store(store: Any, dtype: Any, addr: Any, value: Any) -> None:
+    store(addr, dtype, value)
+
+
+def _load(load: Any, dtype: Any, addr: Any) -> Any:
+    return load(addr, dtype)
+
+
+def _index(itemsize: int, base: int, index: int) -> int:
+    return base + index * itemsize
+
+
+def _tuple(*fields: Any) -> tuple[Any, ...]:
+    return fields
 
 
 def _ptr_result(fn: Any, *args: Any) -> Any:
@@ -69,7 +104,15 @@ class Interpreter(Executor):
         self._fixed: dict[int, Any] = {}
         self.bounds: dict[int, Any] = {}
         self._sizes: set[int] = set()
+        self._defs: dict[int, Instr] = {}
+        self._readers: dict[int, list[Instr]] = {}
         if self.native is not None:
+            counts: dict[int, int] = {}
+            for ins in program.instrs:
+                counts[ins.dst] = counts.get(ins.dst, 0) + 1
+                for r in set(ins.reads()):
+                    self._readers.setdefault(r, []).append(ins)
+            self._defs = {ins.dst: ins for ins in program.instrs if ins.dst >= 0 and counts[ins.dst] == 1}
             self._fixed = self._fold()
             self.bounds, fields = value_bounds(program, self._fixed)
             self._sizes = size_structs(program, self.native, self._fixed, self.bounds, fields)
@@ -78,10 +121,10 @@ class Interpreter(Executor):
         self._scratch = -1
         self.code = [self._decode(pc, ins) for pc, ins in enumerate(program.instrs)]
         self.registers += self._constants
+        self._bridge_calls = (bridge.msg_send, bridge.c_call, bridge.load, bridge.store)
         self._blocks()
         self._results = operator.itemgetter(*self.results) if len(self.results) > 1 else None
         self._vars = tuple((name, r, lo, hi) for name, (r, lo, hi) in program.variables.items())
-        self._bridge_calls = (bridge.msg_send, bridge.c_call, bridge.load, bridge.store)
 
     def _blocks(self) -> None:
         """On a native MetalBridge, fuse each run of instructions of ``_FUSED`` kinds with two or more ops into a
@@ -94,13 +137,44 @@ class Interpreter(Executor):
         self.registers.append(None)
         code, pc = self.code, 0
         while pc < len(code):
-            end = pc
-            while end < len(code) and code[end][0] in _FUSED:
-                end += 1
-            ops = [(self._op(code[i]), i) for i in range(pc, end) if code[i][0] != _KNOWN]
+            end, ops = pc, []
+            while end < len(code):
+                if code[end][0] in _FUSED:
+                    if code[end][0] != _KNOWN:
+                        ops.append((self._op(code[end]), end))
+                    end += 1
+                    continue
+                loop = self._unrolled(end)
+                if loop is None:
+                    break
+                ops += loop
+                end = code[end][3] + 1  # past the loop's END
             if len(ops) >= 2 or (ops and end - pc > len(ops)):
                 code[pc] = (_BLOCK, -1, tuple(op for op, _ in ops), end, tuple(i for _, i in ops))
             pc = max(end, pc + 1)
+
+    def _unrolled(self, pc: int) -> list[tuple[tuple[Any, Any, int], int]] | None:
+        """The ops of the loop whose RANGE is at ``pc`` unrolled (with each op's pc), when its bound is known
+        before the run (at most ``_UNROLL`` iterations) and its body is all of ``_FUSED`` kinds; else None. The
+        counter is set as the loop sets it: 0 .. bound - 1 in turn, then bound (0 for a loop that never runs)."""
+        c = self.code[pc]
+        if c[0] != _RANGE or type(self._fixed.get(c[2])) is not int:
+            return None
+        bound, end_pc, counter = self._fixed[c[2]], c[3], c[1]
+        body = range(pc + 1, end_pc)
+        if bound * len(body) > _UNROLL or not all(self.code[i][0] in _FUSED for i in body):
+            return None
+        body_ops = [(self._op(self.code[i]), i) for i in body if self.code[i][0] != _KNOWN]
+        empty = operator.itemgetter(slice(0, 0))
+        ops: list[tuple[tuple[Any, Any, int], int]] = []
+        for i in range(max(bound, 0)):
+            ops.append(((itertools.repeat(i).__next__, empty, counter), pc))
+            for op, at in body_ops:  # a table entry the counter indexes: that iteration's entry, read directly
+                c = self.code[at]
+                ops.append(((functools.partial(c[2], i), empty, c[1]), at) if c[0] == _ARRAY and c[3] == counter
+                           else (op, at))
+        ops.append(((itertools.repeat(max(bound, 0)).__next__, empty, counter), end_pc))
+        return ops
 
     def _raw_results(self) -> set[int]:
         """Pointer results of direct calls that may stay as ctypes returns them (None for NULL) inside a block:
@@ -138,6 +212,26 @@ class Interpreter(Executor):
                     get([c[3]]), self._scratch)
         if k == _SIZE:
             return c[3], get(c[2]), c[1]
+        if k == _ARRAY:
+            return c[2], get([c[3]]), c[1]
+        if k == _ARRAYSET:
+            return c[2], operator.itemgetter(c[3], c[4]), self._scratch
+        msg_send, c_call, load, store = self._bridge_calls
+        if k == _MSG:  # through msg_send and its checks, as the loop sends it
+            return functools.partial(_send, msg_send, c[2]), get(c[3]) if c[3] else _NONE, _dst(c[1], self._scratch)
+        if k == _CALL:
+            return (functools.partial(_send, functools.partial(c_call, c[2]), c[3]), get(c[4]) if c[4] else _NONE,
+                    _dst(c[1], self._scratch))
+        if k == _STORE:
+            return functools.partial(_store, store, c[2]), operator.itemgetter(c[3], c[4]), self._scratch
+        if k == _LOAD:
+            return functools.partial(_load, load, c[2]), get([c[3]]), c[1]
+        if k == _INDEX:
+            return functools.partial(_index, c[2]), operator.itemgetter(c[3], c[4]), c[1]
+        if k == _STRUCT:
+            return _tuple, get(c[2]) if c[2] else _NONE, c[1]
+        if k == _GEP:
+            return operator.itemgetter(c[2]), get([c[3]]), c[1]
         if k == _CAST:
             return c[2], get([c[3]]), c[1]
         return c[2], get(c[3]), c[1]  # _ALU
@@ -147,6 +241,12 @@ class Interpreter(Executor):
         native = self.native
         if native is None:
             return None
+        if type(ins) is Store and ins.addr not in self._fixed:  # into a host table's entry: an array's setitem
+            arr, at = self._array(ins), self._defs.get(ins.addr)
+            if arr is None or type(at) is not Index or ins.value in self._fixed or not fits(
+                    self.bounds.get(ins.value), ins.dtype):
+                return None
+            return (_ARRAYSET, -1, functools.partial(operator.setitem, arr), at.index, ins.value)
         if type(ins) is Store:
             addr, value = self._fixed.get(ins.addr), ins.value
             if type(addr) is not int or value in self._fixed or not fits(self.bounds.get(value), ins.dtype):
@@ -155,6 +255,13 @@ class Interpreter(Executor):
             return None if cell is None else (_CELL, -1, cell, value)
         if type(ins) is Struct and ins.dst in self._sizes:
             return (_SIZE, ins.dst, tuple(ins.fields), MTLSizeStruct)
+        if type(ins) is Load:
+            arr, at = self._array(ins), self._defs.get(ins.addr)
+            return None if arr is None or type(at) is not Index else (_ARRAY, ins.dst, arr.__getitem__, at.index)
+        if type(ins) is Index and ins.dst not in self.results and self._readers.get(ins.dst) and all(
+                (type(r) is Load or (type(r) is Store and r.addr == ins.dst and r.value != ins.dst))
+                and self._native(r) is not None for r in self._readers[ins.dst]):
+            return (_KNOWN, ins.dst)  # only array loads read it: nothing to compute
         if type(ins) is not Call:
             return None
         plan = plan_message(native, ins, self._fixed, self.bounds, self._sizes)
@@ -168,6 +275,14 @@ class Interpreter(Executor):
                 slots.append(self.program.nregs + len(self._constants))
                 self._constants.append(v)
         return (_NATIVE, ins.dst, plan[0], operator.itemgetter(*slots), _RESULT_KINDS[ret_kind(ins.proto.ret)])
+
+    def _array(self, ins: Load | Store) -> Any:
+        """The ctypes array a load at ``base + index * itemsize`` reads through (a constant host table, a bounded
+        index: ``NativeCalls.array``), or None."""
+        index = self._defs.get(ins.addr)
+        if type(index) is not Index or index.base not in self._fixed or index.index in self._fixed:
+            return None
+        return NativeCalls.array(self._fixed[index.base], ins.dtype, self.bounds.get(index.index), index.itemsize)
 
     def _fold(self) -> dict[int, Any]:
         """Registers known before the run: the constants, selectors and objects, and the results of pure
@@ -276,6 +391,10 @@ class Interpreter(Executor):
                     ins[2].value = regs[ins[3]]
                 elif k == _SIZE:
                     regs[ins[1]] = ins[3](*[regs[a] for a in ins[2]])
+                elif k == _ARRAY:
+                    regs[ins[1]] = ins[2](regs[ins[3]])
+                elif k == _ARRAYSET:
+                    ins[2](regs[ins[3]], regs[ins[4]])
                 elif k == _MSG:
                     v = msg_send(ins[2], tuple([regs[a] for a in ins[3]]))
                     if ins[1] >= 0:

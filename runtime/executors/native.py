@@ -22,7 +22,7 @@ from typing import Any
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.ir.ops import GroupOp
 from mtlir.metal import Prototype
-from mtlir.program.instructions import Alu, Bitcast, Call, Cast, Gep, Index, Load, Struct
+from mtlir.program.instructions import Alu, Bitcast, Call, Cast, Gep, Index, Load, Range, Struct
 from mtlir.program.program import Program
 from mtlir.runtime.metal.bridge import MetalBridge
 from mtlir.runtime.metal.marshal import Unfit, checker, ret_kind
@@ -38,6 +38,11 @@ _CELLS: dict[DType, Any] = {dtypes.uint64: ctypes.c_uint64, dtypes.int64: ctypes
                             dtypes.uint32: ctypes.c_uint32, dtypes.int32: ctypes.c_int32,
                             dtypes.uint16: ctypes.c_uint16, dtypes.int16: ctypes.c_int16,
                             dtypes.uint8: ctypes.c_uint8, dtypes.int8: ctypes.c_int8}
+
+
+def _cell_type(dt: DType) -> Any:
+    """The ctypes integer type of an integer-like ``dt`` in host memory (an id or a pointer: a uint64), or None."""
+    return _CELLS.get(dt, ctypes.c_uint64 if dt.kind in ("ptr", "id", "sel") and dt.itemsize == 8 else None)
 
 
 def _word(dt: DType) -> bool:
@@ -85,6 +90,8 @@ def value_bounds(program: Program, values: Mapping[int, Any]) -> tuple[dict[int,
         match ins:
             case Alu(op=op, dtype=dt) if op not in GroupOp.Comparison and _word(dt):
                 bounds[dst] = _range(dt)
+            case Cast(dtype=dt, src=src) if _word(dt) and src in bounds and fits(bounds[src], dt):
+                bounds[dst] = bounds[src]  # an integer conversion that keeps every value
             case Cast(dtype=dt) | Bitcast(dtype=dt) | Load(dtype=dt) if _word(dt):
                 bounds[dst] = _range(dt)
             case Call(proto=proto):
@@ -95,6 +102,8 @@ def value_bounds(program: Program, values: Mapping[int, Any]) -> tuple[dict[int,
                 fields[dst] = tuple(bounds.get(s) for s in srcs)
             case Gep(field=f, src=src) if src in fields and 0 <= f < len(fields[src]) and fields[src][f]:
                 bounds[dst] = fields[src][f]
+            case Range(bound=b) if b in bounds:  # the counter, read inside its loop only: 0 .. bound - 1
+                bounds[dst] = (0, max(bounds[b][1] - 1, 0))
             case Index(itemsize=size, base=base, index=index) if base in bounds and index in bounds and size >= 0:
                 (b0, b1), (i0, i1) = bounds[base], bounds[index]
                 bounds[dst] = (b0 + i0 * size, b1 + i1 * size)
@@ -133,10 +142,21 @@ class NativeCalls:
             return False, None
 
     @staticmethod
+    def array(base: Any, dt: DType, index: Bounds | None, itemsize: int) -> Any:
+        """A ctypes array of ``dt`` at the host address ``base`` that an index within ``index`` (bounds) reads
+        as ``base + index * itemsize`` would (a host table a loop reads), or None (not an integer-like dtype of
+        that size, a negative or unbounded index, more than 2**24 entries)."""
+        ct = _cell_type(dt)
+        if (ct is None or index is None or index[0] < 0 or index[1] >= 1 << 24 or ctypes.sizeof(ct) != itemsize
+                or type(base) is not int or not 0 < base < (1 << 64)):
+            return None
+        return (ct * (index[1] + 1)).from_address(base)
+
+    @staticmethod
     def cell(addr: Any, dt: DType) -> Any:
         """A ctypes integer object at the host address ``addr`` for a store or load of the integer-like ``dt``
         (an id or a pointer as a uint64), or None (a float, a struct, a bad address: ``store``/``load`` do it)."""
-        ct = _CELLS.get(dt, ctypes.c_uint64 if dt.kind in ("ptr", "id", "sel") and dt.itemsize == 8 else None)
+        ct = _cell_type(dt)
         if ct is None or type(addr) is not int or not 0 < addr < (1 << 64):
             return None
         return ct.from_address(addr)

@@ -52,7 +52,7 @@ _EXPR = {
 
 _MISSING = object()
 _POINTERS = ("ptr", "id", "sel")  # argument kinds ctypes passes as c_void_p (None is NULL)
-_RESERVED = re.compile(r"[rPDWFCKVSNM]\d+|msg_send|c_call|load|store|idiv|cmod|max|min|range|bool|type|int|replay|make"
+_RESERVED = re.compile(r"[rPDWFCKVSNMA]\d+|msg_send|c_call|load|store|idiv|cmod|max|min|range|bool|type|int|replay|make"
                        r"|_program|_slow|_note|_extra|_M|e")  # names of the generated code
 
 
@@ -89,6 +89,11 @@ class CompiledReplay(Executor):
         self.native = NativeCalls.of(bridge)
         self.bounds, self.fields = (value_bounds(program, {r: self.registers[r] for r in self.static})
                                     if self.native is not None else ({}, {}))
+        self.defs = {ins.dst: ins for ins in program.instrs if ins.dst >= 0 and self.writes.get(ins.dst) == 1}
+        self.readers: dict[int, list[Instr]] = {}
+        for ins in program.instrs:
+            for r in set(ins.reads()):
+                self.readers.setdefault(r, []).append(ins)
         self.raw = self._raw_results()
         self.sizes = (size_structs(program, self.native, {r: self.registers[r] for r in self.static}, self.bounds,
                                    self.fields) if self.native is not None else set())
@@ -250,8 +255,13 @@ class CompiledReplay(Executor):
                             else f"{lhs}c_call({fn!r}, {p}, {tup})")
                 case Store(dtype=dtype, addr=addr, value=value):
                     line = f"store({self._ref(addr)}, {self._const('D', dtype)}, {self._ref(value)})"
+                case Load(dtype=dtype, addr=addr) if self._array_load(dtype, addr) is not None:
+                    line = f"{lhs}{self._array_load(dtype, addr)}"
                 case Load(dtype=dtype, addr=addr):
                     line = f"{lhs}load({self._ref(addr)}, {self._const('D', dtype)})"
+                case Index() if dst in self.readers and dst not in self.results and all(
+                        type(r) is Load and self._array_load(r.dtype, dst) is not None for r in self.readers[dst]):
+                    continue  # read only through ctypes arrays (_array_load): nothing to compute
                 case Index(itemsize=itemsize, base=base, index=index):
                     scale = "" if itemsize == 1 else f" * {itemsize}"
                     line = f"{lhs}{self._ref(base)} + {self._ref(index)}{scale}"
@@ -317,6 +327,19 @@ class CompiledReplay(Executor):
                 return None
         call = f"{self._const('N', fn, key=('fn', id(fn)))}({', '.join(refs)})"
         return RETURNS[ret_kind(proto.ret)].format(call) if result and dst not in self.raw else call
+
+    def _array_load(self, dtype: DType, addr: int) -> str | None:
+        """On a native MetalBridge, a load at ``base + index * itemsize`` (an INDEX of a constant host address by
+        a bounded index, e.g. a loop counter reading a host table) as the index of a ctypes array; None
+        otherwise (``load`` reads it)."""
+        ins = self.defs.get(addr)
+        if self.native is None or type(ins) is not Index or not self._fixed(ins.base) or self._fixed(ins.index):
+            return None
+        arr = NativeCalls.array(self._fixed_value(ins.base), dtype, self.bounds.get(ins.index), ins.itemsize)
+        if arr is None:
+            return None
+        key = ("array", self._fixed_value(ins.base), dtype, len(arr))
+        return f"{self._const('A', arr, key=key)}[{self._ref(ins.index)}]"
 
     def _raw_results(self) -> set[int]:
         """Pointer results of messages on a native MetalBridge that may stay as ctypes returns them (None for
