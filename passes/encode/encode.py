@@ -73,6 +73,7 @@ class _Builder:
     fence: UOp = field(default_factory=lambda: placeholder("fence", "fence"))
     cbslots: UOp | None = None
     direct_memo: dict[tuple[tuple[str, int, int], bool], tuple[str, tuple[UOp, ...]]] = field(default_factory=dict)
+    layouts: dict[int, object] = field(default_factory=dict)  # id(KernelLayout) -> its part of direct_shape
 
     def warmup(self, enc: MessageBatch, first: int, count: int) -> None:
         """setComputePipelineState: + a zero-size dispatch per distinct pipeline of the commands, first use first."""
@@ -168,13 +169,17 @@ class _Builder:
         return enc
 
     def direct_shape(self, i: int) -> object:
-        """What the direct-path messages of command ``i`` share with the other iterations of a profiled loop: the
+        """What the direct-path messages of command ``i`` share with the other iterations of a loop: the
         parameter indices, each variable's size, and a grid or threadgroup that depends on variables itself (a
         constant one is read from a table)."""
         c = self.e.cmds[i]
         k = c.kernel
-        return (tuple(index for index, _ in k.buffers), tuple((index, dt.itemsize) for index, dt in k.vars),
-                c.grid.node if c.grid.symbolic else None, c.threadgroup.node if c.threadgroup.symbolic else None)
+        layout = self.layouts.get(id(k))  # a KernelLayout lives as long as the reader: its id is its own
+        if layout is None:
+            layout = self.layouts[id(k)] = (tuple(index for index, _ in k.buffers),
+                                            tuple((index, dt.itemsize) for index, dt in k.vars))
+        g, t = c.grid, c.threadgroup
+        return (layout, g.node if g.symbolic else None, t.node if t.symbolic else None)
 
     def direct_loop(self, enc: MessageBatch, first: int, count: int, counter: UOp) -> None:
         """The direct path's messages of iteration ``counter`` of a loop over commands ``first .. first+count-1``

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 from mtlir.ir.ops import Ops
 from mtlir.ir.uop import UOp
 from mtlir.passes.encode.commands import Blit, Command, EncodeError, QueueRange
-from mtlir.program.payloads import Stamp
+from mtlir.program.payloads import Stamp, StampList
 
 if TYPE_CHECKING:
     from mtlir.passes.encode.submit import SubmitReader
@@ -145,7 +145,7 @@ def fold_signal_runs(spans: list[CommandBufferSpan], shape: Callable[[int, int],
     return out
 
 
-def stamps(reader: SubmitReader, spans: list[CommandBufferSpan]) -> tuple[Stamp, ...]:
+def stamps(reader: SubmitReader, spans: list[CommandBufferSpan]) -> StampList:
     """Which command buffer's GPU time each timestamp slot gets (``Queue.timestamp``): right after an EXEC its
     end, else the start of the next command, else the end of the last one."""
     n = len(reader.cmds)
@@ -163,4 +163,4 @@ def stamps(reader: SubmitReader, spans: list[CommandBufferSpan]) -> tuple[Stamp,
             out.append(Stamp(stamp_slot, cb_of[pos], "GPUStartTime"))
         else:
             raise EncodeError(f"timestamp slot {stamp_slot}: the submit has no command to time")
-    return tuple(out)
+    return StampList(out)
