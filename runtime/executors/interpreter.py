@@ -167,8 +167,11 @@ class Interpreter(Executor):
         body_ops = [(self._op(self.code[i]), i) for i in body if self.code[i][0] != _KNOWN]
         empty = operator.itemgetter(slice(0, 0))
         ops: list[tuple[tuple[Any, Any, int], int]] = []
+        pcs = {id(ins): q for q, ins in enumerate(self.program.instrs)}
+        needed = any(self.code[pcs[id(r)]][0] != _KNOWN for r in self._readers.get(counter, ()) if type(r) is not End)
         for i in range(max(bound, 0)):
-            ops.append(((itertools.repeat(i).__next__, empty, counter), pc))
+            if needed:  # an op of the body reads the counter (not only the INDEX of a table entry read directly)
+                ops.append(((itertools.repeat(i).__next__, empty, counter), pc))
             for op, at in body_ops:  # a table entry the counter indexes: that iteration's entry, read directly
                 c = self.code[at]
                 ops.append(((functools.partial(c[2], i), empty, c[1]), at) if c[0] == _ARRAY and c[3] == counter

@@ -51,6 +51,7 @@ _EXPR = {
 
 
 _MISSING = object()
+_UNROLL = 512  # the most instructions a loop of constant bound becomes when unrolled (native MetalBridge)
 _POINTERS = ("ptr", "id", "sel")  # argument kinds ctypes passes as c_void_p (None is NULL)
 _RESERVED = re.compile(r"[rPDWFCKVSNMA]\d+|msg_send|c_call|load|store|idiv|cmod|max|min|range|bool|type|int|replay|make"
                        r"|_program|_slow|_note|_extra|_M|e")  # names of the generated code
@@ -221,12 +222,17 @@ class CompiledReplay(Executor):
             out = [f"def replay({', '.join(f'r{r}' for r, _, _ in program.variables.values())}):"]
             depth = 1
         empty_body = False
-        for pc, ins in enumerate(program.instrs):
+        for pc, ins, counter in self._expanded():
             dst = ins.dst
             pad = "    " * depth
             lhs = f"r{dst} = " if dst >= 0 else ""
+            if counter is not None:  # an unrolled loop's iteration: its counter is a constant from here
+                self.known[dst] = counter
+                self.ints.add(dst)
+                continue
             if self._fold(ins):
                 continue
+            self.known.pop(dst, None)  # an unrolled copy may have folded it with another counter
             if dst >= 0 and self.writes.get(dst, 0) == 1 and self._produces_int(ins):
                 self.ints.add(dst)
             match ins:
@@ -255,6 +261,8 @@ class CompiledReplay(Executor):
                             else f"{lhs}c_call({fn!r}, {p}, {tup})")
                 case Store(dtype=dtype, addr=addr, value=value):
                     line = f"store({self._ref(addr)}, {self._const('D', dtype)}, {self._ref(value)})"
+                case Load(dtype=dtype, addr=addr) if self._cell_load(dtype, addr) is not None:
+                    line = f"{lhs}{self._cell_load(dtype, addr)}.value"
                 case Load(dtype=dtype, addr=addr) if self._array_load(dtype, addr) is not None:
                     line = f"{lhs}{self._array_load(dtype, addr)}"
                 case Load(dtype=dtype, addr=addr):
@@ -327,6 +335,33 @@ class CompiledReplay(Executor):
                 return None
         call = f"{self._const('N', fn, key=('fn', id(fn)))}({', '.join(refs)})"
         return RETURNS[ret_kind(proto.ret)].format(call) if result and dst not in self.raw else call
+
+    def _expanded(self) -> list[tuple[int, Instr, int | None]]:
+        """The instructions to generate, ``(pc, instruction, None)``, with each loop of a constant bound on a
+        native MetalBridge unrolled (at most ``_UNROLL`` instructions, no loop inside): per iteration
+        ``(range pc, RANGE, i)`` (the counter is the constant i from there), then the body; no END."""
+        instrs, pc = self.program.instrs, 0
+        out: list[tuple[int, Instr, int | None]] = []
+        while pc < len(instrs):
+            ins = instrs[pc]
+            if self.native is not None and type(ins) is Range and type(self._fixed_value(ins.bound)) is int:
+                bound, body = self._fixed_value(ins.bound), range(pc + 1, ins.end_pc)
+                if bound * len(body) <= _UNROLL and not any(type(instrs[q]) is Range for q in body):
+                    for i in range(max(bound, 0)):
+                        out.append((pc, ins, i))
+                        out += [(q, instrs[q], None) for q in body]
+                    pc = ins.end_pc + 1
+                    continue
+            out.append((pc, ins, None))
+            pc += 1
+        return out
+
+    def _cell_load(self, dtype: DType, addr: int) -> str | None:
+        """A load at a constant host address on a native MetalBridge as a ctypes cell (its name), else None."""
+        if self.native is None or not self._fixed(addr):
+            return None
+        cell = NativeCalls.cell(self._fixed_value(addr), dtype)
+        return None if cell is None else self._const("M", cell, key=("cell", self._fixed_value(addr), dtype))
 
     def _array_load(self, dtype: DType, addr: int) -> str | None:
         """On a native MetalBridge, a load at ``base + index * itemsize`` (an INDEX of a constant host address by

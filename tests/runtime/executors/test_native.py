@@ -193,5 +193,5 @@ def test_loops_over_host_tables(standin: Any, icb: bool, stamps: bool) -> None:
     assert "load(" not in direct.source.split("try:", 1)[1]  # every table read is an array read
     interp = Interpreter(program, native, regs)
     ranges = [pc for pc, ins in enumerate(program.instrs) if type(ins).__name__ == "Range"]
-    blocks = [c for c in interp.code if c[0] == 13]  # _BLOCK
-    assert ranges and all(any(pc in b[4] for b in blocks) for pc in ranges)  # each loop unrolled into a block
+    blocks = [(start, c[3]) for start, c in enumerate(interp.code) if c[0] == 13]  # _BLOCK: (first pc, next pc)
+    assert ranges and all(any(a <= pc < b for a, b in blocks) for pc in ranges)  # each loop unrolled into a block
