@@ -74,6 +74,15 @@ class _Builder:
     cbslots: UOp | None = None
     direct_memo: dict[tuple[tuple[str, int, int], bool], tuple[str, tuple[UOp, ...]]] = field(default_factory=dict)
     layouts: dict[int, object] = field(default_factory=dict)  # id(KernelLayout) -> its part of direct_shape
+    pipes_memo: dict[tuple[int, int], list[UOp]] = field(default_factory=dict)  # (first, count) -> pipelines()
+
+    def pipelines(self, first: int, count: int) -> list[UOp]:
+        """The distinct pipelines of commands ``first .. first+count-1`` in first-use order (kept: a loop's
+        folding and its warm-up ask for the same spans)."""
+        got = self.pipes_memo.get((first, count))
+        if got is None:
+            got = self.pipes_memo[(first, count)] = _pipelines(self.e.cmds[first:first + count])
+        return got
 
     def warmup(self, enc: MessageBatch, first: int, count: int) -> None:
         """setComputePipelineState: + a zero-size dispatch per distinct pipeline of the commands, first use first."""
@@ -95,7 +104,7 @@ class _Builder:
         iteration has the same."""
         zero = UOp.struct(dtypes.MTLSize, 0, 0, 0)
         cmds, w = self.e.cmds, span.width
-        per = [_pipelines(cmds[j:j + w]) for j in range(span.first, span.first + span.ncmds, w)]
+        per = [self.pipelines(j, w) for j in range(span.first, span.first + span.ncmds, w)]
         for k in range(len(per[0])):
             pipes = [p[k] for p in per]
             if len(set(pipes)) == 1:
@@ -373,7 +382,7 @@ class _Builder:
         warm, listed = e.device.needs_warmup, not e.device.residency_set
 
         def shape(first: int, count: int) -> object:
-            return (len(_pipelines(e.cmds[first:first + count])) if warm else 0,
+            return (len(self.pipelines(first, count)) if warm else 0,
                     bool(self.ph.resource_names(first, count) or e.slot_values) if listed else True)
         return fold_signal_runs(spans, shape, e.max_range)
 

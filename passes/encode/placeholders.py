@@ -45,6 +45,7 @@ class SubmitPlaceholders:
     #                                                                   count) for useResources, when it binds any
     input_patches: list[UOp] = field(default_factory=list)             # STOREs of the handles into those arrays
     loop_offsets: dict[int, UOp] = field(default_factory=dict)        # span.first -> table of input offsets
+    names_memo: dict[tuple[int, int], tuple[str, ...]] = field(default_factory=dict)  # resource_names, no varbuf
 
     def slot_ptr(self, slot: int) -> UOp:
         """The host address of variables-buffer slot ``slot`` (uint8*)."""
@@ -157,11 +158,14 @@ class SubmitPlaceholders:
         """The buffers commands ``first .. first+count-1`` bind, each once in first-use order (a view counts as
         its buffer; buffer variables are listed apart), then the variables buffer when the submit has one."""
         e = self.e
-        if first == 0 and count == len(e.cmds):
-            names: tuple[str, ...] = tuple(e.buffers)
-        else:
-            names = tuple(dict.fromkeys(t[0] for c in e.cmds[first:first + count] for t in c.icb_binds
-                                        if t[0] and t[0] != "varbuf"))
+        names = self.names_memo.get((first, count))  # a loop's folding and its encoder ask for the same spans
+        if names is None:
+            if first == 0 and count == len(e.cmds):
+                names = tuple(e.buffers)
+            else:
+                names = tuple(dict.fromkeys([t[0] for c in e.cmds[first:first + count] for t in c.icb_binds
+                                             if t[0] and t[0] != "varbuf"]))
+            self.names_memo[(first, count)] = names
         return names + (("varbuf",) if self.varbuf is not None else ())
 
     def resources(self, span: CommandBufferSpan, counter: UOp | None) -> tuple[UOp, UOp]:

@@ -80,6 +80,7 @@ class SubmitReader:
         after_exec = False
         kernels, grids, tgs, memos, check = self.kernels, self.grids, self.tgs, self.memos, self.check_bind
         exec_op = Ops.EXEC
+        events: set[UOp] = set()  # event placeholders checked (check_event_op)
         for op in submit.src:
             if op.op is exec_op:
                 after_exec = True
@@ -98,15 +99,12 @@ class SubmitReader:
                 cmds.append(self.read_exec(op, len(cmds)))
                 continue
             if op.op in (Ops.WAIT, Ops.SIGNAL):
-                what = "wait" if op.op is Ops.WAIT else "signal"
-                where = f"{what} after command {len(cmds) - first}{label}"
-                if len(op.src) != 2 or not op.src[1].dtype.is_int:
-                    raise EncodeError(f"{where}: sources are (event, integer value)")
-                ev = op.src[0]
-                if ev.op is not Ops.OBJECT or not isinstance(ev.arg, Obj) or ev.arg.kind != "event" \
-                        or not (ev.arg.name == "event" or ev.arg.name.startswith("event:")):
-                    raise EncodeError(f"{where}: the event must be an event placeholder ('event' or 'event:<name>': "
-                                      "a queue's timeline or a shared_event)")
+                ev = op.src[0] if len(op.src) == 2 else None
+                if ev is None or not op.src[1].dtype.is_int or ev not in events:
+                    self.check_event_op(op, f"{'wait' if op.op is Ops.WAIT else 'signal'} after command "
+                                            f"{len(cmds) - first}{label}")
+                    events.add(op.src[0])
+                    ev = op.src[0]
                 if ev.arg.name == own:
                     self.timeline = ev
                 value = simplify(op.src[1].cast(dtypes.uint64))
@@ -136,6 +134,17 @@ class SubmitReader:
         if any(g * t > MAX_THREADS for g, t in zip(self.grid_hi, self.tg_hi)):
             self.check_threads()
 
+
+    @staticmethod
+    def check_event_op(op: UOp, where: str) -> None:
+        """A WAIT or SIGNAL's layout: ``(event placeholder, integer value)``; raises ``EncodeError`` at ``where``."""
+        if len(op.src) != 2 or not op.src[1].dtype.is_int:
+            raise EncodeError(f"{where}: sources are (event, integer value)")
+        ev = op.src[0]
+        if ev.op is not Ops.OBJECT or not isinstance(ev.arg, Obj) or ev.arg.kind != "event" \
+                or not (ev.arg.name == "event" or ev.arg.name.startswith("event:")):
+            raise EncodeError(f"{where}: the event must be an event placeholder ('event' or 'event:<name>': "
+                              "a queue's timeline or a shared_event)")
 
     def read_blit(self, op: UOp, where: str) -> Blit:
         """A COPY or FILL as its blit message: the buffers' placeholders (or buffer variables), offsets and sizes
