@@ -8,8 +8,8 @@ the same figures as JSON, ``benchmarks/compiler.py``.)
 Part 1 builds and lowers queues of 1k, 10k and 100k commands (8 kernels, 16 buffers, a distinct view per command, a
 run-time variable as a kernel argument: no two EXECs alike) through the default pipeline for Apple7 without a
 residency set (the longest message chain), on each path: ``icb``, ``direct`` (a device without ICB support),
-``icb+ts`` and ``direct+ts`` (a timestamp after every command: one command buffer per command, a loop on the ICB
-path, unrolled on the direct path), ``icb+sig`` (a signal after every second command: a command buffer per two
+``icb+ts`` and ``direct+ts`` (a timestamp after every command: one command buffer per command, a loop over
+them on both paths), ``icb+sig`` (a signal after every second command: a command buffer per two
 commands; encode makes loops over tables of both, docs/lowering.md). Each figure is the
 median over ``--rounds`` interleaved rounds of CPU time (``benchmarks.timing.interleaved``) of building the queue
 graph (``Queue.exec`` ..., under ``gc_paused`` as docs/lowering.md advises) and lowering it, in µs per command;
