@@ -368,7 +368,9 @@ class Session:
         deadline = time.monotonic() + timeout
         delay = 0.0
         done: list[Submission] = []
-        block = getattr(self.bridge, "wait_command_buffers", None)  # a SimDevice: block on its condition
+        block = getattr(self.bridge, "wait_command_buffers", None)  # a SimDevice: block until they end
+        if block is not None and pending and value is None:  # everything is awaited: block before the first reads
+            block([cb for cb in pending[0].cbs if cb], timeout)
         while True:
             current = self._timeline_now()
             running: list[int] = []  # the head submit's command buffers that have not ended
