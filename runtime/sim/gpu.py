@@ -199,6 +199,7 @@ class GPU:
         # reuses its launch (its own OpenCL kernel object from the second run on); ``forget`` drops those of a
         # buffer or pipeline deallocated, so a cached launch never keeps a released buffer's memory alive
         self.direct_launches: dict[tuple[Any, ...], Launch | None] = {}
+        self._direct_by_object: dict[Buffer | Pipeline, set[tuple[Any, ...]]] = {}  # the keys naming each object
 
     @property
     def running(self) -> tuple[str, str, int] | None:
@@ -434,9 +435,12 @@ class GPU:
 
     def forget(self, obj: Buffer | Pipeline) -> None:
         """Drop the direct dispatches' launches that name ``obj`` (called when it is deallocated)."""
-        if self.direct_launches:
-            for key in [k for k in self.direct_launches if obj in k[3]]:
-                del self.direct_launches[key]
+        by_object = self._direct_by_object
+        for key in by_object.pop(obj, ()):
+            self.direct_launches.pop(key, None)
+            for other in key[3]:  # the key leaves the other objects' sets too (they stay small)
+                if other is not obj and other in by_object:
+                    by_object[other].discard(key)
 
     def _sizes_ok(self, p: Pipeline, grid: tuple[int, int, int], threadgroup: tuple[int, int, int],
                   what: str) -> bool:
@@ -602,6 +606,10 @@ class GPU:
             elif direct is not None:
                 if len(self.direct_launches) >= _DIRECT_LAUNCHES:
                     self.direct_launches.clear()
+                    self._direct_by_object.clear()
+                if direct not in self.direct_launches:
+                    for obj in direct[3]:
+                        self._direct_by_object.setdefault(obj, set()).add(direct)
                 self.direct_launches[direct] = launch
         if launch is not None and launch is not _NOTHING:
             self._batch.append((launch, p, what))

@@ -104,6 +104,8 @@ def test_a_released_buffer_drops_the_launches_that_name_it(scene: Scene) -> None
     assert any(len(k[3]) == 2 and k[3][1] is s.dev.object(out) for k in gpu.direct_launches)
     s.send(out, "release")
     assert gpu.direct_launches == {}  # nothing keeps the released buffer's memory alive
+    pipeline = s.dev.object(s.pipelines["add1"])
+    assert not gpu._direct_by_object.get(pipeline)  # nor the pipeline's index of its launches
 
 
 def test_set_bytes_into_a_constant_parameter_is_kept_by_its_content(scene: Scene,
