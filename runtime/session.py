@@ -3,8 +3,9 @@
 A submit runs the Program with this run's values (the timeline value, symbolic sizes, variables) inside an
 autorelease pool (``objc_autoreleasePoolPush``/``Pop``), then reads the command buffers it committed from the
 ``cbslots`` table (the Program retains each one it stores there: ``commandBuffer`` returns +0) and keeps them in
-an in-flight record: O(1) work and memory per submit, whatever the history. ``wait(value)`` polls the timeline
-(``signaledValue`` on the shared event) and the ``status`` of those command buffers, and returns only once the
+an in-flight record: O(1) work and memory per submit, whatever the history. ``wait(value)`` reads the timeline
+(``signaledValue`` on the shared event) and the ``status`` of those command buffers (between reads it blocks until
+they end on a bridge that offers ``wait_command_buffers``, a SimDevice; elsewhere it sleeps), and returns only once the
 timeline has reached ``value`` and the command buffers of every submit up to the one that signals it are complete:
 status Error raises ``GPUExecutionError`` with Metal's error code, its name and the NSError's description (Metal
 skips a failed command buffer's event signals, METAL.md §3 rule 6, so waiting for the value alone would hang); past
