@@ -633,9 +633,9 @@ class GPU:
     def _flush(self, write_back: bool = False) -> None:
         """Run the batched dispatches: enqueued at once, one wait (``KernelRunner.run_batch``), the device lock
         released meanwhile; ``write_back`` at the end of an ICB range or an encoder (where a sync usually follows:
-        the copies back of what kernels wrote ride on the batch's wait). A kernel access outside its buffers raises ``GPUFault`` PageFault naming its dispatch
-        (strict mode also defers a ``MetalValidationError``); a runner error (a timeout, OpenCL refusing) raises
-        ``GPUFault`` Internal."""
+        the copies back of what kernels wrote ride on the batch's wait). A kernel access outside its buffers raises
+        ``GPUFault`` PageFault naming its dispatch (strict mode also defers a ``MetalValidationError``); a runner
+        error (a timeout, OpenCL refusing) raises ``GPUFault`` Internal."""
         batch, self._batch = self._batch, []
         if not batch:
             return
