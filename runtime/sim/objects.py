@@ -407,7 +407,7 @@ class ICBSlots(dict[int, ICBSlot]):
 
 class ICB(SimObject):
     """An MTLIndirectCommandBuffer: ``max_count`` commands (``slots``), ``max_bind`` (maxKernelBufferBindCount),
-    ``version`` (bumped by every CPU write to a command: the checks cache per version), ``readers`` (in-flight
+    ``version`` (bumped by every CPU write that changes a command: the checks cache per version), ``readers`` (in-flight
     command buffers -> the ranges they execute: rule 15)."""
 
     objc_class = "MTLIndirectCommandBuffer"

@@ -91,15 +91,21 @@ def _command_at(dev: SimDevice, icb: ICB, index: int) -> ICBCommand:
 
 # ---------------------------------------------------------------------------- the compute command
 def _slot(dev: SimDevice, cmd: ICBCommand, call: Call) -> ICBSlot | None:
-    """The slot a setter writes (None: out of range, lost), after the rule-15 check of strict mode."""
+    """The slot a setter writes (None: out of range, lost), after the rule-15 check of strict mode. A setter that
+    changes the slot bumps the ICB's version (``_changed``); one that writes what is there already leaves it, so
+    what is cached per version (the range analysis, the kept launches) stays valid: a Session patches its
+    commands with the values they had at every submit."""
     if not cmd.icb.alive:
         raise BridgeError(f"{call}: the ICB of this command was deallocated ({cmd.icb.describe()})")
     if dev.strict:
         check_icb_write(dev, cmd, call)
     if cmd.index is None:
         return None
-    cmd.icb.version += 1
     return cmd.icb.slots[cmd.index]
+
+
+def _changed(cmd: ICBCommand) -> None:
+    cmd.icb.version += 1
 
 
 def _check_sizes(dev: SimDevice, grid: tuple[int, int, int] | None, tg: tuple[int, int, int], p: Pipeline | None,
@@ -122,7 +128,9 @@ def _cmd_pipeline(dev: SimDevice, cmd: ICBCommand, p: Pipeline) -> None:
     slot = _slot(dev, cmd, call)
     if slot is not None:
         _check_sizes(dev, slot.grid, slot.threadgroup, p, call)
-        slot.pipeline = p
+        if slot.pipeline is not p:
+            slot.pipeline = p
+            _changed(cmd)
 
 
 @METHODS.method(ICBCommand, "setKernelBuffer:offset:atIndex:", (Buffer, NIL))
@@ -143,10 +151,14 @@ def _cmd_buffer(dev: SimDevice, cmd: ICBCommand, buf: Buffer | None, offset: int
     slot = _slot(dev, cmd, call)
     if slot is None:
         return
+    old = slot.bindings.get(index)
     if buf is None:
-        slot.bindings.pop(index, None)
-    else:
+        if old is not None:
+            del slot.bindings[index]
+            _changed(cmd)
+    elif old is None or old[0] is not buf or old[1] != offset:
         slot.bindings[index] = (buf, offset)
+        _changed(cmd)
 
 
 @METHODS.method(ICBCommand, "concurrentDispatchThreadgroups:threadsPerThreadgroup:")
@@ -155,11 +167,14 @@ def _cmd_dispatch(dev: SimDevice, cmd: ICBCommand, grid: tuple[int, int, int], t
     slot = _slot(dev, cmd, call)
     if slot is not None:
         _check_sizes(dev, grid, tg, slot.pipeline, call)
-        slot.grid, slot.threadgroup = grid, tg
+        if slot.grid != grid or slot.threadgroup != tg:
+            slot.grid, slot.threadgroup = grid, tg
+            _changed(cmd)
 
 
 @METHODS.method(ICBCommand, "setBarrier")
 def _cmd_barrier(dev: SimDevice, cmd: ICBCommand) -> None:
     slot = _slot(dev, cmd, Call("setBarrier", cmd))
-    if slot is not None:
+    if slot is not None and not slot.barrier:
         slot.barrier = True
+        _changed(cmd)
