@@ -79,7 +79,7 @@ class SubmitReader:
         label = "" if qname is None else f" of queue {qname!r}"
         after_exec = False
         kernels, grids, tgs, memos, check = self.kernels, self.grids, self.tgs, self.memos, self.check_bind
-        exec_op = Ops.EXEC
+        exec_op, stamp_op = Ops.EXEC, Ops.TIMESTAMP
         events: set[UOp] = set()  # event placeholders checked (check_event_op)
         for op in submit.src:
             if op.op is exec_op:
@@ -98,7 +98,12 @@ class SubmitReader:
                         continue
                 cmds.append(self.read_exec(op, len(cmds)))
                 continue
-            if op.op in (Ops.WAIT, Ops.SIGNAL):
+            if op.op is stamp_op:  # before the other queue ops: a profiled submit has one per command
+                if type(op.arg) is not int or op.arg < 0:
+                    raise EncodeError(f"timestamp after command {len(cmds)}: the slot must be an int >= 0, "
+                                      f"got {op.arg!r}")
+                self.stamps_at.append((len(cmds), op.arg, after_exec))
+            elif op.op in (Ops.WAIT, Ops.SIGNAL):
                 ev = op.src[0] if len(op.src) == 2 else None
                 if ev is None or not op.src[1].dtype.is_int or ev not in events:
                     self.check_event_op(op, f"{'wait' if op.op is Ops.WAIT else 'signal'} after command "
@@ -119,11 +124,6 @@ class SubmitReader:
                 what = "copy" if op.op is Ops.COPY else "fill"
                 self.blits[op] = self.read_blit(op, f"{what} after command {len(cmds) - first}{label}")
                 self.marks.append((len(cmds), "blit", op, op))
-            elif op.op is Ops.TIMESTAMP:
-                if type(op.arg) is not int or op.arg < 0:
-                    raise EncodeError(f"timestamp after command {len(cmds)}: the slot must be an int >= 0, "
-                                      f"got {op.arg!r}")
-                self.stamps_at.append((len(cmds), op.arg, after_exec))
             else:
                 raise EncodeError(f"queue op after command {len(cmds)}: {op.op.name} is not a queue op (EXEC, WAIT, "
                                   "SIGNAL, TIMESTAMP, COPY, FILL)")
