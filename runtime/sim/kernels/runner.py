@@ -97,6 +97,7 @@ class KernelRunner:
         # for ``KEEP_SYNCS`` syncs is dropped (a launch that still names it makes a new one at its next run).
         self._buffers: dict[int, DeviceBuffer] = {}
         self._generation = 0  # syncs so far
+        self._dropped = 0  # device buffers dropped so far (while none was, no launch needs a rebind)
         self._blocks: dict[bytes, Any] = {}  # argument blocks by content: most dispatches repeat one
         self._mirrors: dict[DeviceBuffer, np.ndarray] = {}  # page-locked host copies results come back through
         self._waiter = EventWaiter()
@@ -159,6 +160,7 @@ class KernelRunner:
             for key in [k for k, e in self._buffers.items() if e.used < old]:
                 dropped = self._buffers.pop(key)
                 dropped.buf = None  # a launch holding it rebinds at its next run
+                self._dropped += 1
                 self._mirrors.pop(dropped, None)
 
     def _copy_back(self, e: DeviceBuffer) -> np.ndarray | None:
@@ -313,7 +315,7 @@ class KernelRunner:
         launch = launches[0]
         try:
             for k, launch in enumerate(launches):
-                if launch.uses and any(e.buf is None for e, _ in launch.uses):
+                if self._dropped and launch.uses and any(e.buf is None for e, _ in launch.uses):
                     self._rebind(launch)
                 for e, writable in launch.uses:
                     e.used = self._generation
