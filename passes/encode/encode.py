@@ -29,6 +29,11 @@ receiver (``enc.after(previous)``). docs/lowering.md walks through the choices b
 - A device without ICB support gets the direct path: per command ``setComputePipelineState:``,
   ``setBuffer:offset:atIndex:`` per buffer, ``setBytes:length:atIndex:`` per variable (a pointer into the variables
   buffer's host memory, patched per submit), ``dispatchThreadgroups:threadsPerThreadgroup:``.
+- Loops over tables (a submit without buffer variables): on the ICB path a run of ``MIN_LOOP`` or more like
+  command buffers closed by constant signals (``fold_signal_runs``), on the direct path a profiled submit's
+  one-command buffers and a run of ``MIN_LOOP`` or more commands in an encoder, all of one layout
+  (``direct_shape``), are one RANGE each, what differs per iteration read from ``table`` placeholders; a loop sends
+  exactly the messages of what it replaces (docs/lowering.md, "Loops over like command buffers").
 
 Reading and checking the queue is ``submit.py`` (its records ``commands.py``, the event checks ``events.py``),
 cutting it into command buffers ``spans.py``, the link-time placeholders and the per-submit patches
