@@ -81,12 +81,15 @@ class _Builder:
     layouts: dict[int, object] = field(default_factory=dict)  # id(KernelLayout) -> its part of direct_shape
     pipes_memo: dict[tuple[int, int], list[UOp]] = field(default_factory=dict)  # (first, count) -> pipelines()
 
-    def pipelines(self, first: int, count: int) -> list[UOp]:
-        """The distinct pipelines of commands ``first .. first+count-1`` in first-use order (kept: a loop's
-        folding and its warm-up ask for the same spans)."""
+    def pipelines(self, first: int, count: int, keep: bool = False) -> list[UOp]:
+        """The distinct pipelines of commands ``first .. first+count-1`` in first-use order; ``keep``: remembered
+        for the next call on the same span (a loop's folding asks before its warm-up does; a profiled loop asks
+        once per command, and keeping each would cost memory per command)."""
         got = self.pipes_memo.get((first, count))
         if got is None:
-            got = self.pipes_memo[(first, count)] = _pipelines(self.e.cmds[first:first + count])
+            got = _pipelines(self.e.cmds[first:first + count])
+            if keep:
+                self.pipes_memo[(first, count)] = got
         return got
 
     def warmup(self, enc: MessageBatch, first: int, count: int) -> None:
@@ -387,8 +390,8 @@ class _Builder:
         warm, listed = e.device.needs_warmup, not e.device.residency_set
 
         def shape(first: int, count: int) -> object:
-            return (len(self.pipelines(first, count)) if warm else 0,
-                    bool(self.ph.resource_names(first, count) or e.slot_values) if listed else True)
+            return (len(self.pipelines(first, count, keep=True)) if warm else 0,
+                    bool(self.ph.resource_names(first, count, keep=True) or e.slot_values) if listed else True)
         return fold_signal_runs(spans, shape, e.max_range)
 
 

@@ -154,9 +154,11 @@ class SubmitPlaceholders:
         top = max((p.index for k in e.kernels.values() for p in k.kernel.params), default=-1)
         return IcbSpec(CommandList(out), pipelines, buffers, top + 1)
 
-    def resource_names(self, first: int, count: int) -> tuple[str, ...]:
+    def resource_names(self, first: int, count: int, keep: bool = False) -> tuple[str, ...]:
         """The buffers commands ``first .. first+count-1`` bind, each once in first-use order (a view counts as
-        its buffer; buffer variables are listed apart), then the variables buffer when the submit has one."""
+        its buffer; buffer variables are listed apart), then the variables buffer when the submit has one.
+        ``keep``: remember them for the next call on the same span (a loop's folding asks before its encoder does;
+        a profiled loop asks once per command, and keeping each would cost ~150 bytes per command)."""
         e = self.e
         names = self.names_memo.get((first, count))  # a loop's folding and its encoder ask for the same spans
         if names is None:
@@ -165,7 +167,8 @@ class SubmitPlaceholders:
             else:
                 names = tuple(dict.fromkeys([t[0] for c in e.cmds[first:first + count] for t in c.icb_binds
                                              if t[0] and t[0] != "varbuf"]))
-            self.names_memo[(first, count)] = names
+            if keep:
+                self.names_memo[(first, count)] = names
         return names + (("varbuf",) if self.varbuf is not None else ())
 
     def resources(self, span: CommandBufferSpan, counter: UOp | None) -> tuple[UOp, UOp]:
