@@ -29,7 +29,11 @@ def register() -> None:
                            "the METAL device")
     sys.modules["tinygrad.runtime.ops_metal"] = device
     import tinygrad.runtime
+    from tinygrad.helpers import PARALLEL
     setattr(tinygrad.runtime, "ops_metal", device)
+    # tinygrad compiles in a pool of spawned processes, which would import tinygrad's own ops_metal (and wait
+    # forever for a Mac's Metal compiler): compile in this process
+    PARALLEL.value = 0
 
 
 register()
