@@ -68,6 +68,14 @@ def test_the_passes_never_import_the_runtime() -> None:
     assert not bad, bad
 
 
+def test_nothing_imports_the_tinygrad_client() -> None:
+    """mtlir.tinygrad (clients/tinygrad/) imports the core, the passes and the runtime; nothing of mtlir/, passes/ or
+    runtime/ imports it (it needs tinygrad, an optional extra)."""
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {name}" for top in TOPS for path in _modules(top)
+           for line, name in _imports(path) if name.startswith("mtlir.tinygrad")]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_runtime_never_imports_the_passes() -> None:
     """What the runtime needs from a lowering is part of the lowered Program; it never calls back into the passes."""
     bad = [f"{path.relative_to(ROOT)}:{line} imports {name}" for path in _modules("runtime")

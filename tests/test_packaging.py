@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src")
-    for name in ("mtlir", "passes", "runtime"):
+    for name in ("mtlir", "passes", "runtime", "clients"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
@@ -63,7 +63,7 @@ def test_wheel_imports_from_another_directory(wheel: Path, tmp_path: Path) -> No
 
 def _tree_packages() -> set[str]:
     """Every folder of mtlir/, passes/ and runtime/ that holds Python files, as the package name it installs as."""
-    names = {"mtlir": "mtlir", "passes": "mtlir.passes", "runtime": "mtlir.runtime"}
+    names = {"mtlir": "mtlir", "passes": "mtlir.passes", "runtime": "mtlir.runtime", "clients/tinygrad": "mtlir.tinygrad"}
     found = set()
     for top, name in names.items():
         for init in (ROOT / top).rglob("*.py"):
@@ -82,7 +82,8 @@ def test_every_folder_is_a_package_in_pyproject() -> None:
     assert listed == tree, f"missing from pyproject.toml: {sorted(tree - listed)}; not in the tree: {sorted(listed - tree)}"
     for package in tree:
         parts = package.split(".")[1:]
-        folder = ROOT.joinpath(*parts) if parts and parts[0] in ("passes", "runtime") else ROOT.joinpath("mtlir", *parts)
+        folder = (ROOT.joinpath(*parts) if parts and parts[0] in ("passes", "runtime") else
+                  ROOT.joinpath("clients", *parts) if parts and parts[0] == "tinygrad" else ROOT.joinpath("mtlir", *parts))
         assert (folder / "__init__.py").is_file(), f"{folder} has Python files but no __init__.py"
 
 

@@ -6,15 +6,14 @@ run on mtlir (the simulated Metal device by default), on any machine. The device
     from tinygrad import Tensor
     print((Tensor([1, 2, 3]) + 1).tolist())      # [2, 3, 4], through mtlir's lowering and the simulated Metal
 
-``configure(family=..., target=..., strict=...)`` before the first tensor; ``record(...)`` writes the kernels a
-function ran as an mtlir trace (``mtlir record``)."""
+``configure(family=..., target=..., strict=...)`` before the first tensor."""
 from __future__ import annotations
 
 import sys
 
 from mtlir.tinygrad.settings import SETTINGS, Settings, configure
 
-__all__ = ["register", "configure", "SETTINGS", "Settings", "record"]
+__all__ = ["register", "configure", "SETTINGS", "Settings"]
 
 
 def register() -> None:
@@ -37,5 +36,3 @@ def register() -> None:
 
 
 register()
-
-from mtlir.tinygrad.record import record  # noqa: E402  (record uses the registered device)

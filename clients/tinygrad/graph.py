@@ -26,7 +26,12 @@ _LOCAL = (1, 1024)
 
 
 class MtlirGraph(GraphRunner):
-    """One TinyJit batch as one mtlir Program (``GraphRunner``: tinygrad's interface for a device's graph)."""
+    """One TinyJit batch as one mtlir Program (``GraphRunner``: tinygrad's interface for a device's graph).
+    ``lowered`` / ``replays`` (class-wide): Programs lowered and submits made by every graph, for tests and
+    benchmarks."""
+
+    lowered = 0
+    replays = 0
 
     def __init__(self, linear: Any, input_uops: tuple[UOp, ...] = ()) -> None:
         super().__init__(linear, input_uops)
@@ -93,6 +98,7 @@ class MtlirGraph(GraphRunner):
             batch = self.batch(inputs)
             program = batch.lower(self.dev.spec, self.dev.target)
             s = self.sessions[key] = self.dev.ctx.session(program, shared_extra=batch.shared_buffers())
+            MtlirGraph.lowered += 1
         return s, inputs
 
     def __call__(self, input_uops: tuple[UOp, ...], var_vals: dict[str, int], wait: bool = False) -> float | None:
@@ -106,6 +112,7 @@ class MtlirGraph(GraphRunner):
         values = {k: v for k, v in values.items() if k in s.program.variables}
         sub = self.dev.ctx.submit(s, **values)
         self.submits += 1
+        MtlirGraph.replays += 1
         if not wait:
             return None
         s.wait(timeout_s=SETTINGS.timeout_s)
