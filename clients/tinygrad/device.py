@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tinygrad.device import Compiled, Compiler, LRUAllocator, TinyELF, BufferSpec
+from tinygrad.device import BufferSpec, Compiled, Compiler, LRUAllocator, Program, TinyELF
 from tinygrad.helpers import prod
 from tinygrad.renderer.cstyle import MetalRenderer
 
@@ -90,7 +90,7 @@ class MetalCompiler(Compiler):
         return src.encode()
 
 
-class MetalProgram:
+class MetalProgram(Program["MetalDevice"]):
     """One tinygrad program: its mtlir ``Kernel`` and, per (buffer offsets and sizes, threadgroup), a linked
     one-dispatch Session of the device's context. ``__call__`` submits it with the buffers, the ``constant``
     values and the grid as run-time variables; with ``wait`` it waits and returns the GPU seconds."""
@@ -101,6 +101,7 @@ class MetalProgram:
         self.nbufs = sum(1 for p in self.kernel.params if p.var is None)
         self.sessions: dict[tuple[Any, ...], Session] = {}
         self.max_total_threads = 1024
+        self.last_launch: tuple[tuple[int, ...], tuple[int, ...]] = ((1, 1, 1), (1, 1, 1))
 
     def dispatch(self, bufs: tuple[MetalBuffer, ...], local: tuple[int, int, int], slots: list[str],
                  values: list[str], grid: tuple[str, str, str] | tuple[int, int, int]) -> Dispatch:
@@ -128,6 +129,7 @@ class MetalProgram:
         if prod(local) > self.max_total_threads:
             raise RuntimeError(f"local size {local} bigger than {self.max_total_threads}")
         s = self._session(bufs, (int(local[0]), int(local[1]), int(local[2])))
+        self.last_launch = (tuple(int(g) for g in global_size), local)
         values: dict[str, Any] = {f"b{i}": b.buf.handle for i, b in enumerate(bufs)}
         values.update({f"v{i}": int(v or 0) for i, v in enumerate(vals)})
         values.update({g: int(n) for g, n in zip(("gx", "gy", "gz"), global_size)})
