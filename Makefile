@@ -17,7 +17,7 @@ APT_PACKAGES := graphviz pocl-opencl-icd ocl-icd-libopencl1 build-essential
 MODULES := $(sort $(shell find mtlir passes runtime clients -name '*.py' 2>/dev/null))
 export PYTHONSAFEPATH := 1
 
-.PHONY: run test test-gpu test-arm64 typecheck setup sysdeps browser objc oclgrind bench example fuzz clean FORCE
+.PHONY: run test test-tinygrad test-gpu test-arm64 typecheck setup sysdeps browser objc oclgrind bench example fuzz clean FORCE
 
 run: $(STAMP)
 	$(VENV)/bin/mtlir run $(TRACE) --viz $(OUT)/$(notdir $(basename $(TRACE)))
@@ -36,6 +36,11 @@ fuzz: $(STAMP)
 # skip, saying why, where there is none (docs/performance.md: how they ran on an NVIDIA H200)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu -rs tests
+
+# tinygrad's test/test_tiny.py (downloaded from PyPI into .cache/tinygrad at test time: tinygrad's sdist ships no
+# other test file) and our tinygrad workload tests, on mtlir's METAL device (docs/tinygrad.md)
+test-tinygrad: $(STAMP)
+	$(PY) -m pytest -rsx tests/tinygrad
 
 # Oclgrind: a second OpenCL device for the test of views of one buffer on every device
 # (tests/runtime/sim/kernels/test_devices.py); Debian's package oclgrind, installed with apt-get when missing
