@@ -156,7 +156,8 @@ def stamps(reader: SubmitReader, spans: list[CommandBufferSpan]) -> StampList:
             cb_of[c] = slot + ((c - p.first) // p.width if p.loop else 0)
         slot += p.ncmds // p.width if p.loop else 1
     out = []
-    for pos, stamp_slot, after_exec in reader.stamps_at:
+    at = reader.stamps_at  # (position, slot, after an EXEC) flat
+    for pos, stamp_slot, after_exec in zip(at[0::3], at[1::3], at[2::3]):
         if after_exec or (pos == n and n > 0):
             out.append(Stamp(stamp_slot, cb_of[pos - 1], "GPUEndTime"))
         elif pos < n:

@@ -10,6 +10,7 @@ problem raises ``EncodeError`` naming the command.
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 from mtlir.ir.bounds import bounds, expr_text
@@ -58,7 +59,9 @@ class SubmitReader:
     marks: list[tuple[int, str, UOp, UOp]] = field(default_factory=list)  # (position, signal|wait, value, event)
     queues: list[QueueRange] = field(default_factory=list)                # the queues read, in order
     blits: dict[UOp, Blit] = field(default_factory=dict)                  # COPY / FILL node -> its message
-    stamps_at: list[tuple[int, int, bool]] = field(default_factory=list)  # (position, slot, right after an EXEC)
+    # per TIMESTAMP: position, slot, 1 right after an EXEC (else 0), flat in one array: 24 bytes per timestamp, not a
+    # tuple and two ints (~100); ``stamps()`` reads them back as triples
+    stamps_at: array[int] = field(default_factory=lambda: array("q"))
     timeline: UOp | None = None
     # waits on a queue's own timeline (encoded as nothing): (queue name, position in its queue, value, event, how
     # many of its queue's marks come before it)
@@ -99,10 +102,10 @@ class SubmitReader:
                 cmds.append(self.read_exec(op, len(cmds)))
                 continue
             if op.op is stamp_op:  # before the other queue ops: a profiled submit has one per command
-                if type(op.arg) is not int or op.arg < 0:
-                    raise EncodeError(f"timestamp after command {len(cmds)}: the slot must be an int >= 0, "
-                                      f"got {op.arg!r}")
-                self.stamps_at.append((len(cmds), op.arg, after_exec))
+                if type(op.arg) is not int or not 0 <= op.arg < 1 << 63:
+                    raise EncodeError(f"timestamp after command {len(cmds)}: the slot must be an int >= 0 (below "
+                                      f"2**63), got {op.arg!r}")
+                self.stamps_at.extend((len(cmds), op.arg, after_exec))
             elif op.op in (Ops.WAIT, Ops.SIGNAL):
                 ev = op.src[0] if len(op.src) == 2 else None
                 if ev is None or not op.src[1].dtype.is_int or ev not in events:
