@@ -6,8 +6,9 @@ mtlir's lowering on a ``DeviceContext`` (mtlir.runtime.context) of the simulated
 - ``MetalAllocator``: ``DeviceContext.alloc`` / ``free`` / ``read`` / ``write``; a view is the same buffer at a byte
   offset (``MetalBuffer``).
 - ``MetalCompiler``: the "library" is the MSL itself (the simulated device compiles MSL: its translator and OpenCL).
-- ``MetalProgram``: an eager call is one submit of a one-dispatch Program, lowered once per (buffer offsets,
-  threadgroup size) and replayed with the buffers, the ``constant`` values and the grid as run-time variables.
+- ``MetalProgram``: an eager call is one submit of a one-dispatch Program, lowered once per (view sizes,
+  threadgroup size) and replayed with the buffers, their byte offsets, the ``constant`` values and the grid as
+  run-time variables.
 - TinyJit batches: ``mtlir.tinygrad.graph.MtlirGraph`` (one ICB submit per call).
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tinygrad.device import BufferSpec, Compiled, Compiler, LRUAllocator, Program, TinyELF
 from tinygrad.helpers import prod
@@ -29,6 +30,17 @@ from mtlir.tinygrad.batch import Arg, Batch, Dispatch, kernel_of
 from mtlir.tinygrad.settings import SETTINGS
 
 __all__ = ["MetalDevice", "MetalAllocator", "MetalCompiler", "MetalProgram", "MetalBuffer", "CompileError"]
+
+# the recording hook (mtlir.tinygrad.record): every Recorder here sees each eager kernel call before its submit and
+# each host write into a buffer; empty (no cost but the loop) when nothing records
+class Recorder(Protocol):
+    def dispatch(self, prog: MetalProgram, bufs: tuple[MetalBuffer, ...], global_size: tuple[int, ...],
+                 local_size: tuple[int, ...], vals: tuple[int | None, ...]) -> None: ...
+
+    def copyin(self, dest: MetalBuffer) -> None: ...
+
+
+RECORDERS: list[Recorder] = []
 
 _INT32 = (-2**31, 2**31 - 1)
 _MAX_THREADS = 2**32 - 1  # MSL thread positions are 32-bit: grid x threadgroup per axis stays below
@@ -91,8 +103,8 @@ class MetalCompiler(Compiler):
 
 
 class MetalProgram(Program["MetalDevice"]):
-    """One tinygrad program: its mtlir ``Kernel`` and, per (buffer offsets and sizes, threadgroup), a linked
-    one-dispatch Session of the device's context. ``__call__`` submits it with the buffers, the ``constant``
+    """One tinygrad program: its mtlir ``Kernel`` and, per (view sizes, threadgroup), a linked one-dispatch Session
+    of the device's context. ``__call__`` submits it with the buffers, their byte offsets, the ``constant``
     values and the grid as run-time variables; with ``wait`` it waits and returns the GPU seconds."""
 
     def __init__(self, dev: MetalDevice, obj: TinyELF) -> None:
@@ -105,13 +117,14 @@ class MetalProgram(Program["MetalDevice"]):
 
     def dispatch(self, bufs: tuple[MetalBuffer, ...], local: tuple[int, int, int], slots: list[str],
                  values: list[str], grid: tuple[str, str, str] | tuple[int, int, int]) -> Dispatch:
-        """The Dispatch of this program over ``bufs`` (bound to the buffer variables ``slots``), its constant
-        parameters the variables ``values`` and ``grid`` (names or sizes)."""
-        args = tuple(Arg(s, 0, b.buf.nbytes, b.offset, b.size) for s, b in zip(slots, bufs))
+        """The Dispatch of this program over ``bufs`` (bound to the buffer variables ``slots``, each at the byte
+        offset of the variable ``<slot>_off``), its constant parameters the variables ``values`` and ``grid`` (names
+        or sizes)."""
+        args = tuple(Arg(s, 0, b.buf.nbytes, f"{s}_off", b.size) for s, b in zip(slots, bufs))
         return Dispatch(self.kernel, args, tuple(values), grid, local)
 
     def _session(self, bufs: tuple[MetalBuffer, ...], local: tuple[int, int, int]) -> Session:
-        key = (tuple((b.offset, b.size) for b in bufs), local)
+        key = (tuple(b.size for b in bufs), local)
         s = self.sessions.get(key)
         if s is None:
             nvars = len(self.kernel.params) - self.nbufs
@@ -130,7 +143,10 @@ class MetalProgram(Program["MetalDevice"]):
             raise RuntimeError(f"local size {local} bigger than {self.max_total_threads}")
         s = self._session(bufs, (int(local[0]), int(local[1]), int(local[2])))
         self.last_launch = (tuple(int(g) for g in global_size), local)
+        for rec in RECORDERS:
+            rec.dispatch(self, bufs, tuple(global_size), local, tuple(vals))
         values: dict[str, Any] = {f"b{i}": b.buf.handle for i, b in enumerate(bufs)}
+        values.update({f"b{i}_off": b.offset for i, b in enumerate(bufs)})
         values.update({f"v{i}": int(v or 0) for i, v in enumerate(vals)})
         values.update({g: int(n) for g, n in zip(("gx", "gy", "gz"), global_size)})
         t0 = time.perf_counter()
@@ -157,6 +173,8 @@ class MetalAllocator(LRUAllocator[MetalDevice]):
         self.dev.ctx.free(opaque.buf)
 
     def _copyin(self, dest: MetalBuffer, src: memoryview) -> None:
+        for rec in RECORDERS:
+            rec.copyin(dest)
         self.dev.ctx.synchronize()
         self.dev.ctx.write(dest.buf, src.cast("B"), dest.offset)
 

@@ -7,7 +7,8 @@ recorded by running the Program against a ``RecordingBridge`` (loops unrolled, n
 
 ``mtlir run TRACE.json [--device auto|sim|metal] ...`` (the main job) lowers, links, submits ``--repeat`` times and
 compares the output with the trace's; ``mtlir.cli.run`` describes it. ``mtlir opt FILE -p PIPELINE`` runs passes on
-a graph in the text form (``mtlir.cli.opt``).
+a graph in the text form (``mtlir.cli.opt``). ``mtlir record SCRIPT.py -o TRACE.json``
+records a tinygrad program's kernel queue as a trace (``mtlir.cli.record``; needs tinygrad).
 
 Exit codes (``exit_code``): 0 match (or a successful ``lower``), 1 mismatch, 2 bad input, 3 GPU execution error (a
 command buffer in status Error, a Metal validation error, a wait past its timeout), 4 a kernel the simulated
@@ -40,6 +41,7 @@ from typing import Any, NoReturn, TextIO
 
 from mtlir.cli.lower import ARCHS, LowerTrace, cmd_lower, lower_trace
 from mtlir.cli.opt import cmd_opt
+from mtlir.cli.record import add_parser as add_record_parser, cmd_record
 from mtlir.cli.translate import cmd_translate
 from mtlir.cli.report import (EXIT_BAD_INPUT, EXIT_INTERNAL, UsageError, _interrupted, _output_error, _report,
                               _silence_stdout, _stdout_for_json)
@@ -187,7 +189,7 @@ def build_parser() -> _Parser:
     opt.add_argument("-p", "--pipeline", required=True, metavar="P", help="the passes, e.g. encode,abi{target=arm64}")
     opt.add_argument("--print-after-all", action="store_true", help="print every stage to stderr")
     opt.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    p.commands.update(lower=lo, run=run, opt=opt)
+    p.commands.update(lower=lo, run=run, opt=opt, record=add_record_parser(sub))
     return p
 
 
@@ -234,6 +236,8 @@ def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextI
                     code = cmd_translate(args, out)
                 elif args.command == "opt":
                     code = cmd_opt(args, out, log)
+                elif args.command == "record":
+                    code = cmd_record(args, out, log)
                 else:
                     code = cmd_run(args, out, log, lower_trace=lower_trace, make_bridge=make_bridge,
                                    metal_available=metal_available, metal_bridge=metal_bridge)
