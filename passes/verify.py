@@ -342,9 +342,11 @@ def _check_buffer(b: UOp) -> str | None:
 
 
 def _check_view(v: UOp) -> str | None:
-    a, base = v.arg, v.src[0] if len(v.src) == 1 else None
+    a, base = v.arg, v.src[0] if len(v.src) in (1, 2) else None
     if base is None or not (base.op is Ops.BUFFER or (base.op is Ops.DEFINE_VAR and base.dtype is dtypes.id)):
         return "a BUFFER_VIEW has one source: a BUFFER or a buffer variable"
+    if len(v.src) == 2 and (base.op is not Ops.DEFINE_VAR or not v.src[1].dtype.is_int):
+        return "a BUFFER_VIEW's second source (a variable offset) is an integer, on a buffer variable"
     if not (isinstance(a, tuple) and len(a) == 2 and type(a[0]) is int and type(a[1]) is int and a[0] >= 0
             and a[1] >= 1):
         return "a BUFFER_VIEW's arg is (offset >= 0, nbytes >= 1) in bytes"

@@ -5,8 +5,9 @@ What is fixed in the Program and what is given per submit:
 
 - a buffer argument is either a context buffer known when the batch is built (``Arg.handle``: a BUFFER placeholder
   that link adopts from the ``DeviceContext``, bound once on the ICB command) or a *buffer variable*
-  (``Arg.slot``: rebound per submit, what an eager call and a JIT input are); its byte offset and size are fixed
-  (a view), so a new offset is a new Program (``Batch.key`` says so);
+  (``Arg.slot``: rebound per submit, what an eager call and a JIT input are); a buffer variable's byte offset is an
+  int or the name of a run-time variable (bound per submit with it: one Program serves every offset), a fixed
+  buffer's is an int; the view's size is fixed (``Batch.key`` says what a Program depends on);
 - a ``constant int&`` parameter, a grid size and a threadgroup size are an int or the name of a run-time variable
   with its bounds (``Batch.bounds``).
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from mtlir.frontend.nodes import buffer, buffer_variable, timeline_value, view
+from mtlir.frontend.nodes import QueueError, buffer, buffer_variable, timeline_value, view
 from mtlir.frontend.queue import Queue
 from mtlir.ir.dtypes import dtypes
 from mtlir.ir.uop import UOp
@@ -24,9 +25,10 @@ from mtlir.msl import kernel_signature
 from mtlir.passes import lower
 from mtlir.program.program import Program
 
-__all__ = ["Arg", "Dispatch", "Batch", "kernel_of", "Size"]
+__all__ = ["Arg", "Dispatch", "Batch", "kernel_of", "Size", "MAX_OFFSET"]
 
 Size = int | str  # a constant size or value, or the name of a run-time variable
+MAX_OFFSET = 0xFFFFFFFF  # a variable byte offset's upper bound: what an ICB command holds (METAL.md §3 rule 8)
 
 
 def kernel_of(function: str, msl: str) -> Kernel:
@@ -43,12 +45,14 @@ def kernel_of(function: str, msl: str) -> Kernel:
 @dataclass(frozen=True)
 class Arg:
     """One buffer argument: ``slot`` (the name of a buffer variable, rebound per submit) or ``handle`` (a
-    ``DeviceContext`` buffer of ``base_nbytes`` bytes, fixed); the view: ``offset`` and ``nbytes`` in bytes."""
+    ``DeviceContext`` buffer of ``base_nbytes`` bytes, fixed); the view: ``offset`` and ``nbytes`` in bytes.
+    ``offset`` of a buffer variable may be the name of a run-time variable (bytes, in [0, 0xFFFFFFFF]: an ICB
+    command holds 32 bits, METAL.md §3 rule 8), given to each submit."""
 
     slot: str | None
     handle: int
     base_nbytes: int
-    offset: int
+    offset: Size
     nbytes: int
 
 
@@ -97,6 +101,7 @@ class Batch:
             return variables[v]
 
         bufs: dict[str, UOp] = {}
+        offsets: dict[str, UOp] = {}
         step = timeline_value()
         q.wait(q.timeline, step - 1)
         for d in self.dispatches:
@@ -107,6 +112,13 @@ class Batch:
                     bufs[name] = buffer_variable(name) if a.slot is not None else buffer(name, a.base_nbytes)
                 base = bufs[name]
                 whole = a.slot is None and a.offset == 0 and a.nbytes == a.base_nbytes
+                if isinstance(a.offset, str):
+                    if a.slot is None:
+                        raise QueueError(f"{d.kernel.key}: a fixed buffer's offset is an int, got {a.offset!r}")
+                    if a.offset not in offsets:
+                        offsets[a.offset] = UOp.variable(a.offset, 0, MAX_OFFSET, dtypes.uint32)
+                    nodes.append(view(base, offsets[a.offset], a.nbytes))
+                    continue
                 nodes.append(base if whole else view(base, a.offset, a.nbytes))
             q.exec(d.kernel, nodes, [value(v) for v in d.vars], grid=tuple(value(g) for g in d.grid),
                    threadgroup=tuple(value(t) for t in d.threadgroup))

@@ -14,7 +14,7 @@ graph"). Layouts, all checked by ``Queue`` as they are built and again by the ``
 | COPY | void | ``(src, src_offset, dst, dst_offset, size)``: buffers (BUFFER or buffer variable), uint64 bytes | None |
 | FILL | void | ``(buffer, offset, size)``: a buffer, uint64 bytes | the byte value (0..255) |
 | BUFFER | id | () | ``(name, nbytes)``; the placeholder link creates is ``buffer:<name>`` |
-| BUFFER_VIEW | id | ``(BUFFER or buffer variable,)`` | ``(offset, nbytes)`` in bytes |
+| BUFFER_VIEW | id | ``(BUFFER or buffer variable,)``; ``(buffer variable, offset)`` for a variable offset | ``(offset, nbytes)`` in bytes (offset 0 when it is a source) |
 
 ``grid`` and ``threadgroup`` are ``STRUCT`` nodes of dtype MTLSize whose three fields are uint64: constants or
 expressions of run-time variables (DEFINE_VAR). Grid sizes count threadgroups, threadgroup sizes count threads
@@ -26,6 +26,7 @@ expressions of DEFINE_VARs, of the parameter's dtype.
 from __future__ import annotations
 
 from mtlir.errors import InputError
+from mtlir.ir.bounds import bounds
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import Obj
 from mtlir.ir.ops import Ops
@@ -91,10 +92,11 @@ def buffer_variable(name: str) -> UOp:
     return UOp.variable(name, 1, MAX_HANDLE, dtypes.id)
 
 
-def buffer_base(node: UOp) -> tuple[UOp, int]:
-    """The buffer (BUFFER or buffer variable) under ``node`` and the byte offset of ``node`` into it."""
+def buffer_base(node: UOp) -> tuple[UOp, int | UOp]:
+    """The buffer (BUFFER or buffer variable) under ``node`` and the byte offset of ``node`` into it: an int, or a
+    uint64 expression of run-time variables for a view whose offset is bound per submit (``view``)."""
     if node.op is Ops.BUFFER_VIEW:
-        return node.src[0], node.arg[0]
+        return node.src[0], (node.src[1] if len(node.src) == 2 else node.arg[0])
     return node, 0
 
 
@@ -107,25 +109,51 @@ def buffer_nbytes(node: UOp) -> int | None:
     return None
 
 
-def view(buf: UOp, offset: int, nbytes: int) -> UOp:
+def view(buf: UOp, offset: int | UOp, nbytes: int) -> UOp:
     """``nbytes`` bytes of ``buf`` from byte ``offset`` (BUFFER_VIEW). A view of a view is a view of its buffer.
 
-    Raises ``QueueError`` when ``buf`` is not a buffer, the offset is negative, the size is below 1, or the view
-    runs past the end of the buffer."""
+    ``offset`` is an int, or an integer expression of run-time variables (``UOp.variable``) on a buffer variable:
+    the view's offset is then bound by each submit (``setKernelBuffer:offset:atIndex:`` patched per submit on the
+    ICB path, ``setBuffer:offset:atIndex:`` on the direct path), so one lowering serves every offset. The run-time
+    value must be a multiple of the parameter's element size and below the bound buffer's length: the device
+    refuses it at the submit otherwise (METAL.md §1, §3 rule 8).
+
+    Raises ``QueueError`` when ``buf`` is not a buffer, the offset is negative (or a variable one can be), the
+    size is below 1, the view runs past the end of the buffer, or a variable offset is not on a buffer variable."""
     base, off0 = buffer_base(buf)
     if not is_buffer(base):
         raise QueueError(f"view: {node_text(buf)} is not a buffer (BUFFER, BUFFER_VIEW or buffer_variable)")
-    if type(offset) is not int or offset < 0:
-        raise QueueError(f"view of {buffer_label(base)}: offset must be an int >= 0, got {offset!r}")
     if type(nbytes) is not int or nbytes < 1:
         raise QueueError(f"view of {buffer_label(base)}: nbytes must be an int >= 1, got {nbytes!r}")
+    if isinstance(offset, UOp):
+        return _variable_view(buf, base, off0, offset, nbytes)
+    if type(offset) is not int or offset < 0:
+        raise QueueError(f"view of {buffer_label(base)}: offset must be an int >= 0, got {offset!r}")
     limit = buffer_nbytes(buf)
     if limit is not None and offset + nbytes > limit:
         raise QueueError(f"view of {buffer_label(base)}: bytes [{offset}, {offset + nbytes}) run past the end of the "
                          f"{limit}-byte {'view' if buf.op is Ops.BUFFER_VIEW else 'buffer'}")
+    if isinstance(off0, UOp):
+        return _variable_view(buf, base, off0, UOp.const(dtypes.uint64, 0), nbytes, offset)
     return UOp(Ops.BUFFER_VIEW, dtypes.id, (base,), (off0 + offset, nbytes))
 
 
+def _variable_view(buf: UOp, base: UOp, off0: int | UOp, offset: UOp, nbytes: int, extra: int = 0) -> UOp:
+    """A BUFFER_VIEW whose offset is the source ``off0 + offset + extra`` (uint64), checked >= 0."""
+    if base.op is not Ops.DEFINE_VAR:
+        raise QueueError(f"view of {buffer_label(base)}: a variable offset needs a buffer variable (buffer_variable: "
+                         "its binding is patched per submit); a BUFFER's views have int offsets")
+    if not offset.dtype.is_int:
+        raise QueueError(f"view of {buffer_label(base)}: offset {node_text(offset)} is not an integer expression")
+    total = offset.cast(dtypes.uint64)
+    if isinstance(off0, UOp) or off0:
+        total = total + off0
+    if extra:
+        total = total + extra
+    lo, hi = bounds(offset)
+    if lo < 0:
+        raise QueueError(f"view of {buffer_label(base)}: offset {node_text(offset)} can be {lo}, below 0")
+    return UOp(Ops.BUFFER_VIEW, dtypes.id, (base, total), (0, nbytes))
 def placeholder_name(buf: UOp) -> str:
     """The name of the placeholder link makes for a BUFFER (``buffer:<name>``) or a buffer variable
     (``input:<name>``)."""

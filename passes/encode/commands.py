@@ -58,7 +58,7 @@ class Binding(NamedTuple):
     """A buffer argument: its buffer (or buffer variable), the byte offset, the placeholder name."""
 
     base: UOp                                   # BUFFER or buffer variable
-    offset: int
+    offset: int | UOp                           # a uint64 expression when bound per submit (a variable view)
     name: str | None                            # placeholder name; None for a buffer variable
 
 

@@ -221,7 +221,11 @@ class _Builder:
                 binds = [e.binding(c.node.src[3 + j]) for c in cmds]
                 handles = [e.buffers[b.name].arg for b in binds if b.name is not None]
                 handle = per(f"buffer{j}", handles, e.buffers[binds[0].name or ""], dtypes.id)
-                offset = per(f"offset{j}", [b.offset for b in binds], u64(binds[0].offset), dtypes.uint64)
+                offsets = [b.offset for b in binds]
+                if any(isinstance(o, UOp) for o in offsets) and any(o is not offsets[0] for o in offsets):
+                    raise EncodeError(f"commands {first}..{first + count - 1}: a loop of direct dispatches binds "
+                                      f"parameter {j} at variable offsets that differ between iterations")
+                offset = per(f"offset{j}", offsets, u64(binds[0].offset), dtypes.uint64)
                 enc.send("setBuffer:offset:atIndex:", handle, offset, u64(t[2]))
             else:
                 slots = [c.icb_binds[j][1] for c in cmds]

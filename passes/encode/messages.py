@@ -18,8 +18,10 @@ def msg(selector: str, recv: UOp, *args: UOp) -> UOp:
     return UOp(Ops.MSG, SELECTORS[selector].ret, (recv, *args), selector)
 
 
-def u64(v: int) -> UOp:
-    """A uint64 constant (NSUInteger arguments)."""
+def u64(v: int | UOp) -> UOp:
+    """A uint64 constant (NSUInteger arguments); a UOp (a value of run-time variables) as it is."""
+    if isinstance(v, UOp):
+        return v
     if type(v) is int and 0 <= v <= 0xFFFFFFFFFFFFFFFF:  # the usual case: no conversion to make
         return UOp(Ops.CONST, dtypes.uint64, (), v)
     return UOp.const(dtypes.uint64, v)

@@ -226,6 +226,13 @@ class SubmitReader:
                 raise EncodeError(f"{where(i, k, index, 'buffer')} takes {need} bytes (KernelParam.elements), but "
                                   f"the {'view' if b.op is Ops.BUFFER_VIEW else 'buffer'} bound to it holds {have}")
         offset = bind.offset
+        if isinstance(offset, UOp):  # bound per submit: the device checks its alignment then (rule 8)
+            hi = bounds(offset)[1]
+            if hi > MAX_ICB_OFFSET and not self.too_far:
+                self.too_far = (f"{where(i, k, index, 'buffer')} binds a buffer variable at byte offset "
+                                f"{expr_text(offset)}, up to {hi}, above 0xFFFFFFFF, which an ICB command cannot hold "
+                                "(METAL.md §3 rule 8)")
+            return ("", 0, index)
         if offset % kind:
             raise EncodeError(f"{where(i, k, index, 'buffer')} is bound at byte offset {offset}, not a multiple of its "
                               f"element size {kind} (METAL.md §1)")
@@ -294,6 +301,8 @@ class SubmitReader:
     def read_buffer(self, node: UOp, at: tuple[int, KernelLayout, int, str]) -> Binding:
         """A buffer argument (BUFFER, BUFFER_VIEW or buffer variable) as (base, byte offset, placeholder name)."""
         base, offset = node, 0
+        if node.op is Ops.BUFFER_VIEW and len(node.src) == 2:  # an offset bound per submit (frontend view)
+            return self.variable_view(node, at)
         if node.op is Ops.BUFFER_VIEW:
             if len(node.src) != 1 or not isinstance(node.arg, tuple) or len(node.arg) != 2:
                 raise EncodeError(f"{where(*at)}: a BUFFER_VIEW has one source (its buffer) and arg (offset, nbytes)")
@@ -310,6 +319,21 @@ class SubmitReader:
         bind = _new(Binding, (base, offset, pname))
         if node.op is not Ops.BUFFER_VIEW:  # a view's is rebuilt by binding(): views are often one per command
             self.binds[node] = bind
+        return bind
+
+    def variable_view(self, node: UOp, at: tuple[int, KernelLayout, int, str]) -> Binding:
+        """The Binding of a view on a buffer variable whose offset is an expression of run-time variables (uint64,
+        simplified): bound per submit with the buffer variable, never in the ICB at link."""
+        base, off = node.src
+        if base.op is not Ops.DEFINE_VAR or base.dtype is not dtypes.id or not off.dtype.is_int:
+            raise EncodeError(f"{where(*at)}: a view with a variable offset is (buffer variable, integer offset)")
+        offset = simplify(off.cast(dtypes.uint64))
+        if bounds(offset)[0] < 0:
+            raise EncodeError(f"{where(*at)}: view offset {expr_text(offset)} can be below 0")
+        if base not in self.base_names:
+            self.read_base(base, where(*at))
+        bind = _new(Binding, (base, offset, None))
+        self.binds[node] = bind
         return bind
 
     def binding(self, node: UOp) -> Binding:

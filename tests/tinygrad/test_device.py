@@ -9,7 +9,7 @@ from tinygrad import Device, Tensor, TinyJit, Variable
 from mtlir.errors import MtlirError
 from mtlir.runtime.context import ContextError, DeviceContext
 from mtlir.runtime.sim.device import SimDevice
-from mtlir.tinygrad.device import MetalDevice
+from mtlir.tinygrad.device import MetalDevice, MetalProgram
 from mtlir.tinygrad.graph import MtlirGraph
 
 
@@ -35,6 +35,44 @@ def test_views_at_byte_offsets() -> None:
     np.testing.assert_array_equal(got, np.arange(8, 16) + np.arange(16, 24))
     got2 = (base.reshape(4, 8)[1:3, 2:6] * 2).numpy()
     np.testing.assert_array_equal(got2, np.arange(32, dtype=np.float32).reshape(4, 8)[1:3, 2:6] * 2)
+
+
+def _add_program() -> tuple[MetalProgram, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The MetalProgram of an 8-element float add, and its launch (global, local)."""
+    from tinygrad.engine.realize import runtime_cache
+    (Tensor.empty(8, device="METAL") + Tensor.empty(8, device="METAL")).realize()
+    prg = list(runtime_cache.values())[-1]
+    assert isinstance(prg, MetalProgram)
+    return prg, prg.last_launch
+
+
+def test_eager_view_offsets_are_bound_per_call_one_lowering() -> None:
+    dev = Device["METAL"]
+    prg, (gsize, local) = _add_program()
+    alloc = dev.allocator
+    data = np.arange(64, dtype=np.float32)
+    src, out = alloc.alloc(data.nbytes), alloc.alloc(data.nbytes)
+    alloc._copyin(src, memoryview(data.tobytes()))
+    lowered = len(prg.sessions)
+    for k in (0, 8, 24, 40, 7):  # each a view at another byte offset: a new offset is no new Program
+        a, b = alloc._offset(src, 32, 4 * k), alloc._offset(src, 32, 4 * (k + 1))
+        o = alloc._offset(out, 32, 4 * (56 - k))
+        prg(o, a, b, global_size=gsize, local_size=local, wait=True)
+        got = np.empty(8, np.float32)
+        alloc._copyout(memoryview(got).cast("B"), o)
+        np.testing.assert_array_equal(got, data[k:k + 8] + data[k + 1:k + 9])
+    assert len(prg.sessions) - lowered <= 1
+
+
+@pytest.mark.parametrize("off, match", [(2, "not a multiple of 4"), (256, r"must be < \[buffer length\]")])
+def test_a_bad_view_offset_gets_metals_error(off: int, match: str) -> None:
+    from mtlir.errors import MetalValidationError
+    from mtlir.tinygrad.device import MetalBuffer
+    prg, (gsize, local) = _add_program()
+    buf = Device["METAL"].allocator.alloc(256)
+    view = MetalBuffer(buf.buf, 32, off)  # what no tinygrad view is: misaligned, or at the buffer's end
+    with pytest.raises(MetalValidationError, match=match):
+        prg(buf, view, buf, global_size=gsize, local_size=local, wait=True)
 
 
 def test_tinyjit_replays_one_icb_submit_per_call() -> None:

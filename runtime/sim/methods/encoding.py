@@ -264,6 +264,8 @@ def _set_buffer(dev: SimDevice, enc: Encoder, buf: Buffer | None, offset: int, i
         if dev.strict:
             raise violation(Rule.ICB_LIMITS, call, f"buffer index {index} is not below {MTL.MAX_BUFFER_BIND}")
         return
+    if dev.strict and buf is not None and offset >= buf.length:
+        raise violation(Rule.API_VALIDATION, call, f"offset({offset}) must be < [buffer length]({buf.length})")
     if buf is None:
         enc.bindings.pop(index, None)
     else:
@@ -297,9 +299,14 @@ def _dispatch(dev: SimDevice, enc: Encoder, grid: tuple[int, int, int], tg: tupl
         problem = size_problem(grid, tg, p)
         if problem is not None:
             raise violation(problem[0], call, problem[1])
-        for index, _, _ in p.params:
+        for index, kind, size in p.params:
             if index not in enc.bindings:
                 raise violation(Rule.API_VALIDATION, call, f"{p.label}: buffer index {index} is not bound")
+            b = enc.bindings[index]
+            align = dev.constant_align if kind == "constant" else size
+            if not isinstance(b, bytes) and b[1] % align:  # as an ICB command's (METAL.md §1)
+                raise violation(Rule.API_VALIDATION, call, f"{p.label}: offset {b[1]} of buffer index {index} ({kind}) "
+                                                       f"is not a multiple of {align} bytes")
     enc.commands.append(Dispatch(p, dict(enc.bindings), grid, tg))
 
 

@@ -148,6 +148,8 @@ def _cmd_buffer(dev: SimDevice, cmd: ICBCommand, buf: Buffer | None, offset: int
                             f"offset {offset:#x} does not fit the 32 bits an ICB command stores it in "
                             "(tinygrad PR #15129): the kernel would read at the wrong place")
         offset &= 0xFFFFFFFF
+    if dev.strict and buf is not None and offset >= buf.length:
+        raise violation(Rule.API_VALIDATION, call, f"offset({offset}) must be < [buffer length]({buf.length})")
     slot = _slot(dev, cmd, call)
     if slot is None:
         return
