@@ -6,14 +6,15 @@ run on mtlir (the simulated Metal device by default), on any machine. The device
     from tinygrad import Tensor
     print((Tensor([1, 2, 3]) + 1).tolist())      # [2, 3, 4], through mtlir's lowering and the simulated Metal
 
-``configure(family=..., target=..., strict=...)`` before the first tensor."""
+``configure(family=..., target=..., strict=...)`` before the first tensor; ``record(script, args, output)`` records a script's
+kernel queue as a trace (``mtlir record``)."""
 from __future__ import annotations
 
 import sys
 
 from mtlir.tinygrad.settings import SETTINGS, Settings, configure
 
-__all__ = ["register", "configure", "SETTINGS", "Settings"]
+__all__ = ["register", "configure", "SETTINGS", "Settings", "record", "RecordError"]
 
 
 def register() -> None:
@@ -36,3 +37,7 @@ def register() -> None:
 
 
 register()
+
+# ``mtlir.tinygrad.record(script, args, output)``: the function (it shadows its module's name in this package;
+# ``from mtlir.tinygrad.record import RecordError`` still reads the module): docs/tinygrad.md, "Recording"
+from mtlir.tinygrad.record import RecordError, record  # noqa: E402

@@ -20,6 +20,7 @@ import runpy
 import shutil
 import sys
 from collections.abc import Sequence
+from types import FrameType
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,14 +74,15 @@ class _Recorder:
             b = self.buffers[buf.handle] = _Buffer(str(len(self.buffers) + 1), buf, data if any(data) else None)
         return b.id
 
-    def _program(self, prog: Any, bufs: tuple[metal.MetalBuffer, ...]) -> str:
+    def _program(self, prog: Any, bufs: tuple[metal.MetalBuffer, ...], names: list[str]) -> str:
         msl = prog.kernel.msl
         p = self.programs.get(msl)
         if p is None:
             function = prog.kernel.function
             taken = {q.key for q in self.programs.values()}
             key = function if function not in taken else f"{function}_v{len(self.programs)}"
-            params = [[q.var, q.index, q.dtype, []] for q in prog.kernel.params]
+            nb = len(prog.kernel.params) - len(names)
+            params = [[None if q.var is None else names[q.index - nb], q.index, q.dtype, []] for q in prog.kernel.params]
             p = self.programs[msl] = _Program(key, function, msl, params)
         for q, b in zip(p.params, bufs):  # elements: the fewest the views of the dispatches so far hold
             n = b.size // param_dtype(q[2]).itemsize
@@ -92,22 +94,26 @@ class _Recorder:
         args = [{"buffer": self._buffer(b.buf), "offset": b.offset, "size": b.size} for b in bufs]
         grid = [int(g) for g in global_size] + [1] * (3 - len(global_size))
         local = [int(t) for t in local_size] + [1] * (3 - len(local_size))
-        names = [q.var for q in prog.kernel.params if q.var is not None]
-        values = [int(v or 0) for v in vals]
-        d: dict[str, Any] = {"kernel": self._program(prog, bufs), "grid": grid, "threadgroup": local, "args": args,
-                             "vars": values}
         info = _program_info()
-        bounds = {str(v.expr): (int(v.vmin), int(v.vmax)) for v in getattr(info, "vars", ())}
+        tvars = tuple(getattr(info, "vars", ()))
+        params = [q.var for q in prog.kernel.params if q.var is not None]
+        # a variable's name: tinygrad's (start_pos), in the order of its ProgramInfo, else the MSL parameter's
+        names = [str(v.expr) for v in tvars] if len(tvars) == len(params) else [str(n) for n in params]
+        values = [int(v or 0) for v in vals]
+        d: dict[str, Any] = {"kernel": self._program(prog, bufs, names), "grid": grid, "threadgroup": local,
+                             "args": args, "vars": values}
+        bounds = {str(v.expr): (int(v.vmin), int(v.vmax)) for v in tvars}
         exact: list[int | str] = list(grid)
         narrowed: set[str] = set()
         for axis, size in enumerate(tuple(getattr(info, "global_size", ()))[:3]):
             if isinstance(size, int):
                 continue
-            name = str(getattr(size, "expr", "")) if getattr(size.op, "name", "") == "DEFINE_VAR" else ""
+            name = str(size.expr) if _is_variable(size) else ""
             if name in names:
                 exact[axis] = name
             else:  # a size the format cannot write as one name: valid at the recorded value only
-                narrowed.update(str(getattr(u, "expr", "")) for u in size.toposort() if u.op.name == "DEFINE_VAR")
+                nodes = size.toposort() if callable(size.toposort) else size.toposort
+                narrowed.update(str(u.expr) for u in nodes if _is_variable(u))
         if exact != grid:
             d["grid_expr"] = exact
         for name, value in zip(names, values):
@@ -128,10 +134,15 @@ class _Recorder:
                               "input before main() realizes anything)")
 
 
+def _is_variable(u: Any) -> bool:
+    """Whether tinygrad's UOp ``u`` is a variable (0.14: a PARAM of the ALU address space; older: DEFINE_VAR)."""
+    return getattr(u.op, "name", "") in ("PARAM", "DEFINE_VAR") and hasattr(u, "expr")
+
+
 def _program_info() -> Any:
     """tinygrad's ``ProgramInfo`` of the kernel being called (the ``ast.arg`` of tinygrad 0.14's ``exec_kernel``,
     a few frames up): its symbolic grid and its variables with their bounds; None when not found."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(4):
         if frame is None:
             break
@@ -142,6 +153,13 @@ def _program_info() -> Any:
     return None
 
 
+def _context(**values: int | str) -> Any:
+    """tinygrad's ``Context`` (untyped in tinygrad): its settings changed for a ``with`` block."""
+    from tinygrad.helpers import Context
+    make: Any = Context
+    return make(**values)
+
+
 def expected_device() -> str:
     """The device the expected output is computed on by default: ``CPU`` when ``clang`` is installed, else
     ``PYTHON`` (tinygrad's emulator: slow, but needs no compiler)."""
@@ -150,7 +168,7 @@ def expected_device() -> str:
 
 def _run_main(script: Path, args: Sequence[str]) -> Any:
     """Runs ``script`` and its ``main()``; returns the realized output Tensor. Raises ``RecordError``."""
-    from tinygrad import Tensor
+    from tinygrad.tensor import Tensor
     argv = sys.argv
     sys.argv = [str(script), *args]
     try:
@@ -188,8 +206,7 @@ def record_trace(script: str | Path, args: Sequence[str] = (), *, family: str | 
     Raises ``RecordError`` (exit 2 in the CLI) for a script that fails, has no ``main()``, or runs no kernel that
     writes its output; ``RuntimeError`` when the METAL device is already open with another family (one process
     renders for one family); mtlir's own errors (an unsupported kernel, a GPU error) pass through."""
-    from tinygrad import Device
-    from tinygrad.helpers import Context
+    from tinygrad.device import Device
     path = Path(script)
     if not path.is_file():
         raise RecordError(f"{path}: no such script")
@@ -200,11 +217,11 @@ def record_trace(script: str | Path, args: Sequence[str] = (), *, family: str | 
         configure(family=family)
     family = SETTINGS.family
     tc = tensor_cores if tensor_cores is not None else family != "Apple7"
-    dev = Device["METAL"]
+    dev: Any = Device["METAL"]
     rec = _Recorder(dev)
     metal.RECORDERS.append(rec)
     try:
-        with Context(DEV="METAL", JIT=0, TC=int(tc)):
+        with _context(DEV="METAL", JIT=0, TC=int(tc)):
             out = _run_main(path, args)
         dev.synchronize()
     finally:
@@ -218,7 +235,7 @@ def record_trace(script: str | Path, args: Sequence[str] = (), *, family: str | 
         raise RecordError(f"{path}: no kernel of the recording wrote main()'s output (a Tensor made on the host "
                           "needs no GPU: compute something)")
     exp_dev = expected or expected_device()
-    with Context(DEV=exp_dev, JIT=0):
+    with _context(DEV=exp_dev, JIT=0):
         ref = _run_main(path, args)
     expected_bytes = ref.to("CPU" if exp_dev != "PYTHON" else exp_dev).numpy().tobytes()
     if len(expected_bytes) != mb.size:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from mtlir.cli.report import UsageError
 
@@ -23,7 +23,7 @@ _OWN_WITH_VALUE = ("-o", "--output", "--arch", "--expected", "--workload")
 _FAMILIES = {"apple7": "Apple7", "apple8": "Apple8", "apple9": "Apple9"}
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+def add_parser(sub: Any) -> Any:
     """The ``record`` subcommand's parser (``sub``: the subparsers of ``mtlir``)."""
     rec = sub.add_parser("record", help="run a tinygrad script on mtlir's METAL device and write its kernel queue as "
                                         "a trace (needs tinygrad)")

@@ -1,0 +1,107 @@
+"""``mtlir record`` / ``mtlir.tinygrad.record``: a tinygrad script's kernel queue recorded as a trace that ``mtlir run``
+replays and matches (the examples/tinygrad scripts), the trace's round trip through ``load_trace``, and scripts that
+cannot be recorded (exit 2, a clear error)."""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from mtlir.cli.main import main
+from mtlir.cli.record import split_script_args
+from mtlir.cli.report import UsageError
+from mtlir.frontend.trace import load_trace
+from mtlir.tinygrad.record import RecordError, record, record_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "tinygrad"
+
+
+def _run(trace: Path) -> tuple[int, str]:
+    """``mtlir run TRACE`` in this process (the same code path as the command): exit code and its stdout."""
+    out, log = io.StringIO(), io.StringIO()
+    code = main(["run", str(trace)], out=out, log=log)
+    return code, out.getvalue() + log.getvalue()
+
+
+def test_record_mlp_then_run_matches(tmp_path: Path) -> None:
+    out = tmp_path / "mlp.json"
+    code = main(["record", str(EXAMPLES / "mlp.py"), "-o", str(out)], out=io.StringIO(), log=io.StringIO())
+    assert code == 0
+    trace = load_trace(out)  # the round trip: what record writes, load_trace reads back
+    assert trace.workload == "mlp" and trace.arch == "Apple9"
+    assert len(trace.dispatches) == 5 and trace.output.shape == (8, 10)
+    assert any("simdgroup" in k.msl for k in trace.kernels.values())  # Apple9: tensor cores on
+    inputs = [b for b in trace.buffers.values() if b.init is not None]
+    assert sorted(b.size for b in inputs) == [2048, 5120, 32768]  # x 8x64, w2 128x10, w1 64x128
+    code, text = _run(out)
+    assert code == 0 and "result: match" in text, text
+
+
+def test_record_symbolic_kv_keeps_the_variable_and_its_grids(tmp_path: Path) -> None:
+    out = tmp_path / "kv.json"
+    record(EXAMPLES / "symbolic_kv.py", ["--start-pos", "7"], out)
+    data = json.loads(out.read_text())
+    assert data["variables"] == {"start_pos": {"value": 7, "min": 1, "max": 32}}
+    exprs = [d.get("grid_expr") for d in data["dispatches"]]
+    assert ["start_pos", 1, 1] in exprs and all(d["vars"] == [7] for d in data["dispatches"])
+    assert {tuple(d["grid"]) for d in data["dispatches"] if d.get("grid_expr")} == {(7, 1, 1)}
+    code, text = _run(out)
+    assert code == 0 and "result: match" in text, text
+
+
+def test_a_wrong_expected_output_is_a_mismatch(tmp_path: Path) -> None:
+    """The replay really compares: the recorded conv trace with its expected output changed fails (exit 1)."""
+    data = record_trace(EXAMPLES / "conv.py")
+    raw = bytearray(__import__("base64").b64decode(data["output"]["expected_b64"]))
+    raw[0:4] = b"\x00\x00\x80\x7f"  # +inf where a mean of relu values is
+    data["output"]["expected_b64"] = __import__("base64").b64encode(bytes(raw)).decode()
+    out = tmp_path / "conv.json"
+    out.write_text(json.dumps(data))
+    assert _run(out)[0] == 1
+
+
+@pytest.mark.parametrize("body, problem", [
+    ("def main(:\n", "SyntaxError"),
+    ("x = 1\n", "defines no main()"),
+    ("def main():\n    return 3\n", "returned int, not the output Tensor"),
+    ("def main():\n    raise ValueError('no data')\n", "ValueError: no data"),
+    ("import sys\ndef main():\n    sys.exit(3)\n", "exited with status 3"),
+    ("from tinygrad import Tensor\ndef main():\n    return Tensor([1.0, 2.0])\n", "no kernel of the recording wrote"),
+    ("import numpy as np\nfrom tinygrad import Tensor\ndef main():\n    a = Tensor(np.ones(4, np.float32)).realize()\n"
+     "    b = (a * 2).realize()\n    a.assign(Tensor(np.zeros(4, np.float32))).realize()\n    return b + a\n",
+     "from the host after a kernel used it"),
+])
+def test_a_script_that_cannot_be_recorded_is_exit_2(tmp_path: Path, body: str, problem: str) -> None:
+    script = tmp_path / "bad.py"
+    script.write_text(body)
+    with pytest.raises(RecordError, match=problem.replace("(", r"\(").replace(")", r"\)")):
+        record_trace(script)
+    log = io.StringIO()
+    assert main(["record", str(script), "-o", str(tmp_path / "t.json")], out=io.StringIO(), log=log) == 2
+    assert problem in log.getvalue(), log.getvalue()
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_record_command_line_errors_are_exit_2(tmp_path: Path) -> None:
+    log = io.StringIO()
+    assert main(["record", str(EXAMPLES / "mlp.py")], out=io.StringIO(), log=log) == 2
+    assert "-o TRACE.json is required" in log.getvalue()
+    log = io.StringIO()
+    assert main(["record", str(tmp_path / "none.py"), "-o", str(tmp_path / "t.json")], out=io.StringIO(), log=log) == 2
+    assert "no such script" in log.getvalue()
+
+
+def test_record_options_after_the_script_are_records_the_rest_the_scripts() -> None:
+    args = argparse.Namespace(args=["--start-pos", "3", "-o", "t.json", "--arch=APPLE7", "--", "-o", "x"],
+                              output=None, arch=None, expected=None, workload=None, debug=False)
+    split_script_args(args)
+    assert args.args == ["--start-pos", "3", "-o", "x"]
+    assert (str(args.output), args.arch) == ("t.json", "apple7")
+    with pytest.raises(UsageError, match="--arch 'm1'"):
+        split_script_args(argparse.Namespace(args=["--arch", "m1"], output=None, arch=None, expected=None))
+    with pytest.raises(UsageError, match="-o needs a value"):
+        split_script_args(argparse.Namespace(args=["-o"], output=None))
