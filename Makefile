@@ -1,6 +1,7 @@
 # mtlir: `make run` (the main job) and `make test` (the whole suite) set everything up on a fresh machine.
 # Debian/Ubuntu: missing system packages are installed with apt-get (Graphviz's dot, an OpenCL runtime for the CPU,
-# a C compiler). Elsewhere the Makefile says what to install by hand. A second run reuses what is installed.
+# a C compiler, clang for tinygrad's CPU device). Elsewhere the Makefile says what to install by hand. A second run
+# reuses what is installed.
 
 PYTHON ?= python3
 VENV := .venv
@@ -8,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TRACE ?= examples/traces/mlp.apple7.json
 OUT ?= out
-APT_PACKAGES := graphviz pocl-opencl-icd ocl-icd-libopencl1 build-essential
+APT_PACKAGES := graphviz pocl-opencl-icd ocl-icd-libopencl1 build-essential clang
 
 # The package installs editable in setuptools' strict mode: a tree of links that mypy and other tools follow (the
 # plain editable mode maps passes/ and runtime/ with an import hook that only Python understands). A module added or
@@ -116,6 +117,7 @@ sysdeps:
 	@missing=""; \
 	command -v dot >/dev/null 2>&1 || missing="$$missing graphviz"; \
 	command -v cc >/dev/null 2>&1 || missing="$$missing build-essential"; \
+	command -v clang >/dev/null 2>&1 || missing="$$missing clang"; \
 	if [ "$$(uname)" != Darwin ]; then \
 	  ls /etc/OpenCL/vendors/ 2>/dev/null | grep -qi pocl || missing="$$missing pocl-opencl-icd"; \
 	  { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null; } | grep -q 'libOpenCL\.so\.1' || missing="$$missing ocl-icd-libopencl1"; \

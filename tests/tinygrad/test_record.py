@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,12 +45,27 @@ def test_record_mlp_then_run_matches(tmp_path: Path) -> None:
 
 def test_record_symbolic_kv_keeps_the_variable_and_its_grids(tmp_path: Path) -> None:
     out = tmp_path / "kv.json"
-    record(EXAMPLES / "symbolic_kv.py", ["--start-pos", "7"], out)
+    record(EXAMPLES / "symbolic_kv.py", ["--start-pos", "7"], out, expected="PYTHON")
     data = json.loads(out.read_text())
+    assert "tinygrad's PYTHON device" in data["made_with"]
     assert data["variables"] == {"start_pos": {"value": 7, "min": 1, "max": 32}}
     exprs = [d.get("grid_expr") for d in data["dispatches"]]
     assert ["start_pos", 1, 1] in exprs and all(d["vars"] == [7] for d in data["dispatches"])
     assert {tuple(d["grid"]) for d in data["dispatches"] if d.get("grid_expr")} == {(7, 1, 1)}
+    code, text = _run(out)
+    assert code == 0 and "result: match" in text, text
+
+
+def test_record_apple7_from_the_command_line(tmp_path: Path) -> None:
+    """``--arch apple7`` in a fresh process (one process renders for one family): no SIMD-group matrices, as the
+    Apple7 traces of examples/traces, and the replay matches."""
+    out = tmp_path / "conv7.json"
+    proc = subprocess.run([sys.executable, "-m", "mtlir.cli.main", "record", str(EXAMPLES / "conv.py"), "--arch",
+                           "apple7", "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 dispatches" in proc.stdout and "(Apple7)" in proc.stdout
+    trace = load_trace(out)
+    assert trace.arch == "Apple7" and not any("simdgroup" in k.msl for k in trace.kernels.values())
     code, text = _run(out)
     assert code == 0 and "result: match" in text, text
 
