@@ -8,6 +8,7 @@ object: every group's figures merged (``lowering_us_per_cmd``, ``rewrite_nomatch
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -52,9 +53,17 @@ def _simdgroup(quick: bool, device: Any) -> dict[str, Any]:
     return simdgroup_figures(quick)
 
 
+def _tinygrad(quick: bool, device: Any) -> dict[str, Any]:
+    from benchmarks.tinygrad_device import measure
+    fig = measure(rounds=5 if quick else 9, calls=10 if quick else 20)
+    return {f"tinygrad_{k}": v for k, v in fig.items()}
+
+
 GROUPS: dict[str, Callable[[bool, Any], dict[str, Any]]] = {
     "lowering": _lowering, "rewrite": _rewrite, "replay": _replay, "submit": _submit, "sim": _sim,
     "simdgroup": _simdgroup}
+if importlib.util.find_spec("tinygrad") is not None:  # the tinygrad device's group: only with the tinygrad extra
+    GROUPS["tinygrad"] = _tinygrad
 
 # (figure, issue 14's target: the figure should be at most this, unit)
 TARGETS: list[tuple[str, float, str]] = [
@@ -70,6 +79,8 @@ TARGETS: list[tuple[str, float, str]] = [
     ("sim_overhead_us_per_dispatch", 20.0, "us"),
     ("kernel_path_over_pyopencl", 1.3, "x"),
     ("simdgroup_over_scalar", 3.0, "x"),
+    ("tinygrad_eager_over_raw", 2.0, "x"),  # issue 11's targets
+    ("tinygrad_jit_us_per_dispatch", 30.0, "us"),
 ]
 
 
@@ -131,6 +142,9 @@ def _value(fig: dict[str, Any], key: str) -> tuple[float | None, str]:
                                                    for t, r in fig["sim_run_traces"].items()),
         "sim_overhead_us_per_dispatch": lambda: f"on {fig['sim_device']}",
         "kernel_path_over_pyopencl": lambda: "the kernel path alone (launches prepared once), worst trace",
+        "tinygrad_eager_over_raw": lambda: "{tinygrad_eager_us:.0f} vs {tinygrad_raw_us:.0f} us".format(**fig),
+        "tinygrad_jit_us_per_dispatch": lambda: "{tinygrad_jit_us_per_call:.0f} vs {tinygrad_jit_raw_us_per_call:.0f} "
+                                                "us per call of {tinygrad_jit_kernels} kernels".format(**fig),
         "simdgroup_over_scalar": lambda: ", ".join(f"N={n}: {r['ms_simdgroup']:.2f} vs {r['ms_scalar']:.2f} ms"
                                                    for n, r in fig["simdgroup"].items()),
     }.get(key)

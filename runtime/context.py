@@ -44,7 +44,7 @@ from mtlir.runtime.link.kinds import make_pipeline
 from mtlir.runtime.link.state import LinkState
 from mtlir.runtime.session import Session, Submission
 
-__all__ = ["DeviceContext", "DeviceBuffer", "ContextError"]
+__all__ = ["DeviceContext", "DeviceBuffer", "ContextError", "SessionRing"]
 
 _IDS = itertools.count(1)
 
@@ -217,6 +217,11 @@ class DeviceContext:
         self.sessions.append(s)
         return s
 
+    def ring(self, program: Program, size: int = 2, *, shared_extra: Mapping[str, int] | None = None) -> SessionRing:
+        """A ``SessionRing`` of up to ``size`` Sessions of ``program`` on this context (the first linked now, each
+        other one at its first use, ``session``). Raises ``ValueError`` for a size below 1, ``LinkError`` as ``session`` does."""
+        return SessionRing(self, program, size, shared_extra)
+
     def next_value(self) -> int:
         """The next value of the shared timeline (one per submit of any Program: rule 12 wants it increasing)."""
         self.value += 1
@@ -265,6 +270,46 @@ class DeviceContext:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SessionRing:
+    """Up to ``size`` Sessions of one Program used in turn, so the CPU patches one while the GPU runs another
+    (a Session's ICB and variables are patched by the CPU per submit: METAL.md §3 rule 15 makes a submit wait
+    for that Session's previous one; tinygrad's later Metal graph rotates a ring of ICBs for the same reason).
+    The shared fence still orders the submits in commit order, so results are as with one Session. The first
+    Session is linked at once, each other one at its first use (a link of its ICB and variables buffer, a few
+    ms). ``sessions``: those linked so far; ``last``: the one the last ``submit`` used."""
+
+    def __init__(self, ctx: DeviceContext, program: Program, size: int,
+                 shared_extra: Mapping[str, int] | None) -> None:
+        if type(size) is not int or size < 1:
+            raise ValueError(f"{ctx.name}: a ring of {size!r} Sessions: the size is an int >= 1")
+        self.ctx, self.program, self.size, self.shared_extra = ctx, program, size, dict(shared_extra or {})
+        self.sessions: list[Session] = [ctx.session(program, shared_extra=self.shared_extra)]
+        self.last = self.sessions[0]
+
+    def submit(self, **values: Any) -> Submission:
+        """``DeviceContext.submit`` on the next Session of the ring: one that is idle when there is one (linked
+        now when the ring is not full), else the one whose turn it is (the context waits for its previous
+        submit, the oldest of the ring). Raises what ``DeviceContext.submit`` raises."""
+        s = self.last
+        if s.inflight:
+            idle = [x for x in self.sessions if not x.inflight]
+            if idle:
+                s = idle[0]
+            elif len(self.sessions) < self.size:
+                s = self.ctx.session(self.program, shared_extra=self.shared_extra)
+                self.sessions.append(s)
+            else:  # the one after the last: its submit is the oldest
+                s = self.sessions[(self.sessions.index(s) + 1) % len(self.sessions)]
+        self.last = s
+        return self.ctx.submit(s, **values)
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Wait for every submit of the ring's Sessions (``Session.wait``)."""
+        for s in self.sessions:
+            if s.inflight:
+                s.wait(timeout_s=self.ctx.timeout_s if timeout_s is None else timeout_s)
 
 
 _NAMES: set[str] = set()

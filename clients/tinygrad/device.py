@@ -24,8 +24,7 @@ from tinygrad.renderer.cstyle import MetalRenderer
 
 from mtlir.metal import DeviceSpec, Kernel
 from mtlir.runtime.bridge.bridge import Bridge
-from mtlir.runtime.context import DeviceBuffer, DeviceContext
-from mtlir.runtime.session import Session
+from mtlir.runtime.context import DeviceBuffer, DeviceContext, SessionRing
 from mtlir.tinygrad.batch import Arg, Batch, Dispatch, kernel_of
 from mtlir.tinygrad.settings import SETTINGS
 
@@ -103,17 +102,21 @@ class MetalCompiler(Compiler):
 
 
 class MetalProgram(Program["MetalDevice"]):
-    """One tinygrad program: its mtlir ``Kernel`` and, per (view sizes, threadgroup), a linked one-dispatch Session
-    of the device's context. ``__call__`` submits it with the buffers, their byte offsets, the ``constant``
+    """One tinygrad program: its mtlir ``Kernel`` and, per (view sizes, threadgroup), a one-dispatch Program linked
+    as a ring of two Sessions of the device's context (``DeviceContext.ring``: calls without a wait in between
+    patch one while the other runs). ``__call__`` submits it with the buffers, their byte offsets, the ``constant``
     values and the grid as run-time variables; with ``wait`` it waits and returns the GPU seconds."""
 
     def __init__(self, dev: MetalDevice, obj: TinyELF) -> None:
         self.dev, self.name = dev, obj.name
         self.kernel: Kernel = kernel_of(obj.name, obj.lib.decode())
         self.nbufs = sum(1 for p in self.kernel.params if p.var is None)
-        self.sessions: dict[tuple[Any, ...], Session] = {}
+        self.sessions: dict[tuple[Any, ...], SessionRing] = {}
         self.max_total_threads = 1024
         self.last_launch: tuple[tuple[int, ...], tuple[int, ...]] = ((1, 1, 1), (1, 1, 1))
+        # the run-time variables' names, made once (an eager call costs a few µs of Python per dict it builds)
+        self._bnames = tuple((f"b{i}", f"b{i}_off") for i in range(self.nbufs))
+        self._vnames = tuple(f"v{i}" for i in range(len(self.kernel.params) - self.nbufs))
 
     def dispatch(self, bufs: tuple[MetalBuffer, ...], local: tuple[int, int, int], slots: list[str],
                  values: list[str], grid: tuple[str, str, str] | tuple[int, int, int]) -> Dispatch:
@@ -123,7 +126,7 @@ class MetalProgram(Program["MetalDevice"]):
         args = tuple(Arg(s, 0, b.buf.nbytes, f"{s}_off", b.size) for s, b in zip(slots, bufs))
         return Dispatch(self.kernel, args, tuple(values), grid, local)
 
-    def _session(self, bufs: tuple[MetalBuffer, ...], local: tuple[int, int, int]) -> Session:
+    def _session(self, bufs: tuple[MetalBuffer, ...], local: tuple[int, int, int]) -> SessionRing:
         key = (tuple(b.size for b in bufs), local)
         s = self.sessions.get(key)
         if s is None:
@@ -132,7 +135,7 @@ class MetalProgram(Program["MetalDevice"]):
                                          [f"v{i}" for i in range(nvars)], ("gx", "gy", "gz"))],
                           {**{f"v{i}": _INT32 for i in range(nvars)},
                            **{g: (1, _MAX_THREADS // t) for g, t in zip(("gx", "gy", "gz"), local)}})
-            s = self.sessions[key] = self.dev.ctx.session(batch.lower(self.dev.spec, self.dev.target))
+            s = self.sessions[key] = self.dev.ctx.ring(batch.lower(self.dev.spec, self.dev.target), 2)
         return s
 
     def __call__(self, *bufs: MetalBuffer, global_size: tuple[int, ...] = (1, 1, 1),
@@ -145,12 +148,14 @@ class MetalProgram(Program["MetalDevice"]):
         self.last_launch = (tuple(int(g) for g in global_size), local)
         for rec in RECORDERS:
             rec.dispatch(self, bufs, tuple(global_size), local, tuple(vals))
-        values: dict[str, Any] = {f"b{i}": b.buf.handle for i, b in enumerate(bufs)}
-        values.update({f"b{i}_off": b.offset for i, b in enumerate(bufs)})
-        values.update({f"v{i}": int(v or 0) for i, v in enumerate(vals)})
-        values.update({g: int(n) for g, n in zip(("gx", "gy", "gz"), global_size)})
+        values: dict[str, Any] = {}
+        for (name, off), b in zip(self._bnames, bufs):
+            values[name], values[off] = b.buf.handle, b.offset
+        for name, v in zip(self._vnames, vals):
+            values[name] = int(v or 0)
+        values["gx"], values["gy"], values["gz"] = (int(n) for n in global_size)
         t0 = time.perf_counter()
-        sub = self.dev.ctx.submit(s, **values)
+        sub = s.submit(**values)
         self.dev.eager_calls += 1
         if not wait:
             return None

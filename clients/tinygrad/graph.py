@@ -5,7 +5,9 @@ does the same by hand with Metal's ICB; here the lowering writes those messages)
 
 Buffers the batch made itself (intermediates, weights) are fixed in the ICB (bound once at link); the inputs
 (``uop_replace``) are buffer variables, each at a byte offset given per call (``in<i>_off``): inputs at other
-offsets replay the same Program; only inputs of other view sizes lower a second one (kept too)."""
+offsets replay the same Program; only inputs of other view sizes lower a second one (kept too). Each Program is
+linked as a ring of ``RING`` Sessions (``DeviceContext.ring``): a call patches one Session's ICB while the call
+before runs on the other, instead of waiting for it (METAL.md §3 rule 15)."""
 from __future__ import annotations
 
 from typing import Any, cast
@@ -14,7 +16,7 @@ from tinygrad.device import Buffer, Device
 from tinygrad.engine.jit import GraphRunner
 from tinygrad.uop.ops import UOp
 
-from mtlir.runtime.session import Session
+from mtlir.runtime.context import SessionRing
 from mtlir.tinygrad.batch import Arg, Batch, Dispatch, Size
 from mtlir.tinygrad.device import MetalBuffer, MetalDevice, MetalProgram
 from mtlir.tinygrad.settings import SETTINGS
@@ -23,22 +25,25 @@ __all__ = ["MtlirGraph"]
 
 _MAX_THREADS = 2**32 - 1
 _LOCAL = (1, 1024)
+RING = 2  # Sessions per lowered batch used in turn: the CPU patches one while the GPU runs the other
 
 
 class MtlirGraph(GraphRunner):
     """One TinyJit batch as one mtlir Program (``GraphRunner``: tinygrad's interface for a device's graph).
-    ``lowered`` / ``replays`` (class-wide): Programs lowered and submits made by every graph, for tests and
-    benchmarks."""
+    ``lowered`` / ``replays`` (class-wide): Programs lowered and submits made by every graph, ``last`` the graph
+    made last, for tests and benchmarks."""
 
     lowered = 0
     replays = 0
+    last: MtlirGraph | None = None
 
     def __init__(self, linear: Any, input_uops: tuple[UOp, ...] = ()) -> None:
         super().__init__(linear, input_uops)
         self.dev = cast(MetalDevice, Device[self.device])
-        self.sessions: dict[tuple[Any, ...], Session] = {}
+        self.sessions: dict[tuple[Any, ...], SessionRing] = {}
         self.submits = 0
         self._session(input_uops)
+        MtlirGraph.last = self
 
     def _inputs(self, input_uops: tuple[UOp, ...]) -> dict[int, MetalBuffer]:
         out: dict[int, MetalBuffer] = {}
@@ -90,14 +95,14 @@ class MtlirGraph(GraphRunner):
             batch.dispatches.append(Dispatch(prg.kernel, tuple(args), tuple(vals), grid, local))
         return batch
 
-    def _session(self, input_uops: tuple[UOp, ...]) -> tuple[Session, dict[int, MetalBuffer]]:
+    def _session(self, input_uops: tuple[UOp, ...]) -> tuple[SessionRing, dict[int, MetalBuffer]]:
         inputs = self._inputs(input_uops)
         key = tuple(sorted((i, b.size) for i, b in inputs.items()))
         s = self.sessions.get(key)
         if s is None:
             batch = self.batch(inputs)
             program = batch.lower(self.dev.spec, self.dev.target)
-            s = self.sessions[key] = self.dev.ctx.session(program, shared_extra=batch.shared_buffers())
+            s = self.sessions[key] = self.dev.ctx.ring(program, RING, shared_extra=batch.shared_buffers())
             MtlirGraph.lowered += 1
         return s, inputs
 
@@ -111,7 +116,7 @@ class MtlirGraph(GraphRunner):
             for a in range(3):
                 values[f"g{i}_{a}"] = values[f"l{i}_{a}"] = d[a] if a < len(d) else 1
         values = {k: v for k, v in values.items() if k in s.program.variables}
-        sub = self.dev.ctx.submit(s, **values)
+        sub = s.submit(**values)
         self.submits += 1
         MtlirGraph.replays += 1
         if not wait:

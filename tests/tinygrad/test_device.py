@@ -64,6 +64,23 @@ def test_eager_view_offsets_are_bound_per_call_one_lowering() -> None:
     assert len(prg.sessions) - lowered <= 1
 
 
+def test_calls_without_a_wait_alternate_a_ring_of_two_sessions() -> None:
+    dev = Device["METAL"]
+    prg, (gsize, local) = _add_program()
+    alloc = dev.allocator
+    data = np.arange(64, dtype=np.float32)
+    src, out = alloc.alloc(data.nbytes), alloc.alloc(data.nbytes)
+    alloc._copyin(src, memoryview(data.tobytes()))
+    for k in range(8):  # no wait between the calls: each writes its own 8 outputs
+        prg(alloc._offset(out, 32, 32 * k), alloc._offset(src, 32, 32 * k), alloc._offset(src, 32, 32 * (7 - k)),
+            global_size=gsize, local_size=local)
+    (ring,) = prg.sessions.values()
+    assert len(ring.sessions) == 2 and all(s.inflight for s in ring.sessions)  # the second linked, both in use
+    got = np.empty(64, np.float32)
+    alloc._copyout(memoryview(got).cast("B"), out)
+    np.testing.assert_array_equal(got, data + data.reshape(8, 8)[::-1].reshape(64))
+
+
 @pytest.mark.parametrize("off, match", [(2, "not a multiple of 4"), (256, r"must be < \[buffer length\]")])
 def test_a_bad_view_offset_gets_metals_error(off: int, match: str) -> None:
     from mtlir.errors import MetalValidationError
