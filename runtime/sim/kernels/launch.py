@@ -9,6 +9,7 @@ enqueues a batch of them at once and waits once. Each launch of a batch writes i
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -73,8 +74,9 @@ class FaultRecords:
     sub-buffer per slot, the argument a launch gets. ``in_host_memory``: the buffer is the host array ``host``
     itself (``USE_HOST_PTR``); otherwise ``read`` copies the records of a batch back in one rectangular copy."""
 
-    def __init__(self, cl: Any, context: Any, base_align: int, in_host_memory: bool) -> None:
-        self.cl = cl
+    def __init__(self, cl: Any, context: Any, base_align: int, in_host_memory: bool,
+                 pinned: Callable[[int], np.ndarray]) -> None:
+        self.cl, self._pinned = cl, pinned
         self.stride = -(-(RECORD_BYTES + SCRATCH_BYTES) // base_align) * base_align
         self.in_host_memory = in_host_memory
         self.host = np.zeros(MAX_BATCH * self.stride, np.uint8)
@@ -86,19 +88,13 @@ class FaultRecords:
         self.slots = [self.buf.get_sub_region(k * self.stride, self.stride) for k in range(MAX_BATCH)]
         self.words = self.host.reshape(MAX_BATCH, self.stride)[:, :RECORD_BYTES].view(np.uint32)  # (slot, word)
         self._copy: np.ndarray | None = None  # where the records are read back to (device copies): pinned memory
-        self._pinned: Any = None
 
-    def _destination(self, queue: Any) -> np.ndarray:
-        """The host array the records are read into: a mapping of an ``ALLOC_HOST_PTR`` buffer, kept mapped (page-
-        locked memory: a read into it took ~55 µs on the H200 against ~85 µs into a numpy array)."""
+    def _destination(self) -> np.ndarray:
+        """The host array the records are read into, ``(MAX_BATCH, RECORD_BYTES)`` bytes of page-locked memory
+        (``KernelRunner._pinned``: a read into it took ~55 µs on the H200 against ~85 µs into a numpy array)."""
         if self._copy is None:
-            cl = self.cl
-            self._pinned = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
-                                     size=MAX_BATCH * RECORD_BYTES)
-            mapped, _ = cl.enqueue_map_buffer(queue, self._pinned, cl.map_flags.READ | cl.map_flags.WRITE, 0,
-                                              (MAX_BATCH, RECORD_BYTES), np.uint8, is_blocking=True)
-            mapped[:] = 0
-            self._copy = mapped
+            self._copy = self._pinned(MAX_BATCH * RECORD_BYTES).reshape(MAX_BATCH, RECORD_BYTES)
+            self._copy[:] = 0
         return self._copy
 
     def read(self, queue: Any, count: int) -> tuple[np.ndarray, Any]:
@@ -106,7 +102,7 @@ class FaultRecords:
         for before reading it (None: in host memory, current once the kernels completed)."""
         if self.in_host_memory:
             return self.words[:count], None
-        out = self._destination(queue)[:count]
+        out = self._destination()[:count]
         event = self.cl.enqueue_copy(queue, out, self.buf, buffer_origin=(0, 0), host_origin=(0, 0),
                                      region=(RECORD_BYTES, count), buffer_pitches=(self.stride,),
                                      host_pitches=(RECORD_BYTES,), is_blocking=False)

@@ -119,7 +119,8 @@ class KernelRunner:
         self.in_host_memory: bool = works_in_place if in_host_memory is None else in_host_memory
         # The fault records and scratch areas kernels get as their last argument (``guard``), one per launch of a
         # batch (``launch.FaultRecords``): read once the batch completed, in place or by one copy.
-        self._records = FaultRecords(cl, self.context, self.base_align, self.in_host_memory)
+        self._records = FaultRecords(cl, self.context, self.base_align, self.in_host_memory, self._pinned)
+        self._map_queue: Any = None  # the queue page-locked staging buffers are mapped on (``_pinned``)
 
     def __repr__(self) -> str:
         return f"KernelRunner({self.device_name!r}, base_align={self.base_align})"
@@ -172,13 +173,24 @@ class KernelRunner:
         cl, storage = self.cl, e.storage
         mirror = self._mirrors.get(e)
         if mirror is None and 0 < storage.nbytes <= MIRROR_BYTES:
-            pinned = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR,
-                               size=storage.nbytes)
-            mapped, _ = cl.enqueue_map_buffer(self.queue, pinned, cl.map_flags.READ | cl.map_flags.WRITE, 0,
-                                              (storage.nbytes,), np.uint8, is_blocking=True)
-            mirror = self._mirrors[e] = mapped  # kept mapped, as the fault records' destination is
+            mirror = self._mirrors[e] = self._pinned(storage.nbytes)
         cl.enqueue_copy(self.queue, storage if mirror is None else mirror, e.buf, is_blocking=False)
         return mirror
+
+    def _pinned(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of page-locked host memory (uint8): an ``ALLOC_HOST_PTR`` buffer mapped once and kept mapped,
+        the staging area copies to the host go through (one DMA, no copy by the driver on the calling thread). It
+        is mapped on a queue of its own (``_map_queue``, made at the first call): a blocking map on the kernels'
+        in-order queue would wait for every kernel enqueued before it, as a map made while a batch is in flight
+        (the first copy back of a buffer) would, turning the batch's wait with a timeout into an unbounded one.
+        The buffer is no kernel's, so the map completes at once. Raises ``pyopencl.Error`` when OpenCL refuses."""
+        cl = self.cl
+        if self._map_queue is None:
+            self._map_queue = cl.CommandQueue(self.context, self.device)
+        buf = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, size=nbytes)
+        mapped, _ = cl.enqueue_map_buffer(self._map_queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0,
+                                          (nbytes,), np.uint8, is_blocking=True)
+        return mapped  # type: ignore[no-any-return]  # its ``base`` keeps the buffer alive
 
     @staticmethod
     def _landed(e: DeviceBuffer, mirror: np.ndarray | None) -> None:
