@@ -75,6 +75,32 @@ def canonical_type_spellings(tokens: list[Token]) -> list[Token]:
         first = tokens[i]
         out.append(Token(ID, name, first.line, first.col, first.space))
         i = j
+    return _vector_templates(tokens if out is None else out)
+
+
+def _vector_templates(tokens: list[Token]) -> list[Token]:
+    """``vec<T, N>`` (MSL spec §2.2: the template form of the vector types) as the one token ``TN`` for an element
+    type with vector forms in both languages (``VECTOR_ELEMENTS``, after the multi-word names were merged: ``vec<
+    unsigned char, 4>`` -> ``uchar4``) and N in 2, 3, 4; a ``>>`` that closes it and an enclosing template keeps its
+    second ``>``. Any other ``vec<...>`` is left, for the translator to refuse. The same list when none is found."""
+    out: list[Token] | None = None
+    i, n = 0, len(tokens)
+    while i < n:
+        t = tokens[i]
+        if not (t.kind == ID and t.text == "vec" and i + 5 < n and tokens[i + 1].text == "<"
+                and tokens[i + 2].kind == ID and tokens[i + 2].text in VECTOR_ELEMENTS and tokens[i + 3].text == ","
+                and tokens[i + 4].text in ("2", "3", "4") and tokens[i + 5].text in (">", ">>")):
+            if out is not None:
+                out.append(t)
+            i += 1
+            continue
+        if out is None:
+            out = list(tokens[:i])
+        out.append(Token(ID, tokens[i + 2].text + tokens[i + 4].text, t.line, t.col, t.space))
+        close = tokens[i + 5]
+        if close.text == ">>":
+            out.append(Token(close.kind, ">", close.line, close.col + 1, ""))
+        i += 6
     return tokens if out is None else out
 
 
