@@ -219,7 +219,8 @@ class DeviceContext:
 
     def ring(self, program: Program, size: int = 2, *, shared_extra: Mapping[str, int] | None = None) -> SessionRing:
         """A ``SessionRing`` of up to ``size`` Sessions of ``program`` on this context (the first linked now, each
-        other one at its first use, ``session``). Raises ``ValueError`` for a size below 1, ``LinkError`` as ``session`` does."""
+        other one at its first use, ``session``). Raises ``ValueError`` for a size below 1, ``LinkError`` as
+        ``session`` does."""
         return SessionRing(self, program, size, shared_extra)
 
     def next_value(self) -> int:

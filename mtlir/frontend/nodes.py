@@ -14,7 +14,7 @@ graph"). Layouts, all checked by ``Queue`` as they are built and again by the ``
 | COPY | void | ``(src, src_offset, dst, dst_offset, size)``: buffers (BUFFER or buffer variable), uint64 bytes | None |
 | FILL | void | ``(buffer, offset, size)``: a buffer, uint64 bytes | the byte value (0..255) |
 | BUFFER | id | () | ``(name, nbytes)``; the placeholder link creates is ``buffer:<name>`` |
-| BUFFER_VIEW | id | ``(BUFFER or buffer variable,)``; ``(buffer variable, offset)`` for a variable offset | ``(offset, nbytes)`` in bytes (offset 0 when it is a source) |
+| BUFFER_VIEW | id | ``(buffer,)``, or ``(buffer variable, uint64 offset)`` | ``(offset, nbytes)`` in bytes (offset 0: a source) |
 
 ``grid`` and ``threadgroup`` are ``STRUCT`` nodes of dtype MTLSize whose three fields are uint64: constants or
 expressions of run-time variables (DEFINE_VAR). Grid sizes count threadgroups, threadgroup sizes count threads
