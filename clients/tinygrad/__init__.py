@@ -6,8 +6,8 @@ run on mtlir (the simulated Metal device by default), on any machine. The device
     from tinygrad import Tensor
     print((Tensor([1, 2, 3]) + 1).tolist())      # [2, 3, 4], through mtlir's lowering and the simulated Metal
 
-``configure(family=..., target=..., strict=...)`` before the first tensor; ``record(script, args, output)`` records a script's
-kernel queue as a trace (``mtlir record``)."""
+``configure(family=..., target=..., strict=...)`` before the first tensor; ``record(script, args, output)``
+records a script's kernel queue as a trace (``mtlir record``)."""
 from __future__ import annotations
 
 import sys

@@ -82,7 +82,8 @@ class _Recorder:
             taken = {q.key for q in self.programs.values()}
             key = function if function not in taken else f"{function}_v{len(self.programs)}"
             nb = len(prog.kernel.params) - len(names)
-            params = [[None if q.var is None else names[q.index - nb], q.index, q.dtype, []] for q in prog.kernel.params]
+            params = [[None if q.var is None else names[q.index - nb], q.index, q.dtype, []]
+                      for q in prog.kernel.params]
             p = self.programs[msl] = _Program(key, function, msl, params)
         for q, b in zip(p.params, bufs):  # elements: the fewest the views of the dispatches so far hold
             n = b.size // param_dtype(q[2]).itemsize
@@ -204,15 +205,15 @@ def record_trace(script: str | Path, args: Sequence[str] = (), *, family: str | 
     (default ``expected_device()``); ``workload``: the trace's name (default the script's stem).
 
     Raises ``RecordError`` (exit 2 in the CLI) for a script that fails, has no ``main()``, or runs no kernel that
-    writes its output; ``RuntimeError`` when the METAL device is already open with another family (one process
-    renders for one family); mtlir's own errors (an unsupported kernel, a GPU error) pass through."""
+    writes its output, or when the METAL device is already open with another family (one process renders for one
+    family); mtlir's own errors (an unsupported kernel, a GPU error) pass through."""
     from tinygrad.device import Device
     path = Path(script)
     if not path.is_file():
         raise RecordError(f"{path}: no such script")
     if family is not None:
         if "METAL" in Device._opened_devices and Device["METAL"].arch.lower() != family.lower():
-            raise RuntimeError(f"the METAL device is open for {Device['METAL'].arch}: it cannot record {family} in "
+            raise RecordError(f"the METAL device is open for {Device['METAL'].arch}: it cannot record {family} in "
                                "this process (run mtlir record once per family)")
         configure(family=family)
     family = SETTINGS.family

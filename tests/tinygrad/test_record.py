@@ -122,3 +122,11 @@ def test_record_options_after_the_script_are_records_the_rest_the_scripts() -> N
         split_script_args(argparse.Namespace(args=["--arch", "m1"], output=None, arch=None, expected=None))
     with pytest.raises(UsageError, match="-o needs a value"):
         split_script_args(argparse.Namespace(args=["-o"], output=None))
+
+
+def test_another_family_in_a_process_whose_device_is_open_is_refused() -> None:
+    from tinygrad.device import Device
+    arch = Device["METAL"].arch
+    other = "Apple7" if arch != "Apple7" else "Apple9"
+    with pytest.raises(RecordError, match=f"open for {arch}: it cannot record {other}"):
+        record_trace(EXAMPLES / "conv.py", family=other)
