@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tinygrad.device import BufferSpec, Compiled, Compiler, LRUAllocator, Program, TinyELF
+from tinygrad.device import CompileError as TinygradCompileError
 from tinygrad.helpers import prod
 from tinygrad.renderer.cstyle import MetalRenderer
 
+from mtlir.errors import MtlirError
 from mtlir.metal import DeviceSpec, Kernel
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.context import DeviceBuffer, DeviceContext, SessionRing
@@ -45,8 +47,9 @@ _INT32 = (-2**31, 2**31 - 1)
 _MAX_THREADS = 2**32 - 1  # MSL thread positions are 32-bit: grid x threadgroup per axis stays below
 
 
-class CompileError(Exception):
-    """Kept for tinygrad code that imports it from ops_metal (tinygrad's own is ``tinygrad.device.CompileError``)."""
+class CompileError(MtlirError, TinygradCompileError):
+    """Kept for tinygrad code that imports it from ops_metal: a ``tinygrad.device.CompileError`` (what tinygrad
+    catches) and an ``MtlirError``."""
 
 
 @dataclass(frozen=True)
