@@ -10,7 +10,9 @@ two paths of each pair alternating round by round, medians over ``rounds`` round
   queue), against the kernel runner alone running the same launch (the OpenCL kernel object, arguments and sizes
   the simulated GPU prepared for that ICB command, taken from it): ``run_batch`` of that one launch and the
   ``sync`` that brings the result to the host, what the device itself does for the kernel, with no Metal message;
-  ``eager_over_raw`` their ratio (issue 11's target: at most 2).
+  ``eager_over_raw`` their ratio (issue 11's target: at most 2). ``eager_stream_us_per_call`` /
+  ``eager_stream_over_raw``: ``calls`` such calls without a wait (tinygrad's usual call), then one wait, per call
+  and against ``calls`` raw runs.
 - ``jit_us_per_call`` / ``jit_raw_us_per_call``: a TinyJit of ``kernels`` chained kernels called ``calls`` times
   per round (one ICB submit per call, then a wait), against the kernel runner running the batch's own launches
   (taken from the ICB's commands: the same kernels, buffers and sizes) as one ``run_batch`` and a ``sync`` per
@@ -82,6 +84,18 @@ def measure(rounds: int = 9, calls: int = 20, kernels: int = 8) -> dict[str, Any
     raw()
     eager_s, raw_s = _median_pair(eager, raw, rounds)
 
+    def stream() -> None:  # tinygrad's usual call: no wait (the ring of two Sessions alternates)
+        for _ in range(calls):
+            prg(*bufs, global_size=gsize, local_size=local, vals=(), wait=False)
+        dev.synchronize()
+
+    def raw_stream() -> None:
+        for _ in range(calls):
+            raw()
+
+    stream()
+    stream_s, raw_stream_s = _median_pair(stream, raw_stream, rounds)
+
     x = Tensor(np.arange(256, dtype=np.float32)).realize()
 
     @TinyJit
@@ -112,6 +126,8 @@ def measure(rounds: int = 9, calls: int = 20, kernels: int = 8) -> dict[str, Any
 
     jit_s, raw_chain_s = _median_pair(jit, raw_chain, rounds)
     return {"eager_us": eager_s * 1e6, "raw_us": raw_s * 1e6, "eager_over_raw": eager_s / raw_s,
+            "eager_stream_us_per_call": stream_s / calls * 1e6,
+            "eager_stream_over_raw": stream_s / raw_stream_s,
             "jit_us_per_call": jit_s / calls * 1e6, "jit_raw_us_per_call": raw_chain_s / calls * 1e6,
             "jit_kernels": kernels, "jit_us_per_dispatch": (jit_s - raw_chain_s) / (calls * kernels) * 1e6,
             "rounds": rounds}
