@@ -48,6 +48,7 @@ from mtlir.runtime.sim.msl.simd import scratch_bytes
 
 KEEP_SYNCS = 4  # a device buffer unused for this many syncs is dropped (a submit syncs 2-3 times)
 SNAPSHOT_BYTES = 1 << 18  # device copies of buffers up to this size are copied in only when the host changed them
+SPIN_S = 0.002  # on a GPU the batch's wait first watches its last event this long on the calling thread (``waiter``)
 MIRROR_BYTES = 1 << 24  # buffers up to this size come back through a page-locked mirror (``_copy_back``)
 
 __all__ = ["KernelRunner", "INSTALL_HINT", "BUILD_OPTIONS", "list_devices", "select_device", "device_name",
@@ -117,6 +118,8 @@ class KernelRunner:
             raise ValueError(f"the OpenCL device {self.device_name!r} keeps its own copy of buffers: it cannot work "
                              "in the host arrays (in_host_memory=True)")
         self.in_host_memory: bool = works_in_place if in_host_memory is None else in_host_memory
+        # a batch's wait watches its event first where that takes no time from the kernels (not a CPU device)
+        self.spin_s: float = SPIN_S if device_kind(cl, device) == "GPU" else 0.0
         # The fault records and scratch areas kernels get as their last argument (``guard``), one per launch of a
         # batch (``launch.FaultRecords``): read once the batch completed, in place or by one copy.
         self._records = FaultRecords(cl, self.context, self.base_align, self.in_host_memory, self._pinned)
@@ -430,7 +433,7 @@ class KernelRunner:
         mark the runner stuck (keeping the memory the kernels use alive: OpenCL cannot stop them) and raise
         ``WaitTimeoutError`` naming the first launch of the batch that has not completed."""
         try:
-            done = self._waiter.wait(event, timeout_s)
+            done = self._waiter.wait(event, timeout_s, self.spin_s)
         except self.cl.Error as e:
             raise RuntimeError(f"OpenCL failed to run {in_flight[0][0].what} (or a launch after it): {e}") from None
         if done:

@@ -30,10 +30,10 @@ kernel void copy(device float* out, device const float* src, uint3 lid [[thread_
   out[lid.x] = src[lid.x] * 2.0f;
 }
 kernel void over(device float* out, uint3 lid [[thread_position_in_threadgroup]]) { out[lid.x + 4] = 1.0f; }
-kernel void spin(device float* x, uint3 lid [[thread_position_in_threadgroup]]) {
-  float acc = x[0];
-  for (int k = 0; k < 100000000; k++) { acc = acc * 0.999999f + x[1]; }
-  x[2 + lid.x] = acc;
+kernel void spin(device uint* x, uint3 lid [[thread_position_in_threadgroup]]) {
+  uint j = x[0];  // a chain of loads, each waiting for the one before: ~35 ms on PoCL here, longer on a GPU
+  for (int k = 0; k < 20000000; k++) { j = x[j & 3u]; }
+  x[4 + lid.x] = j;
 }
 """
 
@@ -221,3 +221,35 @@ def test_the_running_kernel_of_a_batch_is_named(scene: Scene) -> None:
     assert seen is not None and seen[0] == "spin" and seen[1].startswith("ICB command 1 of") and s.dev.kernel_running
     s.send(cb, "waitUntilCompleted")
     assert s.status(cb) == MTL.StatusCompleted and s.dev.running_kernel is None
+
+
+class _FakeEvent:
+    """An OpenCL event stand-in: its status goes through ``statuses`` one query at a time (then stays at the last)."""
+
+    def __init__(self, *statuses: int) -> None:
+        self.statuses, self.waited = list(statuses), 0
+
+    @property
+    def command_execution_status(self) -> int:
+        return self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+
+    def wait(self) -> None:
+        self.waited += 1
+        if self.statuses[0] < 0:
+            raise RuntimeError("the command failed")
+        while self.statuses[0] > 0:
+            time.sleep(0.001)
+
+
+def test_a_wait_with_a_spin_sees_a_short_batch_end_on_its_own_thread() -> None:
+    from mtlir.runtime.sim.kernels.waiter import EventWaiter
+    w = EventWaiter()
+    ev = _FakeEvent(2, 1, 1, 0)  # submitted, running twice, complete: seen while spinning
+    assert w.wait(ev, 5.0, spin_s=1.0) and ev.waited == 0 and w._thread is None
+    with pytest.raises(RuntimeError, match="the command failed"):
+        w.wait(_FakeEvent(1, -5), 5.0, spin_s=1.0)
+    stuck = _FakeEvent(1)  # never completes: the spin ends, the helper thread waits, the timeout still holds
+    start = time.monotonic()
+    assert not w.wait(stuck, 0.05, spin_s=0.01) and w._thread is not None
+    assert 0.05 <= time.monotonic() - start < 2
+    stuck.statuses = [0]  # let the helper thread go
