@@ -72,7 +72,11 @@ class FaultRecords:
     """``MAX_BATCH`` fault records, one per launch of a batch, each followed by its scratch area: one OpenCL buffer
     of ``MAX_BATCH`` slots of ``stride`` bytes (a multiple of the device's ``mem_base_addr_align``) and a
     sub-buffer per slot, the argument a launch gets. ``in_host_memory``: the buffer is the host array ``host``
-    itself (``USE_HOST_PTR``); otherwise ``read`` copies the records of a batch back in one rectangular copy."""
+    itself (``USE_HOST_PTR``); otherwise ``read`` gathers the records of a batch on the device (one rectangular
+    copy into ``compact``, ``MAX_BATCH`` records back to back) and reads them back in one plain copy. A rectangular
+    read straight to the host blocks the calling thread until the kernels before it end on NVIDIA's driver (seen on
+    the H200: a batch's wait with a timeout then never got to time out), where a copy between buffers and a plain
+    read into page-locked memory are enqueued and return."""
 
     def __init__(self, cl: Any, context: Any, base_align: int, in_host_memory: bool,
                  pinned: Callable[[int], np.ndarray]) -> None:
@@ -88,6 +92,7 @@ class FaultRecords:
         self.slots = [self.buf.get_sub_region(k * self.stride, self.stride) for k in range(MAX_BATCH)]
         self.words = self.host.reshape(MAX_BATCH, self.stride)[:, :RECORD_BYTES].view(np.uint32)  # (slot, word)
         self._copy: np.ndarray | None = None  # where the records are read back to (device copies): pinned memory
+        self.compact: Any = None if in_host_memory else cl.Buffer(context, flags, size=MAX_BATCH * RECORD_BYTES)
 
     def _destination(self) -> np.ndarray:
         """The host array the records are read into, ``(MAX_BATCH, RECORD_BYTES)`` bytes of page-locked memory
@@ -102,10 +107,10 @@ class FaultRecords:
         for before reading it (None: in host memory, current once the kernels completed)."""
         if self.in_host_memory:
             return self.words[:count], None
-        out = self._destination()[:count]
-        event = self.cl.enqueue_copy(queue, out, self.buf, buffer_origin=(0, 0), host_origin=(0, 0),
-                                     region=(RECORD_BYTES, count), buffer_pitches=(self.stride,),
-                                     host_pitches=(RECORD_BYTES,), is_blocking=False)
+        cl, out = self.cl, self._destination()[:count]
+        cl.enqueue_copy(queue, self.compact, self.buf, src_origin=(0, 0), dst_origin=(0, 0),
+                        region=(RECORD_BYTES, count), src_pitches=(self.stride,), dst_pitches=(RECORD_BYTES,))
+        event = cl.enqueue_copy(queue, out, self.compact, is_blocking=False)  # out: count records back to back
         return out.view(np.uint32), event
 
     def clear(self, queue: Any, slot: int, words: np.ndarray) -> None:
