@@ -169,15 +169,20 @@ class KernelRunner:
 
     def _copy_back(self, e: DeviceBuffer) -> np.ndarray | None:
         """Enqueue the copy of ``e``'s device copy to the host, without waiting: into its page-locked mirror
-        (returned; ``_landed`` moves the bytes to the host array once the copy completed) for a buffer of at most
-        ``MIRROR_BYTES``, else straight into the host array (None). A copy into pageable memory is staged by the
-        driver on the calling thread: NVIDIA's waits there for the kernels before it and copies twice, where a copy
-        into page-locked memory is one DMA that the batch's wait covers (as ``FaultRecords`` reads its records)."""
-        cl, storage = self.cl, e.storage
+        (returned; ``_landed`` moves the bytes to the host array once the copy completed), else straight into the
+        host array (None)."""
+        mirror = self._mirror(e)
+        self.cl.enqueue_copy(self.queue, e.storage if mirror is None else mirror, e.buf, is_blocking=False)
+        return mirror
+
+    def _mirror(self, e: DeviceBuffer) -> np.ndarray | None:
+        """The page-locked host copy results of ``e`` come back through (made at its first use), for a buffer of
+        at most ``MIRROR_BYTES``; None for a larger one (copied straight into the host array). A copy into pageable
+        memory is staged by the driver on the calling thread: NVIDIA's copies twice, where a copy into page-locked
+        memory is one DMA (as ``FaultRecords`` reads its records)."""
         mirror = self._mirrors.get(e)
-        if mirror is None and 0 < storage.nbytes <= MIRROR_BYTES:
-            mirror = self._mirrors[e] = self._pinned(storage.nbytes)
-        cl.enqueue_copy(self.queue, storage if mirror is None else mirror, e.buf, is_blocking=False)
+        if mirror is None and 0 < e.storage.nbytes <= MIRROR_BYTES:
+            mirror = self._mirrors[e] = self._pinned(e.storage.nbytes)
         return mirror
 
     def _pinned(self, nbytes: int) -> np.ndarray:
@@ -324,12 +329,18 @@ class KernelRunner:
 
     def _batch(self, launches: Sequence[Launch], first: int, timeout_s: float,
                write_back: bool = False) -> tuple[int, KernelAccessError] | None:
+        """Enqueue ``launches`` and wait once. The copies in come first, all of them, before the first kernel (a
+        buffer not current is used by no earlier launch of the batch, so copying it in earlier changes nothing);
+        the transfers to the host (results for ``write_back``, the fault records) are enqueued only once the
+        kernels completed (``after``, run by the wait): NVIDIA's driver blocks the thread that enqueues a copy
+        between the host and the device behind running kernels (seen on the H200: ~50 ms behind a 50 ms kernel,
+        pinned memory or not), which would make the wait's timeout unreachable; copies between buffers and
+        kernels return at once there."""
         cl, queue, records = self.cl, self.queue, self._records
         in_flight: list[tuple[Launch, Any]] = []
-        back: list[tuple[DeviceBuffer, np.ndarray | None]] = []
         launch = launches[0]
         try:
-            for k, launch in enumerate(launches):
+            for launch in launches:
                 if self._dropped and launch.uses and any(e.buf is None for e, _ in launch.uses):
                     self._rebind(launch)
                 for e, writable in launch.uses:
@@ -340,6 +351,7 @@ class KernelRunner:
                         e.current = True
                     if writable:
                         e.dirty = True
+            for k, launch in enumerate(launches):
                 if not launch.own:
                     launch.args[launch.fault_arg] = records.slots[k]
                     launch.kernel.set_args(*launch.args)
@@ -348,22 +360,33 @@ class KernelRunner:
                     launch.record = k
                 in_flight.append((launch, cl.enqueue_nd_range_kernel(queue, launch.kernel, launch.global_size,
                                                                      launch.local_size)))
-            if write_back:  # behind the kernels in the in-order queue: the one wait covers the copies too
-                for entry in self._buffers.values():
-                    if entry.dirty and not entry.in_place:
-                        back.append((entry, self._copy_back(entry)))
-            words, last = records.read(queue, len(launches))
             queue.flush()
         except cl.Error as e:
             raise RuntimeError(f"OpenCL refused to run {launch.what}: {e}") from None
+        # the buffers kernels wrote since the last sync, with their page-locked mirrors (made here, not on the
+        # thread that may run ``after``)
+        back = [(entry, self._mirror(entry)) for entry in self._buffers.values()
+                if write_back and entry.dirty and not entry.in_place]
+        got: list[np.ndarray] = []
+
+        def after() -> Any:
+            """Once the kernels completed: enqueue the copies back and the records' read; their last event."""
+            for entry, mirror in back:
+                cl.enqueue_copy(queue, entry.storage if mirror is None else mirror, entry.buf, is_blocking=False)
+            words, last = records.read(queue, len(launches))
+            got.append(words)
+            queue.flush()
+            return last
+
         self.in_flight = in_flight
         try:
-            self._wait(in_flight[-1][1] if last is None else last, timeout_s, in_flight)
+            self._wait(in_flight[-1][1], timeout_s, in_flight, after)
         finally:
             self.in_flight = []
         for entry, mirror in back:  # the host arrays hold what the device copies hold
             entry.dirty = False
             self._landed(entry, mirror)
+        words = got[0]
         for k in range(len(launches)):
             if words[k, 0]:
                 launch = launches[k]
@@ -428,12 +451,14 @@ class KernelRunner:
                                                  hostbuf=block)
         return buf
 
-    def _wait(self, event: Any, timeout_s: float, in_flight: list[tuple[Launch, Any]]) -> None:
-        """Wait for ``event`` (the batch's last command) through the ``EventWaiter``: no polling. Past ``timeout_s``
-        mark the runner stuck (keeping the memory the kernels use alive: OpenCL cannot stop them) and raise
-        ``WaitTimeoutError`` naming the first launch of the batch that has not completed."""
+    def _wait(self, event: Any, timeout_s: float, in_flight: list[tuple[Launch, Any]],
+              after: Any = None) -> None:
+        """Wait for ``event`` (the batch's last kernel), then for what ``after()`` enqueues once it completed (the
+        event it returns), through the ``EventWaiter``: no sleeping. Past ``timeout_s`` mark the runner stuck
+        (keeping the memory the kernels use alive: OpenCL cannot stop them) and raise ``WaitTimeoutError`` naming
+        the first launch of the batch that has not completed."""
         try:
-            done = self._waiter.wait(event, timeout_s, self.spin_s)
+            done = self._waiter.wait(event, timeout_s, self.spin_s, after)
         except self.cl.Error as e:
             raise RuntimeError(f"OpenCL failed to run {in_flight[0][0].what} (or a launch after it): {e}") from None
         if done:

@@ -11,45 +11,52 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["EventWaiter"]
 
 
 class EventWaiter:
-    """One helper thread (started at the first wait) that waits for the events handed to it, in order."""
+    """One helper thread (started at the first wait beyond the spin) that waits for the events handed to it, in
+    order."""
 
     def __init__(self) -> None:
-        self._work: queue.SimpleQueue[tuple[Any, threading.Lock, list[BaseException]]] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[Any, Callable[[], Any] | None, threading.Lock, list[BaseException]]] = \
+            queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def wait(self, event: Any, timeout_s: float, spin_s: float = 0.0) -> bool:
-        """Wait until ``event`` (a ``pyopencl.Event``) completes: True; False when ``timeout_s`` seconds passed
-        first (the helper thread goes on waiting for it; later waits queue behind it). ``spin_s`` (seconds, 0:
-        none): watch the event's status on the calling thread that long first (only where the device is not the
-        CPU the watching would take time from). Raises what the event's wait raised (``pyopencl.Error``: the
-        command failed)."""
+    def wait(self, event: Any, timeout_s: float, spin_s: float = 0.0, then: Callable[[], Any] | None = None) -> bool:
+        """Wait until ``event`` (a ``pyopencl.Event``) completes, then call ``then()`` (None: nothing) and wait for
+        the event it returns (None: none): True; False when ``timeout_s`` seconds passed first (the helper thread
+        goes on waiting, and calls ``then`` when the event completes; later waits queue behind it). ``spin_s``
+        (seconds, 0: none): watch the events' status on the calling thread that long first (only where the device
+        is not the CPU the watching would take time from). Raises what the events' waits or ``then`` raised
+        (``pyopencl.Error``: a command failed)."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
         if spin_s > 0:
-            start = time.perf_counter()
-            end = start + min(spin_s, timeout_s)
+            end = time.perf_counter() + min(spin_s, timeout_s)
             while True:
                 status = event.command_execution_status  # CL_COMPLETE is 0; an error is below 0
                 if status <= 0:
                     if status < 0:
                         event.wait()  # raises the command's error
-                    return True
-                now = time.perf_counter()
-                if now >= end:
+                    if then is None:
+                        return True
+                    event, then = then(), None
+                    if event is None:
+                        return True
+                    continue
+                if time.perf_counter() >= end:
                     break
-            timeout_s -= now - start
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="mtlir-sim-opencl-wait", daemon=True)
             self._thread.start()
         done = threading.Lock()
         done.acquire()
         failed: list[BaseException] = []
-        self._work.put((event, done, failed))
-        if not done.acquire(timeout=max(timeout_s, 0.0)):
+        self._work.put((event, then, done, failed))
+        if not done.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
             return False
         if failed:
             raise failed[0]
@@ -57,9 +64,13 @@ class EventWaiter:
 
     def _run(self) -> None:
         while True:
-            event, done, failed = self._work.get()
+            event, then, done, failed = self._work.get()
             try:
                 event.wait()
+                if then is not None:
+                    after = then()
+                    if after is not None:
+                        after.wait()
             except BaseException as e:  # handed to the caller, who raises it
                 failed.append(e)
             finally:

@@ -238,7 +238,10 @@ class _FakeEvent:
         if self.statuses[0] < 0:
             raise RuntimeError("the command failed")
         while self.statuses[0] > 0:
-            time.sleep(0.001)
+            if len(self.statuses) > 1:
+                self.statuses.pop(0)
+            else:
+                time.sleep(0.001)
 
 
 def test_a_wait_with_a_spin_sees_a_short_batch_end_on_its_own_thread() -> None:
@@ -269,3 +272,28 @@ def test_the_fault_record_of_each_launch_of_a_batch_is_read_back(in_host_memory:
         assert fault is not None and fault[0] == where, fault
         assert fault[1].function == "over" and 4 <= fault[1].element <= 7
         assert own.run_batch([batch[1] if where != 1 else batch[0]], 30) is None  # records cleared after a fault
+
+
+def test_what_follows_the_kernels_is_enqueued_once_they_completed_on_either_thread() -> None:
+    """``then`` (the copies to the host a batch ends with) runs only after the kernels' event completed, whether
+    the caller's spin saw it or the helper thread did, and the wait also covers the event ``then`` returns."""
+    from mtlir.runtime.sim.kernels.waiter import EventWaiter
+    for spin in (1.0, 0.0):
+        w = EventWaiter()
+        kernels, copies = _FakeEvent(1, 1, 0), _FakeEvent(1, 0)
+        seen: list[list[int]] = []
+
+        def then() -> _FakeEvent:
+            seen.append(list(kernels.statuses))
+            return copies
+        assert w.wait(kernels, 5.0, spin_s=spin, then=then)
+        assert seen == [[0]] and copies.statuses == [0]  # called once, after completion; its event waited for
+    w = EventWaiter()
+    stuck, called = _FakeEvent(1), []
+    assert not w.wait(stuck, 0.02, spin_s=0.005, then=lambda: called.append(1))
+    assert called == []  # past the timeout the kernels still run: nothing enqueued behind them yet
+    stuck.statuses = [0]
+    deadline = time.monotonic() + 5
+    while not called and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert called == [1]  # the helper thread enqueues it once they end
