@@ -94,9 +94,10 @@ class FaultRecords:
         self._copy: np.ndarray | None = None  # where the records are read back to (device copies): pinned memory
         self.compact: Any = None if in_host_memory else cl.Buffer(context, flags, size=MAX_BATCH * RECORD_BYTES)
 
-    def _destination(self) -> np.ndarray:
+    def destination(self) -> np.ndarray:
         """The host array the records are read into, ``(MAX_BATCH, RECORD_BYTES)`` bytes of page-locked memory
-        (``KernelRunner._pinned``: a read into it took ~55 µs on the H200 against ~85 µs into a numpy array)."""
+        (``KernelRunner._pinned``: a read into it took ~55 µs on the H200 against ~85 µs into a numpy array), made
+        at the first call (the runner makes it before a batch's kernels are enqueued)."""
         if self._copy is None:
             self._copy = self._pinned(MAX_BATCH * RECORD_BYTES).reshape(MAX_BATCH, RECORD_BYTES)
             self._copy[:] = 0
@@ -107,7 +108,7 @@ class FaultRecords:
         for before reading it (None: in host memory, current once the kernels completed)."""
         if self.in_host_memory:
             return self.words[:count], None
-        cl, out = self.cl, self._destination()[:count]
+        cl, out = self.cl, self.destination()[:count]
         cl.enqueue_copy(queue, self.compact, self.buf, src_origin=(0, 0), dst_origin=(0, 0),
                         region=(RECORD_BYTES, count), src_pitches=(self.stride,), dst_pitches=(RECORD_BYTES,))
         event = cl.enqueue_copy(queue, out, self.compact, is_blocking=False)  # out: count records back to back

@@ -338,7 +338,10 @@ class KernelRunner:
         kernels return at once there."""
         cl, queue, records = self.cl, self.queue, self._records
         in_flight: list[tuple[Launch, Any]] = []
+        back: list[tuple[DeviceBuffer, np.ndarray | None]] = []
         launch = launches[0]
+        if not self.in_host_memory:
+            records.destination()  # made before the kernels too
         try:
             for launch in launches:
                 if self._dropped and launch.uses and any(e.buf is None for e, _ in launch.uses):
@@ -351,6 +354,11 @@ class KernelRunner:
                         e.current = True
                     if writable:
                         e.dirty = True
+            # the buffers kernels wrote since the last sync, with their page-locked mirrors: made before the kernels
+            # are enqueued (a map made while they run might wait for them), on this thread (not the one that may
+            # run ``after``)
+            back = [(entry, self._mirror(entry)) for entry in self._buffers.values()
+                    if write_back and entry.dirty and not entry.in_place]
             for k, launch in enumerate(launches):
                 if not launch.own:
                     launch.args[launch.fault_arg] = records.slots[k]
@@ -363,10 +371,6 @@ class KernelRunner:
             queue.flush()
         except cl.Error as e:
             raise RuntimeError(f"OpenCL refused to run {launch.what}: {e}") from None
-        # the buffers kernels wrote since the last sync, with their page-locked mirrors (made here, not on the
-        # thread that may run ``after``)
-        back = [(entry, self._mirror(entry)) for entry in self._buffers.values()
-                if write_back and entry.dirty and not entry.in_place]
         got: list[np.ndarray] = []
 
         def after() -> Any:
