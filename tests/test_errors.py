@@ -31,7 +31,7 @@ def test_every_exception_class_of_the_package_is_an_mtlir_error() -> None:
     classes = _exception_classes()
     # the walk reaches every part of the package, or this test proves nothing
     for name in ("mtlir.errors.KernelBuildError", "mtlir.cli.report.UsageError", "mtlir.frontend.trace.TraceError",
-                 "mtlir.ir.upat.RuleError", "mtlir.runtime.sim.gpu.GPUFault", "mtlir.runtime.metal.marshal.Unfit",
+                 "mtlir.ir.upat.RuleError", "mtlir.runtime.sim.faults.GPUFault", "mtlir.runtime.metal.marshal.Unfit",
                  "mtlir.runtime.sim.msl.lex.MslSyntaxError", "mtlir.viz.GraphvizNotFoundError"):
         assert name in classes, name
     outside = sorted(name for name, cls in classes.items() if not issubclass(cls, MtlirError))

@@ -26,12 +26,12 @@ from mtlir.runtime.metal.bridge import host_target
 from mtlir.runtime.sim.methods import encoding, icb, resources
 from mtlir.runtime.sim.msgsend import Method, MethodTable, check_prototype, decode_size, decode_word
 from mtlir.runtime.sim.rules.checks import check_buffer_write, check_release
-from mtlir.runtime.sim.gpu import GPU, clock
+from mtlir.runtime.sim.gpu import GPU
 from mtlir.runtime.sim.injection import Fault, FaultPlan
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 from mtlir.runtime.bridge.memory import HostMemory
 from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, Device, Encoder, NSError, NSString,
-                                       Pipeline, SignalStep, SimObject)
+                                       Pipeline, SignalStep, SimObject, clock)
 from mtlir.runtime.sim.methods.resources import CLASSES
 from mtlir.runtime.sim.rules.rule import Rule, assertion
 
@@ -300,11 +300,11 @@ class SimDevice:
             if obj.error is not None:
                 self._release_internal(obj.error)
         elif isinstance(obj, Buffer):
-            self.gpu.forget(obj)
+            self.gpu.executor.forget(obj)
             if obj.region is not None:
                 self.memory.release(obj.region)
         elif isinstance(obj, Pipeline):
-            self.gpu.forget(obj)
+            self.gpu.executor.forget(obj)
         elif isinstance(obj, NSString):
             if obj.cstr is not None:
                 self.memory.release(obj.cstr)

@@ -18,16 +18,23 @@ Three kinds of fault, each spelled as ``mtlir run --inject-fault SPEC`` takes it
   ``LinkError`` naming the object and releases what it made.
 
 Each fault fires once. ``FaultPlan`` is the device's record of the armed faults and of the counts they refer to;
-``SimDevice.inject`` arms them (docs/reliability.md).
+``SimDevice.inject`` arms them (docs/reliability.md). The GPU's hooks: ``arm_fault`` at a commit, ``inject`` before
+a kernel runs, ``unfired_fault`` at a command buffer's end (functions taking the ``gpu.GPU``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mtlir.errors import ArgumentError
 from mtlir.metal import MTL
+from mtlir.runtime.sim.faults import GPUFault
+from mtlir.runtime.sim.objects import CommandBuffer, Pipeline, clock
 
-__all__ = ["Fault", "FaultPlan", "ALLOC_KINDS", "HANG"]
+if TYPE_CHECKING:
+    from mtlir.runtime.sim.gpu import GPU
+
+__all__ = ["Fault", "FaultPlan", "ALLOC_KINDS", "HANG", "arm_fault", "inject", "unfired_fault"]
 
 ALLOC_KINDS = ("buffer", "icb", "pipeline")  # what an allocation fault can make nil
 HANG = "hang"
@@ -153,3 +160,54 @@ class FaultPlan:
     def armed(self) -> list[Fault]:
         """The faults that have not struck yet."""
         return list(self.by_commit.values()) + list(self.by_allocation.values())
+
+
+def arm_fault(gpu: GPU, cb: CommandBuffer) -> None:
+    """At commit: remember the fault ``SimDevice.inject`` armed for this command buffer, if any."""
+    fault = gpu.dev.faults.committed()
+    if fault is not None:
+        gpu.faulty[cb] = fault
+
+
+def inject(gpu: GPU, p: Pipeline, what: str) -> None:
+    """Before a kernel runs: the fault of ``inject_fault`` (the N-th dispatch) or the one armed for the running
+    command buffer (its first kernel) strikes. A command buffer fault raises ``GPUFault`` with its code; a hang
+    keeps the GPU busy with the kernel until the watchdog (``gpu_timeout_s``, the lock released meanwhile) ends
+    the command buffer in Error, Timeout (2)."""
+    injected = gpu.injected_fault
+    if injected is not None:
+        code, left = injected
+        if left == 0:
+            gpu.injected_fault = None
+            raise GPUFault(code, f"injected fault at {what}")
+        gpu.injected_fault = (code, left - 1)
+    cb = gpu.advancing
+    fault = gpu.faulty.pop(cb, None) if cb is not None else None
+    if fault is None:
+        return
+    gpu.dev.faults.fired.append(fault)
+    where = f"an injected fault ({fault.spec()}) at {what}"
+    if fault.kind == "command_buffer":
+        raise GPUFault(fault.code, f"{where}, before the kernel ran")
+    gpu.running = (p.label, what, cb.handle if cb is not None else 0)
+    start = clock()
+    deadline = start + gpu.dev.gpu_timeout_s
+    try:
+        while not gpu.stopping and clock() < deadline:
+            gpu.dev._cv.wait(min(deadline - clock(), 0.05))  # releases the device lock while it "runs"
+    finally:
+        gpu.running = None
+    raise GPUFault(MTL.ErrorTimeout, f"GPU watchdog: kernel {p.label!r} ran {clock() - start:.3g} s without "
+                                     f"finishing ({where}: a kernel that never finishes)")
+
+
+def unfired_fault(gpu: GPU, cb: CommandBuffer, ended: GPUFault | None) -> GPUFault | None:
+    """At the end of a command buffer whose armed fault has not struck: a command buffer that ran no kernel
+    fails now (a hang as a Timeout: with no kernel, nothing runs forever); one that ``ended`` in a fault of its
+    own keeps that one (the armed fault is dropped)."""
+    fault = gpu.faulty.pop(cb, None)
+    if fault is None or ended is not None:
+        return ended
+    gpu.dev.faults.fired.append(fault)
+    code = fault.code if fault.kind == "command_buffer" else MTL.ErrorTimeout
+    return GPUFault(code, f"an injected fault ({fault.spec()}) at the end of a command buffer without kernels")

@@ -1,12 +1,13 @@
 """The Objective-C objects of the simulated device: plain state, no behaviour.
 
 Each class stands for one Metal or Foundation class (``objc_class`` is the name messages print). Behaviour lives
-in the handler modules (``encoding``, ``icb``, ``resources``) and the GPU (``gpu``); the rules that check it in
-``checks`` and ``rules``. Every object has a 64-bit ``handle`` (>= 2**32), a retain count ``rc`` and ``alive``
+in the handler modules (``encoding``, ``icb``, ``resources``) and the GPU (``gpu``, ``executor``); the rules that
+check it in ``checks`` and ``rules``. Every object has a 64-bit ``handle`` (>= 2**32), a retain count ``rc`` and ``alive``
 (False once deallocated: a message to it is refused, like NSZombie does).
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
@@ -20,9 +21,10 @@ __all__ = ["SimObject", "ClassObject", "NSString", "NSError", "Device", "Command
            "Encoder", "Fence", "SharedEvent", "Buffer", "Library", "Function", "CompileOptions",
            "PipelineDescriptor", "Pipeline", "ICBDescriptor", "ICB", "ICBSlot", "ICBSlots", "ICBCommand",
            "ResidencySetDescriptor", "ResidencySet", "Dispatch", "Execute", "SignalStep", "WaitStep", "Gate",
-           "Binding"]
+           "Binding", "clock"]
 
 Binding = tuple["Buffer", int]   # (buffer, byte offset) bound at a Metal buffer index
+clock = time.perf_counter  # the GPU's clock: monotonic, seconds (CommandBuffer.start_time/end_time, GPUStartTime)
 
 
 class SimObject:
@@ -393,7 +395,7 @@ class ICBSlot:
         # the kernel runner's prepared launch of this command: (the ICB's version, the pipeline, the launch or None
         # for nothing to run, (grid, threadgroup, bindings) as prepared, the dispatch's name or None when the
         # command changed since); the GPU reuses it while the ICB's version or the command's content stays the same
-        # (gpu.GPU._kept, GPU._icb_command)
+        # (executor.Executor._kept, Executor._icb_command)
         self.launch: tuple[int, Any, Any, Any, str | None] | None = None
 
 

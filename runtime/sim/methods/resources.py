@@ -19,7 +19,7 @@ from mtlir.ir.dtypes import dtypes
 from mtlir.metal import MTL
 from mtlir.errors import BridgeError, KernelBuildError, KernelCompileError, WaitTimeoutError
 from mtlir.runtime.sim.msgsend import NIL, MethodTable
-from mtlir.runtime.sim.gpu import kernel_params
+from mtlir.runtime.sim.dispatch import kernel_params
 from mtlir.runtime.sim.msl.translate import kernel_functions
 from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, CommandQueue, CompileOptions, Device,
                                        Encoder,

@@ -8,7 +8,7 @@ stands for what Metal's API validation refuses outside the numbered rules.
 validation layer, ``MTL_DEBUG_LAYER=1``, does); ``assertion`` builds the one both modes raise where Metal asserts
 even without the layer (a driver assert aborts the process on a Mac). Both messages end with the rule's citation
 (``METAL.md §3 rule N: <summary>``) so a reader can look it up. GPU faults are not raised: they end a command buffer
-in status Error (``gpu.GPUFault``).
+in status Error (``faults.GPUFault``).
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from mtlir.program.payloads import CommandList, IcbSpec
 from mtlir.program.program import Program
 from mtlir.runtime.session import Session
 from mtlir.runtime.sim.device import SimDevice
-from mtlir.runtime.sim.gpu import concurrent_order
+from mtlir.runtime.sim.dispatch import concurrent_order
 
 TRACES = Path(__file__).resolve().parents[3] / "examples" / "traces"
 SEEDS = (None, 1, 2, 3)  # None: last command first

@@ -100,7 +100,7 @@ def test_a_released_buffer_drops_the_launches_that_name_it(scene: Scene) -> None
     out = s.buffer(16)
     for _ in range(2):
         _direct(s, "add1", out)
-    gpu = s.dev.gpu
+    gpu = s.dev.gpu.executor  # the launches kept per direct dispatch are the executor's
     assert any(len(k[3]) == 2 and k[3][1] is s.dev.object(out) for k in gpu.direct_launches)
     s.send(out, "release")
     assert gpu.direct_launches == {}  # nothing keeps the released buffer's memory alive
