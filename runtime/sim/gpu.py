@@ -10,16 +10,16 @@ cycle, or a full queue the host is blocked on) its error describes the deadlock.
 
 What the GPU checks while it runs (``executor``, ``dispatch``; both modes; strict mode has refused most of these at
 the call already): rule 8 (range past the ICB, commands past 16,384, unbound buffer indices), 10 (residency), 13
-(dispatch dropped), 14 (buffers and pipelines released while only ICB commands referenced them: a command buffer retains what was encoded
-into it directly, and lets go of it in ``_finish``), 16 (warm-up on pre-Apple9), and the dispatch limits of
-``checks.size_problem``: nothing reaches the kernel runner with 2**32 threads or more on a grid axis (a wrapped
-size), which ends the command buffer in Error, Timeout (2); a kernel access outside its buffers (skipped by the
-translator's bounds checks, ``KernelAccessError``) ends it in Error, PageFault (3), and strict mode also raises
-``MetalValidationError`` at the host's next message to the device (``SimDevice.defer_error``). Rule 9: the commands
-between two barriers run in reverse order, which exposes a race a program hides by relying on program order. Rule 6:
-a failed command buffer skips its remaining event signals. A fault ends the command buffer in status Error with the
-MTLCommandBufferError code and an NSError saying what happened; fence updates of a failed command buffer are
-released so later work does not hang (a modelling choice: Metal recovers the channel).
+(dispatch dropped), 14 (buffers and pipelines released while only ICB commands referenced them: a command buffer
+retains what was encoded into it directly, and lets go of it in ``_finish``), 16 (warm-up on pre-Apple9), and the
+dispatch limits of ``checks.size_problem``: nothing reaches the kernel runner with 2**32 threads or more on a grid
+axis (a wrapped size), which ends the command buffer in Error, Timeout (2); a kernel access outside its buffers
+(skipped by the translator's bounds checks, ``KernelAccessError``) ends it in Error, PageFault (3), and strict mode
+also raises ``MetalValidationError`` at the host's next message to the device (``SimDevice.defer_error``). Rule 9:
+the commands between two barriers run in reverse order, which exposes a race a program hides by relying on program
+order. Rule 6: a failed command buffer skips its remaining event signals. A fault ends the command buffer in status
+Error with the MTLCommandBufferError code and an NSError saying what happened; fence updates of a failed command
+buffer are released so later work does not hang (a modelling choice: Metal recovers the channel).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The Objective-C objects of the simulated device: plain state, no behaviour.
 
-Each class stands for one Metal or Foundation class (``objc_class`` is the name messages print). Behaviour lives
-in the handler modules (``encoding``, ``icb``, ``resources``) and the GPU (``gpu``, ``executor``); the rules that
-check it in ``checks`` and ``rules``. Every object has a 64-bit ``handle`` (>= 2**32), a retain count ``rc`` and ``alive``
+Each class stands for one Metal or Foundation class (``objc_class`` is the name messages print). Behaviour lives in
+the handler modules (``encoding``, ``icb``, ``resources``) and the GPU (``gpu``, ``executor``); the rules that check
+it in ``checks`` and ``rules``. Every object has a 64-bit ``handle`` (>= 2**32), a retain count ``rc`` and ``alive``
 (False once deallocated: a message to it is refused, like NSZombie does).
 """
 from __future__ import annotations
