@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from mtlir.ir.dtypes import DType, PtrDType, dtypes
+from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import C_FUNCTIONS, MTL, SELECTORS, TARGETS, DeviceSpec, Prototype, abi_prototype
 from mtlir.errors import ArgumentError, BridgeError, WaitTimeoutError
 from mtlir.runtime.metal.bridge import host_target
 from mtlir.runtime.sim.methods import encoding, icb, resources
-from mtlir.runtime.sim.msgsend import Method, MethodTable, check_prototype, decode_size, decode_word
+from mtlir.runtime.sim.msgsend import ArgumentDecoder, MethodTable, check_prototype, decode_word, result_value
 from mtlir.runtime.sim.rules.checks import check_buffer_write, check_release
 from mtlir.runtime.sim.gpu import GPU
 from mtlir.runtime.sim.injection import Fault, FaultPlan
@@ -46,31 +46,6 @@ _SEL_BASE = 0x1_9000_0000         # SELs: pointers into libobjc's selector table
 _POOL_BASE = 0x1_7000_0000
 _ZOMBIES = 1 << 16                # deallocated objects remembered for "message sent to deallocated instance"
 _CUT = " (a 64-bit handle cut to 32 bits?)"
-_MTLSIZE_PTR = PtrDType(dtypes.MTLSize)
-_U64_MAX = (1 << 64) - 1
-
-
-_WORD, _ID, _SIZE, _FLOAT = range(4)
-
-
-class _ArgumentDecoder:
-    """The argument decoder of one selector on one target, computed once: the prototype, the argument count (self
-    and _cmd included) and per argument its kind, dtype and integer bounds (``SimDevice._decode`` uses it)."""
-
-    __slots__ = ("proto", "nargs", "kinds", "dtypes", "lo", "hi", "seen", "held")
-
-    def __init__(self, proto: Prototype) -> None:
-        self.proto, self.nargs = proto, len(proto.args)
-        # the ids of prototype objects found equal to ``proto`` (``held`` keeps them alive, so no id is reused)
-        self.seen: set[int] = {id(proto)}
-        self.held: list[Prototype] = [proto]
-        args = proto.args[2:]
-        self.dtypes = args
-        self.kinds = tuple(_ID if dt is dtypes.id else _SIZE if dt is _MTLSIZE_PTR or dt is dtypes.MTLSize
-                           else _FLOAT if dt.kind == "float" else _WORD for dt in args)
-        self.lo = tuple(dtypes.min(dt) if k == _WORD else 0 for dt, k in zip(args, self.kinds))
-        self.hi = tuple((dtypes.max(dt) if dt.kind != "ptr" else (1 << 64) - 1) if k == _WORD else 0
-                        for dt, k in zip(args, self.kinds))
 
 
 def _discard_uncommitted(cb: CommandBuffer) -> None:
@@ -147,7 +122,7 @@ class SimDevice:
         self._next_handle = _HANDLE_BASE
         self._sel_ids: dict[str, int] = {}
         self._sel_names: dict[int, str] = {}
-        self._decoders: dict[str, _ArgumentDecoder] = {}
+        self._decoders: dict[str, ArgumentDecoder] = {}
         self._pools: list[tuple[int, list[SimObject]]] = []
         self._next_pool = _POOL_BASE
         self._classes: dict[str, ClassObject] = {}
@@ -460,7 +435,7 @@ class SimDevice:
             if name not in SELECTORS:
                 raise BridgeError(f"unknown selector {name!r}: it is not in mtlir.metal.SELECTORS, and the "
                                   "simulated device answers no other")
-            decoder = self._decoders[name] = _ArgumentDecoder(abi_prototype(name, self.target))
+            decoder = self._decoders[name] = ArgumentDecoder(abi_prototype(name, self.target))
         expected = decoder.proto
         if id(proto) not in decoder.seen:  # the fields compared once per prototype object, then its id suffices
             if proto != expected:
@@ -477,7 +452,7 @@ class SimDevice:
         if seen is not None:
             method = METHODS.lookup(type(seen), name)
             if method is not None and method.lockless:
-                return self._result(expected.ret, method.fn(self, seen))
+                return result_value(expected.ret, method.fn(self, seen))
         with self._lock:
             if recv == 0 and type(recv) is int:
                 if self.strict:
@@ -490,66 +465,9 @@ class SimDevice:
                 method = METHODS.lookup(type(obj), name)
             if method is None:
                 raise BridgeError(f"-[{obj.objc_class} {name}]: unrecognized selector sent to instance {recv:#x}")
-            result = method.fn(self, obj, *self._decode(name, decoder, args, method) if decoder.kinds else ())
-            return self._result(expected.ret, result)
-
-    def _decode(self, name: str, decoder: _ArgumentDecoder, args: tuple[Any, ...], method: Method) -> list[Any]:
-        """The arguments after self and _cmd, checked and decoded by ``decoder`` (the fast path for the common case:
-        an int that fits, a live object of an accepted class; anything else gets the full check and its error)."""
-        out: list[Any] = []
-        specs = iter(method.objects)
-        objects = self._objects
-        columns = zip(decoder.kinds, decoder.dtypes, decoder.lo, decoder.hi, args[2:])
-        for i, (kind, dt, lo, hi, value) in enumerate(columns, start=1):
-            if kind == _WORD:
-                if type(value) is int and lo <= value <= hi:
-                    out.append(value)
-                else:
-                    out.append(decode_word(name, i, dt, value))
-            elif kind == _ID:
-                spec = next(specs, (SimObject,))
-                obj = objects.get(value) if type(value) is int else None
-                if obj is not None and isinstance(obj, spec[0]):
-                    out.append(obj)
-                else:
-                    out.append(self._arg_object(name, i, value, spec))
-            elif kind == _SIZE:
-                if type(value) is tuple and dt is dtypes.MTLSize and len(value) == 3 \
-                        and all(type(v) is int and 0 <= v <= _U64_MAX for v in value):
-                    out.append(value)  # x86_64's by-value MTLSize of three NSUIntegers: nothing to convert
-                else:
-                    out.append(decode_size(name, i, dt, value, self.memory))
-            else:
-                if not isinstance(value, (int, float)) or isinstance(value, bool):
-                    raise BridgeError(f"{name}: argument {i} ({dt.name}) must be a number, got {value!r}")
-                out.append(float(value))
-        return out
-
-    def _arg_object(self, name: str, i: int, value: Any, spec: tuple[Any, ...]) -> SimObject | None:
-        classes = tuple(c for c in spec if c is not None)
-        wanted = " or ".join(getattr(c, "objc_class", c.__name__) for c in classes) or "object"
-        if value == 0 and type(value) is int:
-            if None in spec:
-                return None
-            raise BridgeError(f"{name}: argument {i} is nil, expected a {wanted}")
-        obj = self._lookup(value, f"{name}: argument {i}")
-        if classes and not isinstance(obj, classes):
-            raise BridgeError(f"{name}: argument {i} must be a {wanted}, got {obj.describe()}")
-        return obj
-
-    @staticmethod
-    def _result(ret: DType, result: Any) -> Any:
-        if ret is dtypes.void:
-            return None
-        if isinstance(result, SimObject):
-            return result.handle
-        if result is None:
-            return 0
-        if ret.kind == "bool":
-            return bool(result)
-        if ret.kind == "float":
-            return float(result)
-        return int(result)
+            result = method.fn(self, obj, *decoder.decode(name, args, method, self._objects, self._lookup,
+                                                           self.memory) if decoder.kinds else ())
+            return result_value(expected.ret, result)
 
     # ------------------------------------------------------------------ Bridge: host memory
     def malloc(self, nbytes: int) -> int:

@@ -8,11 +8,12 @@ the refusal real hardware would turn into garbage registers.
 
 A ``MethodTable`` says which selectors each simulated class answers and which classes its object arguments must
 have: each module of ``methods`` fills its own with the ``method`` decorator, and the device joins them into one
-(``device.METHODS``).
+(``device.METHODS``). ``ArgumentDecoder`` decodes one selector's arguments on one target (built once per selector,
+its fast path the common case), ``result_value`` what the call returns.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +21,10 @@ from mtlir.ir.dtypes import DType, PtrDType, dtypes
 from mtlir.metal import Prototype
 from mtlir.errors import BridgeError
 from mtlir.runtime.bridge.memory import HostMemory
+from mtlir.runtime.sim.objects import SimObject
 
-__all__ = ["Method", "MethodTable", "check_prototype", "decode_word", "decode_size", "NIL"]
+__all__ = ["Method", "MethodTable", "ArgumentDecoder", "check_prototype", "decode_word", "decode_size", "result_value",
+           "NIL"]
 
 NIL = None  # in an argument spec: nil is accepted for this object argument
 _MTLSIZE_PTR = PtrDType(dtypes.MTLSize)
@@ -161,3 +164,93 @@ def decode_size(selector: str, i: int, dtype: DType, value: Any, mem: HostMemory
         raise BridgeError(f"{selector}: argument {i}: an MTLSize has 3 fields, got {len(value)}")
     w, h, d = (decode_word(selector, i, dtypes.uint64, v) for v in value)
     return (w, h, d)
+
+
+_WORD, _ID, _SIZE, _FLOAT = range(4)
+
+
+class ArgumentDecoder:
+    """The argument decoder of one selector on one target, computed once: the prototype, the argument count (self
+    and _cmd included) and per argument its kind, dtype and integer bounds (``SimDevice.msg_send`` keeps one per
+    selector)."""
+
+    __slots__ = ("proto", "nargs", "kinds", "dtypes", "lo", "hi", "seen", "held")
+
+    def __init__(self, proto: Prototype) -> None:
+        self.proto, self.nargs = proto, len(proto.args)
+        # the ids of prototype objects found equal to ``proto`` (``held`` keeps them alive, so no id is reused)
+        self.seen: set[int] = {id(proto)}
+        self.held: list[Prototype] = [proto]
+        args = proto.args[2:]
+        self.dtypes = args
+        self.kinds = tuple(_ID if dt is dtypes.id else _SIZE if dt is _MTLSIZE_PTR or dt is dtypes.MTLSize
+                           else _FLOAT if dt.kind == "float" else _WORD for dt in args)
+        self.lo = tuple(dtypes.min(dt) if k == _WORD else 0 for dt, k in zip(args, self.kinds))
+        self.hi = tuple((dtypes.max(dt) if dt.kind != "ptr" else (1 << 64) - 1) if k == _WORD else 0
+                        for dt, k in zip(args, self.kinds))
+
+    def decode(self, name: str, args: tuple[Any, ...], method: Method, objects: Mapping[int, SimObject],
+               lookup: Callable[[Any, str], SimObject], mem: HostMemory) -> list[Any]:
+        """The arguments of selector ``name`` after self and _cmd, checked and decoded (the fast path for the common
+        case: an int that fits, a live object of an accepted class; anything else gets the full check and its
+        error). ``objects``: the device's live objects by handle; ``lookup``: the device's look-up that names a
+        dead or unknown handle (``BridgeError``); ``mem``: host memory, where arm64's MTLSize pointers point."""
+        out: list[Any] = []
+        specs = iter(method.objects)
+        columns = zip(self.kinds, self.dtypes, self.lo, self.hi, args[2:])
+        for i, (kind, dt, lo, hi, value) in enumerate(columns, start=1):
+            if kind == _WORD:
+                if type(value) is int and lo <= value <= hi:
+                    out.append(value)
+                else:
+                    out.append(decode_word(name, i, dt, value))
+            elif kind == _ID:
+                spec = next(specs, (SimObject,))
+                obj = objects.get(value) if type(value) is int else None
+                if obj is not None and isinstance(obj, spec[0]):
+                    out.append(obj)
+                else:
+                    out.append(_arg_object(name, i, value, spec, lookup))
+            elif kind == _SIZE:
+                if type(value) is tuple and dt is dtypes.MTLSize and len(value) == 3 \
+                        and all(type(v) is int and 0 <= v <= _U64_MAX for v in value):
+                    out.append(value)  # x86_64's by-value MTLSize of three NSUIntegers: nothing to convert
+                else:
+                    out.append(decode_size(name, i, dt, value, mem))
+            else:
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    raise BridgeError(f"{name}: argument {i} ({dt.name}) must be a number, got {value!r}")
+                out.append(float(value))
+        return out
+
+
+def _arg_object(name: str, i: int, value: Any, spec: tuple[Any, ...],
+                lookup: Callable[[Any, str], SimObject]) -> SimObject | None:
+    """An ``id`` argument the fast path did not accept: nil where ``spec`` allows it, else the live object of an
+    accepted class; ``BridgeError`` naming the argument otherwise."""
+    classes = tuple(c for c in spec if c is not None)
+    wanted = " or ".join(getattr(c, "objc_class", c.__name__) for c in classes) or "object"
+    if value == 0 and type(value) is int:
+        if None in spec:
+            return None
+        raise BridgeError(f"{name}: argument {i} is nil, expected a {wanted}")
+    obj = lookup(value, f"{name}: argument {i}")
+    if classes and not isinstance(obj, classes):
+        raise BridgeError(f"{name}: argument {i} must be a {wanted}, got {obj.describe()}")
+    return obj
+
+
+def result_value(ret: DType, result: Any) -> Any:
+    """What objc_msgSend returns for a method's ``result`` through return type ``ret``: None (void), an object's
+    handle, 0 for nil, a bool, a float or an int."""
+    if ret is dtypes.void:
+        return None
+    if isinstance(result, SimObject):
+        return result.handle
+    if result is None:
+        return 0
+    if ret.kind == "bool":
+        return bool(result)
+    if ret.kind == "float":
+        return float(result)
+    return int(result)
