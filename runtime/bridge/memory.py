@@ -153,15 +153,21 @@ class HostMemory:
             raise BridgeError(f"store of {value!r} as {dtype.name} at {addr:#x}: does not fit ({e})") from None
         return reg
 
-    def read_cstring(self, addr: int, limit: int = 1 << 20) -> str:
-        """The NUL-terminated UTF-8 string at ``addr``. Raises ``BridgeError`` when no NUL ends it inside its
-        block or the bytes are not UTF-8."""
+    def read_cstring(self, addr: int) -> str:
+        """The NUL-terminated UTF-8 string at ``addr``, read up to the end of its malloc block (C and Metal put
+        no length limit on a string such as an MSL source: only the block bounds it). Raises ``BridgeError``
+        when no NUL ends it inside its block or the bytes are not UTF-8."""
         reg, off = self.find(addr, 1)
-        chunk = reg.data[off:off + limit]
-        nul = np.flatnonzero(chunk == 0)
-        if len(nul) == 0:
-            raise BridgeError(f"C string at {addr:#x} has no terminating NUL inside {reg.what}")
-        raw = chunk[:nul[0]].tobytes()
+        end, step = off, 4096  # scanned in growing windows: a short string in a huge block touches a page or two
+        while True:
+            window = reg.data[end:end + step]
+            nul = np.flatnonzero(window == 0)
+            if len(nul):
+                raw = reg.data[off:end + int(nul[0])].tobytes()
+                break
+            if end + step >= len(reg.data):
+                raise BridgeError(f"C string at {addr:#x} has no terminating NUL inside {reg.what}")
+            end, step = end + step, step * 2
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as e:

@@ -61,6 +61,19 @@ def test_free_and_strings() -> None:
         m.alloc(-1)
 
 
+def test_a_string_is_read_to_the_end_of_its_block_whatever_its_length() -> None:
+    """A 3 MiB MSL source (the reader once stopped at 1 MiB and said the string had no NUL): only the malloc
+    block bounds a C string."""
+    m = HostMemory()
+    text = ("kernel void k() {}  // " + "x" * 1000 + "\n") * 3000
+    a = m.alloc(len(text) + 1).base
+    m.write(a, text.encode() + b"\0")
+    assert m.read_cstring(a) == text and m.read_cstring(a + len(text) - 3) == "xx\n"
+    m.write(a + len(text), b"y")
+    with pytest.raises(BridgeError, match="no terminating NUL inside"):
+        m.read_cstring(a)
+
+
 def test_a_big_block_costs_nothing_until_it_is_touched() -> None:
     """A trace's 4 GiB buffer on the fake device of ``mtlir lower --json`` (4.2 GB and 14 s when host memory was one
     bytearray arena): the OS maps its pages only when they are written."""
