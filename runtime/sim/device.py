@@ -4,7 +4,8 @@
 It owns the object table (64-bit handles at or above 2**32; a deallocated object stays known as a zombie so a
 message to it is refused by name), the autorelease pools, the host address space (``memory``), and the GPU
 (``gpu``) that runs committed command buffers. What each selector does lives in ``methods`` (``resources``,
-``encoding``, ``icb``), joined here into ``METHODS``; the rules of METAL.md §3 in ``rules`` (``Rule``, ``checks``).
+``encoding``, ``icb``), joined here into ``METHODS``; the rules of METAL.md §3 in ``rules`` (``Rule``, ``checks``);
+the decoding of a message's arguments in ``msgsend``; what a deallocation frees in ``lifetime``.
 
 One lock guards all of it; blocking calls (``commandBuffer`` at the in-flight limit, ``waitUntilCompleted``,
 ``waitUntilSignaledValue:timeoutMS:``) wait on its condition with a timeout, and the GPU releases it while a
@@ -25,15 +26,15 @@ from mtlir.errors import ArgumentError, BridgeError, WaitTimeoutError
 from mtlir.runtime.metal.bridge import host_target
 from mtlir.runtime.sim.methods import encoding, icb, resources
 from mtlir.runtime.sim.msgsend import ArgumentDecoder, MethodTable, check_prototype, decode_word, result_value
-from mtlir.runtime.sim.rules.checks import check_buffer_write, check_release
+from mtlir.runtime.sim.rules.checks import check_buffer_write
 from mtlir.runtime.sim.gpu import GPU
 from mtlir.runtime.sim.injection import Fault, FaultPlan
+from mtlir.runtime.sim.lifetime import dealloc
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 from mtlir.runtime.bridge.memory import HostMemory
-from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, Device, Encoder, NSError, NSString,
-                                       Pipeline, SignalStep, SimObject, clock)
+from mtlir.runtime.sim.objects import (ICB, Buffer, ClassObject, CommandBuffer, Device, NSError, NSString, Pipeline,
+                                       SimObject, clock)
 from mtlir.runtime.sim.methods.resources import CLASSES
-from mtlir.runtime.sim.rules.rule import Rule, assertion
 
 __all__ = ["SimDevice", "METHODS"]
 
@@ -46,24 +47,6 @@ _SEL_BASE = 0x1_9000_0000         # SELs: pointers into libobjc's selector table
 _POOL_BASE = 0x1_7000_0000
 _ZOMBIES = 1 << 16                # deallocated objects remembered for "message sent to deallocated instance"
 _CUT = " (a 64-bit handle cut to 32 bits?)"
-
-
-def _discard_uncommitted(cb: CommandBuffer) -> None:
-    """A command buffer released without commit never runs (what Metal does with it): its encoders' fence updates
-    never happen, so a fence updated last by one of them goes back to its previous updater and a wait already
-    encoded on one of them does not block (``done``); its encoded signals are forgotten (rule 12 checks values
-    that will really be signaled)."""
-    for step in cb.steps:
-        if isinstance(step, Encoder):
-            step.discarded = step.done = True
-            for fence in step.fence_updates:
-                if fence.last_update is step:
-                    prev = step.fence_prev.get(fence)
-                    while prev is not None and prev.discarded:
-                        prev = prev.fence_prev.get(fence)
-                    fence.last_update = prev
-        elif isinstance(step, SignalStep):
-            step.event.settled(step.value, committed=False)
 
 
 class SimDevice:
@@ -238,7 +221,7 @@ class SimDevice:
         if obj.rc > 1:
             obj.rc -= 1
             return
-        self._dealloc(obj, call, at_host)
+        dealloc(self, obj, call, at_host)
 
     def _release_internal(self, obj: SimObject, call: str = "the GPU's release") -> None:
         """Drop a reference the device itself held (the GPU's on a committed command buffer, a command buffer's on
@@ -246,45 +229,13 @@ class SimDevice:
         if obj.alive:
             self.release(obj, call, at_host=False)
 
-    def release_references(self, cb: CommandBuffer) -> None:
-        """``cb`` lets go of the objects encoded into it (``retained``), newest first: when it completes, or when it
-        is deallocated uncommitted (retainedReferences YES; docs/simulator.md, object lifetimes). A release that
-        deallocates an object an in-flight command buffer still reaches through ICB commands fails that command
-        buffer (and, in strict mode, raises at the host's next call: ``check_release``)."""
-        held, cb.retained = cb.retained, {}
-        for obj in reversed(held):
-            self._release_internal(obj, f"the release of its references by {cb.describe()}")
-
-    def _dealloc(self, obj: SimObject, call: str, at_host: bool = True) -> None:
-        check_release(self, obj, call, at_host)  # rule 14: strict raises at the host's call before anything changes
-        obj.rc, obj.alive = 0, False
+    def retire(self, obj: SimObject) -> None:
+        """Take a deallocated ``obj`` out of the object table; its handle stays known as a zombie (the last
+        ``_ZOMBIES`` of them), so a message to it is refused as "sent to deallocated instance"."""
         del self._objects[obj.handle]
         self._zombies[obj.handle] = obj.describe()
         if len(self._zombies) > _ZOMBIES:
             self._zombies.popitem(last=False)
-        if isinstance(obj, Encoder):
-            if not obj.ended:
-                raise assertion(Rule.END_ENCODING_BEFORE_RELEASE, f"{call} of {obj.describe()}",
-                                "Command encoder released without endEncoding")
-        elif isinstance(obj, CommandBuffer):
-            if obj.status < MTL.StatusCommitted:
-                obj.queue.live.discard(obj)
-                _discard_uncommitted(obj)
-                self.release_references(obj)
-                self._cv.notify_all()
-            if obj.error is not None:
-                self._release_internal(obj.error)
-        elif isinstance(obj, Buffer):
-            self.gpu.executor.forget(obj)
-            if obj.region is not None:
-                self.memory.release(obj.region)
-        elif isinstance(obj, Pipeline):
-            self.gpu.executor.forget(obj)
-        elif isinstance(obj, NSString):
-            if obj.cstr is not None:
-                self.memory.release(obj.cstr)
-        elif isinstance(obj, NSError):
-            self._release_internal(obj.description)
 
     def defer_error(self, error: Exception) -> None:
         """Raise ``error`` at the host's next message or C call to the device (once): how strict mode reports what

@@ -32,6 +32,7 @@ from mtlir.metal import MTL
 from mtlir.runtime.sim.executor import Executor, forget_fence_history
 from mtlir.runtime.sim.faults import GPUFault
 from mtlir.runtime.sim.injection import Fault, arm_fault, unfired_fault
+from mtlir.runtime.sim.lifetime import release_references
 from mtlir.runtime.sim.objects import CommandBuffer, CommandQueue, Encoder, Pipeline, SharedEvent, SignalStep, clock
 from mtlir.runtime.sim.rules.deadlock import find_deadlock
 from mtlir.runtime.sim.rules.rule import Rule
@@ -268,5 +269,5 @@ class GPU:
         for icb, _, _ in cb.icb_reads:
             icb.readers.pop(cb, None)
         self.dev._cv.notify_all()
-        self.dev.release_references(cb)  # retainedReferences: what was encoded into it lives until now
+        release_references(self.dev, cb)  # retainedReferences: what was encoded into it lives until now
         self.dev._release_internal(cb)
