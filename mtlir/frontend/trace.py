@@ -15,6 +15,7 @@ import base64
 import binascii
 import json
 import math
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,6 +275,77 @@ def _as_tuple(t: type | tuple[type, ...]) -> tuple[type, ...]:
     return t if isinstance(t, tuple) else (t,)
 
 
+class _DuplicateKeys(dict[str, Any]):
+    """A JSON object that repeated a key (``json`` would silently keep the last value): ``parse_trace`` refuses it,
+    naming the object and the key."""
+
+    def __init__(self, pairs: list[tuple[str, Any]], key: str) -> None:
+        super().__init__(pairs)
+        self.key = key
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s ``object_pairs_hook``: a dict, or a ``_DuplicateKeys`` when a key repeats."""
+    seen: set[str] = set()
+    for k, _ in pairs:
+        if k in seen:
+            return _DuplicateKeys(pairs, k)
+        seen.add(k)
+    return dict(pairs)
+
+
+def _bad_char(text: str, names: bool) -> str | None:
+    """The first character of ``text`` that a trace may not hold, or None: a lone surrogate anywhere (valid JSON,
+    ``"\\ud800"``, but not Unicode text: printing it fails); in a name (a key, the workload, a function) also a
+    control character or line break, which would break the one-line listing and error messages."""
+    if text.isascii() and (not names or text.isprintable()):
+        return None
+    bad = {"Cs", "Cc", "Zl", "Zp"} if names else {"Cs"}
+    return next((c for c in text if unicodedata.category(c) in bad), None)
+
+
+def _check_text(r: _Reader, data: Any) -> None:
+    """Refuse a duplicate key, a lone surrogate in any string and a control character in any key (every key is a
+    field name or a name: a buffer id, a program key, a variable), naming the field. Iterative: nesting is as deep
+    as the JSON's."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        obj, path = stack.pop()
+        if isinstance(obj, dict):
+            where = path or "(top level)"
+            if isinstance(obj, _DuplicateKeys):
+                raise r.fail(where, f"duplicate key {ascii(obj.key)}: a JSON object must not repeat a key (the "
+                                    "last value would silently win)")
+            for key in obj:
+                if isinstance(key, str) and (c := _bad_char(key, names=True)) is not None:
+                    raise r.fail(where, f"key {ascii(key)} holds the character {ascii(c)}: a name must be "
+                                        "printable Unicode text on one line")
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in obj.items())
+        elif isinstance(obj, list):
+            stack.extend((v, f"{path}[{j}]") for j, v in enumerate(obj))
+        elif isinstance(obj, str) and (c := _bad_char(obj, names=False)) is not None:
+            raise r.fail(path, f"holds the character {ascii(c)}, a lone surrogate: not Unicode text")
+
+
+def _name(r: _Reader, text: str, path: str) -> str:
+    """``text``, a name printed on one line (the workload, a function, a parameter): refuses a control character or
+    a line break."""
+    if (c := _bad_char(text, names=True)) is not None:
+        raise r.fail(path, f"{ascii(text[:40])} holds the character {ascii(c)}: a name must be printable Unicode "
+                           "text on one line")
+    return text
+
+
+def _buffer_id(r: _Reader, raw: Any, path: str, buffers: dict[str, TraceBuffer]) -> str:
+    """The id of the buffer an argument or the output names (an int, or a string that is a key of ``buffers``),
+    quoted as written in the error when no buffer has it."""
+    bid = str(r.check(raw, path, (int, str)))
+    if bid not in buffers:
+        known = ", ".join(repr(k) for k in list(buffers)[:8]) + (", ..." if len(buffers) > 8 else "")
+        raise r.fail(path, f"unknown buffer {raw!r}: the trace's buffers are {known or 'none'}")
+    return bid
+
+
 def load_trace(path: str | Path) -> Trace:
     """Load and validate the trace at ``path``.
 
@@ -282,7 +354,7 @@ def load_trace(path: str | Path) -> Trace:
     p = Path(path)
     raw = p.read_bytes()
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"), object_pairs_hook=_object)
     except UnicodeDecodeError as e:
         raise TraceError("(file)", f"not a JSON trace: byte {e.start} is not UTF-8 text ({e.reason})",
                          str(p)) from None
@@ -297,7 +369,8 @@ def parse_trace(data: Any, source: str = "") -> Trace:
     """Validate a trace already parsed from JSON (a dict) and build the ``Trace``. Raises ``TraceError``."""
     r = _Reader(source)
     r.fields(data, "", _TOP)
-    workload = r.get(data, "workload", "", str)
+    _check_text(r, data)
+    workload = _name(r, r.get(data, "workload", "", str), "workload")
     if not workload:
         raise r.fail("workload", "an empty workload name")
     arch = r.get(data, "arch", "", str)
@@ -317,7 +390,8 @@ def parse_trace(data: Any, source: str = "") -> Trace:
     bound = {a.buffer for d in dispatches for a in d.args} | {output.buffer}
     return Trace(workload=workload, arch=DeviceSpec(arch).family, kernels=kernels, buffers=buffers,
                  variables=variables, dispatches=dispatches, output=output,
-                 made_with=r.get(data, "made_with", "", str, optional=True) or "", source=source,
+                 made_with=_name(r, r.get(data, "made_with", "", str, optional=True) or "", "made_with"),
+                 source=source,
                  unused_variables=tuple(name for name in variables if name not in used),
                  unused_buffers=tuple(bid for bid in buffers if bid not in bound))
 
@@ -370,7 +444,7 @@ def _kernels(r: _Reader, raw: dict[str, Any]) -> dict[str, Kernel]:
     for key, spec in raw.items():
         path = f"programs.{key}"
         r.fields(spec, path, _KERNEL)
-        function = r.get(spec, "function", path, str)
+        function = _name(r, r.get(spec, "function", path, str), f"{path}.function")
         msl = r.get(spec, "msl", path, str)
         params = []
         seen_var = False
@@ -381,6 +455,8 @@ def _kernels(r: _Reader, raw: dict[str, Any]) -> dict[str, Kernel]:
                 raise r.fail(ppath, f"expected [name or null, parameter index, dtype, [elements]], got {len(entry)} "
                                     "entries")
             var = r.check(entry[0], f"{ppath}[0]", (str, type(None)))
+            if var is not None:
+                _name(r, var, f"{ppath}[0]")
             index = r.check(entry[1], f"{ppath}[1]", int)
             dt_name = r.check(entry[2], f"{ppath}[2]", str)
             elems = r.check(entry[3], f"{ppath}[3]", list) if len(entry) > 3 else []
@@ -431,9 +507,7 @@ def _dispatch(r: _Reader, d: Any, path: str, kernels: dict[str, Kernel], buffers
     for j, a in enumerate(raw_args):
         apath = f"{path}.args[{j}]"
         r.fields(a, apath, _ARG)
-        bid = str(r.get(a, "buffer", apath, (int, str)))
-        if bid not in buffers:
-            raise r.fail(f"{apath}.buffer", f"unknown buffer {bid}")
+        bid = _buffer_id(r, r.get(a, "buffer", apath, (int, str)), f"{apath}.buffer", buffers)
         off, size = r.get(a, "offset", apath, int), r.get(a, "size", apath, int)
         if off < 0:
             raise r.fail(f"{apath}.offset", f"offset {off} is negative")
@@ -491,9 +565,7 @@ def _size_expr(r: _Reader, d: Any, key: str, path: str, sizes: tuple[int, int, i
 
 def _output(r: _Reader, o: dict[str, Any], buffers: dict[str, TraceBuffer]) -> OutputSpec:
     r.fields(o, "output", _OUTPUT)
-    bid = str(r.get(o, "buffer", "output", (int, str)))
-    if bid not in buffers:
-        raise r.fail("output.buffer", f"unknown buffer {bid}")
+    bid = _buffer_id(r, r.get(o, "buffer", "output", (int, str)), "output.buffer", buffers)
     off = r.get(o, "offset", "output", int)
     dt_name = r.get(o, "dtype", "output", str)
     try:

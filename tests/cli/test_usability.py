@@ -143,3 +143,16 @@ def test_the_exit_code_table_names_the_error_type_invalid_msl_reports() -> None:
     docs = (ROOT / "docs" / "runtime.md").read_text(encoding="utf-8")
     row = next(line for line in docs.splitlines() if line.startswith("| 2 |"))
     assert "invalid MSL" in row and '"error_type": "LinkError"' in row and "InvalidMslError" not in row
+
+
+@pytest.mark.parametrize("command", ["run", "lower"])
+def test_a_lone_surrogate_in_the_trace_is_bad_input_not_an_internal_error(tmp_path: Path, command: str) -> None:
+    """``"\\ud800"`` is valid JSON but not Unicode text: printing the workload or the MSL raised UnicodeEncodeError
+    (exit 5). The loader refuses it, naming the field."""
+    import json
+    data = json.loads(Path(MLP7).read_text())
+    data["workload"] = "mlp\ud800"
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps(data))
+    code, out, log = mtlir(command, str(trace))
+    assert code == 2 and out == "" and "workload: holds the character '\\ud800', a lone surrogate" in log

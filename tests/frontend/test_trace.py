@@ -97,7 +97,23 @@ CASES: list[tuple[str, Callable[[dict], None], str, str]] = [
     ("bool is not an int", _set(["dispatches", 1, "vars", 0], True), "dispatches[1].vars[0]", "expected int"),
     ("unknown program", _set(["dispatches", 3, "kernel"], "nope"), "dispatches[3].kernel", "unknown program 'nope'"),
     ("unknown buffer", _set(["dispatches", 4, "args", 1, "buffer"], 77), "dispatches[4].args[1].buffer",
-     "unknown buffer 77"),
+     "unknown buffer 77: the trace's buffers are '1', '2', '3', '8'"),
+    # a buffer id is quoted as written: " 3" and "03" are not the buffer "3" (the message said "unknown buffer 3")
+    ("buffer id with a space", _set(["dispatches", 4, "args", 1, "buffer"], " 3"), "dispatches[4].args[1].buffer",
+     "unknown buffer ' 3'"),
+    ("buffer id with a leading zero", _set(["output", "buffer"], "03"), "output.buffer", "unknown buffer '03'"),
+    # text that is valid JSON but not Unicode (a lone surrogate) or a name that would break a line of the listing
+    ("lone surrogate in the workload", _set(["workload"], "kv\ud800"), "workload", "'\\ud800', a lone surrogate"),
+    ("lone surrogate in the MSL", lambda d: d["programs"]["r_start_pos"].update(
+        msl=d["programs"]["r_start_pos"]["msl"] + "// \udfff\n"), "programs.r_start_pos.msl", "a lone surrogate"),
+    ("lone surrogate in a program key", lambda d: d["programs"].update({"k\ud800": d["programs"]["r_start_pos"]}),
+     "programs", "key 'k\\ud800' holds the character '\\ud800'"),
+    ("newline in the workload", _set(["workload"], "kv\nsecond line"), "workload",
+     "holds the character '\\n': a name must be printable Unicode text on one line"),
+    ("control character in a buffer id", lambda d: d["buffers"].update({"9\x1b[2J": d["buffers"]["8"]}), "buffers",
+     "key '9\\x1b[2J' holds the character '\\x1b'"),
+    ("newline in a function name", _set(["programs", "r_start_pos", "function"], "r_start\npos"),
+     "programs.r_start_pos.function", "holds the character '\\n'"),
     ("view past the end", _set(["dispatches", 2, "args", 0, "offset"], 1024), "dispatches[2].args[0]",
      "runs past the end of buffer 3"),
     ("negative offset", _set(["dispatches", 2, "args", 0, "offset"], -4), "dispatches[2].args[0].offset",
@@ -206,6 +222,19 @@ def test_load_trace_reports_bad_json_and_the_file(tmp_path: Path) -> None:
         load_trace(p)
     with pytest.raises(FileNotFoundError):
         load_trace(tmp_path / "absent.json")
+
+
+def test_a_repeated_json_key_is_refused_naming_the_object_and_the_key(tmp_path: Path) -> None:
+    """``json`` keeps the last of two equal keys: a trace repeating ``size`` loaded with the second size."""
+    text = json.dumps(KV).replace('"size": 64', '"size": 64, "size": 8', 1)
+    p = tmp_path / "dup.json"
+    p.write_text(text)
+    with pytest.raises(TraceError) as e:
+        load_trace(p)
+    assert e.value.field.startswith("buffers.") and "duplicate key 'size'" in e.value.problem
+    p.write_text(json.dumps(KV).replace('"workload":', '"workload": "x", "workload":', 1))
+    with pytest.raises(TraceError, match=r"\(top level\): duplicate key 'workload'"):
+        load_trace(p)
 
 
 def test_a_variable_no_dispatch_uses_is_accepted_and_noted() -> None:
