@@ -29,6 +29,7 @@ import math
 import operator
 import struct
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,7 @@ from mtlir.metal import MTL
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.bridge.recording import Message, RecordingBridge
-from mtlir.errors import ArgumentError, GPUExecutionError, StateError, WaitTimeoutError
+from mtlir.errors import ArgumentError, GPUExecutionError, LinkError, StateError, WaitTimeoutError
 from mtlir.runtime.executors.executor import Executor
 from mtlir.runtime.link.link import link
 from mtlir.runtime.link.linked import Linked
@@ -536,22 +537,56 @@ class Session:
         return self.host_s_total / self.submits if self.submits else 0.0
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Wait for what is in flight (errors are re-raised after cleanup), then release every command buffer
-        still held and everything link made. Idempotent."""
+        """Wait up to ``timeout_s`` seconds (default: the session's) for what is in flight, then release every
+        command buffer still held and everything link made.
+
+        A submit nobody waited for that fails (status Error) or is still running at the timeout is not an error
+        of ``close``: it raises nothing for it (``wait`` is where a submit's error is reported). Releasing a
+        command buffer still in flight is fine on Metal (its queue keeps it until it completes), and so is
+        releasing what it encoded directly (it retains that); a buffer or pipeline only its ICB commands reach
+        is not retained (METAL.md §3 rule 14), so one the device refuses to release stays alive: it is kept,
+        named in a ``ResourceWarning``, and released by a later ``close()`` once the work has ended. A Bridge that
+        says it is closed (``closed``: ``SimDevice.close()`` was called) took its objects with it: nothing is sent
+        to it. Raises ``LinkError`` only for a release that failed for another reason than work in flight."""
+        closed_bridge = bool(getattr(self.bridge, "closed", False))
         if self.closed:
+            if self.linked.cleanup and not closed_bridge:
+                self._release_linked()  # what the first close had to keep alive
             return
         self.closed = True
+        if closed_bridge:
+            self.inflight.clear()
+            self.linked.cleanup.clear()
+            return
+        timeout = self.timeout_s if timeout_s is None else _seconds(timeout_s, "close(timeout_s=...)")
+        deadline = time.monotonic() + timeout
         try:
-            if self.inflight:
-                self._wait(None, timeout_s)
+            while self.inflight:
+                try:
+                    self._wait(None, max(deadline - time.monotonic(), 0.0))
+                except GPUExecutionError:  # that submit ended (released by ``_fail``): wait for the others
+                    continue
+                except WaitTimeoutError:
+                    break
         finally:
             while self.inflight:
                 rec = self.inflight.popleft()
                 try:
                     self._release(rec)
-                except Exception:  # the device may already be gone; keep releasing
+                except Exception:  # keep releasing: the rest must not leak for one refusal
                     pass
+            self._release_linked()
+
+    def _release_linked(self) -> None:
+        """``Linked.release``; what the device refused because work in flight still reaches it is kept alive
+        (``Linked.cleanup``) and named in a ``ResourceWarning`` instead of raised."""
+        try:
             self.linked.release()
+        except LinkError as e:
+            if not self.linked.cleanup:  # nothing was refused: a real failure
+                raise
+            warnings.warn(f"Session.close: kept alive, a command buffer still in flight reaches them: {e}",
+                          ResourceWarning, stacklevel=3)
 
     def __enter__(self) -> Session:
         return self

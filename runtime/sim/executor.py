@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mtlir.errors import KernelAccessError, MetalValidationError
+from mtlir.errors import KernelAccessError, MetalValidationError, WaitTimeoutError
 from mtlir.metal import MTL
 from mtlir.runtime.sim.dispatch import bound_storage, concurrent_order, sizes_ok
 from mtlir.runtime.sim.faults import GPUFault
 from mtlir.runtime.sim.injection import inject
-from mtlir.runtime.sim.kernels.compiled import DEFAULT_TIMEOUT_S, CompiledKernel
+from mtlir.runtime.sim.kernels.compiled import CompiledKernel
 from mtlir.runtime.sim.kernels.launch import MAX_BATCH, Launch
 from mtlir.runtime.sim.objects import (ICB, BlitCopy, BlitEncoder, BlitFill, Buffer, CommandBuffer, Dispatch, Encoder,
                                        Execute, Gate, ICBSlot, Pipeline, SharedEvent, SignalStep, WaitStep, clock)
@@ -333,11 +333,13 @@ class Executor:
                 self.gpu.in_kernel = True
                 self.in_flight = (batch, cb.handle if cb is not None else 0)
                 try:
-                    fault = runner.run_batch([b[0] for b in batch], DEFAULT_TIMEOUT_S, keep=True,
+                    fault = runner.run_batch([b[0] for b in batch], self.dev.gpu_timeout_s, keep=True,
                                              write_back=write_back)
                 finally:
                     self.gpu.in_kernel = False
                     self.in_flight = None
+        except WaitTimeoutError as e:
+            raise self._watchdog(e) from e
         except Exception as e:  # a kernel that crashes the runner fails its command buffer, never the worker
             self.gpu.last_exception = e
             _, p, what = batch[0]
@@ -348,6 +350,15 @@ class Executor:
         if fault is not None:
             _, p, what = batch[fault[0]]
             self._access_fault(what, fault[1])
+
+    def _watchdog(self, e: WaitTimeoutError) -> GPUFault:
+        """A kernel ran past ``gpu_timeout_s`` (the runner's ``WaitTimeoutError`` names its dispatch): the GPU
+        watchdog ends its command buffer in Error, Timeout (2), as Metal's does (METAL.md §3). The OpenCL kernel
+        itself cannot be stopped: it keeps a CPU busy until it ends or the process exits, and the device's kernel
+        runner refuses every later kernel (those command buffers end in Error, Internal, saying so)."""
+        return GPUFault(MTL.ErrorTimeout, f"GPU watchdog: {e} (gpu_timeout_s): the kernel keeps running on the "
+                                          "OpenCL device, which cannot stop it, until it ends or the process exits; "
+                                          "later kernels on this SimDevice fail: make a new one")
 
     def _access_fault(self, what: str, e: KernelAccessError) -> None:
         """The bounds checks skipped an access outside a buffer: a GPU address fault (``GPUFault`` PageFault)."""
@@ -369,10 +380,14 @@ class Executor:
                 cb = self.gpu.advancing
                 self.gpu.running = (p.label, what, cb.handle if cb is not None else 0)
                 try:
-                    p.kernel.run(bindings, grid, threadgroup, keep=True)  # results stay on the device until sync
+                    # results stay on the device until sync
+                    p.kernel.run(bindings, grid, threadgroup, timeout_s=self.dev.gpu_timeout_s, keep=True)
                 finally:
                     self.gpu.in_kernel = False
                     self.gpu.running = None
+        except WaitTimeoutError as e:
+            lock.acquire()
+            raise self._watchdog(e) from e
         except KernelAccessError as e:
             lock.acquire()
             self._access_fault(what, e)

@@ -42,9 +42,10 @@ class PyKernel:
     runs: list[tuple[tuple[int, int, int], tuple[int, int, int]]] = field(default_factory=list)
 
     def run(self, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
-            threadgroup: tuple[int, int, int], *, keep: bool = False) -> None:
+            threadgroup: tuple[int, int, int], *, timeout_s: float | None = None, keep: bool = False) -> None:
         """Run once: ``bindings`` maps buffer index -> (whole buffer uint8 storage, byte offset). ``keep`` changes
-        nothing: a Python kernel works in the host arrays themselves. Raises ``KeyError`` for an unbound
+        nothing: a Python kernel works in the host arrays themselves; nor does ``timeout_s`` (the GPU watchdog's
+        limit for an OpenCL kernel): a Python kernel runs on the calling thread to its end. Raises ``KeyError`` for an unbound
         parameter."""
         args: dict[int, np.ndarray] = {}
         for p in self.params:

@@ -458,11 +458,12 @@ class KernelRunner:
     def _wait(self, event: Any, timeout_s: float, in_flight: list[tuple[Launch, Any]],
               after: Any = None) -> None:
         """Wait for ``event`` (the batch's last kernel), then for what ``after()`` enqueues once it completed (the
-        event it returns), through the ``EventWaiter``: no sleeping. Past ``timeout_s`` mark the runner stuck
+        event it returns), through the ``EventWaiter``: no sleeping. Past ``timeout_s`` in which no kernel of the
+        batch completed (``running``: a kernel running that long, not the batch in all) mark the runner stuck
         (keeping the memory the kernels use alive: OpenCL cannot stop them) and raise ``WaitTimeoutError`` naming
         the first launch of the batch that has not completed."""
         try:
-            done = self._waiter.wait(event, timeout_s, self.spin_s, after)
+            done = self._waiter.wait(event, timeout_s, self.spin_s, after, progress=self.running)
         except self.cl.Error as e:
             raise RuntimeError(f"OpenCL failed to run {in_flight[0][0].what} (or a launch after it): {e}") from None
         if done:

@@ -4,7 +4,8 @@ event completes (one thread hand-off each way, about 20 µs here), and a kernel 
 go after the timeout (the helper thread stays blocked in OpenCL: a daemon, it does not keep the process alive).
 On a GPU the caller may first watch the event's status itself for ``spin_s`` seconds (``clGetEventInfo``, no
 sleep): a batch of short kernels completes within that, and the two hand-offs (~40 µs each on the H200's host) are
-saved; a longer batch goes on to the helper thread.
+saved; a longer batch goes on to the helper thread. A wait given ``progress`` times out only when that long passes
+without progress (the simulated GPU's watchdog: one kernel running past ``gpu_timeout_s``, not a long batch).
 """
 from __future__ import annotations
 
@@ -26,13 +27,17 @@ class EventWaiter:
             queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def wait(self, event: Any, timeout_s: float, spin_s: float = 0.0, then: Callable[[], Any] | None = None) -> bool:
+    def wait(self, event: Any, timeout_s: float, spin_s: float = 0.0, then: Callable[[], Any] | None = None,
+             progress: Callable[[], object] | None = None) -> bool:
         """Wait until ``event`` (a ``pyopencl.Event``) completes, then call ``then()`` (None: nothing) and wait for
         the event it returns (None: none): True; False when ``timeout_s`` seconds passed first (the helper thread
         goes on waiting, and calls ``then`` when the event completes; later waits queue behind it). ``spin_s``
         (seconds, 0: none): watch the events' status on the calling thread that long first (only where the device
-        is not the CPU the watching would take time from). Raises what the events' waits or ``then`` raised
-        (``pyopencl.Error``: a command failed)."""
+        is not the CPU the watching would take time from). ``progress`` (None: none): the timeout is then one
+        without progress, not in all: ``progress()`` (e.g. the position of the kernel running in a batch) is read
+        every quarter of ``timeout_s``, and a new value starts the ``timeout_s`` again, so a batch of kernels that
+        each end in time is never cut short, and one kernel running ``timeout_s`` (to within a quarter of it) is.
+        Raises what the events' waits or ``then`` raised (``pyopencl.Error``: a command failed)."""
         deadline = time.monotonic() + max(timeout_s, 0.0)
         if spin_s > 0:
             end = time.perf_counter() + min(spin_s, timeout_s)
@@ -56,8 +61,17 @@ class EventWaiter:
         done.acquire()
         failed: list[BaseException] = []
         self._work.put((event, then, done, failed))
-        if not done.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
-            return False
+        if progress is None:
+            if not done.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+                return False
+        else:
+            mark = progress()
+            while not done.acquire(timeout=max(min(deadline - time.monotonic(), timeout_s / 4), 0.0)):
+                now, seen = time.monotonic(), progress()
+                if seen != mark:
+                    mark, deadline = seen, now + max(timeout_s, 0.0)
+                elif now >= deadline:
+                    return False
         if failed:
             raise failed[0]
         return True
