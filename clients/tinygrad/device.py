@@ -32,13 +32,16 @@ from mtlir.tinygrad.settings import SETTINGS
 
 __all__ = ["MetalDevice", "MetalAllocator", "MetalCompiler", "MetalProgram", "MetalBuffer", "CompileError"]
 
-# the recording hook (mtlir.tinygrad.record): every Recorder here sees each eager kernel call before its submit and
-# each host write into a buffer; empty (no cost but the loop) when nothing records
+# the recording hook (mtlir.tinygrad.record): every Recorder here sees each eager kernel call before its submit,
+# each host write into a buffer and each buffer tinygrad frees (into its LRU cache: it may come back as another
+# Tensor's); empty (no cost but the loop) when nothing records
 class Recorder(Protocol):
     def dispatch(self, prog: MetalProgram, bufs: tuple[MetalBuffer, ...], global_size: tuple[int, ...],
                  local_size: tuple[int, ...], vals: tuple[int | None, ...]) -> None: ...
 
     def copyin(self, dest: MetalBuffer) -> None: ...
+
+    def free(self, opaque: MetalBuffer) -> None: ...
 
 
 RECORDERS: list[Recorder] = []
@@ -173,6 +176,11 @@ class MetalAllocator(LRUAllocator[MetalDevice]):
         if options.external_ptr:
             raise RuntimeError("mtlir's METAL device cannot wrap an external pointer")
         return MetalBuffer(self.dev.ctx.alloc(max(int(size), 1)), int(size))
+
+    def free(self, opaque: MetalBuffer, size: int, options: BufferSpec | None = None) -> None:
+        for rec in RECORDERS:
+            rec.free(opaque)
+        super().free(opaque, size, options)
 
     def _free(self, opaque: MetalBuffer, options: BufferSpec) -> None:
         if self.dev.ctx.closed:

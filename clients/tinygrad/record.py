@@ -11,19 +11,21 @@ What the trace holds: every buffer a kernel touched, its bytes when first used (
 one program per distinct MSL source, one dispatch per eager kernel call (TinyJit is off while recording: its batches
 run as eager calls), the variables of symbolic kernels with their bounds (a grid axis that is exactly a variable is
 written as its name in ``grid_expr``; a variable in a more complex grid expression is narrowed to its value), and the
-output (the buffer and byte offset of ``main()``'s result).
+output (the buffer and byte offset of ``main()``'s result, copied into a buffer of its own by a kernel when it is a
+constant or a view; its dtype in mtlir's names), refused when METAL's output and the expected one differ.
 """
 from __future__ import annotations
 
 import base64
+import os
 import runpy
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from mtlir.errors import InputError, MtlirError
 from mtlir.frontend.checks import param_dtype
@@ -36,8 +38,10 @@ __all__ = ["record", "record_trace", "RecordError", "expected_device"]
 
 
 class RecordError(InputError):
-    """The script cannot be recorded: it fails, has no ``main()``, returns no Tensor, runs no kernel that writes
-    its output, or writes a buffer from the host after a kernel used it (the trace copies each buffer in once)."""
+    """The script cannot be recorded: it fails or ends the process (``os._exit``), has no ``main()``, returns no
+    Tensor or one of no elements or of a dtype the trace format lacks, runs no kernel that writes its output, writes a
+    buffer from the host after a kernel used it (the trace copies each buffer in once), or computes another output
+    on METAL than on the expected device (an unseeded RNG); or the output file's folder does not exist."""
 
 
 @dataclass
@@ -57,10 +61,13 @@ class _Program:
 
 @dataclass
 class _Recorder:
-    """The ``Recorder`` of ``mtlir.tinygrad.device``: keeps buffers (by handle, in order of first use), programs
-    (by MSL source), dispatches and variables of one recording."""
+    """The ``Recorder`` of ``mtlir.tinygrad.device``: keeps buffers (``trace``, in order of first use; ``buffers``
+    the live ones by handle), programs (by MSL source), dispatches and variables of one recording. A buffer tinygrad
+    frees leaves ``buffers``: when its memory comes back (tinygrad's LRU cache hands it to a new Tensor) it is a new
+    trace buffer, with the bytes it holds at its first use then."""
 
     dev: Any
+    trace: list[_Buffer] = field(default_factory=list)
     buffers: dict[int, _Buffer] = field(default_factory=dict)
     programs: dict[str, _Program] = field(default_factory=dict)
     dispatches: list[dict[str, Any]] = field(default_factory=list)
@@ -71,7 +78,8 @@ class _Recorder:
         if b is None:
             self.dev.ctx.synchronize()
             data = self.dev.ctx.read(buf, 0, buf.nbytes)
-            b = self.buffers[buf.handle] = _Buffer(str(len(self.buffers) + 1), buf, data if any(data) else None)
+            b = self.buffers[buf.handle] = _Buffer(str(len(self.trace) + 1), buf, data if any(data) else None)
+            self.trace.append(b)
         return b.id
 
     def _program(self, prog: Any, bufs: tuple[metal.MetalBuffer, ...], names: list[str]) -> str:
@@ -134,6 +142,9 @@ class _Recorder:
                               "used it: a trace copies each buffer in once, before the first dispatch (make every "
                               "input before main() realizes anything)")
 
+    def free(self, opaque: metal.MetalBuffer) -> None:
+        self.buffers.pop(opaque.buf.handle, None)
+
 
 def _is_variable(u: Any) -> bool:
     """Whether tinygrad's UOp ``u`` is a variable (0.14: a PARAM of the ALU address space; older: DEFINE_VAR)."""
@@ -167,11 +178,57 @@ def expected_device() -> str:
     return "CPU" if shutil.which("clang") else "PYTHON"
 
 
-def _run_main(script: Path, args: Sequence[str]) -> Any:
-    """Runs ``script`` and its ``main()``; returns the realized output Tensor. Raises ``RecordError``."""
+# the trace format's element type of each tinygrad dtype, by its struct format character (tinygrad's names are C's:
+# "unsigned char"); bfloat16 and the fp8 types have none (no mtlir dtype; METAL.md §1)
+_TRACE_DTYPES = {"?": "bool", "b": "int8", "B": "uint8", "h": "int16", "H": "uint16", "i": "int32", "I": "uint32",
+                 "q": "int64", "Q": "uint64", "e": "float16", "f": "float32", "d": "float64"}
+
+
+def trace_dtype(dt: Any) -> str:
+    """The trace's ``output.dtype`` (``"dtypes.uint8"``, ``"dtypes.float32"``) of tinygrad's DType ``dt``.
+    Raises ``RecordError`` for a dtype the trace format has no element type for (bfloat16, fp8)."""
+    name = _TRACE_DTYPES.get(getattr(dt, "fmt", None) or "")
+    if name is None:
+        raise RecordError(f"main()'s output is {dt}: the trace format has no such element type (bool, int8..uint64, "
+                          "float16, float32): cast the output")
+    return f"dtypes.{name}"
+
+
+def _plain_output(out: Any, script: Path) -> Any:
+    """``out`` realized into a buffer of its own, its elements contiguous from its byte offset: a weak dtype (a
+    Python number's) cast to its strong one; a view (a slice, a strided or broadcast view of a realized buffer) or a
+    constant tinygrad folds copied by a kernel into a fresh buffer (an ``assign`` tinygrad cannot elide).
+    Raises ``RecordError`` for an output of no elements."""
+    from tinygrad.device import Device
+    from tinygrad.dtype import strong_dtype
     from tinygrad.tensor import Tensor
-    argv = sys.argv
+    if any(int(s) == 0 for s in out.shape):
+        raise RecordError(f"{script}: main()'s output has shape {tuple(int(s) for s in out.shape)}: no elements "
+                          "(a trace's output holds at least one)")
+    if out.dtype != strong_dtype(out.dtype):
+        out = out.cast(strong_dtype(out.dtype))
+    done = out.contiguous().realize()
+    if done.uop.has_buffer_identity():
+        return done
+    dev = out.device if isinstance(out.device, str) else Device.DEFAULT
+    return Tensor.empty(*out.shape, dtype=out.dtype, device=dev).assign(out).realize()
+
+
+def _no_process_exit(script: Path) -> Callable[[int], NoReturn]:
+    """What ``os._exit`` is while ``script`` runs: it would end the process with nothing written; raises
+    ``RecordError`` instead."""
+    def refuse(status: int) -> NoReturn:
+        raise RecordError(f"{script}: called os._exit({status}), ending the process before main() returned")
+    return refuse
+
+
+def _run_main(script: Path, args: Sequence[str]) -> Any:
+    """Runs ``script`` and its ``main()``; returns the realized output Tensor (``_plain_output``). Raises
+    ``RecordError``, also for a script calling ``os._exit`` (caught while it runs: it would end the process)."""
+    from tinygrad.tensor import Tensor
+    argv, exit_ = sys.argv, os._exit
     sys.argv = [str(script), *args]
+    setattr(os, "_exit", _no_process_exit(script))  # a function of the same call (status), typed apart
     try:
         try:
             ns = runpy.run_path(str(script), run_name="__mtlir_record__")
@@ -182,7 +239,7 @@ def _run_main(script: Path, args: Sequence[str]) -> Any:
             out = main()
             if not isinstance(out, Tensor):
                 raise RecordError(f"{script}: main() returned {type(out).__name__}, not the output Tensor")
-            return out.contiguous().realize()
+            return _plain_output(out, script)
         except MtlirError:  # mtlir's own (an unsupported kernel, a GPU error) keep their exit codes
             raise
         except SystemExit as e:
@@ -190,7 +247,21 @@ def _run_main(script: Path, args: Sequence[str]) -> Any:
         except Exception as e:
             raise RecordError(f"{script}: {type(e).__name__}: {e}") from e
     finally:
-        sys.argv = argv
+        sys.argv, os._exit = argv, exit_
+
+
+def _check_agree(path: Path, out: Any, expected: bytes, exp_dev: str) -> None:
+    """Refuses a recording whose METAL output differs from the expected device's (``mtlir run``'s comparison,
+    ``mtlir.cli.run.compare_output``): the replay would report a mismatch. The usual cause: inputs that differ between
+    the two runs (an unseeded ``Tensor.rand``). Raises ``RecordError`` naming the largest error."""
+    import numpy as np
+    from mtlir.cli.run import compare_output
+    got = out.numpy().reshape(-1)  # flat: a 0-d output (a scalar) compares as one element
+    cmp = compare_output(got, np.frombuffer(expected, dtype=got.dtype))
+    if not cmp.match:
+        raise RecordError(f"{path}: the output on METAL differs from the one on {exp_dev} in {cmp.mismatches} of "
+                          f"{got.size} elements (max error {cmp.max_abs_err:g}): the two runs must compute the same; "
+                          "seed the RNG (Tensor.manual_seed) and make the inputs deterministic")
 
 
 def record_trace(script: str | Path, args: Sequence[str] = (), *, family: str | None = None,
@@ -241,6 +312,7 @@ def record_trace(script: str | Path, args: Sequence[str] = (), *, family: str | 
     expected_bytes = ref.to("CPU" if exp_dev != "PYTHON" else exp_dev).numpy().tobytes()
     if len(expected_bytes) != mb.size:
         raise RecordError(f"{path}: the output on {exp_dev} has {len(expected_bytes)} bytes, on METAL {mb.size}")
+    _check_agree(path, out, expected_bytes, exp_dev)
     trace: dict[str, Any] = {
         "workload": workload or path.stem,
         "arch": family,
@@ -248,11 +320,11 @@ def record_trace(script: str | Path, args: Sequence[str] = (), *, family: str | 
                      f"{'on' if tc else 'off'}); expected output from tinygrad's {exp_dev} device",
         "variables": rec.variables,
         "buffers": {b.id: {"size": b.buf.nbytes, "init": None if b.init is None else
-                           {"offset": 0, "b64": base64.b64encode(b.init).decode()}} for b in rec.buffers.values()},
+                           {"offset": 0, "b64": base64.b64encode(b.init).decode()}} for b in rec.trace},
         "programs": {p.key: {"function": p.function, "msl": p.msl, "signature": p.params}
                      for p in rec.programs.values()},
         "dispatches": rec.dispatches,
-        "output": {"buffer": outb.id, "offset": mb.offset, "dtype": f"dtypes.{out.dtype.name}",
+        "output": {"buffer": outb.id, "offset": mb.offset, "dtype": trace_dtype(out.dtype),
                    "shape": [int(s) for s in out.shape], "expected_b64": base64.b64encode(expected_bytes).decode()},
     }
     parse_trace(trace, str(path))
@@ -260,8 +332,13 @@ def record_trace(script: str | Path, args: Sequence[str] = (), *, family: str | 
 
 
 def record(script: str | Path, args: Sequence[str] = (), output: str | Path | None = None, **kw: Any) -> dict[str, Any]:
-    """``record_trace(script, args, **kw)``, written as JSON to ``output`` when given; returns the trace."""
+    """``record_trace(script, args, **kw)``, written as JSON to ``output`` when given; returns the trace. Raises
+    ``RecordError`` before recording when ``output``'s folder does not exist or ``output`` is a folder."""
     import json
+    if output is not None and not Path(output).parent.is_dir():
+        raise RecordError(f"output {output}: no folder {Path(output).parent} to write it in")
+    if output is not None and Path(output).is_dir():
+        raise RecordError(f"output {output}: is a folder, not a file")
     trace = record_trace(script, args, **kw)
     if output is not None:
         Path(output).write_text(json.dumps(trace, indent=1) + "\n")

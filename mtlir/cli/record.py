@@ -73,10 +73,15 @@ def split_script_args(args: argparse.Namespace) -> None:
 
 def cmd_record(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
     """Record ``args.script`` to ``args.output``; prints one line (dispatches, buffers, the file) to ``out``.
-    Raises ``UsageError`` without ``-o`` or without tinygrad; ``RecordError`` as ``mtlir.tinygrad.record``."""
+    Raises ``UsageError`` without ``-o``, for an ``-o`` whose folder does not exist (checked before recording),
+    or without tinygrad; ``RecordError`` as ``mtlir.tinygrad.record``."""
     split_script_args(args)
     if args.output is None:
         raise UsageError("record: -o TRACE.json is required")
+    if not args.output.parent.is_dir():
+        raise UsageError(f"record: -o {args.output}: no folder {args.output.parent} to write the trace in")
+    if args.output.is_dir():
+        raise UsageError(f"record: -o {args.output}: is a folder, not a file")
     try:
         import tinygrad  # noqa: F401
     except ImportError:

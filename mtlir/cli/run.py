@@ -124,7 +124,7 @@ def compare_output(got: Any, expected: Any) -> Comparison:
     (float32, half: widened exactly) with the traces' tolerance (``RTOL``, ``ATOL``) as float32, where a NaN on one
     side only is a mismatch with an infinite error, NaN against NaN and equal infinities agree."""
     import numpy as np
-    a, b = np.asarray(got), np.asarray(expected)
+    a, b = np.atleast_1d(got), np.atleast_1d(expected)  # a 0-d output (a scalar) as one element
     if a.dtype.kind in "biu" and b.dtype.kind in "biu":  # exact: no tolerance for integers
         same = a == b
         diff = [abs(int(x) - int(y)) for x, y in zip(a.ravel().tolist(), b.ravel().tolist())]

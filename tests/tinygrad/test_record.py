@@ -16,7 +16,7 @@ from mtlir.cli.main import main
 from mtlir.cli.record import split_script_args
 from mtlir.cli.report import UsageError
 from mtlir.frontend.trace import load_trace
-from mtlir.tinygrad.record import RecordError, record, record_trace
+from mtlir.tinygrad.record import RecordError, record, record_trace, trace_dtype
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "tinygrad"
@@ -91,6 +91,9 @@ def test_a_wrong_expected_output_is_a_mismatch(tmp_path: Path) -> None:
     ("import numpy as np\nfrom tinygrad import Tensor\ndef main():\n    a = Tensor(np.ones(4, np.float32)).realize()\n"
      "    b = (a * 2).realize()\n    a.assign(Tensor(np.zeros(4, np.float32))).realize()\n    return b + a\n",
      "from the host after a kernel used it"),
+    ("from tinygrad import Tensor\ndef main():\n    return Tensor.zeros(0) + 1\n", "has shape (0,): no elements"),
+    ("import os\ndef main():\n    os._exit(0)\n", "called os._exit(0), ending the process before main() returned"),
+    ("from tinygrad import Tensor\ndef main():\n    return Tensor.rand(4, 4) + 1\n", "seed the RNG"),
 ])
 def test_a_script_that_cannot_be_recorded_is_exit_2(tmp_path: Path, body: str, problem: str) -> None:
     script = tmp_path / "bad.py"
@@ -130,3 +133,99 @@ def test_another_family_in_a_process_whose_device_is_open_is_refused() -> None:
     other = "Apple7" if arch != "Apple7" else "Apple9"
     with pytest.raises(RecordError, match=f"open for {arch}: it cannot record {other}"):
         record_trace(EXAMPLES / "conv.py", family=other)
+
+
+def test_the_script_cannot_end_the_process_and_os_exit_comes_back(tmp_path: Path) -> None:
+    import os
+    script = tmp_path / "ends.py"
+    script.write_text("import os\nos._exit(3)\n")
+    exit_ = os._exit
+    with pytest.raises(RecordError, match=r"called os._exit\(3\)"):
+        record_trace(script)
+    assert os._exit is exit_
+
+
+_TG_DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32"]
+
+
+def test_every_tinygrad_dtype_has_the_trace_name_load_trace_reads() -> None:
+    """tinygrad names its dtypes as C does ("unsigned char"): the trace's are mtlir's, and load_trace's reader
+    takes each; bfloat16 (no mtlir dtype) is refused, naming it."""
+    from tinygrad import dtypes as tg
+    from mtlir.frontend.checks import param_dtype
+    for name in _TG_DTYPES:
+        assert trace_dtype(getattr(tg, name)) == f"dtypes.{name}"
+        assert param_dtype(trace_dtype(getattr(tg, name))).name == name
+    with pytest.raises(RecordError, match="bfloat16.*no such element type"):
+        trace_dtype(tg.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [d for d in _TG_DTYPES if d != "float32"])
+def test_record_an_output_of_each_dtype(tmp_path: Path, dtype: str) -> None:
+    script = tmp_path / f"{dtype}.py"
+    script.write_text("from tinygrad import Tensor, dtypes\ndef main():\n"
+                      f"    return (Tensor([1, 2, 3]) + 1).cast(dtypes.{dtype})\n")
+    out = tmp_path / f"{dtype}.json"
+    record(script, (), out)
+    trace = load_trace(out)
+    assert trace.output.dtype.name == dtype and trace.output.shape == (3,)
+    assert trace.output.expected_array().tolist() == ([True] * 3 if dtype == "bool" else [2, 3, 4])
+    if dtype in ("uint8", "float16", "int64"):
+        code, text = _run(out)
+        assert code == 0 and "result: match" in text, text
+
+
+@pytest.mark.parametrize("expr, shape, values", [
+    ("Tensor(3.0) * 2", (), [6.0]),  # a constant tinygrad folds, of a weak dtype: no buffer until copied
+    ("(Tensor.arange(24).float() * 2).realize()[3:7]", (4,), [6.0, 8.0, 10.0, 12.0]),  # a view of a realized buffer
+    ("(Tensor.arange(24).reshape(4, 6).float() * 2)[1:3, ::2]", (2, 3), [12.0, 16.0, 20.0, 24.0, 28.0, 32.0]),
+])
+def test_record_an_output_that_is_no_plain_buffer(tmp_path: Path, expr: str, shape: tuple[int, ...],
+                                                  values: list[float]) -> None:
+    """Constants and views are copied by a kernel into a buffer of their own: the trace's output."""
+    script = tmp_path / "view.py"
+    script.write_text(f"from tinygrad import Tensor\ndef main():\n    return {expr}\n")
+    out = tmp_path / "view.json"
+    record(script, (), out)
+    trace = load_trace(out)
+    assert trace.output.shape == shape and trace.output.dtype.name == "float32"
+    assert trace.output.expected_array().ravel().tolist() == values
+    code, text = _run(out)
+    assert code == 0 and "result: match" in text, text
+
+
+def test_record_a_freed_buffer_tinygrad_hands_back_is_a_new_trace_buffer(tmp_path: Path) -> None:
+    """A TinyJit function called in a loop with fresh inputs: each input's buffer is freed and comes back from
+    tinygrad's LRU cache as the next input (the same Metal buffer written again from the host): three buffers."""
+    script = tmp_path / "jit.py"
+    script.write_text("from tinygrad import Tensor, TinyJit\n@TinyJit\ndef f(x):\n    return (x * 2 + 1).realize()\n"
+                      "def main():\n    for i in range(3):\n        out = f(Tensor([1.0, 2.0, float(i)]))\n"
+                      "    return out\n")
+    out = tmp_path / "jit.json"
+    record(script, (), out)
+    trace = load_trace(out)
+    assert len(trace.dispatches) == 3 and trace.output.expected_array().tolist() == [3.0, 5.0, 5.0]
+    data = json.loads(out.read_text())
+    inputs = [d["args"][1]["buffer"] for d in data["dispatches"]]  # E_3(out, x): x, each call's own trace buffer
+    assert len(set(inputs)) == 3
+    got = [__import__("struct").unpack("3f", __import__("base64").b64decode(data["buffers"][i]["init"]["b64"]))
+           for i in inputs]
+    assert got == [(1.0, 2.0, 0.0), (1.0, 2.0, 1.0), (1.0, 2.0, 2.0)]
+    code, text = _run(out)
+    assert code == 0 and "result: match" in text, text
+
+
+def test_an_output_path_without_its_folder_is_refused_before_recording(tmp_path: Path) -> None:
+    script = tmp_path / "marks.py"
+    script.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n"
+                      "from tinygrad import Tensor\ndef main():\n    return Tensor([1.0]) * 2\n")
+    log = io.StringIO()
+    bad = tmp_path / "none" / "t.json"
+    assert main(["record", str(script), "-o", str(bad)], out=io.StringIO(), log=log) == 2
+    assert f"-o {bad}: no folder" in log.getvalue(), log.getvalue()
+    log = io.StringIO()
+    assert main(["record", str(script), "-o", str(tmp_path)], out=io.StringIO(), log=log) == 2
+    assert "is a folder" in log.getvalue()
+    with pytest.raises(RecordError, match="no folder"):
+        record(script, (), bad)
+    assert not (tmp_path / "ran").exists()  # the script never ran
