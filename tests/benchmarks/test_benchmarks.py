@@ -90,3 +90,23 @@ def test_table(tmp_path: Path) -> None:
     done = _run(tmp_path, "--quick", "--only", "rewrite")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rewrite_nomatch_over_dfs" in done.stdout and "<= 2" in done.stdout
+    # quick sizes measure nothing against the targets: no ok/MISS verdict (a quick run printed MISS rows)
+    rows = [line for line in done.stdout.splitlines() if "<= " in line]
+    assert rows and all("n/a (quick sizes)" in line and "MISS" not in line for line in rows), done.stdout
+
+
+def test_the_table_gives_a_verdict_only_at_full_sizes(tmp_path: Path) -> None:
+    fig = {"machine": {"processor": "p", "cpus": 1, "python": "3"}, "skipped": {},
+           "memory_bytes_per_cmd": 2048.0, "memory_commands": 100, "sim_overhead_us_per_dispatch": 5.0,
+           "sim_device": "d"}
+    for quick, verdicts in ((False, ["MISS", "ok "]), (True, ["n/a (quick sizes)"] * 2)):
+        code = f"import sys; from benchmarks.report import table; table({ {**fig, 'quick': quick}!r}, sys.stdout)"
+        (tmp_path / "path").mkdir(exist_ok=True)
+        if not (tmp_path / "path" / "benchmarks").exists():
+            (tmp_path / "path" / "benchmarks").symlink_to(ROOT / "benchmarks")
+        env = {**os.environ, "PYTHONPATH": str(tmp_path / "path"), "PYTHONSAFEPATH": "1"}
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        rows = [line for line in done.stdout.splitlines() if "<= " in line]
+        assert len(rows) == 2 and all(v in row for v, row in zip(verdicts, rows)), done.stdout
