@@ -61,7 +61,8 @@ class Fault:
         if isinstance(self.index, bool) or not isinstance(self.index, int) or self.index < 0:
             raise ArgumentError(f"fault {self.kind}: the index must be an int >= 0, got {self.index!r}")
         if self.kind == "command_buffer":
-            if self.code not in MTL.ERROR_NAMES or self.code == MTL.ErrorNone:
+            # not a bool: True == 1 would pass as code 1 (Internal) and print as True
+            if isinstance(self.code, bool) or self.code not in MTL.ERROR_NAMES or self.code == MTL.ErrorNone:
                 raise ArgumentError(f"fault: {self.code!r} is not an MTLCommandBufferError code "
                                     f"(expected one of {', '.join(map(str, sorted(_BY_NAME.values())))})")
         elif self.kind == "alloc":

@@ -68,6 +68,13 @@ def test_a_fault_spelled_wrong_is_an_argument_error_naming_it(text: str, match: 
         Fault.parse(text)
 
 
+def test_a_bool_is_no_error_code() -> None:
+    """``Fault("command_buffer", 0, True)`` was accepted as code 1 (True == 1)."""
+    with pytest.raises(ArgumentError, match="True is not an MTLCommandBufferError code"):
+        Fault("command_buffer", 0, True)
+    assert Fault("command_buffer", 0, 1).code == 1
+
+
 def test_two_faults_for_one_command_buffer_are_refused_and_nothing_is_armed() -> None:
     with _device() as dev:
         with pytest.raises(ArgumentError, match=r"command buffer 0 already has a fault armed \(0:PageFault\)"):
