@@ -117,6 +117,55 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _opencl_device(text: str) -> str:
+    """``--opencl-device``: a device index or a non-empty part of a device's name (an empty one matched every
+    device and silently picked the first)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty name: give an index or a part of a device's name "
+                                         "(mtlir run --list-devices lists them)")
+    return text
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before any work, an output path that cannot be written: ``--html FILE`` and ``--profile FILE`` need
+    an existing, writable folder and must not name a folder; ``--viz DIR`` must not be a file and the nearest
+    existing folder above it must be writable (the pictures' folders are made). Raises ``UsageError`` naming the
+    flag (a run of a large trace used to end with that error after all its work)."""
+    for flag, what, path in (("--html", "the page", getattr(args, "html", None)),
+                             ("--profile", "the profile", getattr(args, "profile", None))):
+        if path is None:
+            continue
+        folder = path.parent
+        if path.is_dir():
+            raise UsageError(f"{flag} {path}: is a folder, not a file")
+        if not folder.is_dir():
+            why = "is not a folder" if folder.exists() else "does not exist"
+            raise UsageError(f"{flag} {path}: cannot write {what}: the folder {folder} {why}")
+        if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise UsageError(f"{flag} {path}: cannot write {what}: permission denied")
+    viz = getattr(args, "viz", None)
+    if viz is None:
+        return
+    if viz.exists() and not viz.is_dir():
+        raise UsageError(f"--viz {viz}: is a file, not a folder: give a folder for the pictures")
+    above = next(p for p in (viz, *viz.absolute().parents) if p.exists())
+    if not above.is_dir():
+        raise UsageError(f"--viz {viz}: cannot write the pictures: {above} is a file, not a folder")
+    if not os.access(above, os.W_OK):
+        raise UsageError(f"--viz {viz}: cannot write the pictures: permission denied in {above}")
+
+
+def _list_devices_alone(args: argparse.Namespace, run: _Parser) -> None:
+    """``run --list-devices`` takes no TRACE and no flag but ``--json`` and ``--debug``: it runs nothing, so a
+    flag given with it would be ignored silently. Raises ``UsageError`` naming what was given."""
+    if args.trace is not None:
+        run.error(f"--list-devices lists the OpenCL devices and takes no TRACE (got {str(args.trace)!r})")
+    given = [a.option_strings[0] for a in run._actions if a.option_strings and a.dest not in
+             {"help", "list_devices", "json", "debug"} and getattr(args, a.dest, a.default) != a.default]
+    if given:
+        run.error(f"--list-devices takes no other flag than --json and --debug (got {', '.join(given)})")
+
+
 def build_parser() -> _Parser:
     """The argparse parser of ``mtlir`` with its two commands."""
     p = _Parser(prog="mtlir", description="Lower GPU queue operations to the Objective-C messages of Apple Metal "
@@ -124,8 +173,9 @@ def build_parser() -> _Parser:
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("trace", type=Path, help="a recorded kernel queue (JSON, examples/traces/*.json)")
+    def common(sp: argparse.ArgumentParser, trace_nargs: str | None = None) -> None:
+        sp.add_argument("trace", type=Path, nargs=trace_nargs,
+                        help="a recorded kernel queue (JSON, examples/traces/*.json)")
         sp.add_argument("--arch", type=_arch, metavar="{apple7,apple8,apple9,mac2}",
                         help="GPU family, any case (default: the trace's arch)")
         sp.add_argument("--target", choices=["arm64", "x86_64"], help="ABI of objc_msgSend (default: this machine's)")
@@ -149,7 +199,7 @@ def build_parser() -> _Parser:
     lo.add_argument("--setup", action="store_true", help="list the messages link sends once instead of one submit's")
 
     run = sub.add_parser("run", help="lower, link, submit, and check the output against the trace")
-    common(run)
+    common(run, trace_nargs="?")  # optional only for --list-devices: main requires it otherwise
     run.add_argument("--device", choices=["auto", "sim", "metal"], default="auto",
                      help="auto: metal on macOS with Metal, else the simulated device")
     run.add_argument("--faithful", action="store_true",
@@ -159,11 +209,12 @@ def build_parser() -> _Parser:
                      help="seconds to wait for the GPU (default 60); past it the run fails with exit 3")
     run.add_argument("--profile", type=Path, metavar="FILE",
                      help="write a profile of the run (Chrome trace event JSON: Perfetto, chrome://tracing) to FILE")
-    run.add_argument("--opencl-device", metavar="NAME|INDEX",
+    run.add_argument("--opencl-device", type=_opencl_device, metavar="NAME|INDEX",
                      help="simulated device: run the kernels on this OpenCL device, an index or a substring of its "
                           "platform or device name (default: the first; mtlir run --list-devices lists them)")
     run.add_argument("--inject-fault", type=_fault, action="append", default=[], metavar="K:NAME",
-                     help="simulated device: make command buffer K of the first submit fail with that "
+                     help="simulated device: make the K-th command buffer the run commits (0 the first "
+                          "submit's first; K counts on through later submits) fail with that "
                           "MTLCommandBufferError (Timeout, PageFault, NotPermitted, OutOfMemory, InvalidResource, "
                           "or its code), K:hang for a kernel that never finishes, alloc:buffer|icb|pipeline[:N] for "
                           "an allocation that returns nil; may be given several times (docs/reliability.md)")
@@ -225,15 +276,21 @@ def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextI
             try:
                 if json_mode:
                     out = stack.enter_context(_stdout_for_json(out))
-                if argv[:1] == ["run"] and "--list-devices" in argv:  # the one form of run without a TRACE
-                    code = cmd_list_devices(out)
+                parser = build_parser()
+                args = parser.parse(argv)
+                if args.command == "run" and args.list_devices:  # the one form of run without a TRACE
+                    _list_devices_alone(args, parser.commands["run"])
+                    code = cmd_list_devices(out, args.json)
                     out.flush()
                     return code
-                args = build_parser().parse(argv)
+                if args.command == "run" and args.trace is None:
+                    parser.commands["run"].error("the following arguments are required: trace")
+                if args.command in ("lower", "run"):
+                    check_outputs(args)
                 if args.command == "lower":
                     code = cmd_lower(args, out, log, lower_trace=lower_trace)
                 elif args.command == "translate":
-                    code = cmd_translate(args, out)
+                    code = cmd_translate(args, out, log)
                 elif args.command == "opt":
                     code = cmd_opt(args, out, log)
                 elif args.command == "record":

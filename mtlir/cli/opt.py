@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 __all__ = ["run_opt", "cmd_opt"]
 
 
+def _stage_ops() -> frozenset[object]:
+    """The ops that put a graph in a stage passes take (``graph_stage``)."""
+    from mtlir.ir.ops import Ops
+    return frozenset({Ops.SUBMIT, Ops.MSG, Ops.MSGS, Ops.CALL, Ops.CALLS})
+
+
 def run_opt(text: str, pipeline: str, *, print_after_all: bool = False, log: TextIO | None = None) -> str:
     """``text`` (a graph in the text form, or a trace's JSON: its queue graph) after the passes of ``pipeline``, in
     the text form (a Program: its listing and ICB tables, ``mtlir.program.tables.describe``). Raises
@@ -30,6 +36,11 @@ def run_opt(text: str, pipeline: str, *, print_after_all: bool = False, log: Tex
     from mtlir.passes.pipeline import PassPipeline, graph_stage
     from mtlir.program.tables import describe
     graph = _trace_graph(text) if text.lstrip().startswith("{") else parse(text)
+    ops = {u.op for u in graph.toposort()}
+    if not ops & _stage_ops():  # graph_stage would call it typed messages: it is no stage at all
+        names = ", ".join(sorted(o.name for o in ops))
+        raise UsageError(f"the graph holds no queue, command or message nodes (SUBMIT, MSG, MSGS, CALL, CALLS), only "
+                         f"{names}: there is nothing for the passes to lower")
     pipe = PassPipeline.parse(pipeline, start=graph_stage(graph))
     lowered = pipe.run(graph, print_after_all=print_after_all, keep_stages=False, out=log)
     result = lowered.result
@@ -38,13 +49,8 @@ def run_opt(text: str, pipeline: str, *, print_after_all: bool = False, log: Tex
 
 def _trace_graph(text: str) -> UOpT:
     """The queue graph of a trace given as JSON text (``TraceError`` naming the field when it is not one)."""
-    import json
-    from mtlir.frontend.trace import TraceError, parse_trace
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise TraceError("(file)", f"not valid JSON: {e}", "FILE") from None
-    return parse_trace(data, "FILE").queue()
+    from mtlir.frontend.trace import loads_trace
+    return loads_trace(text, "FILE").queue()
 
 
 def cmd_opt(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:

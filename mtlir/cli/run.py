@@ -151,12 +151,18 @@ def gpu_s_per_submit(completed: Iterable[Submission]) -> float | None:
     return sum(n for n in ns if n is not None) / (len(ns) * NS_PER_S)
 
 
-def cmd_list_devices(out: TextIO) -> int:
+def cmd_list_devices(out: TextIO, as_json: bool = False) -> int:
     """``mtlir run --list-devices``: one line per OpenCL device the simulated device can run kernels on
     (``kernels.runner.list_devices``: ``index: platform / device (type, version)``), what ``--opencl-device``
-    takes. Raises ``NoDeviceError`` (exit 2) when pyopencl or an OpenCL platform is missing."""
+    takes; with ``as_json`` one JSON list of ``{"index": i, "device": "platform / device (type, version)"}``.
+    Raises ``NoDeviceError`` (exit 2) when pyopencl or an OpenCL platform is missing."""
     from mtlir.runtime.sim.kernels.runner import list_devices
-    for line in list_devices():
+    lines = list_devices()
+    if as_json:
+        pairs = (line.split(": ", 1) for line in lines)
+        print(json.dumps([{"index": int(i), "device": d} for i, d in pairs]), file=out)
+        return 0
+    for line in lines:
         print(line, file=out)
     return 0
 
@@ -266,7 +272,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
 
 def _inject_faults(args: argparse.Namespace, bridge: Any, device_name: str) -> None:
     """``--inject-fault``: arm the faults on the simulated device before link (``SimDevice.inject``): link commits
-    no command buffer, so command buffer K is the first submit's. ``UsageError`` on a device that cannot inject."""
+    no command buffer, so K counts the command buffers the run commits from the first submit's first, on through
+    later submits. ``UsageError`` on a device that cannot inject."""
     faults = getattr(args, "inject_fault", None) or []
     if not faults:
         return
@@ -302,6 +309,7 @@ def _order_and_checks(args: argparse.Namespace, bridge: Any, device_name: str) -
             raise UsageError(f"--check-kernels runs the kernels on Oclgrind, which is not installed ({OCLGRIND_ICD} "
                              "is missing: make oclgrind, or apt-get install oclgrind)")
         bridge.checked = True
+        bridge.check_timeout_s = args.timeout  # a check on Oclgrind ends with the run's --timeout
 
 
 def _faults_not_fired(bridge: Any) -> list[str]:

@@ -29,7 +29,7 @@ from mtlir.frontend.checks import param_dtype
 from mtlir.frontend.queue import Queue
 from mtlir.ir.uop import UOp, gc_paused
 
-__all__ = ["load_trace", "parse_trace", "Trace", "TraceError", "TraceBuffer", "TraceVariable", "Dispatch",
+__all__ = ["load_trace", "loads_trace", "parse_trace", "Trace", "TraceError", "TraceBuffer", "TraceVariable", "Dispatch",
            "BufferArg", "OutputSpec"]
 
 # the fields of each object of the format (docs/lowering.md, "Traces"); anything else is refused. The format calls
@@ -354,15 +354,23 @@ def load_trace(path: str | Path) -> Trace:
     p = Path(path)
     raw = p.read_bytes()
     try:
-        data = json.loads(raw.decode("utf-8"), object_pairs_hook=_object)
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise TraceError("(file)", f"not a JSON trace: byte {e.start} is not UTF-8 text ({e.reason})",
                          str(p)) from None
+    return loads_trace(text, str(p))
+
+
+def loads_trace(text: str, source: str = "") -> Trace:
+    """Parse and validate a trace's JSON ``text`` (``source`` names it in errors). Raises ``TraceError``: for text
+    that is not JSON, JSON nested too deep, a key repeated in one object, and what ``parse_trace`` refuses."""
+    try:
+        data = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as e:
-        raise TraceError("(file)", f"not valid JSON: {e}", str(p)) from None
+        raise TraceError("(file)", f"not valid JSON: {e}", source) from None
     except RecursionError:
-        raise TraceError("(file)", "not a trace: JSON nested deeper than Python's recursion limit", str(p)) from None
-    return parse_trace(data, str(p))
+        raise TraceError("(file)", "not a trace: JSON nested deeper than Python's recursion limit", source) from None
+    return parse_trace(data, source)
 
 
 def parse_trace(data: Any, source: str = "") -> Trace:

@@ -75,3 +75,13 @@ def test_opt_reads_a_trace_and_reads_its_own_output_back(tmp_path: Path) -> None
     encoded = run_opt(trace, "encode")
     assert encoded.startswith("x0 = UOp(") and "Ops.MSG" in encoded
     assert run_opt(encoded, "abi{target=arm64},linearize") == run_opt(trace, "encode,abi{target=arm64},linearize")
+
+
+def test_a_graph_of_no_stage_is_named_so(tmp_path: Path) -> None:
+    """A CONST under a SINK was said to be at the "typed messages (MSG)" stage: it holds no node any pass takes."""
+    g = tmp_path / "const.txt"
+    g.write_text("x0 = UOp(Ops.CONST, dtypes.int32, (), 1)\nx1 = UOp(Ops.SINK, dtypes.void, (x0,))\n")
+    for pipeline in ("encode", "linearize"):
+        code, out, log = _opt(str(g), "-p", pipeline)
+        assert code == 2 and out == "" and "typed messages" not in log
+        assert "holds no queue, command or message nodes (SUBMIT, MSG, MSGS, CALL, CALLS), only CONST, SINK" in log

@@ -156,3 +156,68 @@ def test_a_lone_surrogate_in_the_trace_is_bad_input_not_an_internal_error(tmp_pa
     trace.write_text(json.dumps(data))
     code, out, log = mtlir(command, str(trace))
     assert code == 2 and out == "" and "workload: holds the character '\\ud800', a lone surrogate" in log
+
+
+@pytest.mark.parametrize("flag, name, match", [
+    ("--profile", "missing/x.json", "--profile {p}: cannot write the profile: the folder {d} does not exist"),
+    ("--html", "missing/x.html", "--html {p}: cannot write the page: the folder {d} does not exist"),
+    ("--html", ".", "--html {p}: is a folder, not a file"),
+    ("--viz", "afile/sub", "--viz {p}: cannot write the pictures: {d} is a file, not a folder"),
+])
+def test_an_output_path_that_cannot_be_written_fails_before_any_work(tmp_path: Path, flag: str, name: str,
+                                                                      match: str) -> None:
+    """``run --profile /nonexistent/x.json`` lowered, linked and ran everything, then exited 2: the paths are
+    checked first (the trace below would fail to load: the output check must come before it)."""
+    (tmp_path / "afile").write_text("x")
+    path = tmp_path / name
+    for command in ("run", "lower"):
+        if flag == "--profile" and command == "lower":
+            continue
+        code, out, log = mtlir(command, str(tmp_path / "no-trace.json"), flag, str(path))
+        assert code == 2 and out == "" and log == "mtlir: error: " + match.format(p=path, d=path.parent) + "\n"
+
+
+def test_list_devices_refuses_what_it_would_ignore() -> None:
+    for argv, match in ((["run", "--list-devices", MLP7], "takes no TRACE"),
+                        (["run", "--list-devices", "--opencl-device", "nosuch"], "(got --opencl-device)"),
+                        (["run", "--list-devices", "--repeat", "3", "--faithful"], "(got --faithful, --repeat)"),
+                        (["run", MLP7, "--opencl-device", ""], "--opencl-device: '': an empty name"),
+                        (["run", MLP7, "--opencl-device", " "], "--opencl-device: ' ': an empty name"),
+                        (["run"], "run: the following arguments are required: trace")):
+        code, out, log = mtlir(*argv)
+        assert code == 2 and out == "" and match in log and log.count("\n") == 1, (argv, log)
+
+
+def test_list_devices_json_is_one_list() -> None:
+    pytest.importorskip("pyopencl")
+    import json
+    from mtlir.runtime.sim.kernels.runner import list_devices
+    code, out, _ = mtlir("run", "--list-devices", "--json")
+    assert code == 0 and json.loads(out) == [{"index": i, "device": line.split(": ", 1)[1]}
+                                             for i, line in enumerate(list_devices())]
+
+
+def test_inject_fault_help_says_k_counts_on_through_later_submits() -> None:
+    from mtlir.cli.main import build_parser
+    text = " ".join(build_parser().commands["run"].format_help().split())
+    assert "K counts on through later submits" in text and "of the first submit fail" not in text
+
+
+def test_translate_reports_invalid_msl_as_run_does(tmp_path: Path) -> None:
+    """MSL the translator passes through but a compiler refuses (an undeclared identifier): ``translate`` printed
+    its OpenCL C and exited 0 while ``run`` exited 2. Both build it now and give the same error."""
+    pytest.importorskip("pyopencl")
+    import json
+    data = json.loads(Path(MLP7).read_text())
+    prog = data["programs"]["E_5_8_2"]
+    assert "(1/val2)" in prog["msl"]
+    prog["msl"] = prog["msl"].replace("(1/val2)", "(1/val9)")
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps(data))
+    logs = []
+    for command in ("translate", "run"):
+        code, out, log = mtlir(command, str(trace))
+        assert code == 2 and "MSL line 11, column 66: use of undeclared identifier 'val9'" in log, (command, log)
+        logs.append(log)
+    said = logs[0].splitlines()[0].split("invalid MSL")[1]  # run adds Metal's NSError code after it
+    assert out == "" and said and said in logs[1].splitlines()[0]
