@@ -15,15 +15,33 @@ Oclgrind writes its reports to the child's file descriptor 2, captured around th
 ``Read-write data race at global memory address ...``) into a ``Report`` and maps its OpenCL line (``At line 7
 (column 12) of input.cl``) back to the MSL line with the translation's line map (``Translation.msl_position``).
 The first report becomes a ``KernelCheckError`` naming the kernel, the MSL line and the kind of problem.
+
+The child never outlives the process that started it (``_Child``): it runs in a session of its own (a Ctrl-C at
+the terminal reaches mtlir, which decides), is killed when its time limit passes, on any exception in the parent
+(``KeyboardInterrupt`` included) and at interpreter exit (``atexit``); and it ends itself when its parent does,
+even one that leaves with ``os._exit`` or is killed: on Linux through ``prctl(PR_SET_PDEATHSIG, SIGKILL)``
+(prctl(2)), everywhere through a pipe whose write end only the parent holds (a thread of the child waits for its
+end of file). A check's time limit is the device's ``check_timeout_s`` (``mtlir run`` sets it to ``--timeout``;
+``CHECK_TIMEOUT_S`` without), not the runner's per-kernel limit: Oclgrind interprets kernels, many times slower.
+
+Each distinct launch is checked once per device (``checked_runs``): the same MSL and kernel, the same grid and
+threadgroup, and every bound buffer the same (its byte offset and a BLAKE2b digest of its bytes as they are when
+the launch runs). A launch whose inputs changed, or whose outputs hold other values than before, is checked again;
+``mtlir run --check-kernels --repeat 50`` checks each launch of a run once or twice (the second run sees the
+first's results in its output buffers), not fifty times.
 """
 from __future__ import annotations
 
+import atexit
+import hashlib
 import os
 import pickle
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +52,11 @@ import numpy as np
 from mtlir.errors import KernelCheckError, NoDeviceError
 from mtlir.runtime.sim.msl.translate import Translation, translate
 
-__all__ = ["OCLGRIND_ICD", "Report", "available", "check_kernel", "parse_reports", "check_launch", "checked_runs"]
+__all__ = ["OCLGRIND_ICD", "Report", "available", "check_kernel", "parse_reports", "check_launch", "checked_runs",
+           "launch_key", "CHECK_TIMEOUT_S"]
 
 OCLGRIND_ICD = Path("/usr/lib/oclgrind/liboclgrind-rt-icd.so")  # Debian's package oclgrind
+CHECK_TIMEOUT_S = 120.0  # a check's time limit (seconds) on a device without ``check_timeout_s``
 _FAULT_WORDS = 64  # the fault record the translated kernel writes to (unused without the bounds checks)
 
 
@@ -117,20 +137,98 @@ def check_kernel(msl: str, function: str, bindings: dict[int, tuple[np.ndarray, 
         Path(vendors, "oclgrind.icd").write_text(f"{OCLGRIND_ICD}\n")
         env = dict(os.environ, OCL_ICD_VENDORS=vendors, OCLGRIND_DATA_RACES="1", PYTHONSAFEPATH="1")
         env.pop("OCLGRIND_UNIFORM_WRITES", None)
-        try:
-            proc = subprocess.run([sys.executable, "-m", "mtlir.runtime.sim.kernels.oclgrind"],
-                                  input=pickle.dumps(request), capture_output=True, env=env, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(f"Oclgrind did not finish kernel {function!r} in {timeout_s:g} s") from None
-    if proc.returncode != 0:
-        tail = proc.stderr.decode("utf-8", "replace")[-2000:]
-        raise NoDeviceError(f"Oclgrind could not run kernel {function!r} (exit {proc.returncode}): {tail}")
-    captured = pickle.loads(proc.stdout)
+        returncode, stdout, stderr = _Child(env).run(pickle.dumps(request), function, timeout_s)
+    if returncode != 0:
+        tail = stderr.decode("utf-8", "replace")[-2000:]
+        raise NoDeviceError(f"Oclgrind could not run kernel {function!r} (exit {returncode}): {tail}")
+    captured = pickle.loads(stdout)
     assert isinstance(captured, str)
     translation = translate(msl, bounds_checks=False)
     reports = [r for r in parse_reports(captured, translation, msl) if r.kernel in ("", function)]
     if reports:
         raise _error(reports[0], function, msl, len(reports))
+
+
+_LIVE: set[subprocess.Popen[bytes]] = set()  # the children running now, killed at interpreter exit
+_LIVE_LOCK = threading.Lock()
+_PARENT_ENV = "MTLIR_OCLGRIND_PARENT"  # the parent's pid, for the child's check that it has not gone already
+_REAP_S = 5.0  # how long a killed child is waited for (SIGKILL ends it at once unless the kernel holds it)
+
+
+class _Child:
+    """One run of the child (``_serve``) with environment ``env``: the request on its stdin, its pickled output on
+    stdout, Oclgrind's complaints about itself on stderr. It never outlives the parent (module docstring)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = dict(env, **{_PARENT_ENV: str(os.getpid())})
+
+    def run(self, request: bytes, function: str, timeout_s: float) -> tuple[int, bytes, bytes]:
+        """Run the child on ``request`` within ``timeout_s`` seconds: (exit status, stdout, stderr). Raises
+        ``TimeoutError`` naming kernel ``function`` when it has not finished by then; the child is killed then and
+        on any exception (``KeyboardInterrupt`` too) before it propagates."""
+        watch_r, watch_w = os.pipe()  # the parent holds the write end (close-on-exec: no other child inherits it)
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "mtlir.runtime.sim.kernels.oclgrind", str(watch_r)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=self.env, pass_fds=(watch_r,), start_new_session=True)
+        except BaseException:
+            os.close(watch_w)
+            raise
+        finally:
+            os.close(watch_r)
+        with _LIVE_LOCK:
+            _LIVE.add(proc)
+        try:
+            stdout, stderr = proc.communicate(request, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"Oclgrind did not finish kernel {function!r} in {timeout_s:g} s (its check was "
+                               "stopped)") from None
+        finally:
+            _kill(proc)
+            os.close(watch_w)
+        return proc.returncode, stdout, stderr
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """Kill ``proc`` if it still runs and reap it (waiting at most ``_REAP_S`` seconds)."""
+    with _LIVE_LOCK:
+        _LIVE.discard(proc)
+    if proc.poll() is None:
+        proc.kill()
+        try:
+            proc.wait(timeout=_REAP_S)
+        except subprocess.TimeoutExpired:
+            pass  # SIGKILL was sent: the kernel ends it; nothing waits forever
+
+
+@atexit.register
+def _kill_live() -> None:
+    """At interpreter exit: kill the children still running (a GPU worker thread may be waiting for one)."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for proc in live:
+        _kill(proc)
+
+
+def _die_with_parent(watch_fd: int) -> None:
+    """In the child: end when the parent ends. On Linux the kernel sends SIGKILL when the parent thread that started
+    it exits (``prctl(PR_SET_PDEATHSIG)``; a parent already gone is seen through ``getppid``); everywhere a daemon
+    thread waits for the end of file of the pipe whose write end the parent holds, and leaves with ``os._exit``."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1 (linux/prctl.h)
+        except (OSError, AttributeError):
+            pass  # the pipe below still ends the child
+    if os.environ.get(_PARENT_ENV) not in (None, str(os.getppid())):
+        os._exit(70)  # the parent ended before the guard was set
+
+    def watch() -> None:
+        while os.read(watch_fd, 1):
+            pass
+        os._exit(70)
+    threading.Thread(target=watch, name="mtlir-oclgrind-parent-watch", daemon=True).start()
 
 
 def _error(r: Report, function: str, msl: str, count: int) -> KernelCheckError:
@@ -160,27 +258,49 @@ def _msl_of(runner: Any, ck: Any) -> str:
     raise KeyError(f"kernel {ck.function!r} was not compiled by this runner")
 
 
+def launch_key(msl: str, launch: Any) -> tuple[Any, ...]:
+    """What makes two launches the same for a check (module docstring): the MSL, the kernel, the OpenCL sizes and,
+    for each bound buffer, its index, byte offset, size in bytes and a BLAKE2b digest of its bytes now."""
+    buffers = tuple((i, int(off), int(store.nbytes), hashlib.blake2b(np.ascontiguousarray(store).data).digest())
+                    for i, (store, off) in sorted(launch.bindings.items()))
+    return (msl, launch.ck.function, tuple(launch.global_size), tuple(launch.local_size), buffers)
+
+
 def checked_runs(dev: Any) -> Callable[[Any, Sequence[Any], float, bool], Any]:
     """The kernel runner's checked-mode hook for SimDevice ``dev`` (``KernelRunner.checker``): each launch of a
     batch runs alone, after ``check_launch`` on Oclgrind with the host data as it is then (the runner syncs first,
-    so a launch sees what the one before it wrote). A ``KernelCheckError`` is handed to ``dev.defer_error``, so
-    the host's next message to the device raises it, and raised: the command buffer ends in status Error."""
+    so a launch sees what the one before it wrote), unless this device checked the same launch (``launch_key``)
+    before. A check's time limit is ``dev.check_timeout_s`` where the device has one (seconds; ``mtlir run`` sets
+    it to ``--timeout``), else ``CHECK_TIMEOUT_S``: not the runner's ``timeout_s``, a real device's limit, since
+    Oclgrind interprets the kernel, many times slower. While launch ``k`` is checked and runs, the runner's
+    ``checking`` is ``k``, so a wait that times out names it (``SimDevice.running_kernel``). A
+    ``KernelCheckError`` is handed to ``dev.defer_error``, so the host's next message to the device raises it, and
+    raised: the command buffer ends in status Error; a check past its time limit raises ``TimeoutError`` naming
+    the kernel."""
+    checked: set[tuple[Any, ...]] = set()
+
     def run(runner: Any, launches: Sequence[Any], timeout_s: float, keep: bool) -> Any:
+        limit = float(getattr(dev, "check_timeout_s", None) or CHECK_TIMEOUT_S)
         hook, runner.checker = runner.checker, None
         try:
             for k, launch in enumerate(launches):
+                runner.checking = k
                 runner.sync()
-                try:
-                    check_launch(_msl_of(runner, launch.ck), launch, timeout_s)
-                except KernelCheckError as e:
-                    dev.defer_error(e)
-                    raise
+                msl = _msl_of(runner, launch.ck)
+                key = launch_key(msl, launch)
+                if key not in checked:
+                    try:
+                        check_launch(msl, launch, limit)
+                    except KernelCheckError as e:
+                        dev.defer_error(e)
+                        raise
+                    checked.add(key)
                 fault = runner.run_batch([launch], timeout_s, keep)
                 if fault is not None:
                     return k + fault[0], fault[1]
             return None
         finally:
-            runner.checker = hook
+            runner.checker, runner.checking = hook, None
     return run
 
 
@@ -190,6 +310,8 @@ def _serve() -> None:
 
     from mtlir.runtime.sim.kernels.stderr import _native_stderr
 
+    if len(sys.argv) > 1:
+        _die_with_parent(int(sys.argv[1]))
     msl, function, bindings, grid, tg = pickle.loads(sys.stdin.buffer.read())
     devices = [d for p in cl.get_platforms() for d in p.get_devices() if "oclgrind" in p.name.lower()]
     if not devices:

@@ -76,6 +76,7 @@ class KernelRunner:
     Thread-safe: one lock serialises compiles and runs."""
 
     checker: Any = None  # checked mode's hook (kernels/oclgrind.py ``checked_runs``): runs each launch checked
+    checking: int | None = None  # checked mode: the position in the batch of the launch being checked or run
 
     def __init__(self, device: Any = None, *, cl: Any = None, in_host_memory: bool | None = None) -> None:
         if cl is None:
@@ -474,7 +475,10 @@ class KernelRunner:
         raise WaitTimeoutError(f"{what} did not finish within {timeout_s} s")
 
     def running(self) -> int | None:
-        """The position in the batch enqueued now of its first launch not completed (None: no batch runs)."""
+        """The position in the batch enqueued now of its first launch not completed (None: no batch runs). In
+        checked mode, the launch being checked on Oclgrind or run after its check (``checking``)."""
+        if self.checking is not None:
+            return self.checking
         in_flight = self.in_flight
         for k, (_, ev) in enumerate(in_flight):
             if not _completed(self.cl, ev):

@@ -7,8 +7,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -149,3 +151,132 @@ def test_check_kernels_without_oclgrind_is_a_usage_error(tmp_path: Path, monkeyp
     assert code == 2 and "--check-kernels runs the kernels on Oclgrind, which is not installed" in log.getvalue()
     with pytest.raises(NoDeviceError, match="checked kernels need Oclgrind"):
         oclgrind.check_kernel(GOOD, "good", {0: (_bytes(256), 0), 1: (_bytes(256), 0)}, (2, 1, 1), (32, 1, 1))
+
+
+SPIN = HEAD + """kernel void spin(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  while (true) {}
+}"""  # never ends
+
+
+def _children(mark: str) -> list[int]:
+    """The pids of live processes whose environment holds ``MTLIR_TEST_MARK=mark`` (the children inherit it)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            marked = f"MTLIR_TEST_MARK={mark}".encode() in (proc / "environ").read_bytes().split(b"\0")
+            if proc.name.isdigit() and marked:
+                if (proc / "stat").read_text().split(") ")[-1][:1] != "Z":
+                    found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
+def _gone(mark: str, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while _children(mark):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+linux_only = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc (Linux)")
+
+
+@needs_oclgrind
+def test_a_check_past_its_time_limit_is_stopped_naming_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mtlir.runtime.sim.kernels import oclgrind
+    monkeypatch.setenv("MTLIR_TEST_MARK", "limit")
+    with pytest.raises(TimeoutError, match="Oclgrind did not finish kernel 'spin' in 1 s"):
+        check_kernel(SPIN, "spin", {0: (_bytes(64), 0)}, (1, 1, 1), (4, 1, 1), timeout_s=1)
+    assert not oclgrind._LIVE
+    if Path("/proc/self/environ").exists():
+        assert _gone("limit", within_s=0)
+
+
+@needs_oclgrind
+@linux_only
+@pytest.mark.parametrize("how", ["kill", "exit"])
+def test_the_child_ends_with_its_parent(how: str) -> None:
+    """A parent killed (SIGKILL: no finally, no atexit) or leaving with os._exit mid-check takes the child along."""
+    mark = f"parent-{how}-{os.getpid()}"
+    ends = "time.sleep(600)" if how == "kill" else "time.sleep(3); os._exit(0)"
+    script = ("import os, threading, time\n"
+              "from mtlir.runtime.sim.kernels.oclgrind import check_kernel\n"
+              "import numpy as np\n"
+              f"SPIN = {SPIN!r}\n"
+              "threading.Thread(target=check_kernel, daemon=True, args=(SPIN, 'spin', "
+              "{0: (np.zeros(64, np.uint8), 0)}, (1, 1, 1), (4, 1, 1)), kwargs={'timeout_s': 600}).start()\n"
+              f"{ends}\n")
+    env = dict(os.environ, PYTHONSAFEPATH="1", MTLIR_TEST_MARK=mark)
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_children(mark)) < 2:  # the parent and its child
+            assert parent.poll() is None and time.monotonic() < deadline, "the check's child never started"
+            time.sleep(0.1)
+        if how == "kill":
+            parent.kill()
+        parent.wait(timeout=30)
+        assert _gone(mark), f"the child outlived its parent: {_children(mark)}"
+    finally:
+        parent.kill()
+        for pid in _children(mark):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _good_trace(tmp_path: Path, msl: str = GOOD, function: str = "good") -> Path:
+    """A one-dispatch trace of ``function`` (y = f(x), 64 floats each): ``_trace``'s format."""
+    trace = json.loads(_trace(tmp_path).read_text())
+    trace["programs"] = {function: {"function": function, "msl": msl,
+                                    "signature": [[None, 0, "dtypes.float", [64]], [None, 1, "dtypes.float", [64]]]}}
+    trace["dispatches"][0]["kernel"] = function
+    trace["output"]["expected_b64"] = base64.b64encode(np.ones(64, np.float32).tobytes()).decode()
+    path = tmp_path / f"{function}.json"
+    path.write_text(json.dumps(trace))
+    return path
+
+
+@needs_oclgrind
+@linux_only
+def test_mtlir_run_check_kernels_timeout_names_the_kernel_and_leaves_no_child(tmp_path: Path) -> None:
+    spin = HEAD + """kernel void spin(const device float* x [[buffer(0)]], device float* y [[buffer(1)]],
+                 uint i [[thread_position_in_grid]]) {
+  while (true) {}
+}"""
+    mark = f"cli-{os.getpid()}"
+    env = dict(os.environ, PYTHONSAFEPATH="1", MTLIR_TEST_MARK=mark)
+    run = [sys.executable, "-m", "mtlir", "run", str(_good_trace(tmp_path, spin, "spin")), "--device", "sim",
+           "--check-kernels", "--timeout", "3"]
+    proc = subprocess.run(run, capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    try:
+        assert proc.returncode == 3, proc.stderr[-2000:]
+        # the run's wait and the check end after the same --timeout: whichever comes first names the kernel
+        assert ("kernel 'spin' is still running" in proc.stderr
+                or "Oclgrind did not finish kernel 'spin' in 3 s" in proc.stderr), proc.stderr[-2000:]
+        assert _gone(mark), f"the check's child outlived mtlir: {_children(mark)}"
+    finally:
+        for pid in _children(mark):
+            os.kill(pid, signal.SIGKILL)
+
+
+@needs_oclgrind
+def test_each_distinct_launch_is_checked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--repeat 4: the first run sees y = 0, the others y = x + 1 (what the first wrote): two distinct launches."""
+    import io
+
+    from mtlir.cli.main import main
+    from mtlir.runtime.sim.kernels import oclgrind
+    checks: list[str] = []
+    real = oclgrind.check_launch
+
+    def counting(msl: str, launch: object, timeout_s: float = 120.0) -> None:
+        checks.append(msl)
+        real(msl, launch, timeout_s)
+    monkeypatch.setattr(oclgrind, "check_launch", counting)
+    out, log = io.StringIO(), io.StringIO()
+    code = main(["run", str(_good_trace(tmp_path)), "--device", "sim", "--check-kernels", "--repeat", "4"],
+                out=out, log=log)
+    assert code == 0, log.getvalue()
+    assert len(checks) == 2
