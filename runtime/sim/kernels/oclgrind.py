@@ -305,13 +305,15 @@ def checked_runs(dev: Any) -> Callable[[Any, Sequence[Any], float, bool], Any]:
 
 
 def _serve() -> None:
-    """The child: run one request from stdin on Oclgrind's device, print what it wrote to fd 2 (pickled)."""
+    """The child (``python -m mtlir.runtime.sim.kernels.oclgrind WATCH_FD``): run one request from stdin on
+    Oclgrind's device, print what it wrote to fd 2 (pickled); it ends when its parent ends (``_die_with_parent``
+    on the pipe ``WATCH_FD``)."""
+    if len(sys.argv) > 1:
+        _die_with_parent(int(sys.argv[1]))
     import pyopencl as cl  # the ICD loader sees Oclgrind only (OCL_ICD_VENDORS)
 
     from mtlir.runtime.sim.kernels.stderr import _native_stderr
 
-    if len(sys.argv) > 1:
-        _die_with_parent(int(sys.argv[1]))
     msl, function, bindings, grid, tg = pickle.loads(sys.stdin.buffer.read())
     devices = [d for p in cl.get_platforms() for d in p.get_devices() if "oclgrind" in p.name.lower()]
     if not devices:
