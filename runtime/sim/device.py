@@ -92,6 +92,7 @@ class SimDevice:
         self.autorun = autorun
         self.timeout_s = float(timeout_s)
         self.gpu_timeout_s = float(gpu_timeout_s)
+        self.closed = False  # close() was called: a Session's close then sends nothing (docs/runtime.md)
         self.constant_align = constant_align
         self.max_buffer_length = max_buffer_length
         if order_seed is not None and (type(order_seed) is not int or order_seed < 0):
@@ -551,7 +552,9 @@ class SimDevice:
 
     def close(self) -> None:
         """Stop the GPU worker thread (committed work that has not run stays unrun). It does not wait for a kernel
-        that is still running (``kernel_running``): OpenCL cannot stop one, and one past its timeout may never end."""
+        that is still running (``kernel_running``): OpenCL cannot stop one, and one past its timeout may never end.
+        Sets ``closed``."""
+        self.closed = True
         self.gpu.stop()
 
     @property

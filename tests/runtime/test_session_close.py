@@ -46,3 +46,13 @@ def test_close_past_its_timeout_keeps_what_the_icb_reaches_then_a_later_close_re
             s.close()
         assert not s.linked.cleanup
 
+
+def test_close_after_the_device_closed_sends_nothing() -> None:
+    dev, s = _hung(30.0)
+    dev.close()
+    assert dev.closed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.close()  # no LinkError, no wait for a command buffer that will never run
+        s.close()
+    assert s.closed and not s.inflight
