@@ -198,6 +198,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
                              f"{device_name}")
         choose(args.opencl_device)
     _inject_faults(args, bridge, device_name)
+    if hasattr(bridge, "kernel_timeout_s"):  # the kernel watchdog never cuts a kernel the run would wait for
+        bridge.kernel_timeout_s = max(bridge.kernel_timeout_s, args.timeout)
     _order_and_checks(args, bridge, device_name)
     o = trace.output
     clock.start("link")

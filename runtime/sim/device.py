@@ -62,7 +62,10 @@ class SimDevice:
     ``autorun``: True runs committed work on a worker thread; False holds the GPU until ``step()`` or
     ``run_until_idle()``. ``timeout_s``: the longest any CPU-side wait blocks (then ``TimeoutError``).
     ``gpu_timeout_s``: the GPU watchdog: a command buffer blocked on a fence or event that long ends in Error,
-    Timeout (2). ``kernel_runner``: compiles MSL (default: ``mtlir.runtime.sim.kernels.runner.KernelRunner`` on
+    Timeout (2). ``kernel_timeout_s``: the watchdog of one kernel: a kernel making no progress that long ends its
+    command buffer in Error, Timeout (2) (longer than ``gpu_timeout_s``: the kernels run on an OpenCL device, a CPU
+    by default, often 10-1000x slower than an Apple GPU; a longer ``mtlir run --timeout`` raises it).
+    ``kernel_runner``: compiles MSL (default: ``mtlir.runtime.sim.kernels.runner.KernelRunner`` on
     the OpenCL device ``opencl_device`` names: an index into ``list_devices()`` or a substring of its platform or
     device name, ``select_device``; None: the first device).
     ``constant_align``: the offset alignment required of ``constant`` buffer bindings in bytes (METAL.md §1).
@@ -79,7 +82,8 @@ class SimDevice:
 
     def __init__(self, target: str | None = None, *, strict: bool = True, family: str = "Apple9",
                  residency_sets: bool = True, icb: bool = True, autorun: bool = True, timeout_s: float = 10.0,
-                 gpu_timeout_s: float = 2.0, kernel_runner: Any = None, opencl_device: str | int | None = None,
+                 gpu_timeout_s: float = 2.0, kernel_timeout_s: float = 60.0, kernel_runner: Any = None,
+                 opencl_device: str | int | None = None,
                  order_seed: int | None = None, checked: bool = False,
                  constant_align: int = MTL.CONSTANT_OFFSET_ALIGN, max_buffer_length: int = 1 << 32,
                  faults: Iterable[str | Fault] = ()) -> None:
@@ -92,6 +96,7 @@ class SimDevice:
         self.autorun = autorun
         self.timeout_s = float(timeout_s)
         self.gpu_timeout_s = float(gpu_timeout_s)
+        self.kernel_timeout_s = float(kernel_timeout_s)
         self.closed = False  # close() was called: a Session's close then sends nothing (docs/runtime.md)
         self.constant_align = constant_align
         self.max_buffer_length = max_buffer_length

@@ -333,7 +333,7 @@ class Executor:
                 self.gpu.in_kernel = True
                 self.in_flight = (batch, cb.handle if cb is not None else 0)
                 try:
-                    fault = runner.run_batch([b[0] for b in batch], self.dev.gpu_timeout_s, keep=True,
+                    fault = runner.run_batch([b[0] for b in batch], self.dev.kernel_timeout_s, keep=True,
                                              write_back=write_back)
                 finally:
                     self.gpu.in_kernel = False
@@ -352,11 +352,11 @@ class Executor:
             self._access_fault(what, fault[1])
 
     def _watchdog(self, e: WaitTimeoutError) -> GPUFault:
-        """A kernel ran past ``gpu_timeout_s`` (the runner's ``WaitTimeoutError`` names its dispatch): the GPU
+        """A kernel ran past ``kernel_timeout_s`` (the runner's ``WaitTimeoutError`` names its dispatch): the GPU
         watchdog ends its command buffer in Error, Timeout (2), as Metal's does (METAL.md §3). The OpenCL kernel
         itself cannot be stopped: it keeps a CPU busy until it ends or the process exits, and the device's kernel
         runner refuses every later kernel (those command buffers end in Error, Internal, saying so)."""
-        return GPUFault(MTL.ErrorTimeout, f"GPU watchdog: {e} (gpu_timeout_s): the kernel keeps running on the "
+        return GPUFault(MTL.ErrorTimeout, f"GPU watchdog: {e} (kernel_timeout_s): the kernel keeps running on the "
                                           "OpenCL device, which cannot stop it, until it ends or the process exits; "
                                           "later kernels on this SimDevice fail: make a new one")
 
@@ -381,7 +381,7 @@ class Executor:
                 self.gpu.running = (p.label, what, cb.handle if cb is not None else 0)
                 try:
                     # results stay on the device until sync
-                    p.kernel.run(bindings, grid, threadgroup, timeout_s=self.dev.gpu_timeout_s, keep=True)
+                    p.kernel.run(bindings, grid, threadgroup, timeout_s=self.dev.kernel_timeout_s, keep=True)
                 finally:
                     self.gpu.in_kernel = False
                     self.gpu.running = None

@@ -1,5 +1,5 @@
 """The simulated GPU's watchdog for a kernel that runs too long: a real OpenCL kernel still running after
-``gpu_timeout_s`` ends its command buffer in Error, Timeout (2), naming the kernel, as Metal's watchdog does, instead
+``kernel_timeout_s`` ends its command buffer in Error, Timeout (2), naming the kernel, as Metal's watchdog does, instead
 of the host waiting its own (much longer) timeout; the kernel runner then refuses later kernels with a clear error.
 The timeout is one without progress (``EventWaiter.wait``'s ``progress``): a batch of kernels that each end in time is
 not cut short."""
@@ -25,19 +25,19 @@ SPIN = ("  if (alu0 == 0) { float acc = 0.0f; for (int i = 0; i < 300000000; i++
         "(*(data1_80+(i&7))); } if (acc == 12345.0f) { *(data0_80+1) = acc; } }\\n")
 
 
-def test_a_kernel_running_past_gpu_timeout_s_ends_its_command_buffer_with_timeout(tmp_path: Path) -> None:
+def test_a_kernel_running_past_kernel_timeout_s_ends_its_command_buffer_with_timeout(tmp_path: Path) -> None:
     text = MLP.read_text()
     assert ANCHOR in text
     path = tmp_path / "spin.json"
     path.write_text(text.replace(ANCHOR, ANCHOR + SPIN, 1))
     trace = mtlir.load_trace(str(path))
     program = mtlir.lower(trace.queue(mtlir.DeviceSpec("Apple7")), target="x86_64").program
-    dev = SimDevice(family="Apple7", gpu_timeout_s=0.05)
+    dev = SimDevice(family="Apple7", kernel_timeout_s=0.05)
     s = Session(program, dev, initial=trace.initial_data(), timeout_s=60.0)
     with dev, s:
         s.submit()
         with pytest.raises(GPUExecutionError, match=r"GPU watchdog: kernel 'E_5_8_2'.* did not finish within 0\.05 s "
-                                                    r"\(gpu_timeout_s\).*cannot stop it") as info:
+                                                    r"\(kernel_timeout_s\).*cannot stop it") as info:
             s.wait()  # not the session's 60 s: the watchdog ends the command buffer
         assert info.value.code == MTL.ErrorTimeout
         s.submit()  # the OpenCL queue is still busy with that kernel: later kernels fail at once, saying why
