@@ -66,8 +66,6 @@ def _lower(args: argparse.Namespace, log: TextIO, target: str, lower: LowerTrace
     from mtlir.frontend.trace import load_trace
     try:
         trace = load_trace(args.trace)
-    except UnicodeDecodeError as e:  # a binary file: load_trace reads text
-        raise UsageError(f"{args.trace}: not a JSON trace: byte {e.start} is not UTF-8 text ({e.reason})") from None
     except OSError as e:  # missing, a folder, unreadable: name the argument
         raise UsageError(f"TRACE {args.trace}: cannot read the trace: {e.strerror or e}") from None
     residency_set = not args.no_residency_set and (caps is None or caps.residency_sets)

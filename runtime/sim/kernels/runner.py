@@ -316,7 +316,7 @@ class KernelRunner:
         with self._lock:
             if self._stuck is not None:
                 raise RuntimeError(f"the OpenCL queue is blocked by an earlier kernel that never finished "
-                                   f"({self._stuck}); make a new KernelRunner")
+                                   f"({self._stuck}); make a new KernelRunner (a new SimDevice)")
             fault: tuple[int, KernelAccessError] | None = None
             for first in range(0, len(launches), MAX_BATCH):
                 last = first + MAX_BATCH >= len(launches)
