@@ -47,7 +47,8 @@ from mtlir.frontend.trace import load_trace
 from mtlir.metal import DeviceSpec
 from mtlir.runtime import Session
 from mtlir.runtime.sim.device import SimDevice
-from mtlir.runtime.sim.kernels.runner import BUILD_OPTIONS, KernelRunner, device_kind
+from mtlir.runtime.sim.kernels.devices import device_kind
+from mtlir.runtime.sim.kernels.runner import BUILD_OPTIONS, KernelRunner
 from mtlir.runtime.sim.msl.guard.bound import FAULT_WORDS, SCRATCH_BYTES
 from mtlir.runtime.sim.msl.simd import scratch_bytes
 

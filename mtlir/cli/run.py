@@ -153,10 +153,10 @@ def gpu_s_per_submit(completed: Iterable[Submission]) -> float | None:
 
 def cmd_list_devices(out: TextIO, as_json: bool = False) -> int:
     """``mtlir run --list-devices``: one line per OpenCL device the simulated device can run kernels on
-    (``kernels.runner.list_devices``: ``index: platform / device (type, version)``), what ``--opencl-device``
+    (``kernels.devices.list_devices``: ``index: platform / device (type, version)``), what ``--opencl-device``
     takes; with ``as_json`` one JSON list of ``{"index": i, "device": "platform / device (type, version)"}``.
     Raises ``NoDeviceError`` (exit 2) when pyopencl or an OpenCL platform is missing."""
-    from mtlir.runtime.sim.kernels.runner import list_devices
+    from mtlir.runtime.sim.kernels.devices import list_devices
     lines = list_devices()
     if as_json:
         pairs = (line.split(": ", 1) for line in lines)

@@ -11,7 +11,7 @@ import pytest
 from mtlir.cli.main import main
 
 pytest.importorskip("pyopencl")
-from mtlir.runtime.sim.kernels.runner import list_devices  # noqa: E402
+from mtlir.runtime.sim.kernels.devices import list_devices  # noqa: E402
 
 TRACE = str(Path(__file__).resolve().parents[2] / "examples" / "traces" / "mlp.apple7.json")
 

@@ -191,7 +191,7 @@ def test_list_devices_refuses_what_it_would_ignore() -> None:
 def test_list_devices_json_is_one_list() -> None:
     pytest.importorskip("pyopencl")
     import json
-    from mtlir.runtime.sim.kernels.runner import list_devices
+    from mtlir.runtime.sim.kernels.devices import list_devices
     code, out, _ = mtlir("run", "--list-devices", "--json")
     assert code == 0 and json.loads(out) == [{"index": i, "device": line.split(": ", 1)[1]}
                                              for i, line in enumerate(list_devices())]

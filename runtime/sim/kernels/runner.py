@@ -25,7 +25,6 @@ undefined (OpenCL 3.0 §5.2.2) and NVIDIA's driver answers by losing the writes.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import signal
 import threading
 import warnings
@@ -39,6 +38,7 @@ import numpy as np
 from mtlir.errors import KernelAccessError, KernelCompileError, NoDeviceError, WaitTimeoutError
 from mtlir.runtime.sim.kernels.buildlog import build_error
 from mtlir.runtime.sim.kernels.compiled import CompiledKernel, View
+from mtlir.runtime.sim.kernels.devices import _import_pyopencl, device_kind, device_name, select_device
 from mtlir.runtime.sim.kernels.faults import _access_error
 from mtlir.runtime.sim.kernels.launch import MAX_BATCH, DeviceBuffer, FaultRecords, Launch
 from mtlir.runtime.sim.kernels.stderr import _native_stderr, _pass_on
@@ -51,11 +51,8 @@ SNAPSHOT_BYTES = 1 << 18  # device copies of buffers up to this size are copied 
 SPIN_S = 0.002  # on a GPU the batch's wait first watches its last event this long on the calling thread (``waiter``)
 MIRROR_BYTES = 1 << 24  # buffers up to this size come back through a page-locked mirror (``_copy_back``)
 
-__all__ = ["KernelRunner", "INSTALL_HINT", "BUILD_OPTIONS", "list_devices", "select_device", "device_name",
-           "device_kind"]
+__all__ = ["KernelRunner", "BUILD_OPTIONS"]
 
-INSTALL_HINT = ("install an OpenCL runtime for the CPU (Debian/Ubuntu: `sudo apt-get install pocl-opencl-icd "
-                "ocl-icd-libopencl1`) and the Python package pyopencl (`pip install pyopencl`)")
 # -cl-single-precision-constant: MSL has no double, an unsuffixed literal such as 0.5 is a float there.
 # -w: no warnings (tinygrad's `if ((a==0))` draws one per kernel, which PoCL prints on stderr).
 BUILD_OPTIONS = ["-cl-single-precision-constant", "-w"]
@@ -519,79 +516,6 @@ def _interrupts_held() -> Iterator[_Held]:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a pending SIGINT is delivered now, to ``record``
         if on_main:
             signal.signal(signal.SIGINT, previous)
-
-
-def _import_pyopencl() -> Any:
-    """The pyopencl module; ``NoDeviceError`` saying what to install when it is missing."""
-    try:
-        return importlib.import_module("pyopencl")
-    except ImportError:
-        raise NoDeviceError(f"pyopencl is not installed: {INSTALL_HINT}") from None
-
-
-def _devices(cl: Any) -> list[Any]:
-    """Every OpenCL device, platform by platform in the order the ICD loader gives; ``NoDeviceError`` when there is
-    no platform."""
-    try:
-        platforms = cl.get_platforms()
-    except cl.Error as e:
-        raise NoDeviceError(f"no OpenCL platform found ({e}): {INSTALL_HINT}") from None
-    devices: list[Any] = []
-    for platform in platforms:
-        try:
-            devices += platform.get_devices()
-        except cl.Error:
-            continue
-    return devices
-
-
-def device_name(device: Any) -> str:
-    """``"platform / device"``: the name ``--opencl-device`` matches and the run's result reports."""
-    return f"{device.platform.name.strip()} / {device.name.strip()}"
-
-
-def list_devices(cl: Any = None) -> list[str]:
-    """One line per OpenCL device, ``"index: platform / device (type, OpenCL version)"``, in the order
-    ``select_device`` counts them. Raises ``NoDeviceError`` when pyopencl or an OpenCL platform is missing."""
-    cl = _import_pyopencl() if cl is None else cl
-    return [f"{i}: {_describe(cl, d)}" for i, d in enumerate(_devices(cl))]
-
-
-def _describe(cl: Any, device: Any) -> str:
-    """``"platform / device (type, OpenCL version)"``."""
-    return f"{device_name(device)} ({device_kind(cl, device)}, {device.version.strip()})"
-
-
-def device_kind(cl: Any, device: Any) -> str:
-    """``GPU``, ``CPU``, ``accelerator`` or ``custom``: the one kind ``CL_DEVICE_TYPE`` names; ``unknown`` where it
-    sets several (Oclgrind sets them all)."""
-    t = cl.device_type
-    kinds = [name for bit, name in ((t.GPU, "GPU"), (t.CPU, "CPU"), (t.ACCELERATOR, "accelerator"),
-                                    (getattr(t, "CUSTOM", 0), "custom")) if bit and int(device.type) & int(bit)]
-    return kinds[0] if len(kinds) == 1 else "unknown"
-
-
-def select_device(cl: Any, which: str | int | None = None) -> Any:
-    """The OpenCL device ``which`` names: ``None`` the first device of the first platform that has one; an int (or
-    a string of digits) its index in ``list_devices``; another string the first device whose line there
-    (``"platform / device (type, version)"``: ``pocl``, ``nvidia``, ``gpu``, ``oclgrind``) contains it, in any case. ``NoDeviceError`` saying what to install when there is none,
-    or naming the devices present when none matches."""
-    devices = _devices(cl)
-    if not devices:
-        raise NoDeviceError(f"no OpenCL device found: {INSTALL_HINT}")
-    if which is None:
-        return devices[0]
-    names = [_describe(cl, d) for d in devices]
-    present = "; ".join(f"{i}: {n}" for i, n in enumerate(names))
-    if isinstance(which, int) or which.strip().isdigit():
-        index = int(which)
-        if not 0 <= index < len(devices):
-            raise NoDeviceError(f"no OpenCL device {index}: the devices present are {present}")
-        return devices[index]
-    for d, n in zip(devices, names):
-        if which.strip().lower() in n.lower():
-            return d
-    raise NoDeviceError(f"no OpenCL device matches {which!r}: the devices present are {present}")
 
 
 def _storage_key(storage: np.ndarray, known: dict[int, DeviceBuffer]) -> int:

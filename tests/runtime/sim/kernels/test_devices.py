@@ -14,7 +14,8 @@ import pytest
 from mtlir.errors import ArgumentError, NoDeviceError
 from mtlir.runtime.sim.device import SimDevice
 from mtlir.runtime.sim.kernels.pyrunner import PyKernelRunner
-from mtlir.runtime.sim.kernels.runner import KernelRunner, list_devices, select_device
+from mtlir.runtime.sim.kernels.devices import list_devices, select_device
+from mtlir.runtime.sim.kernels.runner import KernelRunner
 
 cl = pytest.importorskip("pyopencl")
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from mtlir.cli.main import main
-from mtlir.runtime.sim.kernels.runner import KernelRunner, device_kind, list_devices, select_device
+from mtlir.runtime.sim.kernels.devices import device_kind, list_devices, select_device
+from mtlir.runtime.sim.kernels.runner import KernelRunner
 from mtlir.runtime.sim.msl.simd import scratch_bytes
 
 cl = pytest.importorskip("pyopencl")
