@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mtlir.runtime.sim.msl.simd import SIMD_WIDTH, scratch_bytes
-from mtlir.runtime.sim.msl.translate import KernelArg, KernelInfo
+from mtlir.runtime.sim.msl.kernel import KernelArg, KernelInfo
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.kernels.launch import Launch

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mtlir.errors import KernelAccessError
-from mtlir.runtime.sim.msl.translate import ParamBinding
+from mtlir.runtime.sim.msl.kernel import ParamBinding
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.kernels.compiled import CompiledKernel, View
