@@ -352,8 +352,9 @@ class PipelineDescriptor(SimObject):
 
 class Pipeline(SimObject):
     """MTLComputePipelineState: the function's compiled ``kernel``, its ``params`` ((buffer index, kind,
-    alignment in bytes) per bound parameter), ``max_threads`` (maxTotalThreadsPerThreadgroup, 1024 unless a test
-    lowers it) and ``support_icb``."""
+    alignment in bytes) per bound parameter), ``max_threads`` (maxTotalThreadsPerThreadgroup, in threads: the
+    compiled kernel's own limit, at most 1024, given by ``newComputePipelineStateWithDescriptor:...``; a test may
+    lower it with ``SimDevice.set_max_total_threads``) and ``support_icb``."""
 
     objc_class = "MTLComputePipelineState"
 
@@ -421,6 +422,9 @@ class ICB(SimObject):
         self.version = 0
         self.readers: dict[CommandBuffer, list[tuple[int, int]]] = {}
         self.analysis: dict[tuple[int, int], tuple[int, Any]] = {}
+        # the executor's batches of whole ranges (first, count) -> ``executor.RangeBatch``, valid while ``version``
+        # stays (``Executor._execute_icb``)
+        self.ranges: dict[tuple[int, int], Any] = {}
 
 
 class ICBCommand(SimObject):

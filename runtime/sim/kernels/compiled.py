@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mtlir.metal import MTL
 from mtlir.runtime.sim.msl.simd import SIMD_WIDTH, scratch_bytes
 from mtlir.runtime.sim.msl.kernel import KernelArg, KernelInfo
 
@@ -16,7 +17,8 @@ if TYPE_CHECKING:
     from mtlir.runtime.sim.kernels.launch import Launch
     from mtlir.runtime.sim.kernels.runner import KernelRunner
 
-__all__ = ["CompiledKernel", "View", "DEFAULT_TIMEOUT_S", "MAX_GLOBAL_PER_AXIS", "MAX_GLOBAL_THREADS"]
+__all__ = ["CompiledKernel", "View", "threadgroup_limit", "simd_thread_limit", "DEFAULT_TIMEOUT_S", "MAX_GLOBAL_PER_AXIS",
+           "MAX_GLOBAL_THREADS"]
 
 DEFAULT_TIMEOUT_S = 120.0  # a kernel still running after this long is reported, never waited for forever
 # Global sizes the runner refuses before OpenCL sees them (PoCL aborts the whole process on a global size that
@@ -24,6 +26,33 @@ DEFAULT_TIMEOUT_S = 120.0  # a kernel still running after this long is reported,
 # and 2**40 threads in all, far more than a CPU runs before any timeout.
 MAX_GLOBAL_PER_AXIS = 1 << 32
 MAX_GLOBAL_THREADS = 1 << 40
+
+
+def simd_thread_limit(local_mem_size: int, arrays_bytes: int) -> int:
+    """The most threads per threadgroup (a multiple of 32) whose SIMD-group scratch (68 bytes per thread,
+    ``msl.simd.scratch_bytes``) fits in ``local_mem_size`` bytes of OpenCL local memory beside ``arrays_bytes`` bytes
+    of the kernel's own threadgroup arrays: 704 on NVIDIA's 48 KiB, 15,392 on PoCL's 1 MiB; 0 when not even one
+    SIMD group fits."""
+    return max(0, (local_mem_size - arrays_bytes) // scratch_bytes(SIMD_WIDTH)) * SIMD_WIDTH
+
+
+def threadgroup_limit(work_group_size: int, simd_threads: int, info: KernelInfo) -> int:
+    """The most threads per threadgroup a kernel runs, in threads: what its pipeline state reports as
+    maxTotalThreadsPerThreadgroup (``methods.resources``; Apple's MTLComputePipelineState documentation: "the maximum
+    total number of threads per threadgroup for this pipeline state", below the device's 1024 when the kernel needs
+    it). The least of Metal's 1024 (``MTL.MAX_THREADS_PER_THREADGROUP``), the kernel's own
+    ``[[max_total_threads_per_threadgroup(n)]]`` (``info``), the OpenCL kernel's ``work_group_size``
+    (CL_KERNEL_WORK_GROUP_SIZE capped at the device's: 4096 on PoCL, 256 for some kernels on NVIDIA's driver) and,
+    for a kernel with SIMD-group functions (``info.simd``), ``simd_threads``: the most threads whose scratch fits in
+    the device's local memory beside the kernel's own threadgroup arrays (704 on NVIDIA's 48 KiB for a kernel
+    without arrays). At least 1: a kernel that cannot run one thread still reports 1 (Metal never reports 0), and
+    its dispatches fail as the runner refuses them."""
+    limit = min(MTL.MAX_THREADS_PER_THREADGROUP, work_group_size)
+    if info.max_total_threads_per_threadgroup is not None:
+        limit = min(limit, info.max_total_threads_per_threadgroup)
+    if info.simd:
+        limit = min(limit, simd_threads)
+    return max(1, limit)
 
 
 @dataclass(frozen=True)
@@ -42,7 +71,10 @@ class CompiledKernel:
 
     ``function``: the MSL kernel name; ``params``: its Metal-bound parameters in MSL order (``KernelArg``:
     name, kind ``buffer`` | ``constant``, Metal buffer index, dtype); ``opencl_source``: the translated source of
-    the whole library; ``info``: what the translator learnt of it (``msl.translate.KernelInfo``)."""
+    the whole library; ``info``: what the translator learnt of it (``msl.translate.KernelInfo``);
+    ``max_threads_per_threadgroup``: the OpenCL work-group limit of this kernel on its device, in threads;
+    ``max_total_threads``: the most threads per threadgroup it runs as a Metal pipeline (``threadgroup_limit``:
+    what its pipeline state reports as maxTotalThreadsPerThreadgroup)."""
 
     def __init__(self, runner: KernelRunner, kernel: Any, info: KernelInfo, source: str, program: Any = None) -> None:
         self.function: str = info.function
@@ -61,8 +93,9 @@ class CompiledKernel:
         # the kernel's own threadgroup arrays, and (with SIMD-group functions) the most threads whose scratch fits
         self.local_mem_bytes: int = int(kernel.get_work_group_info(runner.cl.kernel_work_group_info.LOCAL_MEM_SIZE,
                                                                    runner.device))
-        room = runner.device.local_mem_size - self.local_mem_bytes
-        self.max_simd_threads: int = max(0, room // scratch_bytes(SIMD_WIDTH)) * SIMD_WIDTH
+        self.max_simd_threads: int = simd_thread_limit(self._local_mem_size, self.local_mem_bytes)
+        self.max_total_threads: int = threadgroup_limit(self.max_threads_per_threadgroup, self.max_simd_threads,
+                                                        info)
 
     def __repr__(self) -> str:
         return f"CompiledKernel({self.function!r}, params={[a.name for a in self.params]})"

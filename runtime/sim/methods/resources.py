@@ -215,12 +215,24 @@ def _new_pipeline(dev: SimDevice, d: Device, desc: PipelineDescriptor, options: 
     if reflection:
         dev.memory.store(reflection, dtypes.id, 0)
     _write_error(dev, errptr, None, "newComputePipelineStateWithDescriptor:options:reflection:error:")
-    pipeline = Pipeline(desc.function, desc.support_icb, kernel_params(desc.function.kernel))
+    kernel = desc.function.kernel
+    pipeline = Pipeline(desc.function, desc.support_icb, kernel_params(kernel), _pipeline_limit(kernel))
     return dev.new(pipeline)  # type: ignore[no-any-return]
+
+
+def _pipeline_limit(kernel: Any) -> int:
+    """maxTotalThreadsPerThreadgroup of a new pipeline of ``kernel``, in threads: the compiled kernel's own limit
+    (``CompiledKernel.max_total_threads``: Metal's 1024, its ``[[max_total_threads_per_threadgroup(n)]]``, what the
+    OpenCL device runs of it), so a dispatch the kernel runner could not run is refused as Metal refuses one above
+    the pipeline's limit (rule 13), never as an OpenCL error; 1024 for a kernel that says nothing (the tests'
+    Python kernels)."""
+    limit = getattr(kernel, "max_total_threads", MTL.MAX_THREADS_PER_THREADGROUP)
+    return min(MTL.MAX_THREADS_PER_THREADGROUP, int(limit))
 
 
 @METHODS.method(Pipeline, "maxTotalThreadsPerThreadgroup", lockless=True)
 def _max_threads(dev: SimDevice, p: Pipeline) -> int:
+    """The pipeline's limit (``_pipeline_limit``, or what ``SimDevice.set_max_total_threads`` set), in threads."""
     return p.max_threads
 
 
