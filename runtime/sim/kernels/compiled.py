@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from mtlir.runtime.sim.kernels.launch import Launch
     from mtlir.runtime.sim.kernels.runner import KernelRunner
 
-__all__ = ["CompiledKernel", "View", "threadgroup_limit", "simd_thread_limit", "DEFAULT_TIMEOUT_S", "MAX_GLOBAL_PER_AXIS",
-           "MAX_GLOBAL_THREADS"]
+__all__ = ["CompiledKernel", "View", "threadgroup_limit", "simd_thread_limit", "DEFAULT_TIMEOUT_S",
+           "MAX_GLOBAL_PER_AXIS", "MAX_GLOBAL_THREADS"]
 
 DEFAULT_TIMEOUT_S = 120.0  # a kernel still running after this long is reported, never waited for forever
 # Global sizes the runner refuses before OpenCL sees them (PoCL aborts the whole process on a global size that
@@ -71,7 +71,7 @@ class CompiledKernel:
 
     ``function``: the MSL kernel name; ``params``: its Metal-bound parameters in MSL order (``KernelArg``:
     name, kind ``buffer`` | ``constant``, Metal buffer index, dtype); ``opencl_source``: the translated source of
-    the whole library; ``info``: what the translator learnt of it (``msl.translate.KernelInfo``);
+    the whole library; ``info``: what the translator learnt of it (``msl.kernel.KernelInfo``);
     ``max_threads_per_threadgroup``: the OpenCL work-group limit of this kernel on its device, in threads;
     ``max_total_threads``: the most threads per threadgroup it runs as a Metal pipeline (``threadgroup_limit``:
     what its pipeline state reports as maxTotalThreadsPerThreadgroup)."""
