@@ -24,6 +24,7 @@ from mtlir.runtime.sim.kernels.compiled import CompiledKernel
 from mtlir.runtime.sim.kernels.launch import MAX_BATCH, Launch
 from mtlir.runtime.sim.objects import (ICB, BlitCopy, BlitEncoder, BlitFill, Buffer, CommandBuffer, Dispatch, Encoder,
                                        Execute, Gate, ICBSlot, Pipeline, SharedEvent, SignalStep, WaitStep, clock)
+from mtlir.runtime.sim.ranges import RangeBatch, Recording, build_range
 from mtlir.runtime.sim.rules.rule import Rule
 
 if TYPE_CHECKING:
@@ -82,6 +83,9 @@ class Executor:
         # buffer or pipeline deallocated, so a cached launch never keeps a released buffer's memory alive
         self.direct_launches: dict[tuple[Any, ...], Launch | None] = {}
         self._direct_by_object: dict[Buffer | Pipeline, set[tuple[Any, ...]]] = {}  # the keys naming each object
+        # while an ICB range runs through the full checks: what ``_run`` adds to the batch, kept as the range's
+        # ``RangeBatch`` when the range ends without a fault (None: not recording, or a kernel that cannot be kept)
+        self._recording: Recording | None = None
 
     def execute(self, cb: CommandBuffer) -> Iterator[Gate | None]:
         """The generator of a committed command buffer: yields None after each operation, or a ``Gate`` it must
@@ -176,17 +180,52 @@ class Executor:
                                                f"past the {icb.max_count} commands of {icb.describe()}",
                            Rule.ICB_LIMITS)
         count = min(ex.count, MTL.MAX_ICB_RANGE)  # commands past 16,384 are not run (rule 8)
+        key = (ex.first, count)
+        keep = self.dev.order_seed is None and self.gpu.injected_fault is None and not self.gpu.faulty
+        if keep:
+            kept = icb.ranges.get(key)
+            if kept is not None and kept.usable(icb, ex, enc, cb, self.dev.spec.needs_warmup):
+                yield from self._run_range(kept)
+                return
         # The range's commands are enqueued MAX_BATCH at a time, in the order the GPU runs them, with one wait each
-        # (``_flush``): the in-order OpenCL queue runs them one after the other, as the order says.
-        for i in concurrent_order(icb, ex.first, count, self.dev.order_seed):
-            slot = icb.slots.get(i)
-            if slot is not None:  # the CPU may have changed the ICB since (rule 15): read it as it is now
-                self._batched(self._icb_command, cb, enc, ex, i, slot)
-            if len(self._batch) >= MAX_BATCH:
-                self._flush()
+        # (``_flush``): the in-order OpenCL queue runs them one after the other, as the order says. What they add
+        # to the batch is recorded (``_run``) and kept for the next run of the range (``ranges``).
+        order = concurrent_order(icb, ex.first, count, self.dev.order_seed)
+        recording = Recording() if keep else None
+        self._recording = recording
+        try:
+            for i in order:
+                slot = icb.slots.get(i)
+                if slot is not None:  # the CPU may have changed the ICB since (rule 15): read it as it is now
+                    self._batched(self._icb_command, cb, enc, ex, i, slot)
+                if len(self._batch) >= MAX_BATCH:
+                    self._flush()
+                    recording, self._recording = self._recording, None  # another command buffer may run now
+                    yield None
+                    self._recording = recording
+            if self._batch:
+                self._flush(write_back=True)
+            recording = self._recording
+            if recording is not None:
+                if len(icb.ranges) >= 64 or any(r.version != icb.version for r in icb.ranges.values()):
+                    icb.ranges.clear()
+                kept = build_range(icb, order, recording)
+                if kept is not None:
+                    icb.ranges[key] = kept
+        finally:
+            self._recording = None
+        yield None
+
+    def _run_range(self, kept: RangeBatch) -> Iterator[Gate | None]:
+        """Run a kept range (``ranges.RangeBatch``): its launches MAX_BATCH at a time, as the full path would."""
+        self.gpu.kernels_run += kept.dispatches
+        items = kept.items
+        for start in range(0, len(items), MAX_BATCH):
+            self._batch = items[start:start + MAX_BATCH]
+            last = start + MAX_BATCH >= len(items)
+            self._flush(write_back=last)
+            if not last:
                 yield None
-        if self._batch:
-            self._flush(write_back=True)
         yield None
 
     def _batched(self, add: Callable[..., None], *args: Any) -> None:
@@ -261,6 +300,7 @@ class Executor:
         # records each run) is run through its ``run``, at once
         prepare = p.kernel.prepare if isinstance(p.kernel, CompiledKernel) else None
         if prepare is None:
+            self._recording = None  # a kernel run alone: its range cannot be kept
             self._flush()
             self._run_alone(p, bindings, grid, threadgroup, what)
             return
@@ -297,6 +337,10 @@ class Executor:
                 self.direct_launches[direct] = launch
         if launch is not None and launch is not _NOTHING:
             self._batch.append((launch, p, what))
+            if self._recording is not None:
+                self._recording.items.append((launch, p, what))
+        if self._recording is not None:
+            self._recording.dispatches += 1
 
     @staticmethod
     def _kept(slot: tuple[ICB, ICBSlot], p: Pipeline) -> Any:
