@@ -115,18 +115,23 @@ def _accesses(cmd: IcbCommand, k: _Kernel, sizes: dict[str, int]) -> list[tuple[
     """``command_accesses`` as plain ``(buffer, lo, hi, write)`` tuples (the pass's loop makes one list per command)."""
     out: list[tuple[str, int, int, bool]] = []
     written, extent, views = k.written, k.extent, cmd.extents
-    for j, (name, offset, index) in enumerate(cmd.bindings):
+    get, every = sizes.get, written is None
+    bindings = cmd.bindings
+    if len(views) < len(bindings):  # extents left out (an IcbCommand built by hand): the bytes to the end
+        views = (*views, *(0,) * (len(bindings) - len(views)))
+    for (name, offset, index), view in zip(bindings, views):
         if name == "varbuf":
             continue  # constant T& slots: only read, written by the CPU before the submit
-        end = sizes.get(name, _BIG)
-        n = extent.get(index)
-        if n is not None and offset + n < end:
-            end = offset + n
-        if j < len(views) and views[j] and offset + views[j] < end:
-            end = offset + views[j]
-        out.append((name, offset, end if end > offset else offset + 1, written is None or index in written))
+        end = get(name, _BIG)
+        if extent:
+            n = extent.get(index)
+            if n is not None and offset + n < end:
+                end = offset + n
+        if view and offset + view < end:
+            end = offset + view
+        out.append((name, offset, end if end > offset else offset + 1, every or index in written))  # type: ignore[operator]
     for index in cmd.rebound:
-        out.append((_ANY, 0, _BIG, written is None or index in written))
+        out.append((_ANY, 0, _BIG, every or index in written))  # type: ignore[operator]
     return out
 
 
@@ -223,16 +228,33 @@ def place_barriers(spec: IcbSpec) -> IcbSpec:
              if o.payload and isinstance(o.payload[0], Kernel)}
     unknown = _Kernel({}, None)
     sizes = {o.name: int(o.payload[0]) for o in spec.buffers if o.payload and isinstance(o.payload[0], int)}
-    group = _Group()
+    small: list[tuple[str, int, int, bool]] = []  # the group's accesses while it is small (scanned inline) ...
+    group: _Group | None = None                    # ... then its _Group (interval sets)
     out: list[IcbCommand] = []
     changed = False
     new = tuple.__new__
-    for i, cmd in enumerate(spec.commands):
+    for cmd in spec.commands:
         mine = _accesses(cmd, facts.get(cmd.pipeline, unknown), sizes)
-        barrier = i > 0 and group.conflicts(mine)
+        if group is None:  # _Group.conflicts of a small group, inline (a group is often one command)
+            barrier = False
+            for name, lo, hi, w in mine:
+                for other, olo, ohi, ow in small:
+                    if (w or ow) and lo < ohi and olo < hi and (name == other or not name or not other):
+                        barrier = True
+                        break
+                if barrier:
+                    break
+        else:
+            barrier = group.conflicts(mine)
         if barrier:
-            group = _Group()
-        group.add(mine)
+            small, group = mine, None
+        elif group is not None:
+            group.add(mine)
+        else:
+            small += mine
+            if len(small) > _SMALL:
+                group = _Group()
+                group.add(small)
         if cmd.barrier != barrier:
             cmd, changed = new(IcbCommand, (*cmd[:4], barrier, *cmd[5:])), True
         out.append(cmd)

@@ -27,6 +27,7 @@ from mtlir.ir.uop import UOp
 
 __all__ = ["SubmitReader"]
 
+_BUFFER_VIEW = Ops.BUFFER_VIEW  # a module constant: ``Ops.X`` is a ~50 ns metaclass lookup on Python 3.11
 _new = tuple.__new__  # builds a NamedTuple at C speed (its generated __new__ is Python code): per-command records
 
 
@@ -213,6 +214,14 @@ class SubmitReader:
         parameter needs) or (index, variable dtype, 0)), read and checked once per (node, parameter); an offset too
         far for an ICB is checked again at every use."""
         index, kind, need = self.param_of[pid]
+        if b.op is _BUFFER_VIEW and type(kind) is int and len(b.src) == 1 and type(arg := b.arg) is tuple \
+                and len(arg) == 2:  # a view on a BUFFER read before: often one per command, so not memoized
+            offset, nbytes = arg
+            pname = self.base_names.get(b.src[0])
+            if type(pname) is str and type(offset) is int and type(nbytes) is int and 0 <= offset \
+                    and 1 <= nbytes and need <= nbytes and offset + nbytes <= b.src[0].arg[1] and not offset % kind \
+                    and offset <= MAX_ICB_OFFSET:
+                return (pname, offset, index)  # every check of the general path below passed
         if isinstance(kind, DType):
             slot = self.slots.get((b, kind))
             if slot is None:
