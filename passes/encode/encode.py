@@ -112,7 +112,10 @@ class _Builder:
         iteration has the same."""
         zero = UOp.struct(dtypes.MTLSize, 0, 0, 0)
         cmds, w = self.e.cmds, span.width
-        per = [self.pipelines(j, w) for j in range(span.first, span.first + span.ncmds, w)]
+        if w == 1:  # a profiled loop: each command's own pipeline
+            per = [[c.kernel.pipeline] for c in cmds[span.first:span.first + span.ncmds]]
+        else:
+            per = [self.pipelines(j, w) for j in range(span.first, span.first + span.ncmds, w)]
         for k in range(len(per[0])):
             pipes = [p[k] for p in per]
             if len(set(pipes)) == 1:
@@ -395,7 +398,7 @@ class _Builder:
 
         def shape(first: int, count: int) -> object:
             return (len(self.pipelines(first, count, keep=True)) if warm else 0,
-                    bool(self.ph.resource_names(first, count, keep=True) or e.slot_values) if listed else True)
+                    bool(e.slot_values or self.ph.resource_names(first, count, keep=True)) if listed else True)
         return fold_signal_runs(spans, shape, e.max_range)
 
 

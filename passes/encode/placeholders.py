@@ -184,8 +184,14 @@ class SubmitPlaceholders:
             return table, u64(len(names))
         arrays: dict[tuple[str, ...], Obj] = {}  # a list of names -> the placeholder of that array
         per_iteration: list[Obj] = []
-        for j in range(span.first, span.first + span.ncmds, span.width):
-            names = self.resource_names(j, span.width)
+        if span.width == 1 and span.ncmds < len(self.e.cmds):  # a profiled loop: resource_names of each command
+            tail = ("varbuf",) if self.varbuf is not None else ()
+            every: list[tuple[str, ...]] = [
+                tuple(dict.fromkeys([t[0] for t in c.icb_binds if t[0] and t[0] != "varbuf"])) + tail
+                for c in self.e.cmds[span.first:span.first + span.ncmds]]
+        else:
+            every = [self.resource_names(j, span.width) for j in range(span.first, span.first + span.ncmds, span.width)]
+        for j, names in zip(range(span.first, span.first + span.ncmds, span.width), every):
             obj = arrays.get(names)
             if obj is None:
                 obj = arrays[names] = Obj("resources", f"resources:{j}", names)

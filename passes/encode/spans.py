@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CommandBufferSpan", "command_buffers", "fold_signal_runs", "queue_command_buffers", "stamps"]
 
+_new = tuple.__new__  # a NamedTuple at C speed (its generated __new__ is Python code): records per command
+
 MIN_LOOP = 4  # the fewest like command buffers fold_signal_runs makes a loop of (fewer stay unrolled)
 
 
@@ -90,6 +92,7 @@ def command_buffers(reader: SubmitReader, profiled: bool, loops: bool,
     if not profiled:
         return [span for q in reader.queues for span in queue_command_buffers(reader, q)]
     j = 0
+    # the spans as plain tuples in CommandBufferSpan's field order (its generated __new__ is Python code: per command)
     for pos in range(n + 1):
         while j < len(signals) and signals[j][0] == pos:
             last = spans[-1] if spans else None
@@ -99,7 +102,7 @@ def command_buffers(reader: SubmitReader, profiled: bool, loops: bool,
                 spans.append(CommandBufferSpan(pos, 0, signals[j][1], False))
             j += 1
         if pos < n:
-            spans.append(CommandBufferSpan(pos, 1, None, False))
+            spans.append(_new(CommandBufferSpan, (pos, 1, None, False, None, (), (), 1, ())))
     if not loops:
         return spans
     out: list[CommandBufferSpan] = []
@@ -107,7 +110,7 @@ def command_buffers(reader: SubmitReader, profiled: bool, loops: bool,
         prev = out[-1] if out else None
         if p.ncmds == 1 and p.signal is None and prev is not None and prev.signal is None and prev.ncmds >= 1 \
                 and prev.first + prev.ncmds == p.first and (shape is None or shape(prev.first) == shape(p.first)):
-            out[-1] = CommandBufferSpan(prev.first, prev.ncmds + 1, None, True)
+            out[-1] = _new(CommandBufferSpan, (prev.first, prev.ncmds + 1, None, True, None, (), (), 1, ()))
         else:
             out.append(p)
     return out
@@ -120,9 +123,11 @@ def fold_signal_runs(spans: list[CommandBufferSpan], shape: Callable[[int, int],
     value, without waits or blits, whose ``shape(first, width)`` (what else must agree between iterations: how many
     distinct pipelines the warm-up sends, whether useResources lists anything) is the same. A loop sends the same
     messages as the command buffers it replaces; its per-iteration values come from link-time tables."""
+    const = Ops.CONST
+
     def key(p: CommandBufferSpan) -> object:
         if p.loop or p.waits or p.blits or not 1 <= p.ncmds <= max_range or p.signal is None \
-                or p.signal.op is not Ops.CONST:
+                or p.signal.op is not const:
             return None
         return (p.ncmds, p.event, shape(p.first, p.ncmds))
 
@@ -159,9 +164,9 @@ def stamps(reader: SubmitReader, spans: list[CommandBufferSpan]) -> StampList:
     at = reader.stamps_at  # (position, slot, after an EXEC) flat
     for pos, stamp_slot, after_exec in zip(at[0::3], at[1::3], at[2::3]):
         if after_exec or (pos == n and n > 0):
-            out.append(Stamp(stamp_slot, cb_of[pos - 1], "GPUEndTime"))
+            out.append(_new(Stamp, (stamp_slot, cb_of[pos - 1], "GPUEndTime")))
         elif pos < n:
-            out.append(Stamp(stamp_slot, cb_of[pos], "GPUStartTime"))
+            out.append(_new(Stamp, (stamp_slot, cb_of[pos], "GPUStartTime")))
         else:
             raise EncodeError(f"timestamp slot {stamp_slot}: the submit has no command to time")
     return StampList(out)

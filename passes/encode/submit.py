@@ -27,7 +27,9 @@ from mtlir.ir.uop import UOp
 
 __all__ = ["SubmitReader"]
 
-_BUFFER_VIEW = Ops.BUFFER_VIEW  # a module constant: ``Ops.X`` is a ~50 ns metaclass lookup on Python 3.11
+# module constants: ``Ops.X`` is a ~50 ns metaclass lookup on Python 3.11, paid per queue op
+_BUFFER_VIEW, _SIGNAL, _WAIT, _CONST, _COPY, _FILL = Ops.BUFFER_VIEW, Ops.SIGNAL, Ops.WAIT, Ops.CONST, Ops.COPY, Ops.FILL
+_U64 = dtypes.uint64
 _new = tuple.__new__  # builds a NamedTuple at C speed (its generated __new__ is Python code): per-command records
 
 
@@ -107,24 +109,26 @@ class SubmitReader:
                     raise EncodeError(f"timestamp after command {len(cmds)}: the slot must be an int >= 0 (below "
                                       f"2**63), got {op.arg!r}")
                 self.stamps_at.extend((len(cmds), op.arg, after_exec))
-            elif op.op in (Ops.WAIT, Ops.SIGNAL):
+            elif op.op is _SIGNAL or op.op is _WAIT:
                 ev = op.src[0] if len(op.src) == 2 else None
-                if ev is None or not op.src[1].dtype.is_int or ev not in events:
-                    self.check_event_op(op, f"{'wait' if op.op is Ops.WAIT else 'signal'} after command "
+                if ev is None or ev not in events or not op.src[1].dtype.is_int:
+                    self.check_event_op(op, f"{'wait' if op.op is _WAIT else 'signal'} after command "
                                             f"{len(cmds) - first}{label}")
                     events.add(op.src[0])
                     ev = op.src[0]
                 if ev.arg.name == own:
                     self.timeline = ev
-                value = simplify(op.src[1].cast(dtypes.uint64))
-                if op.op is Ops.SIGNAL:
+                value = op.src[1]
+                if value.op is not _CONST or value.dtype is not _U64:  # a uint64 constant is simplified already
+                    value = simplify(value.cast(_U64))
+                if op.op is _SIGNAL:
                     self.signals.append((len(cmds), value))
                     self.marks.append((len(cmds), "signal", value, ev))
                 elif ev.arg.name != own:
                     self.marks.append((len(cmds), "wait", value, ev))
                 else:
                     self.own_waits.append((qname, len(cmds) - first, value, ev, len(self.marks) - nmarks))
-            elif op.op in (Ops.COPY, Ops.FILL):
+            elif op.op is _COPY or op.op is _FILL:
                 what = "copy" if op.op is Ops.COPY else "fill"
                 self.blits[op] = self.read_blit(op, f"{what} after command {len(cmds) - first}{label}")
                 self.marks.append((len(cmds), "blit", op, op))
