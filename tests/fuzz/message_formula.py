@@ -20,8 +20,8 @@ class _CommandBuffer:
 
 def command_buffers(ops: tuple[Op, ...]) -> list[_CommandBuffer]:
     """The command buffers a submit commits: a signal closes one (the queue's final signal of its timeline closes
-    the last); a wait on a shared event goes on the command buffer of what follows it (a command buffer that has
-commands is committed first, without a signal); a wait on the queue's own
+    the last); a wait on a shared event or on another queue's timeline goes on the command buffer of what follows
+    it (a command buffer that has commands is committed first, without a signal); a wait on the queue's own
     timeline is nothing; with a timestamp anywhere the submit is profiled: one command buffer per dispatch."""
     profiled = any(op.kind == "timestamp" for op in ops)
     cbs, cur = [], _CommandBuffer()
@@ -31,7 +31,7 @@ commands is committed first, without a signal); a wait on the queue's own
                 cbs.append(cur)
                 cur = _CommandBuffer()
             cur.commands.append(op)
-        elif op.kind == "event-wait":
+        elif op.kind in ("event-wait", "queue-wait"):
             if cur.commands:  # the wait goes before the next encoder: the commands before it are committed first
                 cbs.append(cur)
                 cur = _CommandBuffer()
@@ -62,15 +62,27 @@ def messages_per_submit(spec: QueueSpec) -> int:
       pipeline on Apple7 (the warm-up ``setComputePipelineState:`` + empty dispatch) + ceil(commands / 16384)
       ``executeCommandsInBuffer:withRange:``;
     - direct path: per command 2 (``setComputePipelineState:``, ``dispatchThreadgroups:...``) + one
-      ``setBuffer:offset:atIndex:`` per buffer + one ``setBytes:length:atIndex:`` per variable."""
+      ``setBuffer:offset:atIndex:`` per buffer + one ``setBytes:length:atIndex:`` per variable.
+
+    With several queues the command buffers are counted queue by queue, each queue's operations on their own (a
+    blit's run-time offsets and size change its arguments, not its messages)."""
     t = spec.target
     execs = [op for op in spec.ops if op.kind == "exec"]
     total = sum((1 if isinstance(op.n, str) else 0) + _input_bindings(spec, op) for op in execs) if t.icb else 0
-    cbs = command_buffers(spec.ops)
+    for q in spec.queues():
+        total += _queue_messages(spec, tuple(op for op in spec.ops if op.queue == q))
+    return total
+
+
+def _queue_messages(spec: QueueSpec, ops: tuple[Op, ...]) -> int:
+    """The messages of the command buffers of one queue whose operations are ``ops`` (``messages_per_submit``)."""
+    t = spec.target
+    total = 0
+    cbs = command_buffers(ops)
     # a profiled submit on the ICB path folds its one-command buffers without a signal (all but the last: it
     # signals) into a loop when there are 2 or more: every iteration sends what any iteration needs (the second
     # useResources, with a count of 0 for a command that binds no buffer variable)
-    profiled = any(op.kind == "timestamp" for op in spec.ops)
+    profiled = any(op.kind == "timestamp" for op in ops)
     loop = cbs[:-1] if profiled and len(cbs) > 2 else []
     looped = any(_input_bindings(spec, op) for cb in loop for op in cb.commands)
     for n, cb in enumerate(cbs):

@@ -3,8 +3,11 @@ mtlir queue graph and run on the simulated Metal device.
 
 A spec names buffers by index (``buffer:b0`` ...), views by (buffer, first element, elements), and per dispatch a
 kernel of ``msl_library.LIBRARY``, its output view, its input views and its element count ``n``: an int, or the name of
-a run-time variable (then the grid is the expression ``(n + 31) // 32``). Besides dispatches a queue holds signals
-of shared events and later waits on them, waits on its timeline, and timestamps.
+a run-time variable (then the grid is the expression ``(n + 31) // 32``). Blits copy or fill views, their offsets
+and sizes constants or expressions of run-time variables. Besides dispatches and blits a queue holds signals of shared
+events and later waits on them, waits on its timeline, and timestamps. A spec may spread its operations over several
+command queues (``Op.queue``), submitted in ``QueueSpec.order``; a queue then waits for another's shared event or
+timeline where the other's work must come first; ``schedule`` gives an order the GPU may run the commands in.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import numpy as np
 from msl_library import GROUP, LIBRARY, LibKernel
 
 KERNELS: dict[str, LibKernel] = {k.kernel.key: k for k in LIBRARY}
+COMMANDS = ("exec", "copy", "fill")  # the operations that are commands (the rest orders them)
 
 
 @dataclass(frozen=True)
@@ -30,11 +34,15 @@ class View:
 
 @dataclass(frozen=True)
 class Op:
-    """One queue operation. ``kind``: ``exec`` (``kernel``, ``out``, ``ins``, ``n``), ``copy`` (blit: ``ins[0]``'s
-    elements into ``out``, as many), ``fill`` (blit: every byte of ``out`` set to ``slot``), ``wait`` (on the queue's
-    timeline, value ``timeline - 1``: lowers to nothing), ``signal`` / ``event-wait`` (shared event ``e<slot>`` at
-    value ``timeline``: an event is signaled once per submit, a value it already has would be refused),
-    ``timestamp`` (``slot``)."""
+    """One queue operation, on command queue ``queue``. ``kind``: ``exec`` (``kernel``, ``out``, ``ins``, ``n``),
+    ``copy`` (blit: ``ins[0]``'s elements into ``out``, as many), ``fill`` (blit: every byte of ``out`` set to
+    ``slot``), ``wait`` (on the queue's timeline, value ``timeline - 1``: lowers to nothing), ``signal`` /
+    ``event-wait`` (shared event ``e<slot>`` at value ``timeline``: an event is signaled once per submit, a value it
+    already has would be refused), ``queue-wait`` (on the timeline of queue ``slot``, value ``timeline``: that
+    queue's whole submit), ``timestamp`` (``slot``). A blit's offsets and size may be run-time: ``shift`` (the
+    destination's, or the fill's) and ``src_shift`` (a copy's source) name a variable added to the view's first
+    element; ``count`` names the variable that is its element count (``out.elems`` is then that variable's
+    maximum)."""
 
     kind: str
     kernel: str = ""
@@ -42,6 +50,18 @@ class Op:
     ins: tuple[View, ...] = ()
     n: int | str = 0
     slot: int = 0
+    queue: int = 0
+    shift: str = ""
+    src_shift: str = ""
+    count: str = ""
+
+    def blit(self, values: dict[str, int]) -> tuple[int, int, int]:
+        """(first element of the destination, of the source (0 for a fill), elements) of a blit at one submit's
+        ``values``."""
+        assert self.out is not None
+        src = self.ins[0].first + (values[self.src_shift] if self.src_shift else 0) if self.ins else 0
+        return (self.out.first + (values[self.shift] if self.shift else 0), src,
+                values[self.count] if self.count else self.out.elems)
 
 
 @dataclass(frozen=True)
@@ -61,7 +81,8 @@ class Target:
 @dataclass(frozen=True)
 class QueueSpec:
     """Buffers (elements each) and their initial data (from ``seed``); run-time variables ``name -> (min, max)``;
-    the operations; one dict of variable values per submit; the target."""
+    the operations; one dict of variable values per submit; the target; the buffers that are buffer variables
+    (``inputs``); ``order``: the command queues in the order a submit commits them (empty: one queue)."""
 
     buffers: tuple[int, ...]
     seed: int
@@ -70,6 +91,11 @@ class QueueSpec:
     submits: tuple[dict[str, int], ...]
     target: Target = field(default_factory=Target)
     inputs: tuple[int, ...] = ()
+    order: tuple[int, ...] = ()
+
+    def queues(self) -> tuple[int, ...]:
+        """The command queues in commit order (queue 0 is the default queue, the others ``q1``, ``q2`` ...)."""
+        return self.order or (0,)
 
     def instances(self, b: int) -> tuple[str, ...]:
         """The MTLBuffers behind buffer ``b``: ``b<i>``, or for an input (a buffer variable, rebound per submit)
@@ -95,9 +121,11 @@ class QueueSpec:
         """A spec written by ``to_json``."""
         d = json.loads(text)
         ops = tuple(Op(o["kind"], o["kernel"], None if o["out"] is None else View(**o["out"]),
-                       tuple(View(**v) for v in o["ins"]), o["n"], o["slot"]) for o in d["ops"])
+                       tuple(View(**v) for v in o["ins"]), o["n"], o["slot"], o.get("queue", 0), o.get("shift", ""),
+                       o.get("src_shift", ""), o.get("count", "")) for o in d["ops"])
         return QueueSpec(tuple(d["buffers"]), d["seed"], {k: (lo, hi) for k, (lo, hi) in d["variables"].items()},
-                         ops, tuple(d["submits"]), Target(**d["target"]), tuple(d.get("inputs", ())))
+                         ops, tuple(d["submits"]), Target(**d["target"]), tuple(d.get("inputs", ())),
+                         tuple(d.get("order", ())))
 
 
 def n_value(n: int | str, values: dict[str, int]) -> int:
@@ -105,14 +133,52 @@ def n_value(n: int | str, values: dict[str, int]) -> int:
     return values[n] if isinstance(n, str) else n
 
 
+def schedule(spec: QueueSpec) -> list[Op]:
+    """An order a submit's commands (dispatches and blits) may run in on the GPU: each queue in order, a wait holding
+    its queue until the event is signaled (``event-wait``: by a ``signal`` of this submit; ``queue-wait``: that
+    queue has run everything), the queues taken in commit order and each run until it blocks. The generator makes
+    every two commands of different queues that touch the same bytes (one writing) ordered by these waits, so this
+    order and the drawn one (which the waits allow too: each wait comes after what it waits for) give the same
+    bytes. Raises ``ValueError`` when the waits never let every queue finish (a spec that would deadlock)."""
+    pending = {q: [op for op in spec.ops if op.queue == q] for q in spec.queues()}
+    signaled: set[int] = set()
+    done: set[int] = set()
+    out: list[Op] = []
+    progress = True
+    while progress:
+        progress = False
+        for q in spec.queues():
+            ops = pending[q]
+            while ops:
+                op = ops[0]
+                if (op.kind == "event-wait" and op.slot not in signaled) or (op.kind == "queue-wait"
+                                                                             and op.slot not in done):
+                    break
+                ops.pop(0)
+                progress = True
+                if op.kind == "signal":
+                    signaled.add(op.slot)
+                elif op.kind in COMMANDS:
+                    out.append(op)
+            if not ops and q not in done:
+                done.add(q)
+                progress = True
+    if len(done) != len(pending):
+        stuck = {q: ops[0] for q, ops in pending.items() if ops}
+        raise ValueError(f"the queues' waits never let them finish: {stuck}")
+    return out
+
+
 def build(spec: QueueSpec) -> Any:
-    """The queue graph of ``spec`` (one SUBMIT) for its target's device."""
+    """The queue graph of ``spec`` for its target's device: one SUBMIT, or with several queues their SINK
+    (``queues``, in ``spec.order``)."""
     from mtlir.frontend.nodes import buffer, buffer_variable, shared_event, timeline_value, view
-    from mtlir.frontend.queue import Queue
+    from mtlir.frontend.queue import Queue, queues
     from mtlir.ir.uop import UOp
     from mtlir.metal import DeviceSpec
     t = spec.target
-    q = Queue(DeviceSpec(t.family, t.residency_set, t.icb))
+    device = DeviceSpec(t.family, t.residency_set, t.icb)
+    qs = {i: Queue(device, name=None if i == 0 else f"q{i}") for i in spec.queues()}
     bufs = [buffer_variable(f"in{i}") if i in spec.inputs else buffer(f"b{i}", 4 * n)
             for i, n in enumerate(spec.buffers)]
     variables = {name: UOp.variable(name, lo, hi) for name, (lo, hi) in spec.variables.items()}
@@ -123,7 +189,15 @@ def build(spec: QueueSpec) -> Any:
             return bufs[v.buffer]
         return view(bufs[v.buffer], 4 * v.first, 4 * v.elems)
 
+    def blit_target(v: View, shift: str) -> tuple[UOp, UOp | int]:
+        """A blit operand: the view as it is, or with a run-time shift the whole buffer and the offset expression."""
+        if not shift:
+            return as_view(v), 0
+        return bufs[v.buffer], variables[shift] * 4 + 4 * v.first if v.first else variables[shift] * 4
+
     for op in spec.ops:
+        q = qs[op.queue]
+        size: UOp | int = variables[op.count] * 4 if op.count else 4 * (op.out.elems if op.out is not None else 0)
         if op.kind == "exec":
             lib = KERNELS[op.kernel]
             assert op.out is not None
@@ -133,22 +207,29 @@ def build(spec: QueueSpec) -> Any:
             q.exec(lib.kernel, [as_view(op.out), *map(as_view, op.ins)], vals, grid=(grid,), threadgroup=(GROUP,))
         elif op.kind == "copy":
             assert op.out is not None
-            q.copy(as_view(op.ins[0]), as_view(op.out), 4 * op.out.elems)
+            (src, src_off), (dst, dst_off) = blit_target(op.ins[0], op.src_shift), blit_target(op.out, op.shift)
+            q.copy(src, dst, size, src_offset=src_off, dst_offset=dst_off)
         elif op.kind == "fill":
             assert op.out is not None
-            q.fill(as_view(op.out), op.slot, 4 * op.out.elems)
+            dst, dst_off = blit_target(op.out, op.shift)
+            q.fill(dst, op.slot, size, offset=dst_off)
         elif op.kind == "wait":
             q.wait(q.timeline, step - 1)
         elif op.kind == "signal":
             q.signal(shared_event(f"e{op.slot}"), step)
         elif op.kind == "event-wait":
             q.wait(shared_event(f"e{op.slot}"), step)
+        elif op.kind == "queue-wait":
+            q.wait(qs[op.slot].timeline, step)
         elif op.kind == "timestamp":
             q.timestamp(op.slot)
         else:
             raise ValueError(f"unknown op kind {op.kind!r}")
-    q.signal(q.timeline, step)
-    return q.submit()
+    for q in qs.values():
+        q.signal(q.timeline, step)
+    if len(qs) == 1:
+        return qs[0].submit()
+    return queues(*(qs[i] for i in spec.order))
 
 
 @dataclass

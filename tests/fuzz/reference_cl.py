@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from msl_library import GROUP
-from queue_spec import KERNELS, Op, QueueSpec, n_value
+from queue_spec import COMMANDS, KERNELS, Op, QueueSpec, n_value
 
 
 class Reference:
@@ -35,20 +35,24 @@ class Reference:
         return got
 
     def _blit(self, spec: QueueSpec, op: Op, bufs: dict[str, Any], k: int) -> None:
-        """A copy (``enqueue_copy`` between the two buffers) or a fill (``enqueue_fill_buffer``) of submit ``k``."""
+        """A copy (``enqueue_copy`` between the two buffers) or a fill (``enqueue_fill_buffer``) of submit ``k``, its
+        offsets and size at that submit's values of the variables."""
         assert op.out is not None
         dst = bufs[spec.bound(op.out.buffer, k)]
+        first, src_first, elems = op.blit(spec.submits[k])
         if op.kind == "copy":
             src = op.ins[0]
-            self.cl.enqueue_copy(self.queue, dst, bufs[spec.bound(src.buffer, k)], byte_count=4 * op.out.elems,
-                                 src_offset=4 * src.first, dst_offset=4 * op.out.first)
+            self.cl.enqueue_copy(self.queue, dst, bufs[spec.bound(src.buffer, k)], byte_count=4 * elems,
+                                 src_offset=4 * src_first, dst_offset=4 * first)
         else:
-            self.cl.enqueue_fill_buffer(self.queue, dst, np.full(1, op.slot, np.uint8), 4 * op.out.first, 4 * op.out.elems)
+            self.cl.enqueue_fill_buffer(self.queue, dst, np.full(1, op.slot, np.uint8), 4 * first, 4 * elems)
 
     def run(self, spec: QueueSpec) -> list[dict[str, bytes]]:
-        """Every buffer's bytes after each submit of ``spec`` (by ``QueueSpec.instances`` name): its dispatches in
-        queue order, one after the other (an in-order OpenCL queue), with each submit's values of the variables and
-        its MTLBuffer behind each buffer variable."""
+        """Every buffer's bytes after each submit of ``spec`` (by ``QueueSpec.instances`` name): its dispatches and
+        blits in the order drawn (across queues too: an order their waits allow, and with several queues rarely the
+        one a GPU running each queue in commit order takes, so a wait the device ignores shows), one after the other
+        (an in-order OpenCL queue), with each submit's values of the variables and its MTLBuffer behind each buffer
+        variable."""
         from mtlir.runtime.sim.msl.simd import scratch_bytes
         cl, ctx, q = self.cl, self.ctx, self.queue
         mf = cl.mem_flags
@@ -58,8 +62,9 @@ class Reference:
         fault = cl.Buffer(ctx, mf.READ_WRITE, 64)
         keep: list[Any] = []
         out = []
+        order = [op for op in spec.ops if op.kind in COMMANDS]
         for k, values in enumerate(spec.submits):
-            for op in spec.ops:
+            for op in order:
                 if op.kind in ("copy", "fill"):
                     self._blit(spec, op, bufs, k)
                 if op.kind != "exec":
@@ -99,23 +104,24 @@ class Reference:
         return out
 
 
-def numpy_model(spec: QueueSpec) -> list[dict[str, bytes]]:
-    """The same queue by the kernels' numpy meaning (``msl_library.LibKernel.numpy``): exact (int32 kernels)."""
+def numpy_model(spec: QueueSpec, order: list[Op] | None = None) -> list[dict[str, bytes]]:
+    """The same queue by the kernels' numpy meaning (``msl_library.LibKernel.numpy``): exact (int32 kernels). Its
+    commands in ``order`` (default: as drawn; ``queue_spec.schedule`` gives another order the waits allow)."""
     arrays = {name: np.frombuffer(data, np.int32).copy() for b, data in enumerate(spec.initial())
               for name in spec.instances(b)}
     out = []
+    if order is None:
+        order = [op for op in spec.ops if op.kind in COMMANDS]
     for k, values in enumerate(spec.submits):
-        for op in spec.ops:
+        for op in order:
             if op.kind in ("copy", "fill"):
                 assert op.out is not None
-                dst = arrays[spec.bound(op.out.buffer, k)].view(np.uint8)[4 * op.out.first:4 * (op.out.first
-                                                                                                  + op.out.elems)]
+                first, src_first, elems = op.blit(values)
+                dst = arrays[spec.bound(op.out.buffer, k)][first:first + elems]
                 if op.kind == "fill":
-                    dst[:] = op.slot
+                    dst.view(np.uint8)[:] = op.slot
                 else:
-                    src = op.ins[0]
-                    dst[:] = arrays[spec.bound(src.buffer, k)].view(np.uint8)[4 * src.first:4 * (src.first
-                                                                                                  + src.elems)]
+                    dst[:] = arrays[spec.bound(op.ins[0].buffer, k)][src_first:src_first + elems]
             if op.kind != "exec":
                 continue
             assert op.out is not None
