@@ -123,6 +123,27 @@ def test_dispatch_above_the_kernel_attribute(scene: Scene) -> None:
     assert scene.send(cb, "status") == MTL.StatusCompleted and not scene.floats(out).any()
 
 
+def test_simd_kernel_runs_up_to_its_pipelines_limit(scene: Scene, runner: KernelRunner) -> None:
+    """A SIMD-group kernel's pipeline reports what its scratch allows on this OpenCL device (1024 on PoCL's 1 MiB of
+    local memory, 704 on NVIDIA's 48 KiB) and runs a threadgroup of that size; where that is below 1024, one SIMD
+    group more is refused as Metal refuses it, not by the runner."""
+    top = limit(scene, "lanes")
+    ck = runner.compile(MSL, "lanes")
+    assert top == min(1024, ck.max_threads_per_threadgroup, ck.max_simd_threads) and top % 32 == 0
+    out = scene.buffer(4096)
+    cb = dispatch(scene, "lanes", out, top)
+    assert scene.send(cb, "status") == MTL.StatusCompleted and (scene.floats(out)[:top] == 32).all()
+    if top == 1024:
+        return
+    scene.floats(out)[:] = 0
+    if scene.dev.strict:
+        with pytest.raises(MetalValidationError, match=rf"maxTotalThreadsPerThreadgroup {top} of .*'lanes'"):
+            dispatch(scene, "lanes", out, top + 32)
+        return
+    cb = dispatch(scene, "lanes", out, top + 32)
+    assert scene.send(cb, "status") == MTL.StatusCompleted and not scene.floats(out).any()
+
+
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "faithful"])
 def test_dispatch_above_the_opencl_limit_is_refused_as_metal_does(narrow: KernelRunner, strict: bool) -> None:
     """Below 1024 because of the OpenCL kernel: a threadgroup of 512 never reaches the runner (which would refuse it
