@@ -42,7 +42,7 @@ def threadgroup_limit(work_group_size: int, simd_threads: int, info: KernelInfo)
     total number of threads per threadgroup for this pipeline state", below the device's 1024 when the kernel needs
     it). The least of Metal's 1024 (``MTL.MAX_THREADS_PER_THREADGROUP``), the kernel's own
     ``[[max_total_threads_per_threadgroup(n)]]`` (``info``), the OpenCL kernel's ``work_group_size``
-    (CL_KERNEL_WORK_GROUP_SIZE capped at the device's: 4096 on PoCL, 256 for some kernels on NVIDIA's driver) and,
+    (CL_KERNEL_WORK_GROUP_SIZE capped at the device's: 4096 on PoCL, 256 on the H200's NVIDIA driver) and,
     for a kernel with SIMD-group functions (``info.simd``), ``simd_threads``: the most threads whose scratch fits in
     the device's local memory beside the kernel's own threadgroup arrays (704 on NVIDIA's 48 KiB for a kernel
     without arrays). At least 1: a kernel that cannot run one thread still reports 1 (Metal never reports 0), and
