@@ -11,7 +11,7 @@ the storage arrays. ``CompiledKernel.prepare`` checks a dispatch once and gives 
 ``clWaitForEvents``, so a kernel that never ends still times out); each launch of a batch has its own fault record.
 
 Memory: each distinct storage array (one MTLBuffer's bytes) becomes one OpenCL buffer, made once and kept while it
-is used (dropped after ``KEEP_SYNCS`` syncs without a use): where the device works in host memory (PoCL's CPU
+is used (dropped after ``KEEP_SYNCS`` to twice that many syncs without a use: a sweep every ``KEEP_SYNCS`` syncs): where the device works in host memory (PoCL's CPU
 device) a ``USE_HOST_PTR`` buffer over the array itself, nothing copied or mapped; elsewhere a buffer in the
 device's own memory, copied in at its first use after a sync and kept there between kernels (``resident``): a run
 with ``keep=True`` leaves what it wrote on the device until ``sync()`` copies it back to the host arrays and marks
@@ -46,7 +46,7 @@ from mtlir.runtime.sim.kernels.waiter import EventWaiter
 from mtlir.runtime.sim.msl.translate import Translation, translate
 from mtlir.runtime.sim.msl.simd import scratch_bytes
 
-KEEP_SYNCS = 4  # a device buffer unused for this many syncs is dropped (a submit syncs 2-3 times)
+KEEP_SYNCS = 4  # a device buffer unused for this many syncs is dropped at the next sweep (a submit syncs 1-3 times)
 SNAPSHOT_BYTES = 1 << 18  # device copies of buffers up to this size are copied in only when the host changed them
 SPIN_S = 0.002  # on a GPU the batch's wait first watches its last event this long on the calling thread (``waiter``)
 MIRROR_BYTES = 1 << 24  # buffers up to this size come back through a page-locked mirror (``_copy_back``)
@@ -93,9 +93,14 @@ class KernelRunner:
         self._stuck_refs: list[Any] = []
         # storage address -> its OpenCL buffer, kept across syncs while it is used (``DeviceBuffer``); holding the
         # array keeps its address, the key, from being reused by another while the entry lives. An entry not used
-        # for ``KEEP_SYNCS`` syncs is dropped (a launch that still names it makes a new one at its next run).
+        # for ``KEEP_SYNCS`` syncs is dropped at the next sweep, every ``KEEP_SYNCS`` syncs (a launch that still names it
+        # makes a new one at its next run).
         self._buffers: dict[int, DeviceBuffer] = {}
         self._generation = 0  # syncs so far
+        # the entries made current since the last sync, and those written (device copies only, maybe twice): a
+        # sync resets and copies back these, not every entry of ``_buffers`` (a tinygrad device holds hundreds)
+        self._current: list[DeviceBuffer] = []
+        self._written: list[DeviceBuffer] = []
         self._dropped = 0  # device buffers dropped so far (while none was, no launch needs a rebind)
         self._blocks: dict[bytes, Any] = {}  # argument blocks by content: most dispatches repeat one
         self._mirrors: dict[DeviceBuffer, np.ndarray] = {}  # page-locked host copies results come back through
@@ -143,13 +148,17 @@ class KernelRunner:
         cl = self.cl
         if self._stuck is not None:
             self._buffers.clear()
+            self._current, self._written = [], []
             return  # the queue is blocked: nothing more comes back (the error said so)
         self._generation += 1
+        current, written = self._current, self._written
+        self._current, self._written = [], []
         try:
             back = []
-            for e in self._buffers.values():
-                if e.dirty and not e.in_place:
+            for e in dict.fromkeys(written):  # an entry written, copied back by a batch, then written again: once
+                if e.dirty:
                     back.append((e, self._copy_back(e)))
+            for e in current:  # every entry current or dirty was made current since the last sync
                 e.current = e.dirty = False
             if back:
                 self.queue.finish()
@@ -158,12 +167,13 @@ class KernelRunner:
         except cl.Error as err:
             raise RuntimeError(f"OpenCL could not copy the kernels' results back to the host: {err}") from None
         finally:
-            old = self._generation - KEEP_SYNCS
-            for key in [k for k, e in self._buffers.items() if e.used < old]:
-                dropped = self._buffers.pop(key)
-                dropped.buf = None  # a launch holding it rebinds at its next run
-                self._dropped += 1
-                self._mirrors.pop(dropped, None)
+            if self._generation % KEEP_SYNCS == 0:  # the sweep, every KEEP_SYNCS syncs: O(buffers) once per sweep
+                old = self._generation - KEEP_SYNCS
+                for key in [k for k, e in self._buffers.items() if e.used < old]:
+                    dropped = self._buffers.pop(key)
+                    dropped.buf = None  # a launch holding it rebinds at its next run
+                    self._dropped += 1
+                    self._mirrors.pop(dropped, None)
 
     def _copy_back(self, e: DeviceBuffer) -> np.ndarray | None:
         """Enqueue the copy of ``e``'s device copy to the host, without waiting: into its page-locked mirror
@@ -338,6 +348,7 @@ class KernelRunner:
         in_flight: list[tuple[Launch, Any]] = []
         back: list[tuple[DeviceBuffer, np.ndarray | None]] = []
         launch = launches[0]
+        generation, current = self._generation, self._current
         if not self.in_host_memory:
             records.destination()  # made before the kernels too
         try:
@@ -345,18 +356,21 @@ class KernelRunner:
                 if self._dropped and launch.uses and any(e.buf is None for e, _ in launch.uses):
                     self._rebind(launch)
                 for e, writable in launch.uses:
-                    e.used = self._generation
+                    e.used = generation
                     if not e.current:
                         if not e.in_place:
                             self._copy_in(e)
                         e.current = True
-                    if writable:
+                        current.append(e)
+                    if writable and not e.dirty:
                         e.dirty = True
+                        if not e.in_place:
+                            self._written.append(e)
             # the buffers kernels wrote since the last sync, with their page-locked mirrors: made before the kernels
             # are enqueued (a map made while they run might wait for them), on this thread (not the one that may
             # run ``after``)
-            back = [(entry, self._mirror(entry)) for entry in self._buffers.values()
-                    if write_back and entry.dirty and not entry.in_place]
+            if write_back and self._written:
+                back = [(entry, self._mirror(entry)) for entry in dict.fromkeys(self._written) if entry.dirty]
             for k, launch in enumerate(launches):
                 if not launch.own:
                     launch.args[launch.fault_arg] = records.slots[k]
@@ -388,7 +402,11 @@ class KernelRunner:
         for entry, mirror in back:  # the host arrays hold what the device copies hold
             entry.dirty = False
             self._landed(entry, mirror)
+        if back:
+            self._written = [e for e in self._written if e.dirty]
         words = got[0]
+        if not words[:, 0].any():
+            return None
         for k in range(len(launches)):
             if words[k, 0]:
                 launch = launches[k]

@@ -15,7 +15,7 @@ from mtlir.errors import ArgumentError, NoDeviceError
 from mtlir.runtime.sim.device import SimDevice
 from mtlir.runtime.sim.kernels.pyrunner import PyKernelRunner
 from mtlir.runtime.sim.kernels.devices import list_devices, select_device
-from mtlir.runtime.sim.kernels.runner import KernelRunner
+from mtlir.runtime.sim.kernels.runner import KEEP_SYNCS, KernelRunner
 
 cl = pytest.importorskip("pyopencl")
 
@@ -158,3 +158,27 @@ def test_the_simd_scratch_argument_is_aligned_for_its_widest_slot() -> None:
     data = np.zeros(4 * 64, np.uint8)
     ck.run({0: (data, 0)}, (1, 1, 1), (64, 1, 1))
     assert (data.view(np.float32) == 32).all()
+
+
+@pytest.mark.parametrize("in_host_memory", [None, False], ids=["default", "copies"])
+def test_a_buffer_unused_for_several_syncs_is_dropped_and_a_kept_launch_binds_it_again(
+        in_host_memory: bool | None) -> None:
+    """An OpenCL buffer no launch used for KEEP_SYNCS syncs goes at the next sweep; a kept launch still naming it
+    makes a new one at its next run, and the results are right (the sync after it copies them home)."""
+    runner = KernelRunner(in_host_memory=in_host_memory)
+    ck = runner.compile(ADD, "add")
+    storage = arena()
+    launch = ck.prepare({0: (storage, 512), 1: (storage, 2560), 2: (storage, 6656)}, (4, 1, 1), (128, 1, 1),
+                        keep=True)
+    assert launch is not None
+    assert runner.run_batch([launch], 30.0, keep=True) is None
+    runner.sync()
+    assert len(runner._buffers) == 1
+    for _ in range(2 * KEEP_SYNCS):
+        runner.sync()
+    assert not runner._buffers  # dropped
+    f32(storage, 512, 512)[:] = 0  # the host writes while no device copy exists
+    assert runner.run_batch([launch], 30.0, keep=True) is None
+    runner.sync()
+    assert len(runner._buffers) == 1
+    np.testing.assert_array_equal(f32(storage, 6656, 512), 1000 + 2 * np.arange(512, dtype=np.float32))
