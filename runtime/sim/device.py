@@ -25,7 +25,8 @@ from mtlir.metal import C_FUNCTIONS, MTL, SELECTORS, TARGETS, DeviceSpec, Protot
 from mtlir.errors import ArgumentError, BridgeError, WaitTimeoutError
 from mtlir.runtime.metal.bridge import host_target
 from mtlir.runtime.sim.methods import encoding, icb, resources
-from mtlir.runtime.sim.msgsend import ArgumentDecoder, MethodTable, check_prototype, decode_word, result_value
+from mtlir.runtime.sim.msgsend import (ArgumentDecoder, Method, MethodTable, check_prototype, decode_word,
+                                      result_value)
 from mtlir.runtime.sim.rules.checks import check_buffer_write
 from mtlir.runtime.sim.gpu import GPU
 from mtlir.runtime.sim.injection import Fault, FaultPlan
@@ -47,6 +48,19 @@ _SEL_BASE = 0x1_9000_0000         # SELs: pointers into libobjc's selector table
 _POOL_BASE = 0x1_7000_0000
 _ZOMBIES = 1 << 16                # deallocated objects remembered for "message sent to deallocated instance"
 _CUT = " (a 64-bit handle cut to 32 bits?)"
+_ROUTES = 1 << 12                 # (SEL, class) pairs msg_send keeps resolved (then all are dropped)
+
+
+class _Route:
+    """What a (SEL, receiver class) pair resolved to in ``SimDevice.msg_send``: the method, the selector's decoder
+    and name, the return type (``void``: nothing to convert)."""
+
+    __slots__ = ("method", "decoder", "name", "ret", "void")
+
+    def __init__(self, method: Method, decoder: ArgumentDecoder, name: str) -> None:
+        self.method, self.decoder, self.name = method, decoder, name
+        self.ret = decoder.proto.ret
+        self.void = self.ret is dtypes.void
 
 
 class SimDevice:
@@ -112,6 +126,8 @@ class SimDevice:
         self._sel_ids: dict[str, int] = {}
         self._sel_names: dict[int, str] = {}
         self._decoders: dict[str, ArgumentDecoder] = {}
+        # (SEL, the receiver's class) -> what a message of that pair resolved to (``msg_send``'s fast path)
+        self._routes: dict[tuple[int, type], _Route] = {}
         self._pools: list[tuple[int, list[SimObject]]] = []
         self._next_pool = _POOL_BASE
         self._classes: dict[str, ClassObject] = {}
@@ -381,6 +397,25 @@ class SimDevice:
             self._raise_deferred()
         if len(args) < 2:
             raise BridgeError(f"objc_msgSend needs (self, _cmd, ...), got {len(args)} arguments")
+        recv, sel = args[0], args[1]
+        obj = self._objects.get(recv) if type(recv) is int else None
+        if obj is not None and type(sel) is int:  # the fast path: the selector resolved before for this class
+            route = self._routes.get((sel, type(obj)))
+            if route is not None and id(proto) in route.decoder.seen and len(args) == route.decoder.nargs:
+                method, decoder = route.method, route.decoder
+                if method.lockless:
+                    return result_value(route.ret, method.fn(self, obj))
+                else:
+                    with self._lock:
+                        if self._objects.get(recv) is obj:
+                            result = method.fn(self, obj, *decoder.decode(route.name, args, method, self._objects,
+                                                                          self._lookup, self.memory)
+                                               if decoder.kinds else ())
+                            return None if route.void else result_value(route.ret, result)
+        return self._msg_send(proto, args)
+
+    def _msg_send(self, proto: Prototype, args: tuple[Any, ...]) -> Any:
+        """``msg_send`` in full: every look-up and check, then the route of the pair kept for the fast path."""
         sel = args[1]
         name = self._sel_names.get(sel) if type(sel) is int else None
         if name is None:
@@ -409,6 +444,7 @@ class SimDevice:
         if seen is not None:
             method = METHODS.lookup(type(seen), name)
             if method is not None and method.lockless:
+                self._route(sel, seen, method, decoder, name)
                 return result_value(expected.ret, method.fn(self, seen))
         with self._lock:
             if recv == 0 and type(recv) is int:
@@ -424,7 +460,17 @@ class SimDevice:
                 raise BridgeError(f"-[{obj.objc_class} {name}]: unrecognized selector sent to instance {recv:#x}")
             result = method.fn(self, obj, *decoder.decode(name, args, method, self._objects, self._lookup,
                                                            self.memory) if decoder.kinds else ())
+            self._route(sel, obj, method, decoder, name)
             return result_value(expected.ret, result)
+
+    def _route(self, sel: int, obj: SimObject, method: Method, decoder: ArgumentDecoder, name: str) -> None:
+        """Keep what ``sel`` resolved to for ``obj``'s class, for ``msg_send``'s fast path (at most ``_ROUTES``,
+        then all are dropped; no object is held). The fast path still checks the prototype (one seen before for the
+        selector), the argument count, that the receiver is a live object (under the lock, except for a lockless
+        getter) and decodes every argument."""
+        if len(self._routes) >= _ROUTES:
+            self._routes.clear()
+        self._routes[(sel, type(obj))] = _Route(method, decoder, name)
 
     # ------------------------------------------------------------------ Bridge: host memory
     def malloc(self, nbytes: int) -> int:

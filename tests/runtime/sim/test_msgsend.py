@@ -255,3 +255,29 @@ def test_a_method_table_answers_through_base_classes_and_refuses_a_selector_defi
     assert got is not None and got.lockless and joined.lookup(Base, "length") is not None
     with pytest.raises(ValueError, match=r"-\[Base length\] is defined twice"):
         MethodTable.join(one, one)
+
+
+def test_a_selector_resolved_before_is_still_checked_in_full(x86: Scene) -> None:
+    """msg_send keeps what a selector resolved to per receiver class (its fast path): after a good message, the same
+    selector with a wrong prototype, count, value, argument class or a deallocated receiver is still refused."""
+    proto = abi_prototype("newBufferWithLength:options:", "x86_64")
+    raw(x86, proto, x86.device, "newBufferWithLength:options:", 64, 0)  # resolved: the fast path from now on
+    with pytest.raises(BridgeError, match=r"wrong argument count: 1 after self and _cmd"):
+        raw(x86, proto, x86.device, "newBufferWithLength:options:", 64)
+    int32 = Prototype(dtypes.id, (dtypes.id, dtypes.SEL, dtypes.uint32, dtypes.uint64))
+    with pytest.raises(BridgeError, match=r"argument 1 is uint32 in the call's prototype"):
+        raw(x86, int32, x86.device, "newBufferWithLength:options:", 64, 0)
+    with pytest.raises(BridgeError, match=r"argument 1 = -1 does not fit uint64"):
+        raw(x86, proto, x86.device, "newBufferWithLength:options:", -1, 0)
+    icb = x86.icb(1)
+    cmd = x86.send(icb, "indirectComputeCommandAtIndex:", 0)
+    buf = x86.buffer(64)
+    x86.send(cmd, "setKernelBuffer:offset:atIndex:", buf, 0, 0)
+    with pytest.raises(BridgeError, match=r"argument 1 must be a MTLBuffer, got MTLFence"):
+        x86.send(cmd, "setKernelBuffer:offset:atIndex:", x86.fence, 0, 0)
+    x86.send(buf, "length")  # a lockless getter, resolved
+    x86.send(buf, "release")
+    with pytest.raises(BridgeError, match=r"deallocated"):
+        x86.send(buf, "length")
+    with pytest.raises(BridgeError, match=r"deallocated"):
+        x86.send(cmd, "setKernelBuffer:offset:atIndex:", buf, 0, 0)
