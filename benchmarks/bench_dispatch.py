@@ -224,27 +224,34 @@ def _pair(path: Path, opencl_device: str | int | None, rounds: int) -> dict[str,
 
 
 def measure(opencl_device: str | int | None = None, rounds: int = 15, skip: tuple[str, ...] = (),
-            long_repeat: int = 40, out: Any = None) -> dict[str, Any]:
+            long_repeat: int = 40, out: Any = None, long_traces: tuple[str, ...] = (LONG_TRACE,)) -> dict[str, Any]:
     """The simulator's figures: ``sim_run_over_pyopencl`` (``worst`` over the traces and ``traces``: name ->
-    ratio), ``sim_overhead_us_per_dispatch`` (the long trace, one command buffer), ``device`` (the OpenCL device),
-    ``rows`` (everything measured, µs). Prints a row per trace to ``out`` (a text file; None: nothing)."""
+    ratio), ``sim_overhead_us_per_dispatch`` (the first of ``long_traces`` made long, one command buffer),
+    ``long_over_pyopencl`` (each of ``long_traces`` made long: name -> ratio, and the ``worst``), ``device`` (the
+    OpenCL device), ``rows`` (everything measured, µs). Prints a row per trace to ``out`` (a text file; None:
+    nothing)."""
     rows = []
     for path in sorted(p for p in TRACES.glob("*.json") if p.name not in skip):
         row = _pair(path, opencl_device, rounds)
         rows.append(row)
         if out is not None:
             _print_row(row, out)
+    longs = []
     with tempfile.TemporaryDirectory() as tmp:
-        long = _pair(_long_trace(TRACES / LONG_TRACE, long_repeat, Path(tmp)), opencl_device, rounds)
-    if out is not None:
-        _print_row(long, out)
+        for name in long_traces:
+            longs.append(_pair(_long_trace(TRACES / name, long_repeat, Path(tmp)), opencl_device, rounds))
+            if out is not None:
+                _print_row(longs[-1], out)
+    long = longs[0]
     return {"device": rows[0]["device"] if rows else long["device"],
             "sim_run_over_pyopencl": {"worst": max(r["ratio"] for r in rows),
                                       "traces": {r["trace"]: r["ratio"] for r in rows}},
             "kernel_path_over_pyopencl": {"worst": max(r["kernel_path_ratio"] for r in rows),
                                           "traces": {r["trace"]: r["kernel_path_ratio"] for r in rows}},
             "sim_overhead_us_per_dispatch": long["overhead_us_per_dispatch"],
-            "rows": rows + [long]}
+            "long_over_pyopencl": {"worst": max(r["ratio"] for r in longs),
+                                   "traces": {r["trace"]: r["ratio"] for r in longs}},
+            "rows": rows + longs}
 
 
 def _print_row(row: dict[str, Any], out: Any) -> None:
@@ -260,13 +267,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--long-repeat", type=int, default=40)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     ap.add_argument("--skip", default="", help="trace file names to leave out, comma-separated")
+    ap.add_argument("--long-traces", default=LONG_TRACE,
+                    help="traces to also run made long (their dispatches repeated --long-repeat times into one "
+                         "command buffer), comma-separated; the first gives sim_overhead_us_per_dispatch")
     args = ap.parse_args(argv)
     print(f"{'trace':30} {'disp':>4} {'sim us':>9} {'raw us':>9} {'ratio':>6} {'wall':>6} {'ovh us/d':>8} "
           f"{'kernels':>7}")
     figures = measure(args.opencl_device, args.rounds, tuple(s for s in args.skip.split(",") if s),
-                      args.long_repeat, out=sys.stdout)
+                      args.long_repeat, out=sys.stdout,
+                      long_traces=tuple(s for s in args.long_traces.split(",") if s) or (LONG_TRACE,))
     print(f"OpenCL device: {figures['device']}; medians of {args.rounds} interleaved rounds "
           f"({figures['rows'][0]['clock']} time)")
+    print(f"long_over_pyopencl (worst): {figures['long_over_pyopencl']['worst']:.2f} "
+          f"({', '.join(f'{k} {v:.2f}' for k, v in figures['long_over_pyopencl']['traces'].items())})")
     print(f"kernel_path_over_pyopencl (worst): {figures['kernel_path_over_pyopencl']['worst']:.2f}")
     print(f"sim_run_over_pyopencl (worst): {figures['sim_run_over_pyopencl']['worst']:.2f} (bar 1.3); "
           f"sim_overhead_us_per_dispatch: {figures['sim_overhead_us_per_dispatch']:.1f} (bar 20)")

@@ -77,6 +77,7 @@ TARGETS: list[tuple[str, float, str]] = [
     ("submit_time_100k_over_10", 1.3, "x"),
     ("sim_run_over_pyopencl", 1.3, "x"),
     ("sim_overhead_us_per_dispatch", 20.0, "us"),
+    ("long_over_pyopencl", 1.3, "x"),  # issue 12's per-dispatch overhead: long command buffers, worst trace
     ("kernel_path_over_pyopencl", 1.3, "x"),
     ("simdgroup_over_scalar", 3.0, "x"),
     ("tinygrad_eager_over_raw", 2.0, "x"),  # issue 11's targets
@@ -141,6 +142,7 @@ def _value(fig: dict[str, Any], key: str) -> tuple[float | None, str]:
         "sim_run_over_pyopencl": lambda: ", ".join(f"{t.split('.json')[0]} {r:.2f}"
                                                    for t, r in fig["sim_run_traces"].items()),
         "sim_overhead_us_per_dispatch": lambda: f"on {fig['sim_device']}",
+        "long_over_pyopencl": lambda: ", ".join(f"{t.split('.json')[0]} {r:.2f}" for t, r in fig["long_traces"].items()),
         "kernel_path_over_pyopencl": lambda: "the kernel path alone (launches prepared once), worst trace",
         "tinygrad_eager_over_raw": lambda: "{tinygrad_eager_us:.0f} vs {tinygrad_raw_us:.0f} us".format(**fig),
         "tinygrad_jit_us_per_dispatch": lambda: "{tinygrad_jit_us_per_call:.0f} vs {tinygrad_jit_raw_us_per_call:.0f} "

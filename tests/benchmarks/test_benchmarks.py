@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCALARS = ["lowering_scaling_100k_over_1k", "rewrite_nomatch_over_dfs", "replay_interp_over_direct",
            "replay_compiled_over_direct", "submit_time_100k_over_10", "sim_run_over_pyopencl",
-           "sim_overhead_us_per_dispatch", "memory_bytes_per_cmd"]
+           "sim_overhead_us_per_dispatch", "long_over_pyopencl", "memory_bytes_per_cmd"]
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
