@@ -2,8 +2,9 @@
 
 Building the same node twice returns the same object (``is``), so structural equality is identity and "did this
 pass change anything" is ``new is old``. The intern table holds weak references only: a node nobody references is
-freed and leaves the table. Args are keyed by type and value (``_argkey``): ``-0.0`` and ``0.0`` are different
-constants, every NaN is one constant, and ``1``, ``True`` and ``1.0`` never merge.
+freed and leaves the table (``mtlir.ir.interning``: ``argkey``, the table, ``gc_paused``). Args are keyed by type
+and value: ``-0.0`` and ``0.0`` are different constants, every NaN is one constant, and ``1``, ``True`` and ``1.0``
+never merge.
 
 A UOp is a value of the graph, chosen per submit, so Python's conversions of one (``bool()`` for ``if`` and
 ``max()``, ``int()``, ``float()``, ``operator.index``) answer only for an expression with one value for every value of
@@ -12,106 +13,18 @@ would always be False): the graph's own ``maximum``, ``minimum``, ``where``, ``e
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import gc
-import struct
 import weakref
 from collections.abc import Iterator
-from enum import Enum
 from numbers import Number
 from typing import Any
 
+from mtlir.ir.conversions import compare_message, conversion_message, describe, division
 from mtlir.ir.dtypes import DType, PtrDType, dtypes, wrap
+from mtlir.ir.interning import NONE_KEY, argkey, gc_paused, live_nodes, table
 from mtlir.ir.ops import GroupOp, Ops
 
+# argkey, live_nodes and gc_paused live in mtlir.ir.interning; importers of mtlir.ir.uop keep finding them here
 __all__ = ["UOp", "argkey", "live_nodes", "gc_paused"]
-
-# arg types keyed as (type, value): Python's == already tells their values apart and they hash deterministically
-_ATOMS = frozenset({str, int, bool, type(None), bytes, Ops})
-_NONE_KEY = (type(None), None)
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # dataclass type -> its field names (dataclasses.fields is slow)
-
-
-def argkey(arg: Any) -> Any:
-    """A hashable key for ``arg`` that tells apart values Python's ``==`` merges.
-
-    Floats are keyed by their bits (``-0.0`` is not ``0.0``; every NaN is one key), every value by its type
-    (``1``, ``True`` and ``1.0`` differ), recursively inside tuples, NamedTuples, frozensets and frozen
-    dataclasses. Any other hashable value (e.g. a tuple subclass holding a big payload, which opts out of the
-    per-element keying for speed) is keyed by its type and Python's ``==``.
-    Raises ``TypeError`` for an arg that is not hashable (a list, a dict, a mutable dataclass)."""
-    t = type(arg)
-    if t in _ATOMS:
-        return (t, arg)
-    if t in _OPAQUE:  # a type keyed by Python's == before (e.g. MessageList): skip the tests below
-        return _opaque(t, arg)
-    if t is float:
-        return (float, "nan") if arg != arg else (float, struct.pack("<d", arg))
-    if t is tuple or (isinstance(arg, tuple) and hasattr(t, "_fields")):  # tuples and NamedTuples
-        if t is tuple and all([type(a) is int for a in arg]):  # (offset, nbytes) and the like: the tuple itself
-            return arg  # (no other key is a tuple of ints: each starts with a type; saves a tuple per view node)
-        return (t, tuple([argkey(a) for a in arg]))
-    if isinstance(arg, (Enum, DType)):
-        return (t, arg)
-    if hasattr(t, "__dataclass_fields__") and not isinstance(arg, type):  # dataclasses.is_dataclass, inline
-        if not t.__dataclass_params__.frozen:
-            raise TypeError(f"a {t.__name__} is a mutable dataclass: only frozen dataclasses can be args")
-        # the key is kept on the instance (outside its fields: eq, hash and repr do not see it), so a Prototype or
-        # a placeholder used by thousands of nodes is keyed once
-        cache = getattr(arg, "__dict__", None)
-        if cache is not None and (key := cache.get("_mtlir_argkey")) is not None:
-            return key
-        names = _FIELD_NAMES.get(t)
-        if names is None:
-            names = _FIELD_NAMES[t] = tuple(f.name for f in dataclasses.fields(arg))
-        key = (t, tuple([argkey(getattr(arg, n)) for n in names]))
-        if cache is not None:
-            cache["_mtlir_argkey"] = key
-        return key
-    if t is frozenset:
-        return (frozenset, frozenset([argkey(a) for a in arg]))
-    key = _opaque(t, arg)
-    _OPAQUE.add(t)
-    return key
-
-
-def _opaque(t: type, arg: Any) -> Any:
-    """The key of a value keyed by its type and Python's ``==``; raises ``TypeError`` when it is not hashable."""
-    try:
-        hash(arg)
-    except TypeError:
-        raise TypeError(f"a {t.__name__} is not hashable: args and tags must be immutable values") from None
-    return (t, arg)
-
-
-_OPAQUE: set[type] = set()  # types argkey keyed by value (its last case): the same for every instance of the type
-
-
-# the intern table: node key -> weak reference; a node removes its own entry when it is freed (UOp.__del__)
-_table: dict[tuple[Any, ...], weakref.ReferenceType[UOp]] = {}
-
-
-def live_nodes() -> int:
-    """How many UOps are alive (the size of the intern table); freed nodes leave it at once."""
-    return len(_table)
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector inside the block (reference counting still frees every node at once;
-    the collector is re-enabled on the way out if it was on). Building or lowering a large graph allocates a few
-    tracked objects per node, and every full collection rescans the whole heap: at 100,000 commands the collector
-    was half of ``Queue.exec``'s cost (8 of 16 µs per command) and grew the lowering from 7 to 12 µs per command.
-    UOps never form reference cycles (sources are older nodes), so nothing waits for the collector. Used by the
-    pass pipeline and ``Trace.queue``; wrap a loop of ``Queue.exec`` calls in it the same way."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _const_cast(dtype: DType, value: Any) -> Any:
@@ -181,10 +94,10 @@ class UOp(_Slots):
                 raise TypeError(f"UOp({op!r}): src must be a tuple of UOps, got a {type(src).__name__}")
             src = tuple(src)
         try:
-            akey = _NONE_KEY if arg is None else argkey(arg)
+            akey = NONE_KEY if arg is None else argkey(arg)
             # untagged nodes (nearly all) key without the tag: 8 bytes less per node; key[3] is the arg's key
             key = (op, dtype, src, akey) if tag is None else (op, dtype, src, akey, argkey(tag))
-            ref = _table.get(key)
+            ref = table.get(key)
         except TypeError as e:
             raise TypeError(f"UOp({op!r}, {dtype!r}): {e}") from None
         if ref is not None and (found := ref()) is not None:
@@ -202,20 +115,21 @@ class UOp(_Slots):
         new.__class__ = UOp  # type: ignore[assignment]
         node: UOp = new  # type: ignore[assignment]
         wr = weakref.ref(node)
-        if (old := _table.setdefault(key, wr)) is not wr:  # another thread built it first, or a dead entry
+        if (old := table.setdefault(key, wr)) is not wr:  # another thread built it first, or a dead entry
             if (other := old()) is not None:
                 return other
-            _table[key] = wr
+            table[key] = wr
         return node
 
     def __del__(self) -> None:
         try:
-            key = self._key
-            ref = _table.get(key)
+            # one hash of the key (pop), not two (get, del): the entry is put back in the rare case it is another
+            # node's (an equal node made after this one's last reference went, before this ran)
+            ref = table.pop(self._key, None)
             if ref is not None:
                 got = ref()  # by identity (``in (None, self)`` called __eq__: ~0.4 µs per node freed)
-                if got is None or got is self:
-                    del _table[key]
+                if got is not None and got is not self:
+                    table.setdefault(self._key, ref)
         except (AttributeError, TypeError, KeyError):  # interpreter shutdown, half-built node
             pass
 
@@ -240,13 +154,13 @@ class UOp(_Slots):
         Raises ``TypeError`` against a Python number: ``n == 0`` would be ``False`` for every ``n``, even the
         constant 0; the comparison node is ``n.eq(0)``."""
         if type(other) is not UOp and isinstance(other, Number):
-            raise TypeError(_compare_message(self, "==", other, "eq"))
+            raise TypeError(compare_message(self, "==", other, "eq"))
         return self is other
 
     def __ne__(self, other: object) -> bool:
         """Not the same node; raises ``TypeError`` against a Python number (the comparison node is ``n.ne(0)``)."""
         if type(other) is not UOp and isinstance(other, Number):
-            raise TypeError(_compare_message(self, "!=", other, "ne"))
+            raise TypeError(compare_message(self, "!=", other, "ne"))
         return self is not other
 
     # Python's implicit conversions (``if``, ``and``/``or``/``not``, max(), min(), sorted(), int(), range(), ...):
@@ -270,7 +184,7 @@ class UOp(_Slots):
         """The value of an integer expression with one value for every value of its variables (``range()``,
         indexing). Raises ``TypeError`` naming the expression for a symbolic one, a float, or a non-value."""
         if not self.dtype.is_word:
-            raise TypeError(f"index() of {_describe(self)}: a {self.dtype.name} is not an integer")
+            raise TypeError(f"index() of {describe(self)}: a {self.dtype.name} is not an integer")
         return int(self._single_value("index"))
 
     def __float__(self) -> float:
@@ -284,7 +198,7 @@ class UOp(_Slots):
         from mtlir.ir.bounds import single_value
         found, value = single_value(self)
         if not found:
-            raise TypeError(_conversion_message(self, what))
+            raise TypeError(conversion_message(self, what))
         return value
 
     def __repr__(self) -> str:
@@ -419,48 +333,11 @@ class UOp(_Slots):
     def __rsub__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.SUB, self)
     def __mul__(self, x: UOp | int) -> UOp: return self.alu(Ops.MUL, x)
     def __rmul__(self, x: UOp | int) -> UOp: return self._ufix(x).alu(Ops.MUL, self)
-    def __floordiv__(self, x: UOp | int) -> UOp: return self._division(Ops.IDIV, self, self._ufix(x))
-    def __rfloordiv__(self, x: UOp | int) -> UOp: return self._division(Ops.IDIV, self._ufix(x), self)
-    def __mod__(self, x: UOp | int) -> UOp: return self._division(Ops.MOD, self, self._ufix(x))
-    def __rmod__(self, x: UOp | int) -> UOp: return self._division(Ops.MOD, self._ufix(x), self)
+    def __floordiv__(self, x: UOp | int) -> UOp: return division(Ops.IDIV, self, self._ufix(x))
+    def __rfloordiv__(self, x: UOp | int) -> UOp: return division(Ops.IDIV, self._ufix(x), self)
+    def __mod__(self, x: UOp | int) -> UOp: return division(Ops.MOD, self, self._ufix(x))
+    def __rmod__(self, x: UOp | int) -> UOp: return division(Ops.MOD, self._ufix(x), self)
 
-    @staticmethod
-    def _division(op: Ops, a: UOp, b: UOp) -> UOp:
-        """``a // b`` or ``a % b`` as the graph's IDIV/MOD, which are C's (truncating toward zero). Python's
-        operators floor instead; the two agree when dividend and divisor have one sign (or the divisor is 1 or -1),
-        as for sizes (a dividend >= 0, a divisor >= 1), so where the
-        operands' ranges (over their variables' bounds) show that they may not, this raises ``TypeError`` naming the
-        expression rather than give C's answer to Python's question (``-(-n // 128)`` would be n // 128, not the
-        ceiling). A divisor that can be 0 raises too (``ZeroDivisionError`` for a constant 0, as Python does).
-        ``a.alu(Ops.IDIV, b)`` asks for C's division explicitly. Operands whose range cannot be computed (a loaded
-        value) and floats are not checked."""
-        node = a.alu(op, b)
-        if node.dtype.is_float or not node.dtype.is_word or node.dtype.kind == "bool":
-            return node
-        from mtlir.errors import InputError
-        from mtlir.ir.bounds import bounds, expr_text, variable_bounds
-        try:
-            (alo, ahi), (blo, bhi) = bounds(a), bounds(b)
-        except InputError:  # a range that cannot be computed (a LOAD): nothing to prove
-            return node
-        if (alo >= 0 and blo >= 1) or (ahi <= 0 and bhi <= -1) or (blo == bhi and abs(blo) == 1):
-            return node  # both results have one sign (or the divisor is +-1): floor and truncation agree
-        sym = "//" if op is Ops.IDIV else "%"
-        if blo == bhi == 0:
-            raise ZeroDivisionError(f"{expr_text(node)}: division by zero")
-        if blo <= 0 <= bhi:
-            raise TypeError(f"{expr_text(node)}: the divisor can be 0 for {variable_bounds(b)} (C "
-                            f"leaves a division by zero undefined): keep it >= 1, e.g. ({expr_text(b)}).maximum(1)")
-        def side(name: str, u: UOp, lo: int, hi: int) -> str:
-            text = expr_text(u)
-            return f"the {name} is {lo}" if text == str(lo) == str(hi) else \
-                f"the {name} {text} " + (f"is {lo}" if lo == hi else f"can be {lo}..{hi}")
-        dividend, divisor = side("dividend", a, alo, ahi), side("divisor", b, blo, bhi)
-        why = f"{dividend} and {divisor}"
-        raise TypeError(f"{expr_text(node)}: Python's {sym} floors, the graph's {op.name} truncates "
-                        f"toward zero (C); they differ here, {why}. Write a.alu(Ops.{op.name}, b) for C's division, "
-                        f"or keep the dividend >= 0 and the divisor >= 1 (a ceiling: (n + 127) // 128, not "
-                        f"-(-n // 128))")
     def __lshift__(self, x: UOp | int) -> UOp: return self.alu(Ops.SHL, x)
     def __rshift__(self, x: UOp | int) -> UOp: return self.alu(Ops.SHR, x)
     def __and__(self, x: UOp | int) -> UOp: return self.alu(Ops.AND, x)
@@ -596,44 +473,3 @@ class UOp(_Slots):
 
 _REPLACEABLE = frozenset({"op", "dtype", "src", "arg", "tag"})
 
-# what to write instead of Python's control flow over a symbolic value, in the messages of the conversions
-_GRAPH_HINT = ("keep the choice in the graph: x.maximum(y) for max(x, y), x.minimum(y) for min(x, y), "
-               "cond.where(a, b) for `a if cond else b`")
-_HINTS = {
-    "bool": ("Python's if, and/or/not, max(), min() and sorted() would take one branch for every value of its "
-             "variables; " + _GRAPH_HINT),
-    "int": "pass the expression itself (sizes and kernel variables take UOps), or x.evaluate({...}) for one binding",
-    "index": "pass the expression itself (sizes and kernel variables take UOps), or x.evaluate({...}) for one binding",
-    "float": "x.evaluate({...}) gives its value for one binding of its variables",
-}
-
-
-def _describe(u: UOp) -> str:
-    """``u`` for a message: an arithmetic expression in infix form with its dtype, another node as OP<dtype>."""
-    from mtlir.ir.bounds import VALUE_OPS, expr_text
-    if all(x.op in VALUE_OPS for x in u.toposort()):
-        return f"the {u.dtype.name} expression {expr_text(u)}"
-    return f"the {u.op.name}<{u.dtype.name}> node"
-
-
-def _conversion_message(u: UOp, what: str) -> str:
-    """Why ``what()`` of ``u`` (bool, int, index, float) has no single answer, and what to write instead."""
-    from mtlir.ir.bounds import VALUE_OPS, BoundsError, bounds, variable_bounds
-    nodes = u.toposort()
-    if any(x.op not in VALUE_OPS for x in nodes):
-        other = next(x for x in reversed(nodes) if x.op not in VALUE_OPS)
-        at = "it" if other is u else f"it depends on the {other.op.name}<{other.dtype.name}> node, which"
-        return (f"{what}() of {_describe(u)}: {at} is not a value known while the graph is built (only constants and "
-                f"arithmetic on run-time variables are); to test for a node write `node is not None`")
-    try:
-        lo, hi = bounds(u)
-        values = "it can be " + ("True or False" if u.dtype.kind == "bool" else f"a value in [{lo}, {hi}]") + " for"
-    except BoundsError:  # a float expression of variables
-        values = "its value depends on"
-    return (f"{what}() of {_describe(u)}: {values} {variable_bounds(u)}, so it has no single value; {_HINTS[what]}")
-
-
-def _compare_message(u: UOp, op: str, other: object, method: str) -> str:
-    return (f"{_describe(u)} {op} {other!r}: {op} on a UOp compares nodes, so against a number it would be "
-            f"{op == '!='} for every value; the comparison node is x.{method}({other!r}), a constant's value "
-            f"int(x) {op} {other!r}")

@@ -21,7 +21,8 @@ from typing import Any
 from mtlir.ir.dtypes import DType
 from mtlir.errors import MtlirError
 from mtlir.ir.ops import GroupOp, Ops
-from mtlir.ir.uop import UOp, argkey
+from mtlir.ir.interning import argkey
+from mtlir.ir.uop import UOp
 
 __all__ = ["UPat", "PatternMatcher", "PatternRule", "RuleError"]
 
