@@ -1,0 +1,55 @@
+"""The intern table (mtlir.ir.interning): equal nodes are one object, a freed node leaves the table at once, a
+stale finalizer never removes another node's entry, and threads building the same nodes get the same objects."""
+from __future__ import annotations
+
+import gc
+import threading
+
+from mtlir.ir.dtypes import dtypes
+from mtlir.ir.interning import live_nodes, table
+from mtlir.ir.ops import Ops
+from mtlir.ir.uop import UOp, _Filling
+
+
+def test_equal_nodes_are_one_object_and_freed_ones_leave_the_table() -> None:
+    gc.collect()
+    before = live_nodes()
+    buf = UOp(Ops.BUFFER, dtypes.id, (), ("interning_buf", 1 << 20))
+    views = [UOp(Ops.BUFFER_VIEW, dtypes.id, (buf,), (256 * i, 256)) for i in range(100)]
+    assert all(UOp(Ops.BUFFER_VIEW, dtypes.id, (buf,), (256 * i, 256)) is v for i, v in enumerate(views))
+    assert live_nodes() == before + 101
+    del views
+    assert live_nodes() == before + 1  # no gc pass: reference counting frees them and their entries go
+    del buf
+    assert live_nodes() == before
+
+
+def test_a_stale_finalizer_puts_back_the_entry_of_the_live_node() -> None:
+    node = UOp.variable("interning_live", 0, 3)
+    key = node._key
+    stale = object.__new__(_Filling)  # a node of the same key that died after ``node`` took its place
+    stale._key = key
+    UOp.__del__(stale)  # type: ignore[arg-type]
+    ref = table.get(key)
+    assert ref is not None and ref() is node
+    assert UOp.variable("interning_live", 0, 3) is node
+
+
+def test_threads_building_the_same_nodes_get_the_same_objects() -> None:
+    results: list[list[UOp]] = [[] for _ in range(8)]
+    start = threading.Barrier(8)
+
+    def build(out: list[UOp]) -> None:
+        start.wait(timeout=10)
+        x = UOp.variable("interning_threads", 0, 100)
+        for i in range(2000):
+            out.append(x + i)
+
+    threads = [threading.Thread(target=build, args=(r,)) for r in results]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert all(len(r) == 2000 for r in results)
+    assert all(all(a is b for a, b in zip(results[0], r)) for r in results[1:])
