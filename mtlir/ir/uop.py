@@ -20,11 +20,13 @@ from typing import Any
 
 from mtlir.ir.conversions import compare_message, conversion_message, describe, division
 from mtlir.ir.dtypes import DType, PtrDType, dtypes, wrap
-from mtlir.ir.interning import NONE_KEY, argkey, gc_paused, live_nodes, table
+from mtlir.ir.interning import ATOMS, NONE_KEY, argkey, gc_paused, live_nodes, table
 from mtlir.ir.ops import GroupOp, Ops
 
 # argkey, live_nodes and gc_paused live in mtlir.ir.interning; importers of mtlir.ir.uop keep finding them here
 __all__ = ["UOp", "argkey", "live_nodes", "gc_paused"]
+
+_weakref = weakref.ref
 
 
 def _const_cast(dtype: DType, value: Any) -> Any:
@@ -94,7 +96,14 @@ class UOp(_Slots):
                 raise TypeError(f"UOp({op!r}): src must be a tuple of UOps, got a {type(src).__name__}")
             src = tuple(src)
         try:
-            akey = NONE_KEY if arg is None else argkey(arg)
+            if arg is None:
+                akey: Any = NONE_KEY
+            elif type(arg) is tuple and len(arg) == 2 and type(arg[0]) is int and type(arg[1]) is int:
+                akey = arg  # a view's (offset, nbytes): argkey's key of a tuple of ints, without the call
+            elif type(arg) in ATOMS:
+                akey = (type(arg), arg)
+            else:
+                akey = argkey(arg)
             # untagged nodes (nearly all) key without the tag: 8 bytes less per node; key[3] is the arg's key
             key = (op, dtype, src, akey) if tag is None else (op, dtype, src, akey, argkey(tag))
             ref = table.get(key)
@@ -108,13 +117,13 @@ class UOp(_Slots):
                 rank = _check_fields(op, dtype, src)
             elif s._rank >= rank:
                 rank = s._rank + 1
-        if type(op) is not Ops or not isinstance(dtype, DType):
+        if type(op) is not Ops or (type(dtype) is not DType and not isinstance(dtype, DType)):
             _check_fields(op, dtype, src)
         new = object.__new__(_Filling)
         new.op, new.dtype, new.src, new.arg, new.tag, new._key, new._rank = op, dtype, src, arg, tag, key, rank
         new.__class__ = UOp  # type: ignore[assignment]
         node: UOp = new  # type: ignore[assignment]
-        wr = weakref.ref(node)
+        wr = _weakref(node)
         if (old := table.setdefault(key, wr)) is not wr:  # another thread built it first, or a dead entry
             if (other := old()) is not None:
                 return other
