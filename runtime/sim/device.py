@@ -610,10 +610,12 @@ class SimDevice:
 
     @property
     def kernel_running(self) -> bool:
-        """True while a kernel runs on the simulated GPU: after ``close()``, one that is stuck (an endless loop).
-        Its OpenCL queue cannot be released while it runs: a program that must end then should leave with
-        ``os._exit`` after flushing its output (the CLI does)."""
-        return self.gpu.in_kernel
+        """True while a kernel runs on the simulated GPU, and after the kernel watchdog gave up on one
+        (``kernel_timeout_s``: OpenCL cannot stop it, it may still run, or never end). Its OpenCL queue cannot be
+        released while it runs: a program that must end then should leave with ``os._exit`` after flushing its
+        output (the CLI does)."""
+        runner = self._runner
+        return self.gpu.in_kernel or (isinstance(runner, KernelRunner) and runner.stuck is not None)
 
     @property
     def running_kernel(self) -> tuple[str, str, int] | None:

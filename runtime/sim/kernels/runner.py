@@ -132,6 +132,12 @@ class KernelRunner:
         return f"KernelRunner({self.device_name!r}, base_align={self.base_align})"
 
     @property
+    def stuck(self) -> str | None:
+        """The launch that did not finish within its batch's timeout (the OpenCL queue stays blocked behind it:
+        every later run is refused), None while every kernel ended in time."""
+        return self._stuck
+
+    @property
     def resident(self) -> int:
         """How many buffers have a device copy that is current now (copied in, or worked in, since the last
         ``sync``)."""

@@ -40,6 +40,7 @@ def test_a_kernel_running_past_kernel_timeout_s_ends_its_command_buffer_with_tim
                                                     r"\(kernel_timeout_s\).*cannot stop it") as info:
             s.wait()  # not the session's 60 s: the watchdog ends the command buffer
         assert info.value.code == MTL.ErrorTimeout
+        assert dev.kernel_running  # the kernel may still run: a program ending now must not wait for its queue
         s.submit()  # the OpenCL queue is still busy with that kernel: later kernels fail at once, saying why
         with pytest.raises(GPUExecutionError, match="blocked by an earlier kernel that never finished"):
             s.wait()
