@@ -134,6 +134,7 @@ class SimDevice:
         if kernel_runner is not None and opencl_device is not None:
             raise ArgumentError("give SimDevice a kernel_runner or an opencl_device, not both")
         self._runner = kernel_runner
+        self._checks: Any = None  # checked mode's hook on the runner (kernels/oclgrind.py CheckedRuns): close stops it
         self._opencl_device = opencl_device
         self._gpu_va = 0x3_0000_0000
         self.leaked_autoreleased = 0
@@ -159,8 +160,8 @@ class SimDevice:
         if self._runner is None:
             self._runner = KernelRunner(self._opencl_device)
             if self.checked:  # every launch run on Oclgrind first (kernels/oclgrind.py)
-                from mtlir.runtime.sim.kernels.oclgrind import checked_runs
-                self._runner.checker = checked_runs(self)
+                from mtlir.runtime.sim.kernels.oclgrind import CheckedRuns
+                self._checks = self._runner.checker = CheckedRuns(self)
         return self._runner
 
     def choose_opencl_device(self, which: str | int) -> None:
@@ -604,8 +605,11 @@ class SimDevice:
     def close(self) -> None:
         """Stop the GPU worker thread (committed work that has not run stays unrun). It does not wait for a kernel
         that is still running (``kernel_running``): OpenCL cannot stop one, and one past its timeout may never end.
+        In checked mode the device's Oclgrind checks in flight are killed (their command buffer ends in Error).
         Sets ``closed``."""
         self.closed = True
+        if self._checks is not None:
+            self._checks.stop()
         self.gpu.stop()
 
     @property

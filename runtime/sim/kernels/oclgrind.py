@@ -24,7 +24,7 @@ even one that leaves with ``os._exit`` or is killed: on Linux through ``prctl(PR
 end of file). A check's time limit is the device's ``check_timeout_s`` (``mtlir run`` sets it to ``--timeout``;
 ``CHECK_TIMEOUT_S`` without), not the runner's per-kernel limit: Oclgrind interprets kernels, many times slower.
 
-Each distinct launch is checked once per device (``checked_runs``): the same MSL and kernel, the same grid and
+Each distinct launch is checked once per device (``CheckedRuns``): the same MSL and kernel, the same grid and
 threadgroup, and every bound buffer the same (its byte offset and a BLAKE2b digest of its bytes as they are when
 the launch runs). A launch whose inputs changed, or whose outputs hold other values than before, is checked again;
 ``mtlir run --check-kernels --repeat 50`` checks each launch of a run once or twice (the second run sees the
@@ -52,7 +52,7 @@ import numpy as np
 from mtlir.errors import KernelCheckError, NoDeviceError
 from mtlir.runtime.sim.msl.translate import Translation, translate
 
-__all__ = ["OCLGRIND_ICD", "Report", "available", "check_kernel", "parse_reports", "check_launch", "checked_runs",
+__all__ = ["OCLGRIND_ICD", "Report", "available", "check_kernel", "parse_reports", "check_launch", "CheckedRuns",
            "launch_key", "CHECK_TIMEOUT_S"]
 
 OCLGRIND_ICD = Path("/usr/lib/oclgrind/liboclgrind-rt-icd.so")  # Debian's package oclgrind
@@ -120,14 +120,16 @@ def parse_reports(text: str, translation: Translation | None = None, msl: str = 
 
 
 def check_kernel(msl: str, function: str, bindings: dict[int, tuple[np.ndarray, int]],
-                 grid: tuple[int, int, int], threadgroup: tuple[int, int, int], *, timeout_s: float = 120.0) -> None:
+                 grid: tuple[int, int, int], threadgroup: tuple[int, int, int], *, timeout_s: float = 120.0,
+                 children: set[subprocess.Popen[bytes]] | None = None) -> None:
     """Run kernel ``function`` of the MSL library ``msl`` on Oclgrind (module docstring) with copies of
     ``bindings`` (Metal buffer index -> (storage bytes as a uint8 array, byte offset)), ``grid`` threadgroups of
     ``threadgroup`` threads. Returns when Oclgrind reported nothing.
 
     Raises ``KernelCheckError`` for the first problem it reports (naming the kernel, the MSL line and the kind),
     ``NoDeviceError`` when Oclgrind is not installed or its device cannot be used, ``TimeoutError`` when the child
-    has not finished after ``timeout_s`` seconds (it is killed: nothing waits forever)."""
+    has not finished after ``timeout_s`` seconds (it is killed: nothing waits forever). ``children``: a set the
+    child process is in while it runs (``CheckedRuns.stop`` kills those of one device)."""
     if not available():
         raise NoDeviceError(f"checked kernels need Oclgrind ({OCLGRIND_ICD} is missing: install Debian's package "
                             "oclgrind, `make oclgrind`)")
@@ -137,7 +139,7 @@ def check_kernel(msl: str, function: str, bindings: dict[int, tuple[np.ndarray, 
         Path(vendors, "oclgrind.icd").write_text(f"{OCLGRIND_ICD}\n")
         env = dict(os.environ, OCL_ICD_VENDORS=vendors, OCLGRIND_DATA_RACES="1", PYTHONSAFEPATH="1")
         env.pop("OCLGRIND_UNIFORM_WRITES", None)
-        returncode, stdout, stderr = _Child(env).run(pickle.dumps(request), function, timeout_s)
+        returncode, stdout, stderr = _Child(env, children).run(pickle.dumps(request), function, timeout_s)
     if returncode != 0:
         tail = stderr.decode("utf-8", "replace")[-2000:]
         raise NoDeviceError(f"Oclgrind could not run kernel {function!r} (exit {returncode}): {tail}")
@@ -159,8 +161,9 @@ class _Child:
     """One run of the child (``_serve``) with environment ``env``: the request on its stdin, its pickled output on
     stdout, Oclgrind's complaints about itself on stderr. It never outlives the parent (module docstring)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], children: set[subprocess.Popen[bytes]] | None = None) -> None:
         self.env = dict(env, **{_PARENT_ENV: str(os.getpid())})
+        self.children = children
 
     def run(self, request: bytes, function: str, timeout_s: float) -> tuple[int, bytes, bytes]:
         """Run the child on ``request`` within ``timeout_s`` seconds: (exit status, stdout, stderr). Raises
@@ -178,6 +181,8 @@ class _Child:
             os.close(watch_r)
         with _LIVE_LOCK:
             _LIVE.add(proc)
+            if self.children is not None:
+                self.children.add(proc)
         try:
             stdout, stderr = proc.communicate(request, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -186,6 +191,9 @@ class _Child:
         finally:
             _kill(proc)
             os.close(watch_w)
+            if self.children is not None:
+                with _LIVE_LOCK:
+                    self.children.discard(proc)
         return proc.returncode, stdout, stderr
 
 
@@ -241,13 +249,14 @@ def _error(r: Report, function: str, msl: str, count: int) -> KernelCheckError:
                             report=r.text)
 
 
-def check_launch(msl: str, launch: Any, timeout_s: float = 120.0) -> None:
+def check_launch(msl: str, launch: Any, timeout_s: float = 120.0,
+                 children: set[subprocess.Popen[bytes]] | None = None) -> None:
     """The checked-mode hook of the kernel runner: ``check_kernel`` for one ``Launch`` (its kernel, bindings as
     they are on the host now, and its OpenCL sizes turned back into threadgroups), within ``timeout_s`` seconds."""
     local = tuple(launch.local_size) + (1,) * (3 - len(launch.local_size))
     glob = tuple(launch.global_size) + (1,) * (3 - len(launch.global_size))
     grid = tuple(g // t for g, t in zip(glob, local))
-    check_kernel(msl, launch.ck.function, launch.bindings, grid, local, timeout_s=timeout_s)
+    check_kernel(msl, launch.ck.function, launch.bindings, grid, local, timeout_s=timeout_s, children=children)
 
 
 def _msl_of(runner: Any, ck: Any) -> str:
@@ -266,7 +275,7 @@ def launch_key(msl: str, launch: Any) -> tuple[Any, ...]:
     return (msl, launch.ck.function, tuple(launch.global_size), tuple(launch.local_size), buffers)
 
 
-def checked_runs(dev: Any) -> Callable[[Any, Sequence[Any], float, bool], Any]:
+class CheckedRuns:
     """The kernel runner's checked-mode hook for SimDevice ``dev`` (``KernelRunner.checker``): each launch of a
     batch runs alone, after ``check_launch`` on Oclgrind with the host data as it is then (the runner syncs first,
     so a launch sees what the one before it wrote), unless this device checked the same launch (``launch_key``)
@@ -276,11 +285,25 @@ def checked_runs(dev: Any) -> Callable[[Any, Sequence[Any], float, bool], Any]:
     ``checking`` is ``k``, so a wait that times out names it (``SimDevice.running_kernel``). A
     ``KernelCheckError`` is handed to ``dev.defer_error``, so the host's next message to the device raises it, and
     raised: the command buffer ends in status Error; a check past its time limit raises ``TimeoutError`` naming
-    the kernel."""
-    checked: set[tuple[Any, ...]] = set()
+    the kernel. ``stop()`` (``SimDevice.close``) kills the device's checks in flight: the check then raises
+    ``TimeoutError`` saying the device was closed."""
 
-    def run(runner: Any, launches: Sequence[Any], timeout_s: float, keep: bool) -> Any:
-        limit = float(getattr(dev, "check_timeout_s", None) or CHECK_TIMEOUT_S)
+    def __init__(self, dev: Any) -> None:
+        self.dev = dev
+        self.checked: set[tuple[Any, ...]] = set()
+        self.children: set[subprocess.Popen[bytes]] = set()  # this device's Oclgrind children running now
+        self.stopped = False
+
+    def stop(self) -> None:
+        """Kill this device's Oclgrind children still running (reaped, at most ``_REAP_S`` seconds each)."""
+        self.stopped = True
+        with _LIVE_LOCK:
+            live = list(self.children)
+        for proc in live:
+            _kill(proc)
+
+    def __call__(self, runner: Any, launches: Sequence[Any], timeout_s: float, keep: bool) -> Any:
+        limit = float(getattr(self.dev, "check_timeout_s", None) or CHECK_TIMEOUT_S)
         hook, runner.checker = runner.checker, None
         try:
             for k, launch in enumerate(launches):
@@ -288,20 +311,27 @@ def checked_runs(dev: Any) -> Callable[[Any, Sequence[Any], float, bool], Any]:
                 runner.sync()
                 msl = _msl_of(runner, launch.ck)
                 key = launch_key(msl, launch)
-                if key not in checked:
+                if key not in self.checked:
+                    if self.stopped:
+                        raise TimeoutError(f"the check of kernel {launch.ck.function!r} was not run: the SimDevice "
+                                           "was closed")
                     try:
-                        check_launch(msl, launch, limit)
+                        check_launch(msl, launch, limit, self.children)
                     except KernelCheckError as e:
-                        dev.defer_error(e)
+                        self.dev.defer_error(e)
                         raise
-                    checked.add(key)
+                    except NoDeviceError:
+                        if self.stopped:
+                            raise TimeoutError(f"the check of kernel {launch.ck.function!r} was stopped: the "
+                                               "SimDevice was closed") from None
+                        raise
+                    self.checked.add(key)
                 fault = runner.run_batch([launch], timeout_s, keep)
                 if fault is not None:
                     return k + fault[0], fault[1]
             return None
         finally:
             runner.checker, runner.checking = hook, None
-    return run
 
 
 def _serve() -> None:

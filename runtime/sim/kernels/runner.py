@@ -72,7 +72,7 @@ class KernelRunner:
     and out as on a discrete GPU, whatever the device (``True`` where it does not is refused: ``ValueError``).
     Thread-safe: one lock serialises compiles and runs."""
 
-    checker: Any = None  # checked mode's hook (kernels/oclgrind.py ``checked_runs``): runs each launch checked
+    checker: Any = None  # checked mode's hook (kernels/oclgrind.py ``CheckedRuns``): runs each launch checked
     checking: int | None = None  # checked mode: the position in the batch of the launch being checked or run
 
     def __init__(self, device: Any = None, *, cl: Any = None, in_host_memory: bool | None = None) -> None:

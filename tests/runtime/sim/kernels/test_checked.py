@@ -271,12 +271,46 @@ def test_each_distinct_launch_is_checked_once(tmp_path: Path, monkeypatch: pytes
     checks: list[str] = []
     real = oclgrind.check_launch
 
-    def counting(msl: str, launch: object, timeout_s: float = 120.0) -> None:
+    def counting(msl: str, launch: object, timeout_s: float = 120.0, children: object = None) -> None:
         checks.append(msl)
-        real(msl, launch, timeout_s)
+        real(msl, launch, timeout_s, children)  # type: ignore[arg-type]
     monkeypatch.setattr(oclgrind, "check_launch", counting)
     out, log = io.StringIO(), io.StringIO()
     code = main(["run", str(_good_trace(tmp_path)), "--device", "sim", "--check-kernels", "--repeat", "4"],
                 out=out, log=log)
     assert code == 0, log.getvalue()
     assert len(checks) == 2
+
+
+@needs_oclgrind
+@linux_only
+def test_closing_a_checked_device_kills_its_check_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SimDevice.close() while an Oclgrind check runs kills that child (it would have run until its time limit):
+    the check ends saying the device was closed, and no child is left."""
+    mark = f"close-{os.getpid()}"
+    monkeypatch.setenv("MTLIR_TEST_MARK", mark)
+    spin = Kernel("spin", "spin", SPIN, (KernelParam(None, 0, "float32"),))
+    q = Queue(DeviceSpec("Apple9"))
+    q.exec(spin, [buffer("out", 256)], [], (1,), (4,)).signal(q.timeline, timeline_value())
+    program = lower(q.submit(), target="x86_64").program
+    dev = SimDevice("x86_64", checked=True)
+    dev.check_timeout_s = 600  # type: ignore[attr-defined]  # far past the test: only close() can end the check
+    s = Session(program, dev, timeout_s=60)
+    try:
+        s.submit()
+        deadline = time.monotonic() + 60
+        while not _children(mark):
+            assert time.monotonic() < deadline, "the check's child never started"
+            time.sleep(0.05)
+        dev.close()
+        assert _gone(mark), f"the check's child outlived the device's close: {_children(mark)}"
+        runner = dev.kernel_runner
+        deadline = time.monotonic() + 30
+        while runner.checking is not None:  # the GPU thread's check ends with the child, naming why
+            assert time.monotonic() < deadline, "the check did not end after its child was killed"
+            time.sleep(0.05)
+        assert "the SimDevice was closed" in str(dev.gpu.last_exception)
+        s.close(timeout_s=0.0)  # on a closed device: sends nothing
+    finally:
+        for pid in _children(mark):
+            os.kill(pid, signal.SIGKILL)
