@@ -106,10 +106,19 @@ def command_buffers(reader: SubmitReader, profiled: bool, loops: bool,
     if not loops:
         return spans
     out: list[CommandBufferSpan] = []
+    last_first, last_shape = -1, None  # the shape of out[-1]'s first command, once asked (a loop's are all alike)
     for p in spans:
         prev = out[-1] if out else None
         if p.ncmds == 1 and p.signal is None and prev is not None and prev.signal is None and prev.ncmds >= 1 \
-                and prev.first + prev.ncmds == p.first and (shape is None or shape(prev.first) == shape(p.first)):
+                and prev.first + prev.ncmds == p.first:
+            if shape is not None:
+                if last_first != prev.first:
+                    last_first, last_shape = prev.first, shape(prev.first)
+                cur = shape(p.first)
+                if cur != last_shape:
+                    out.append(p)
+                    last_first, last_shape = p.first, cur
+                    continue
             out[-1] = _new(CommandBufferSpan, (prev.first, prev.ncmds + 1, None, True, None, (), (), 1, ()))
         else:
             out.append(p)
