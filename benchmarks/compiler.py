@@ -5,11 +5,11 @@ Built on ``benchmarks/bench_lowering.py`` (its ``build``/``PATHS``/``messages``)
 (``benchmarks.timing``: interleaved with a reference, medians of at least 7 rounds, CPU time):
 
 - ``lowering_figures``: per path and command count, building the queue graph (``Queue.exec`` ...) and all passes
-  (``lower``), µs per command, beside the reference: one ``toposort()`` of the same graph (a walk that visits
-  each node once) in the same rounds; ``lowering_scaling_100k_over_1k``: cost per command at the largest size
-  over that at 1k, the worst path; ``memory_bytes_per_cmd``: the peak of ``tracemalloc`` while building and
-  lowering the largest ICB queue, per command; ``messages_per_submit``: messages one submit sends on the ICB and
-  the direct path, by kernel count.
+  (``lower``), µs per command, beside the reference: one ``toposort()`` of the same graph (a walk that visits each
+  node once) in the same rounds; ``lowering_scaling_100k_over_1k``: cost per command at the largest size over that at
+  1k, the worst path; ``memory_bytes_per_cmd``: the peak of ``tracemalloc`` while building and lowering the largest
+  ICB queue, per command (``memory_bytes_per_cmd_by_path``: the same on every path); ``messages_per_submit``: messages
+  one submit sends on the ICB and the direct path, by kernel count.
 - ``rewrite_figures``: ``graph_rewrite`` with no matching rule over a plain iterative DFS of the same graph
   (``rewrite_nomatch_over_dfs``, the worse of a 100k chain and a 20k-wide sink) and, where tinygrad is
   installed, ``graph_rewrite`` with one rule rewriting every ADD over tinygrad's own with the same rule on the
@@ -60,18 +60,26 @@ def lowering_figures(quick: bool = False) -> dict[str, Any]:
     lo = str(sizes[0])
     scaling = {p: ratio(v[max(v, key=int)], v[lo]) for p, v in per_cmd.items() if len(v) > 1}
     big = sizes[-1]
-    gc.collect()
-    tracemalloc.start()
-    lower(_queue("icb", big), target="arm64", keep_stages=False)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    memory = {path: _peak_bytes(path, big) / big for path in PATHS}
     counts = [1, 10] if quick else [1, 100, 1000]
     msgs = {kind: {str(n): messages(lower(build(n, DeviceSpec("Apple7", residency_set=False, icb=icb)),
                                           keep_stages=False).program) for n in counts}
             for kind, icb in (("icb", True), ("direct", False))}
     return {"lowering_us_per_cmd": per_cmd, "lowering_over_toposort": over_topo,
             "lowering_scaling_100k_over_1k": max(scaling.values()), "lowering_scaling": scaling,
-            "memory_bytes_per_cmd": peak / big, "memory_commands": big, "messages_per_submit": msgs}
+            "memory_bytes_per_cmd": memory["icb"], "memory_bytes_per_cmd_by_path": memory, "memory_commands": big,
+            "messages_per_submit": msgs}
+
+
+def _peak_bytes(path: str, n: int) -> int:
+    """The peak of ``tracemalloc`` while building the queue of ``n`` commands on ``path`` and lowering it."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        lower(_queue(path, n), target="arm64", keep_stages=False)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def rewrite_figures(quick: bool = False) -> dict[str, Any]:
