@@ -13,7 +13,8 @@ from mtlir.runtime.executors.interpreter import Interpreter
 from mtlir.runtime.executors.replay import EXECUTORS, CompiledReplay, make_executor
 from mtlir.runtime.link.link import link
 from mtlir.runtime.link.linked import Linked
-from mtlir.runtime.session import Session, Submission
+from mtlir.runtime.session import Session
+from mtlir.runtime.submission import Submission
 
 __all__ = ["Bridge", "Messenger", "Message", "RecordingBridge",
            "EXECUTORS",

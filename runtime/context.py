@@ -42,7 +42,8 @@ from mtlir.runtime.link.link import collect_objects
 from mtlir.runtime.link.linked import above_max_buffer_length
 from mtlir.runtime.link.kinds import make_pipeline
 from mtlir.runtime.link.state import LinkState
-from mtlir.runtime.session import Session, Submission
+from mtlir.runtime.session import Session
+from mtlir.runtime.submission import Submission
 
 __all__ = ["DeviceContext", "DeviceBuffer", "ContextError", "SessionRing"]
 

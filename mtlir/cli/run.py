@@ -29,7 +29,7 @@ from mtlir.cli.report import EXIT_MATCH, EXIT_MISMATCH, UsageError
 from mtlir.cli.lower import LowerTrace, _lower, _path, _target, format_message, program_values, record_one_submit
 
 if TYPE_CHECKING:
-    from mtlir.runtime.session import Submission
+    from mtlir.runtime.submission import Submission
 
 __all__ = ["compare_output", "Comparison", "gpu_s_per_submit", "cmd_run", "MakeBridge", "make_bridge", "metal_available",
            "metal_bridge"]
@@ -144,7 +144,7 @@ def gpu_s_per_submit(completed: Iterable[Submission]) -> float | None:
     """The mean GPU seconds per submit of the ``completed`` Submissions (``Submission.gpu_ns``: the sum of the
     spans of its command buffers, integer nanoseconds, converted to seconds once here); None when there is none or
     one submit's GPU time is not available (Metal reported 0.0), never a negative or partial figure."""
-    from mtlir.runtime.session import NS_PER_S
+    from mtlir.runtime.submission import NS_PER_S
     ns = [rec.gpu_ns for rec in completed]
     if not ns or any(n is None for n in ns):
         return None

@@ -12,7 +12,7 @@ import pytest
 
 from mtlir.cli.main import main
 from mtlir.cli.profile import GPU_PID, HOST_PID, HostClock, HostSpan, check_chrome_trace, chrome_trace
-from mtlir.runtime.session import GpuSpan, Submission
+from mtlir.runtime.submission import GpuSpan, Submission
 
 TRACES = Path(__file__).resolve().parents[2] / "examples" / "traces"
 KV7 = str(TRACES / "symbolic_kv.apple7.json")

@@ -14,7 +14,8 @@ from progbuild import submit_program
 from mtlir.errors import DeviceError, GPUExecutionError, WaitTimeoutError
 from mtlir.metal import MTL, Prototype
 from mtlir.runtime.bridge.recording import RecordingBridge
-from mtlir.runtime.session import GpuSpan, Session, gpu_seconds, seconds_to_ns
+from mtlir.runtime.session import Session
+from mtlir.runtime.submission import GpuSpan, gpu_seconds, seconds_to_ns
 from mtlir.runtime.sim.device import SimDevice
 
 TRACES = Path(__file__).resolve().parents[2] / "examples" / "traces"
