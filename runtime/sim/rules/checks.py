@@ -217,9 +217,12 @@ def _dry_run(dev: SimDevice, icb: ICB, group: list[int], call: object) -> None:
                 and 0 not in s.threadgroup and size_problem(s.grid, s.threadgroup, s.pipeline) is None
                 and all(idx in s.bindings for idx, _, _ in s.pipeline.params)]
     buffers = {b for _, s in runnable for b, _ in s.bindings.values() if b.alive}
+    # one snapshot for both orders: an earlier command buffer may still be running and writing these buffers, and
+    # two snapshots taken apart would differ in bytes neither order touches (a race reported where there is none)
+    snapshot = {b: b.storage.copy() for b in buffers}
     results = []
     for order in (runnable, runnable[::-1]):
-        copies = {b: b.storage.copy() for b in buffers}
+        copies = {b: data.copy() for b, data in snapshot.items()}
         try:
             for _, s in order:
                 assert s.pipeline is not None and s.grid is not None
