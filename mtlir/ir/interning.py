@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["argkey", "live_nodes", "gc_paused", "NONE_KEY", "ATOMS", "table"]
 
 # arg types keyed as (type, value): Python's == already tells their values apart and they hash deterministically
-ATOMS = frozenset({str, int, bool, type(None), bytes, Ops})
+# (an int is keyed as itself: no other key is an int, so it needs no type beside it, and saves a tuple per node)
+ATOMS = frozenset({str, bool, type(None), bytes, Ops})
 NONE_KEY = (type(None), None)
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # dataclass type -> its field names (dataclasses.fields is slow)
 
@@ -38,8 +39,12 @@ def argkey(arg: Any) -> Any:
     (``1``, ``True`` and ``1.0`` differ), recursively inside tuples, NamedTuples, frozensets and frozen
     dataclasses. Any other hashable value (e.g. a tuple subclass holding a big payload, which opts out of the
     per-element keying for speed) is keyed by its type and Python's ``==``.
+    An int is its own key (every other key is a tuple: ``True`` is ``(bool, True)``), and so is a tuple of ints
+    (every other tuple key starts with a type): a slot, a constant, a view's ``(offset, nbytes)`` cost no key object.
     Raises ``TypeError`` for an arg that is not hashable (a list, a dict, a mutable dataclass)."""
     t = type(arg)
+    if t is int:
+        return arg
     if t in ATOMS:
         return (t, arg)
     if t in _OPAQUE:  # a type keyed by Python's == before (e.g. MessageList): skip the tests below

@@ -98,6 +98,8 @@ class UOp(_Slots):
         try:
             if arg is None:
                 akey: Any = NONE_KEY
+            elif type(arg) is int:
+                akey = arg  # argkey's key of an int, without the call
             elif type(arg) is tuple and len(arg) == 2 and type(arg[0]) is int and type(arg[1]) is int:
                 akey = arg  # a view's (offset, nbytes): argkey's key of a tuple of ints, without the call
             elif type(arg) in ATOMS:
