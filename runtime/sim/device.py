@@ -13,6 +13,7 @@ kernel runs, so work really is in flight while the program goes on.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -43,6 +44,12 @@ METHODS = MethodTable.join(resources.METHODS, encoding.METHODS, icb.METHODS)
 
 _HANDLE_BASE = 0x6000_0000_4000   # object handles: like macOS arm64 heap pointers, far above 2**32
 _HANDLE_STEP = 0x40
+# Each SimDevice of a process hands out handles from a block of its own (as a process's Metal objects never share an
+# address), so a handle of one device is never a live object of another: sent to the wrong device it is refused
+# naming its device, not taken for whatever object that device numbered the same
+_DEVICE_BLOCK = 1 << 36
+_DEVICE_BLOCKS = 1 << 10
+_devices_made = itertools.count()
 _SEL_BASE = 0x1_9000_0000         # SELs: pointers into libobjc's selector table on a Mac, above 2**32 too
 _POOL_BASE = 0x1_7000_0000
 _ZOMBIES = 1 << 16                # deallocated objects remembered for "message sent to deallocated instance"
@@ -121,7 +128,8 @@ class SimDevice(DeviceHooks):
         self._cv = threading.Condition(self._lock)
         self._objects: dict[int, SimObject] = {}
         self._zombies: OrderedDict[int, str] = OrderedDict()
-        self._next_handle = _HANDLE_BASE
+        self.number = next(_devices_made)  # this process's SimDevices in order of making: #0, #1, ...
+        self._next_handle = _HANDLE_BASE + (self.number % _DEVICE_BLOCKS) * _DEVICE_BLOCK
         self._sel_ids: dict[str, int] = {}
         self._sel_names: dict[int, str] = {}
         self._decoders: dict[str, ArgumentDecoder] = {}
@@ -227,6 +235,11 @@ class SimDevice(DeviceHooks):
         dead = self._zombies.get(handle)
         if dead is not None:
             raise BridgeError(f"{where}: message sent to deallocated instance {dead}")
+        block, mine = divmod(handle - _HANDLE_BASE, _DEVICE_BLOCK)[0], self.number % _DEVICE_BLOCKS
+        if 0 <= block < _DEVICE_BLOCKS and block != mine:
+            raise BridgeError(f"{where}: {handle:#x} is a handle of another SimDevice (#{block} of this process, "
+                              f"modulo {_DEVICE_BLOCKS}), not of this one (#{self.number}): objects of one device "
+                              "cannot be used with another")
         raise BridgeError(f"{where}: unknown object {handle:#x}" + (_CUT if 0 < handle < 1 << 32 else ""))
 
     def retain(self, obj: SimObject) -> SimObject:

@@ -234,3 +234,22 @@ def test_live_objects_leak_check_after_a_full_cycle(s: Scene) -> None:
     assert after.get("MTLCommandBuffer", 0) == before.get("MTLCommandBuffer", 0) == 0
     assert after.get("MTLComputeCommandEncoder", 0) == 0
     assert np.all(s.floats(out)[:4] == 0)  # var is 0: fill wrote zeros
+
+
+def test_two_devices_never_hand_out_the_same_handle() -> None:
+    """Each SimDevice numbers its objects in a block of its own: a buffer of one device sent to another is refused
+    naming the other device, never taken for the object the second device numbered the same (a silent wrong
+    answer: both used to start at the same handle)."""
+    a, b = Scene(), Scene()
+    try:
+        ba, bb = a.buffer(64), b.buffer(64)
+        assert ba != bb and not {a.queue, a.event, a.fence} & {b.queue, b.event, b.fence}
+        icb = a.icb(1)
+        cmd = a.send(icb, "indirectComputeCommandAtIndex:", 0)
+        with pytest.raises(BridgeError, match=rf"{bb:#x} is a handle of another SimDevice \(#{b.dev.number} "):
+            a.send(cmd, "setKernelBuffer:offset:atIndex:", bb, 0, 0)
+        with pytest.raises(BridgeError, match="is a handle of another SimDevice"):
+            b.send(ba, "length")
+    finally:
+        a.close()
+        b.close()
