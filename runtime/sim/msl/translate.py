@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mtlir.errors import KernelCompileError
+from mtlir.runtime.sim.msl.compile_errors import check_metal_types
 from mtlir.runtime.sim.msl.guard.access import guard_name, helper_bound_params
 from mtlir.runtime.sim.msl.guard.bound import FAULT_PARAM, Guard
 from mtlir.runtime.sim.msl.items import (buffer_names, defined_functions, function_spans, struct_names,
@@ -84,9 +85,11 @@ def translate(msl: str, *, bounds_checks: bool = True) -> Translation:
     checks, for reading a translation only. Raises ``UnsupportedKernelError`` (``.construct`` names the first
     construct it cannot translate, with its line and column in the message; also a buffer pointer the checks
     cannot follow), ``MslSyntaxError`` (a ``KernelCompileError``) for source that is not MSL at the token level, and
-    ``KernelCompileError`` for a kernel signature Metal would reject (duplicate or out-of-range buffer index) or
-    more than 32 KiB of threadgroup arrays."""
+    ``KernelCompileError`` for a kernel signature Metal would reject (duplicate or out-of-range buffer index),
+    more than 32 KiB of threadgroup arrays, or ``double`` anywhere as a type (Metal has none, MSL spec §2.1:
+    ``compile_errors``; checked first, with the line quoted and a caret, as Metal's compiler reports it)."""
     ts = canonical_type_spellings(tokenize(msl))
+    check_metal_types(ts, msl)
     _refuse_unsupported(ts)
     prelude = Prelude()
     if uses_soft_floats(ts):
