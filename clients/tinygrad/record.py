@@ -17,6 +17,7 @@ constant or a view; its dtype in mtlir's names), refused when METAL's output and
 from __future__ import annotations
 
 import base64
+import math
 import os
 import runpy
 import shutil
@@ -35,6 +36,11 @@ from mtlir.tinygrad import device as metal
 from mtlir.tinygrad.settings import SETTINGS, configure
 
 __all__ = ["record", "record_trace", "RecordError", "expected_device"]
+
+
+# up to this many times the tolerance, record calls a difference a rounding difference between the two devices
+# rather than different inputs
+_ROUNDING_FACTOR = 16
 
 
 class RecordError(InputError):
@@ -251,17 +257,27 @@ def _run_main(script: Path, args: Sequence[str]) -> Any:
 
 
 def _check_agree(path: Path, out: Any, expected: bytes, exp_dev: str) -> None:
-    """Refuses a recording whose METAL output differs from the expected device's (``mtlir run``'s comparison,
-    ``mtlir.cli.run.compare_output``): the replay would report a mismatch. The usual cause: inputs that differ between
-    the two runs (an unseeded ``Tensor.rand``). Raises ``RecordError`` naming the largest error."""
+    """Refuses a recording whose METAL output differs from the expected device's beyond the tolerance of its dtype
+    (``mtlir run``'s comparison, ``mtlir.cli.compare.compare_output``: a few ulp for half, rtol 1e-4 for float32,
+    exact for integers): the replay would report a mismatch. Raises ``RecordError`` naming the largest error in
+    the dtype's units in the last place and the tolerance; the cause it suggests depends on the size: within
+    ``_ROUNDING_FACTOR`` times the tolerance the two devices round differently (the other expected device may agree), beyond that
+    the inputs usually differ between the two runs (an unseeded ``Tensor.rand``)."""
     import numpy as np
-    from mtlir.cli.run import compare_output
+    from mtlir.cli.compare import compare_output
     got = out.numpy().reshape(-1)  # flat: a 0-d output (a scalar) compares as one element
     cmp = compare_output(got, np.frombuffer(expected, dtype=got.dtype))
-    if not cmp.match:
-        raise RecordError(f"{path}: the output on METAL differs from the one on {exp_dev} in {cmp.mismatches} of "
-                          f"{got.size} elements (max error {cmp.max_abs_err:g}): the two runs must compute the same; "
-                          "seed the RNG (Tensor.manual_seed) and make the inputs deterministic")
+    if cmp.match:
+        return
+    ulps = f", {cmp.max_ulp_err:.3g} ulp of {cmp.dtype}" if cmp.rtol and math.isfinite(cmp.max_ulp_err) else ""
+    head = (f"{path}: the output on METAL differs from the one on {exp_dev} in {cmp.mismatches} of {got.size} "
+            f"elements (max error {cmp.max_abs_err:g}{ulps}; tolerance {cmp.describe_tolerance()}): ")
+    other = "PYTHON" if exp_dev.upper() == "CPU" else "CPU"
+    if cmp.rtol and cmp.max_ulp_err * cmp.epsilon <= _ROUNDING_FACTOR * cmp.rtol:
+        raise RecordError(head + "a rounding difference between the two devices (a math function computed to "
+                          f"another precision); try --expected {other.lower()}")
+    raise RecordError(head + "the two runs must compute the same; seed the RNG (Tensor.manual_seed) and make the "
+                      "inputs deterministic")
 
 
 def record_trace(script: str | Path, args: Sequence[str] = (), *, family: str | None = None,

@@ -2,7 +2,8 @@
 
 ``mtlir run TRACE.json [--device auto|sim|metal] [--arch ...] [--no-residency-set] [--no-icb] [--target ...]
 [--faithful] [--viz DIR] [--repeat N] [--json] [--inject-fault SPEC ...]`` lowers, links, submits N times, reads the output and compares it
-with the trace's expected output as float32 (rtol 1e-4, atol 1e-5). With ``--device metal`` the device is probed
+with the trace's expected output with the tolerance of its dtype (``mtlir.cli.compare``: exact for integers,
+rtol 1e-4 / atol 1e-5 for float32, a few ulp for half). With ``--device metal`` the device is probed
 first (``mtlir.runtime.probe``) and the submit lowered for what it offers (residency sets, ICBs); the flags can
 only turn them off. ``--json``: one object ``{"match", "max_abs_err", "kernels", "messages_per_submit", "submits",
 ...}`` on stdout, everything else on stderr (``max_abs_err`` is null when the error is not a finite number,
@@ -21,9 +22,9 @@ import argparse
 import json
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from mtlir.cli.compare import Comparison, compare_output
 from mtlir.cli.progress import activity, submit_bar, wanted
 from mtlir.cli.report import EXIT_MATCH, EXIT_MISMATCH, UsageError
 from mtlir.cli.lower import LowerTrace, _lower, _path, _target, format_message, program_values, record_one_submit
@@ -36,9 +37,6 @@ __all__ = ["compare_output", "Comparison", "gpu_s_per_submit", "cmd_run", "MakeB
 
 # make_bridge(kind, target, faithful, program, metal) -> (bridge, device name)
 MakeBridge = Callable[[str, str, bool, Any, Any], tuple[Any, str]]
-
-RTOL, ATOL = 1e-4, 1e-5
-
 
 def metal_available() -> bool:
     """Whether this machine has Metal (``mtlir.runtime.metal.bridge.metal_available``, imported when asked)."""
@@ -100,44 +98,6 @@ def make_bridge(kind: str, target: str, faithful: bool, program: Any, metal: Any
     dev = program.device
     return (SimDevice(target, strict=not faithful, family=dev.family, residency_sets=dev.residency_set, icb=dev.icb),
             "sim (faithful)" if faithful else "sim")
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """The output against the expected one (float32): ``match`` (``numpy.allclose`` with rtol 1e-4, atol 1e-5, NaN
-    equal to NaN), ``max_abs_err`` (inf where one side is NaN or infinite and the other not; NaN never hides an
-    error), ``mismatches`` (elements outside the tolerance) and ``nan_mismatches`` (positions where exactly one
-    side is NaN)."""
-
-    match: bool
-    max_abs_err: float
-    mismatches: int
-    nan_mismatches: int
-
-    def json_error(self) -> float | None:
-        """``max_abs_err`` for JSON, which has no NaN or infinity: the number when finite, else None (null)."""
-        return self.max_abs_err if math.isfinite(self.max_abs_err) else None
-
-
-def compare_output(got: Any, expected: Any) -> Comparison:
-    """Compare two arrays of one shape (``Comparison``) in their own dtype: integers and bools exactly; floats
-    (float32, half: widened exactly) with the traces' tolerance (``RTOL``, ``ATOL``) as float32, where a NaN on one
-    side only is a mismatch with an infinite error, NaN against NaN and equal infinities agree."""
-    import numpy as np
-    a, b = np.atleast_1d(got), np.atleast_1d(expected)  # a 0-d output (a scalar) as one element
-    if a.dtype.kind in "biu" and b.dtype.kind in "biu":  # exact: no tolerance for integers
-        same = a == b
-        diff = [abs(int(x) - int(y)) for x, y in zip(a.ravel().tolist(), b.ravel().tolist())]
-        return Comparison(bool(same.all()), float(max(diff, default=0)), int((~same).sum()), 0)
-    a, b = a.astype(np.float32), b.astype(np.float32)
-    close = np.isclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True)
-    nan_a, nan_b = np.isnan(a), np.isnan(b)
-    with np.errstate(invalid="ignore", over="ignore"):
-        err = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    err[(nan_a & nan_b) | (a == b)] = 0.0  # agreeing NaNs and equal infinities (inf - inf is NaN)
-    err[np.isnan(err)] = math.inf  # NaN against a number, or inf against -inf
-    return Comparison(bool(close.all()), float(err.max()) if err.size else 0.0, int((~close).sum()),
-                      int((nan_a != nan_b).sum()))
 
 
 def gpu_s_per_submit(completed: Iterable[Submission]) -> float | None:
@@ -252,10 +212,11 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
         print(format_message(m), file=listing)
     nan_text = f", {cmp.nan_mismatches} NaN positions differ" if cmp.nan_mismatches else ""
     result = "match" if cmp.match else f"MISMATCH in {cmp.mismatches} of {got.size} elements"
+    tol_text = "" if cmp.match else f"; tolerance {cmp.describe_tolerance()}"
     print(f"kernels: {kernels}, messages per submit: {len(messages)}, submits: {s.submits}, "
           f"host time per submit: {host_s * 1e6:.1f} us ({args.executor}), "
           f"{f'OpenCL device: {opencl}, ' if opencl else ''}"
-          f"result: {result} (max abs err {cmp.max_abs_err:.3g}{nan_text})", file=listing)
+          f"result: {result} (max abs err {cmp.max_abs_err:.3g}{nan_text}{tol_text})", file=listing)
     if args.json:
         doc = {"match": cmp.match, "max_abs_err": cmp.json_error(), "mismatches": cmp.mismatches,
                "nan_mismatches": cmp.nan_mismatches, "kernels": kernels, "messages_per_submit": len(messages),
@@ -263,6 +224,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
                "residency_set": dev.residency_set, "icb": dev.icb, "path": _path(program), "device": device_name,
                "opencl_device": opencl, "executor": args.executor, "host_s_per_submit": host_s,
                "gpu_s_per_submit": gpu_s,
+               "rtol": cmp.rtol, "atol": cmp.atol, "max_ulp_err": cmp.json_ulp_error(),
                "lower_s": lowered.seconds}
         if args.inject_fault:
             doc["faults_not_fired"] = unfired

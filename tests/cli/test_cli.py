@@ -414,6 +414,23 @@ def _bad_trace_msl(tmp_path: Path) -> str:
     return str(next(iter(doc["programs"].values()))["msl"])
 
 
+@pytest.mark.parametrize("command", ["run", "translate"])
+def test_double_in_the_msl_exits_2_as_metal_refuses_it(tmp_path: Path, command: str) -> None:
+    """A kernel declaring a ``double`` local ran and matched on the simulated device (OpenCL has double); Metal's
+    compiler refuses it (MSL spec §2.1): exit 2, its MSL line and column, the line quoted with a caret."""
+    def use_double(d: dict[str, Any]) -> None:
+        prog = next(iter(d["programs"].values()))
+        prog["msl"] = prog["msl"].replace("float val0 =", "double val0 =", 1)
+    code, _, log = mtlir(command, _bad_trace(tmp_path, use_double))
+    lines = log.splitlines()
+    msl = _bad_trace_msl(tmp_path).splitlines()
+    line = next(i for i, text in enumerate(msl, 1) if "double val0" in text)
+    col = msl[line - 1].index("double") + 1
+    assert code == 2 and len(lines) == 3, log
+    assert f"MSL line {line}, column {col}: 'double' is not supported in Metal" in lines[0]
+    assert lines[1].startswith(f"{line:5d} | ") and lines[2] == "      | " + " " * (col - 1) + "^"
+
+
 # ---- run: device flags, the probe of --device metal, diagnostics, NaN, stdout purity
 
 
@@ -524,6 +541,28 @@ def test_run_compares_the_output_in_its_own_dtype(tmp_path: Path, dtype: str, sc
         assert code == 1 and one_json(out)["mismatches"] == 1 and one_json(out)["max_abs_err"] == 1
 
 
+def test_compare_output_tolerance_depends_on_the_dtype() -> None:
+    """A half output one ulp from the expected one (a correctly rounded exp2 against tinygrad's CPU device) was a
+    mismatch: float32's rtol 1e-4 is below half's epsilon (~9.8e-4). Now half allows a few ulp of half, float32
+    keeps rtol 1e-4, integers stay exact; the Comparison says the tolerance and the error in ulp of the dtype."""
+    import numpy as np
+
+    from mtlir.cli.compare import ULP_SLACK, tolerance
+    exact = np.float16([3.0, 0.5, -1.25])
+    one_ulp = np.nextafter(exact, np.float16(np.inf))
+    c = compare_output(one_ulp, exact)
+    assert c.match and c.dtype == "float16" and c.max_ulp_err == 1.0 and c.max_abs_err == 2.0 ** -9
+    assert c.describe_tolerance() == "rtol 0.0039, atol 1e-05 (float16)"
+    far = exact.copy()
+    far[0] = np.float16(3.0 + 2 * ULP_SLACK * 2.0 ** -9)
+    c = compare_output(far, exact)
+    assert not c.match and c.mismatches == 1 and c.max_ulp_err == 2 * ULP_SLACK
+    c = compare_output(one_ulp.astype(np.float32), exact.astype(np.float32))  # the same values as float32
+    assert not c.match and c.rtol == 1e-4 and c.describe_tolerance() == "rtol 0.0001, atol 1e-05 (float32)"
+    assert tolerance("bfloat16") == (ULP_SLACK * 2.0 ** -7, 1e-5) and tolerance(np.dtype(np.int16)) is None
+    assert compare_output(np.int8([1]), np.int8([2])).describe_tolerance() == "exact"
+
+
 def test_compare_output_is_exact_for_integers() -> None:
     import numpy as np
     c = compare_output(np.int32([1, 2, 2**31 - 1]), np.int32([1, 2, 2**31 - 1]))
@@ -548,7 +587,8 @@ def test_run_json_reports_a_nan_mismatch_honestly(tmp_path: Path) -> None:
     doc = one_json(out)
     assert doc["match"] is False and doc["max_abs_err"] is None and doc["nan_mismatches"] == 1
     assert doc["mismatches"] == 1 and "NaN" not in out and "Infinity" not in out
-    assert "MISMATCH in 1 of 80 elements (max abs err inf, 1 NaN positions differ)" in log
+    assert "MISMATCH in 1 of 80 elements (max abs err inf, 1 NaN positions differ; tolerance rtol 0.0001, atol " \
+           "1e-05 (float32))" in log
 
 
 _NOISY = """

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -229,3 +230,47 @@ def test_an_output_path_without_its_folder_is_refused_before_recording(tmp_path:
     with pytest.raises(RecordError, match="no folder"):
         record(script, (), bad)
     assert not (tmp_path / "ran").exists()  # the script never ran
+
+
+def test_a_half_output_one_ulp_off_on_the_expected_device_records(tmp_path: Path) -> None:
+    """exp2 of half values: METAL's result is correctly rounded, tinygrad's CPU device is one ulp of half off at
+    two elements; record refused it ("max error 0.00195 ... seed the RNG") with float32's rtol 1e-4, below half's
+    epsilon. Now half is compared within a few ulp of half, and the replay matches."""
+    script = tmp_path / "f16.py"
+    script.write_text("import numpy as np\nfrom tinygrad import Tensor\ndef main():\n"
+                      "    a = Tensor(np.linspace(-2, 2, 33, dtype=np.float16))\n    return (a * a + 1).exp2()\n")
+    out = tmp_path / "f16.json"
+    record(script, (), out, expected="CPU")
+    assert load_trace(out).output.dtype.name == "float16"
+    code, text = _run(out)
+    assert code == 0 and "result: match" in text, text
+
+
+class _Out:
+    """What ``_check_agree`` reads of the METAL output: ``numpy()``."""
+
+    def __init__(self, values: Any) -> None:
+        self.values = values
+
+    def numpy(self) -> Any:
+        return self.values
+
+
+def test_a_refused_recording_says_the_tolerance_and_blames_the_rng_only_for_large_errors() -> None:
+    import numpy as np
+
+    from mtlir.tinygrad.record import _check_agree
+    expected = np.float16([1.0, 2.0, 3.0])
+    near = expected.copy()
+    near[1] = np.float16(2.0 + 20 * 2.0 ** -9)  # 20 ulp: beyond the tolerance, a rounding difference
+    with pytest.raises(RecordError) as info:
+        _check_agree(Path("s.py"), _Out(near), expected.tobytes(), "CPU")
+    text = str(info.value)
+    assert "1 of 3 elements (max error 0.0390625, 20 ulp of float16; tolerance rtol 0.0039, atol 1e-05 (float16))" \
+           in text
+    assert "rounding difference" in text and "--expected python" in text and "seed the RNG" not in text
+    far = expected.copy()
+    far[2] = np.float16(-7.0)  # another input entirely
+    with pytest.raises(RecordError, match="seed the RNG"):
+        _check_agree(Path("s.py"), _Out(far), expected.tobytes(), "PYTHON")
+    _check_agree(Path("s.py"), _Out(np.nextafter(expected, np.float16(9))), expected.tobytes(), "CPU")  # 1 ulp
