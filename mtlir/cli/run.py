@@ -7,7 +7,9 @@ rtol 1e-4 / atol 1e-5 for float32, a few ulp for half). With ``--device metal`` 
 first (``mtlir.runtime.probe``) and the submit lowered for what it offers (residency sets, ICBs); the flags can
 only turn them off. ``--json``: one object ``{"match", "max_abs_err", "kernels", "messages_per_submit", "submits",
 ...}`` on stdout, everything else on stderr (``max_abs_err`` is null when the error is not a finite number,
-``gpu_s_per_submit`` when the device reports a GPU time as not available). ``--html FILE`` writes the page of the
+``gpu_s_per_submit`` when the device reports a GPU time as not available). The time figures leave the first submit
+out when there are more (its one-time costs: kernel builds at first launch; ``mtlir.cli.timing``) and say so; with
+``--repeat 1`` they are the one submit's, labelled as including those costs. ``--html FILE`` writes the page of the
 lowering with the run's result (``mtlir.cli.page``), ``--profile FILE`` the run as Chrome trace events
 (``mtlir.cli.profile``). ``--inject-fault`` arms faults on the simulated device before link (``SimDevice.inject``,
 docs/reliability.md).
@@ -21,22 +23,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from mtlir.cli.compare import Comparison, compare_output
 from mtlir.cli.progress import activity, submit_bar, wanted
 from mtlir.cli.report import EXIT_MATCH, EXIT_MISMATCH, UsageError
+from mtlir.cli.timing import SubmitTiming, gpu_s_per_submit, submit_timing
 from mtlir.cli.lower import LowerTrace, _lower, _path, _target, format_message, program_values, record_one_submit
-
-if TYPE_CHECKING:
-    from mtlir.runtime.submission import Submission
 
 __all__ = ["compare_output", "Comparison", "gpu_s_per_submit", "cmd_run", "MakeBridge", "make_bridge", "metal_available",
            "metal_bridge"]
 
 # make_bridge(kind, target, faithful, program, metal) -> (bridge, device name)
 MakeBridge = Callable[[str, str, bool, Any, Any], tuple[Any, str]]
+
 
 def metal_available() -> bool:
     """Whether this machine has Metal (``mtlir.runtime.metal.bridge.metal_available``, imported when asked)."""
@@ -100,17 +101,6 @@ def make_bridge(kind: str, target: str, faithful: bool, program: Any, metal: Any
             "sim (faithful)" if faithful else "sim")
 
 
-def gpu_s_per_submit(completed: Iterable[Submission]) -> float | None:
-    """The mean GPU seconds per submit of the ``completed`` Submissions (``Submission.gpu_ns``: the sum of the
-    spans of its command buffers, integer nanoseconds, converted to seconds once here); None when there is none or
-    one submit's GPU time is not available (Metal reported 0.0), never a negative or partial figure."""
-    from mtlir.runtime.submission import NS_PER_S
-    ns = [rec.gpu_ns for rec in completed]
-    if not ns or any(n is None for n in ns):
-        return None
-    return sum(n for n in ns if n is not None) / (len(ns) * NS_PER_S)
-
-
 def cmd_list_devices(out: TextIO, as_json: bool = False) -> int:
     """``mtlir run --list-devices``: one line per OpenCL device the simulated device can run kernels on
     (``kernels.devices.list_devices``: ``index: platform / device (type, version)``), what ``--opencl-device``
@@ -171,10 +161,13 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
             # what one submit sends, as `lower --json` records it; after the link, so what the device refuses (a
             # buffer above its maxBufferLength) is said by the device, not by the recording's host memory
             messages = record_one_submit(program, values, target, args.executor)
+            first_host_s = 0.0
             with submit_bar(args.repeat, log, show) as bar:
                 for i in range(args.repeat):
                     clock.start(f"submit {i}")
                     s.submit(**values)
+                    if i == 0:
+                        first_host_s = s.host_s_total  # the first submit's, with its one-time costs
                     bar.update(1)
             clock.start("wait")
             s.wait(timeout_s=args.timeout)
@@ -194,13 +187,12 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
             close()
         # a kernel that never ends (past --timeout) keeps its OpenCL queue: main() then leaves with os._exit
         args.kernel_stuck = bool(getattr(bridge, "kernel_running", False))
-    gpu_s = gpu_s_per_submit(s.completed)
+    timing = submit_timing(s.completed, s.host_s_total, first_host_s, s.submits)
     unfired = _faults_not_fired(bridge)
     for spec in unfired:
         print(f"mtlir: note: --inject-fault {spec} did not strike: the run never reached that command buffer or "
               "allocation", file=log)
     opencl = getattr(bridge, "opencl_device_name", None)  # the OpenCL device the simulated kernels ran on
-    host_s = s.host_s_per_submit
     cmp = compare_output(got, o.expected_array())
     kernels = len(trace.dispatches)
     listing = log if args.json else out
@@ -214,7 +206,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
     result = "match" if cmp.match else f"MISMATCH in {cmp.mismatches} of {got.size} elements"
     tol_text = "" if cmp.match else f"; tolerance {cmp.describe_tolerance()}"
     print(f"kernels: {kernels}, messages per submit: {len(messages)}, submits: {s.submits}, "
-          f"host time per submit: {host_s * 1e6:.1f} us ({args.executor}), "
+          f"{timing.text(args.executor)}, "
           f"{f'OpenCL device: {opencl}, ' if opencl else ''}"
           f"result: {result} (max abs err {cmp.max_abs_err:.3g}{nan_text}{tol_text})", file=listing)
     if args.json:
@@ -222,15 +214,18 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
                "nan_mismatches": cmp.nan_mismatches, "kernels": kernels, "messages_per_submit": len(messages),
                "submits": s.submits, "workload": trace.workload, "arch": dev.family, "target": target,
                "residency_set": dev.residency_set, "icb": dev.icb, "path": _path(program), "device": device_name,
-               "opencl_device": opencl, "executor": args.executor, "host_s_per_submit": host_s,
-               "gpu_s_per_submit": gpu_s,
+               "opencl_device": opencl, "executor": args.executor,
+               "host_s_per_submit": timing.host_s_per_submit, "gpu_s_per_submit": timing.gpu_s_per_submit,
+               "timed_submits": timing.timed_submits, "includes_first_submit": timing.includes_first_submit,
+               "first_submit_host_s": timing.first_submit_host_s, "first_submit_gpu_s": timing.first_submit_gpu_s,
                "rtol": cmp.rtol, "atol": cmp.atol, "max_ulp_err": cmp.json_ulp_error(),
                "lower_s": lowered.seconds}
         if args.inject_fault:
             doc["faults_not_fired"] = unfired
         json.dump(doc, out, allow_nan=False)
         out.write("\n")
-    _write_views(args, log, lowered, s, clock, messages, cmp, device_name, [d.kernel for d in trace.dispatches])
+    _write_views(args, log, lowered, s, clock, messages, cmp, timing, device_name,
+                 [d.kernel for d in trace.dispatches])
     return EXIT_MATCH if cmp.match else EXIT_MISMATCH
 
 
@@ -290,7 +285,7 @@ def _views_not_written(args: argparse.Namespace, log: TextIO, why: str) -> None:
 
 
 def _write_views(args: argparse.Namespace, log: TextIO, lowered: Any, s: Any, clock: Any, messages: list[Any],
-                 cmp: Comparison, device_name: str, kernels: list[str]) -> None:
+                 cmp: Comparison, timing: SubmitTiming, device_name: str, kernels: list[str]) -> None:
     """``--html`` (the page of the lowering with the run's result, ``mtlir.cli.page``) and ``--profile`` (the
     Chrome trace of the run, ``mtlir.cli.profile``), each when asked."""
     program = lowered.program
@@ -298,8 +293,9 @@ def _write_views(args: argparse.Namespace, log: TextIO, lowered: Any, s: Any, cl
         from mtlir.cli.lower import record_setup
         from mtlir.cli.page import write_page
         result = {"match": cmp.match, "max_abs_err": cmp.max_abs_err, "mismatches": cmp.mismatches,
-                  "submits": s.submits, "device": device_name, "host_s_per_submit": s.host_s_per_submit,
-                  "gpu_s_per_submit": gpu_s_per_submit(s.completed)}
+                  "submits": s.submits, "device": device_name, "host_s_per_submit": timing.host_s_per_submit,
+                  "gpu_s_per_submit": timing.gpu_s_per_submit, "timed_submits": timing.timed_submits,
+                  "includes_first_submit": timing.includes_first_submit}
         path = write_page(args.html, lowered, title=f"mtlir run {args.trace.name} ({program.device.family}, "
                           f"{program.target}, {device_name})", setup=record_setup(program, program.target),
                           messages=messages, result=result)
