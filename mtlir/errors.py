@@ -10,7 +10,7 @@ line's exit codes come from the roots (``mtlir.cli.report.exit_code``):
   MSL that does not compile (``KernelCompileError``; ``InvalidMslError`` where OpenCL's compiler says why at a place
   of the MSL), Graphviz's ``dot`` (``GraphvizNotFoundError``), an argument of
   the Python API out of its range (``ArgumentError``: a variable's value, a timeline value no submit signals), a
-  call the object's state refuses (``StateError``: a closed Session).
+  call the object's state refuses (``StateError``: a closed Session; ``DeviceClosedError``: a closed device).
 - ``LinkError`` (exit 2): link could not make a device object (Metal answered nil, a function is missing, the
   initial data does not fit, the host cannot allocate a buffer).
 - ``BridgeError`` (exit 2): a call the Bridge refuses (an unknown selector or object, an argument that does not
@@ -36,7 +36,8 @@ from typing import Self
 
 __all__ = ["MtlirError", "InputError", "ArgumentError", "StateError", "LoweringError", "LinkError", "BridgeError",
            "NoDeviceError", "DeviceError", "WaitTimeoutError", "GPUExecutionError", "MetalValidationError", "KernelAccessError", "KernelCheckError", "UnsupportedError",
-           "UnsupportedKernelError", "KernelCompileError", "InvalidMslError", "KernelBuildError"]
+           "UnsupportedKernelError", "KernelCompileError", "InvalidMslError", "KernelBuildError",
+           "DeviceClosedError"]
 
 class MtlirError(Exception):
     """The base of every error mtlir raises on purpose. ``where`` is the place ``locate`` put in front of the
@@ -72,6 +73,12 @@ class ArgumentError(InputError, ValueError):
 class StateError(InputError, RuntimeError):
     """A call that the object's state does not allow (a submit or a wait on a closed Session); the message names
     the object and its state. The CLI exits with 2."""
+
+
+class DeviceClosedError(StateError):
+    """A call to a device after its ``close()`` (``SimDevice.close()``): a message or C call to it, or a Session's
+    or DeviceContext's submit, wait or read on it. The message names the device and the call. The CLI exits
+    with 2."""
 
 
 class LoweringError(InputError, ValueError):

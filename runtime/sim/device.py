@@ -21,7 +21,7 @@ from typing import Any
 
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import C_FUNCTIONS, MTL, SELECTORS, TARGETS, DeviceSpec, Prototype, abi_prototype
-from mtlir.errors import ArgumentError, BridgeError
+from mtlir.errors import ArgumentError, BridgeError, DeviceClosedError
 from mtlir.runtime.metal.bridge import host_target
 from mtlir.runtime.sim.methods import encoding, icb, resources
 from mtlir.runtime.sim.msgsend import (ArgumentDecoder, Method, MethodTable, check_prototype, decode_word,
@@ -281,10 +281,26 @@ class SimDevice(DeviceHooks):
             setattr(error, "deferred", True)
             self._deferred = error
 
-    def _raise_deferred(self) -> None:
+    def _raise_deferred(self, call: Any = None) -> None:
+        """Raise the error ``defer_error`` left (once), or, on a closed device, a ``DeviceClosedError`` naming the
+        ``call`` (a C function's name, or a message's arguments: the receiver and the SEL), at every call."""
+        if self.closed:
+            raise self._closed_error(call)
         error, self._deferred = self._deferred, None
         if error is not None:
             raise error
+
+    def _closed_error(self, call: Any) -> DeviceClosedError:
+        """The error of a call to this device after ``close()``: ``call`` as ``_raise_deferred``'s."""
+        if isinstance(call, tuple) and len(call) >= 2:
+            sel = self._sel_names.get(call[1]) if type(call[1]) is int else None
+            obj = self._objects.get(call[0]) if type(call[0]) is int else None
+            what = f"{sel or 'a message'} sent to {obj.describe() if obj is not None else repr(call[0])}"
+        else:
+            what = str(call or "a call")
+        return DeviceClosedError(f"{what}: SimDevice #{self.number} is closed (SimDevice.close() was called: its GPU "
+                                 "is stopped, committed work that had not run never runs, and the device answers "
+                                 "no more calls): make a new SimDevice")
 
     def _make_error(self, code: int, description: str, domain: str = "MTLCommandBufferErrorDomain") -> NSError:
         """A new NSError (+1, the caller owns it) with its localizedDescription."""
@@ -307,7 +323,10 @@ class SimDevice(DeviceHooks):
         sets an event per command buffer waited for when it ends, so the caller wakes once, without polling
         (``Session.wait`` uses it on a SimDevice; real Metal's equivalent is ``waitUntilCompleted``, METAL.md §1).
         A handle that is not a live command buffer counts as ended: the caller's next message names the problem.
-        Nothing is sent or checked: it only waits."""
+        Nothing is sent or checked: it only waits. Raises ``DeviceClosedError`` on a closed device (nothing there
+        would ever end)."""
+        if self.closed:
+            raise self._closed_error("wait_command_buffers")
         deadline = clock() + timeout_s
         with self._lock:
             events = []
@@ -325,6 +344,8 @@ class SimDevice(DeviceHooks):
         """The SEL for ``name`` (any name registers, as in libobjc; messaging an unknown one is refused)."""
         if not isinstance(name, str) or not name:
             raise BridgeError(f"sel_registerName: the name must be a non-empty str, got {name!r}")
+        if self.closed:
+            raise self._closed_error(f"sel_registerName({name!r})")
         with self._lock:
             sel = self._sel_ids.get(name)
             if sel is None:
@@ -335,6 +356,8 @@ class SimDevice(DeviceHooks):
     def objc_getClass(self, name: str) -> int:
         """The class object named ``name`` (NSString, NSObject, the descriptor classes, MTLCompileOptions).
         Raises ``BridgeError`` for any other name."""
+        if self.closed:
+            raise self._closed_error(f"objc_getClass({name!r})")
         with self._lock:
             cls = self._classes.get(name)
             if cls is None:
@@ -350,7 +373,7 @@ class SimDevice(DeviceHooks):
         sel_registerName/objc_getClass (a C string pointer), objc_autoreleasePoolPush/Pop. Raises
         ``BridgeError`` for another function, a prototype that differs from the table, a wrong argument count."""
         if self._deferred is not None:
-            self._raise_deferred()
+            self._raise_deferred(fn)
         expected = C_FUNCTIONS.get(fn)
         if expected is None:
             raise BridgeError(f"unknown C function {fn!r}: the simulated device offers {', '.join(C_FUNCTIONS)}")
@@ -406,8 +429,8 @@ class SimDevice(DeviceHooks):
         unknown, truncated or deallocated object, a selector the receiver's class does not answer; and
         ``MetalValidationError`` for broken rules of METAL.md §3 (strict mode, and asserts in both modes), and for
         an error the GPU found since the last message (``defer_error``: strict mode's out-of-bounds accesses)."""
-        if self._deferred is not None:
-            self._raise_deferred()
+        if self._deferred is not None:  # also set on a closed device (close): one test for both
+            self._raise_deferred(args)
         if len(args) < 2:
             raise BridgeError(f"objc_msgSend needs (self, _cmd, ...), got {len(args)} arguments")
         recv, sel = args[0], args[1]
@@ -536,8 +559,14 @@ class SimDevice(DeviceHooks):
         """Stop the GPU worker thread (committed work that has not run stays unrun). It does not wait for a kernel
         that is still running (``kernel_running``): OpenCL cannot stop one, and one past its timeout may never end.
         In checked mode the device's Oclgrind checks in flight are killed (their command buffer ends in Error).
-        Sets ``closed``."""
+        Sets ``closed``: from then on every message and C call to the device (``msg_send``, ``c_call``,
+        ``sel_registerName``, ``objc_getClass``, ``wait_command_buffers``) raises ``DeviceClosedError`` naming the
+        call and the device; an error ``defer_error`` left is dropped. Host memory stays readable (``read``). A
+        second ``close()`` does nothing more."""
         self.closed = True
+        # msg_send and c_call test ``_deferred`` first: set, it sends them to ``_raise_deferred``, which raises the
+        # closed device's error for good (the fast path gets no second test)
+        self._deferred = DeviceClosedError(f"SimDevice #{self.number} is closed")
         if self._checks is not None:
             self._checks.stop()
         self.gpu.stop()
