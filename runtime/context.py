@@ -18,7 +18,8 @@ handed out the same handle numbers, so a handle of one used on the other named n
 
 - the Programs of one context share the queue (command buffers run in commit order, METAL.md §1), the fence (each
   Program's encoder waits for the previous one's update, so a kernel sees what the kernel before it wrote, with no
-  host wait in between) and the timeline event (``next_value``: one increasing value per submit, rule 12);
+  host wait in between) and the timeline event (``timeline``: one increasing value per submit of any of them,
+  rule 12, whether it goes through ``submit`` or the Session's own ``submit``);
 - a pipeline is compiled once per kernel key (``pipeline``) and adopted by every Program that names it
   (``link``'s ``shared``);
 - ``alloc`` adds each buffer to the context's residency set (``addAllocation:`` + ``commit``; the set is on the
@@ -30,11 +31,13 @@ handed out the same handle numbers, so a handle of one used on the other named n
 from __future__ import annotations
 
 import itertools
+import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mtlir.errors import LinkError, StateError
+from mtlir.errors import LinkError, MetalValidationError, StateError
 from mtlir.metal import MTL, DeviceSpec, Kernel, Obj
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
@@ -42,8 +45,8 @@ from mtlir.runtime.link.link import collect_objects
 from mtlir.runtime.link.linked import above_max_buffer_length
 from mtlir.runtime.link.kinds import make_pipeline
 from mtlir.runtime.link.state import LinkState
-from mtlir.runtime.session import Session
-from mtlir.runtime.submission import Submission
+from mtlir.runtime.session import Session, device_closed
+from mtlir.runtime.submission import Submission, TimelineValues
 
 __all__ = ["DeviceContext", "DeviceBuffer", "ContextError", "SessionRing"]
 
@@ -76,10 +79,13 @@ class DeviceContext:
     ``DeviceSpec()``); ``timeout_s``: the default wait in seconds; ``max_command_buffers``: the queue's
     maxCommandBufferCount. Makes the device (``MTLCreateSystemDefaultDevice``), the queue, the shared event, the
     fence and, with residency sets, the residency set (added to the queue) at once. Raises ``LinkError`` when Metal
-    returns nil for one of them. Use as a context manager or call ``close()``."""
+    returns nil for one of them, ``DeviceClosedError`` on a closed device. Use as a context manager or call ``close()``."""
 
     def __init__(self, bridge: Bridge, *, name: str = "device", spec: DeviceSpec | None = None,
                  timeout_s: float = 30.0, max_command_buffers: int = 1024) -> None:
+        closed = device_closed(bridge, "DeviceContext(...)")
+        if closed is not None:
+            raise closed
         self.bridge = bridge
         self.name = f"{name}#{next(_IDS)}" if name in _NAMES else name
         _NAMES.add(self.name)
@@ -92,7 +98,7 @@ class DeviceContext:
         self.buffers: dict[int, DeviceBuffer] = {}
         self.sessions: list[Session] = []
         self.pipelines: dict[str, int] = {}
-        self.value = 0
+        self.timeline = TimelineValues()  # the values of the shared event, handed out to every Session's submits
         try:
             self.device = ls.keep("device", ls.checked(m.device(), "MTLCreateSystemDefaultDevice (no Metal device)"))
             self.queue = ls.keep("queue", ls.checked(
@@ -135,6 +141,7 @@ class DeviceContext:
         return buf
 
     def _mine(self, buf: DeviceBuffer, what: str) -> DeviceBuffer:
+        self._open(what)
         if not isinstance(buf, DeviceBuffer):
             raise TypeError(f"{self.name}: {what} takes a DeviceBuffer, got {type(buf).__name__}")
         if buf.device != self.name:
@@ -151,7 +158,8 @@ class DeviceContext:
     def write(self, buf: DeviceBuffer, data: bytes | bytearray | memoryview, offset: int = 0) -> None:
         """Copy ``data`` into ``buf`` at byte ``offset`` through ``contents`` (the host writes shared storage
         directly: call ``synchronize`` first when a submit in flight reads it). Raises ``ContextError`` for a
-        buffer of another context or a freed one, ``ValueError`` for a range outside it."""
+        buffer of another context or a freed one, or on a closed context; ``DeviceClosedError`` on a closed
+        device; ``ValueError`` for a range outside it."""
         self._mine(buf, "write")
         self._range(buf, offset, len(data), "write")
         self.bridge.write(buf.contents + offset, bytes(data))
@@ -214,8 +222,10 @@ class DeviceContext:
             if name.startswith("buffer:") and handle not in self.buffers:
                 raise ContextError(f"{self.name}: {name} is handle {handle:#x}, which is no live buffer of this device")
             shared[name] = handle
+        kwargs.setdefault("timeline_values", self.timeline)
         s = Session(program, self.bridge, shared=shared, **kwargs)
         self.sessions.append(s)
+        s.peers = self.sessions  # a fault the device reports late may be another Session's (``_deferred_fault``)
         return s
 
     def ring(self, program: Program, size: int = 2, *, shared_extra: Mapping[str, int] | None = None) -> SessionRing:
@@ -224,23 +234,31 @@ class DeviceContext:
         ``session`` does."""
         return SessionRing(self, program, size, shared_extra)
 
+    @property
+    def value(self) -> int:
+        """The highest value of the shared timeline handed out so far (``timeline.value``)."""
+        return self.timeline.value
+
     def next_value(self) -> int:
-        """The next value of the shared timeline (one per submit of any Program: rule 12 wants it increasing)."""
-        self.value += 1
-        return self.value
+        """The next value of the shared timeline, marked used (rule 12 wants the values increasing). A Session of
+        the context takes its values from the same ``timeline`` (``Session.timeline_values``)."""
+        return self.timeline.take()
 
     def submit(self, session: Session, **values: Any) -> Submission:
-        """``session.submit`` with the next timeline value; first waits for that session's previous submit when
-        it is still in flight (its Program patches its variables and ICB from the CPU: rule 15). Raises what
-        ``Session.submit`` raises."""
+        """``session.submit`` (its default timeline value is the context's next: ``timeline``); first waits for
+        that session's previous submit when it is still in flight (its Program patches its variables and ICB from
+        the CPU: rule 15). Raises ``ContextError`` on a closed context, ``DeviceClosedError`` on a closed device,
+        and what ``Session.submit`` raises."""
+        self._open("submit")
         if session.inflight:
             session.wait(timeout_s=self.timeout_s)
-        values.setdefault("timeline", self.next_value())
         return session.submit(**values)
 
     def synchronize(self, timeout_s: float | None = None) -> None:
         """Wait until every submit of every Program of the context has completed. Raises ``WaitTimeoutError`` /
-        ``GPUExecutionError`` as ``Session.wait`` does."""
+        ``GPUExecutionError`` as ``Session.wait`` does, ``ContextError``/``DeviceClosedError`` at once on a closed
+        context or device."""
+        self._open("synchronize")
         for s in self.sessions:
             if s.inflight:
                 s.wait(timeout_s=self.timeout_s if timeout_s is None else timeout_s)
@@ -248,30 +266,83 @@ class DeviceContext:
     def _open(self, what: str) -> None:
         if self.closed:
             raise ContextError(f"{what} on device {self.name}, which is closed")
+        closed = device_closed(self.bridge, f"{what} on DeviceContext {self.name}")
+        if closed is not None:
+            raise closed
 
-    def close(self) -> None:
-        """Wait for the work in flight, close every Session, release the buffers, pipelines, residency set,
-        fence, event and queue. Idempotent."""
+    def close(self, timeout_s: float | None = None) -> None:
+        """Wait at most ``timeout_s`` seconds (default: the context's) for the work in flight, close every Session
+        (``Session.close``), release the buffers, pipelines, residency set, fence, event and queue.
+
+        As ``Session.close``: an error of a submit nobody waited for (status Error) is not ``close``'s, and work
+        still running at the timeout is not waited for: what the device refuses to release because a command buffer
+        in flight still reaches it (METAL.md §3 rule 14: a buffer or pipeline only ICB commands use) stays alive,
+        is named in a ``ResourceWarning`` and is released by a later ``close()`` once the work has ended (until
+        then ``closed`` is True and the context refuses every other call). After the bridge's own close
+        (``SimDevice.close()``) nothing is sent: the device took its objects with it. Raises ``LinkError`` only
+        for a release that failed for another reason than work in flight."""
+        bridge_closed = bool(getattr(self.bridge, "closed", False))
         if self.closed:
+            if not bridge_closed and self._kept():
+                self._release_all(0.0)  # what the first close had to keep alive
             return
-        try:
-            self.synchronize()
-        finally:
-            self.closed = True
+        self.closed = True
+        _NAMES.discard(self.name)
+        if bridge_closed:
             for s in self.sessions:
-                s.close()
+                s.close()  # sends nothing
             self.sessions.clear()
-            for buf in list(self.buffers.values()):
-                self.buffers.pop(buf.handle)
-                self._ls.messenger.send(buf.handle, "release")
+            self.buffers.clear()
+            self._ls.out.cleanup.clear()
+            return
+        self._release_all(self.timeout_s if timeout_s is None else timeout_s)
+
+    def _kept(self) -> bool:
+        """Something a close had to keep alive (work in flight reached it) is still held."""
+        return bool(self.sessions or self.buffers or self._ls.out.cleanup)
+
+    def _release_all(self, timeout_s: float) -> None:
+        """Close the Sessions within ``timeout_s`` seconds in all, release the buffers and the context's own
+        objects; keep what the device refuses (rule 14) and name it in one ``ResourceWarning``."""
+        deadline = time.monotonic() + timeout_s
+        for s in self.sessions:
+            s.close(timeout_s=max(0.0, deadline - time.monotonic()))  # warns for what it keeps itself
+        self.sessions[:] = [s for s in self.sessions if s.linked.cleanup]
+        refused: list[str] = []
+        failed: list[str] = []
+        m = self._ls.messenger
+        for buf in list(self.buffers.values()):
+            try:
+                m.send(buf.handle, "release")
+            except MetalValidationError as e:  # still reached by work in flight: kept for a later close()
+                refused.append(f"{buf!r}: {e}")
+                continue
+            except Exception as e:  # gone, or the bridge cannot release it: dropped, the rest still released
+                failed.append(f"{buf!r}: {e}")
+            self.buffers.pop(buf.handle)
+        try:
             self._ls.out.release()
-            _NAMES.discard(self.name)
+        except LinkError as e:
+            (refused if self._ls.out.cleanup else failed).append(str(e))
+        if refused:
+            warnings.warn(f"DeviceContext.close: {self.name}: kept alive, a command buffer still in flight reaches "
+                          f"them: {'; '.join(refused)}; close() again once the work has ended releases them",
+                          ResourceWarning, stacklevel=3)
+        if failed:
+            raise LinkError(f"DeviceContext.close: {self.name}: release failed for {'; '.join(failed)}")
 
     def __enter__(self) -> DeviceContext:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        if exc[0] is None:
+            self.close()
+        else:  # as Session.__exit__: wait a little for what is in flight, never hide the error
+            stuck = isinstance(exc[1], TimeoutError)
+            try:
+                self.close(timeout_s=0.0 if stuck else min(self.timeout_s, 5.0))
+            except Exception:
+                pass
 
 
 class SessionRing:

@@ -37,14 +37,15 @@ from mtlir.metal import MTL
 from mtlir.program.program import Program
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.bridge.recording import Message, RecordingBridge
-from mtlir.errors import ArgumentError, GPUExecutionError, LinkError, StateError, WaitTimeoutError
-from mtlir.runtime.executors.executor import Executor
+from mtlir.errors import (ArgumentError, DeviceClosedError, GPUExecutionError, LinkError, MtlirError, StateError,
+                          WaitTimeoutError)
+from mtlir.runtime.executors.executor import Executor, bind_variables
 from mtlir.runtime.link.link import link
 from mtlir.runtime.link.linked import Linked
 from mtlir.runtime.executors.replay import make_executor
-from mtlir.runtime.submission import GpuSpan, Submission, gpu_seconds, seconds_to_ns
+from mtlir.runtime.submission import GpuSpan, Submission, TimelineValues, gpu_seconds, seconds_to_ns
 
-__all__ = ["Session", "DEFAULT_TIMELINE_VAR"]
+__all__ = ["Session", "DEFAULT_TIMELINE_VAR", "device_closed"]
 
 DEFAULT_TIMELINE_VAR = "timeline"
 
@@ -54,13 +55,16 @@ class Session:
 
     ``initial``: buffer name -> bytes (``link``). ``executor``: ``"compiled"`` (default) or ``"interpreter"``.
     ``timeline_var``: the Program variable holding the value a submit signals on the timeline; when the Program
-    has it and ``submit`` is not given it, each submit takes the next value (1, 2, ...). ``timeout_s``: the default
+    has it and ``submit`` is not given it, each submit takes the next value of ``timeline_values`` (1, 2, ...:
+    above every value submitted, refused or signaled by the host, ``TimelineValues``; a ``DeviceContext`` passes
+    the one its Sessions share). ``timeout_s``: the default
     wait timeout in seconds. ``serialize``: wait for the previous submit before the next (METAL.md §3 rule 15).
     ``keep_completed``: how many completed Submissions ``completed`` keeps (``submits_completed`` counts them all).
     ``shared``: objects made elsewhere that the Program uses instead of making its own (``link``'s ``shared``: a
     ``mtlir.runtime.context.DeviceContext`` shares its queue, event, fence, pipelines and residency set).
 
-    Raises ``TypeError`` when ``program`` is not a ``Program`` (the result of ``mtlir.lower`` is a ``Lowered``:
+    Raises ``DeviceClosedError`` on a closed device, ``TypeError`` when ``program`` is not a ``Program`` (the
+    result of ``mtlir.lower`` is a ``Lowered``:
     pass its ``.program``), ``TypeError``/``ValueError`` for a ``timeout_s`` that is not a positive finite number
     of seconds, and what ``link`` raises (``TypeError`` for initial data that is not bytes, naming the buffer; ``LinkError``); use
     as a context manager or call ``close()``."""
@@ -68,12 +72,15 @@ class Session:
     def __init__(self, program: Program, bridge: Bridge, *, initial: Mapping[str, Any] | None = None,
                  executor: str = "compiled", timeline_var: str = DEFAULT_TIMELINE_VAR, timeout_s: float = 30.0,
                  serialize: bool = True, max_command_buffers: int = 1024, keep_completed: int = 64,
-                 shared: Mapping[str, int] | None = None) -> None:
+                 shared: Mapping[str, int] | None = None, timeline_values: TimelineValues | None = None) -> None:
         if not isinstance(program, Program):
             hint = (f"pass its .program (Session(lowered.program, ...)): mtlir.lower returns a {type(program).__name__}"
                     " that holds the Program" if isinstance(getattr(program, "program", None), Program)
                     else "lower a Queue with mtlir.lower(...) and pass the result's .program")
             raise TypeError(f"Session(program, ...): a Program is needed, got {type(program).__name__}: {hint}")
+        closed = device_closed(bridge, "Session(...)")
+        if closed is not None:
+            raise closed
         self.program, self.bridge = program, bridge
         self.timeout_s = _seconds(timeout_s, "Session(timeout_s=...)", zero=False)
         self.serialize = serialize
@@ -101,8 +108,12 @@ class Session:
             self.stamps = tuple(payload[1]) if len(payload) > 1 else ()
         self.inflight: collections.deque[Submission] = collections.deque()
         self.completed: collections.deque[Submission] = collections.deque(maxlen=keep_completed)
-        self.last_value = 0
-        self.highest_value = 0
+        self.last_value = 0  # the timeline value of the last submit recorded
+        self.highest_value = 0  # the highest timeline value a submit of this Session committed
+        self.timeline_values = timeline_values if timeline_values is not None else TimelineValues()
+        # the Sessions whose submits share this one's queue and event (a DeviceContext's: it sets its list here);
+        # a fault the device reports late (``_deferred_fault``) is looked for among their submits in flight
+        self.peers: list[Session] = [self]
         self.submits = 0
         self.submits_completed = 0  # submits whose command buffers all completed (waited for: ``_finish``)
         self.host_s_total = 0.0
@@ -119,7 +130,11 @@ class Session:
     def timeline_value(self) -> int:
         """The timeline's current value (``signaledValue`` of the shared event), read by the Program's lowered
         timeline read (``Program.timeline_read``), or with the message itself for a Program without one (written
-        by hand); 0 when there is no event."""
+        by hand); 0 when there is no event. Raises ``StateError`` on a closed Session or device."""
+        self._check_open("timeline_value")
+        return self._read_value()
+
+    def _read_value(self) -> int:
         if self._read_timeline is not None:
             return int(self._read_timeline.run()[0])
         return int(self.messenger.send(self.event, "signaledValue")) if self.event else 0
@@ -135,17 +150,25 @@ class Session:
     def event_value(self, name: str) -> int:
         """The ``signaledValue`` of the Program's event ``name`` (``"event"``, ``"event:copy"``: a queue's timeline or
         a shared_event). Raises ``ValueError`` for a name the Program has no event of."""
+        self._check_open("event_value")
         return int(self.messenger.send(self._event(name), "signaledValue"))
 
     def signal_event(self, name: str, value: int) -> None:
         """Signal event ``name`` from the host (``setSignaledValue:``; Metal keeps the larger of the two values):
-        command buffers waiting for ``value`` or less go on. Raises ``ValueError`` for an unknown name."""
-        self.messenger.send(self._event(name), "setSignaledValue:", int(value))
+        command buffers waiting for ``value`` or less go on. On the timeline's event the next default timeline
+        value is then above ``value`` (``timeline_values``: rule 12 would refuse a lower one for ever). Raises
+        ``ValueError`` for an unknown name."""
+        self._check_open("signal_event")
+        handle = self._event(name)
+        self.messenger.send(handle, "setSignaledValue:", int(value))
+        if handle == self.event:
+            self.timeline_values.see(int(value))
 
     def wait_event(self, name: str, value: int, timeout_s: float | None = None) -> None:
         """Wait on the host until event ``name`` reaches ``value`` (``waitUntilSignaledValue:timeoutMS:``); raises
         ``WaitTimeoutError`` after ``timeout_s`` seconds (default: the session's) naming the event, the value and its
         current value, ``ValueError`` for an unknown name."""
+        self._check_open("wait_event")
         timeout = self.timeout_s if timeout_s is None else _seconds(timeout_s, "wait_event(timeout_s=...)")
         handle = self._event(name)
         if not self.messenger.send(handle, "waitUntilSignaledValue:timeoutMS:", int(value), int(timeout * 1000)):
@@ -157,30 +180,37 @@ class Session:
     def submit(self, **values: Any) -> Submission:
         """Run the Program once with ``values`` (variables by name); returns the in-flight Submission.
 
-        The timeline variable, when not given, is the last value + 1. Raises ``ValueError``/``TypeError`` for a
-        missing, unknown or out-of-bounds variable (before anything is sent), ``GPUExecutionError`` or
-        ``TimeoutError`` from waiting for the previous submit, and what the Bridge raises while the Program runs:
-        that error itself, with what the cleanup after it raised as notes (``_failed_run``)."""
-        if self.closed:
-            raise StateError("submit on a closed Session")
-        if self.serialize and self.inflight:
-            self._wait(None, self.timeout_s)
+        The timeline variable, when not given, is the next value of ``timeline_values`` (above every value
+        submitted, refused, or signaled by the host on the timeline's event). Raises ``ValueError``/``TypeError``
+        for a missing, unknown or out-of-bounds variable (before anything is sent, and before waiting for the
+        previous submit), ``StateError`` on a closed Session (``DeviceClosedError``: a closed device),
+        ``GPUExecutionError`` or ``TimeoutError`` from waiting for the previous submit, and what the Bridge raises
+        while the Program runs: that error itself, with what the cleanup after it raised as notes
+        (``_failed_run``)."""
+        self._check_open("submit")
         if self.timeline_var is not None and self.timeline_var not in values:
-            values[self.timeline_var] = self.last_value + 1
+            values[self.timeline_var] = self.timeline_values.value + 1
+        if self.serialize and self.inflight:
+            bind_variables(self.program, values)  # this submit's own bad value first, not behind the wait
+            self._wait(None, self.timeout_s)
         value = int(values[self.timeline_var]) if self.timeline_var is not None else None
         b = self.bridge
         t0 = time.perf_counter()
         slots = self._slots
         if slots is not None:
             b.write(slots[0], bytes(8 * slots[1]))
-        pool = self.messenger.push()
+        try:
+            pool = self.messenger.push()
+        except BaseException as e:  # nothing of this submit ran: an error the device deferred, a closed device
+            self._deferred_fault(e, time.monotonic() + self.timeout_s)
+            raise
         try:
             self.executor.run(**values)
+            cbs = self._read_slots()
+            self.messenger.pop(pool)
         except BaseException as e:
             self._failed_run(e, pool, value, t0)
             raise
-        cbs = self._read_slots()
-        self.messenger.pop(pool)
         return self._record(value, cbs, t0)
 
     def _read_slots(self) -> tuple[int, ...]:
@@ -199,14 +229,18 @@ class Session:
         if value is not None:
             self.last_value = value
             self.highest_value = max(self.highest_value, value)
+            self.timeline_values.see(value)
         return rec
 
     def _failed_run(self, error: BaseException, pool: int, value: int | None, t0: float) -> None:
         """Clean up after the Program raised ``error`` mid-submit, without ever hiding it: drain the autorelease
         pool (which may raise in turn, e.g. rule 2 for the encoder the error left open), release the command
         buffers it retained that were never committed, and keep the committed ones in flight (``wait`` checks
-        and releases them; they signal no value the session relies on). Each secondary error becomes a note on
-        ``error``, which the caller re-raises."""
+        and releases them; they signal no value the session relies on). The run's timeline ``value`` is skipped
+        by the next default one, unless the run refused a variable's value before sending anything (its
+        ``ArgumentError``/``TypeError``): a value rule 12 refused would be refused again. An error the device
+        deferred (earlier work's fault) is accounted for (``_deferred_fault``). Each secondary error becomes a note
+        on ``error``, which the caller re-raises."""
         def note(step: str, e: BaseException) -> None:
             error.add_note(f"then, while {step}: {type(e).__name__}: {' '.join(str(e).split())}")
         cbs: tuple[int, ...] = ()
@@ -237,6 +271,9 @@ class Session:
             if value is not None:  # its signal may be encoded: the next submit takes a higher value
                 self.last_value = max(self.last_value, value)
                 self.highest_value = max(self.highest_value, value)
+        if value is not None and not isinstance(error, (ArgumentError, TypeError)):
+            self.timeline_values.see(value)  # refused or used: the next default value is above it
+        self._deferred_fault(error, time.monotonic() + self.timeout_s)
 
     def record_submit(self, **values: Any) -> list[Message]:
         """The messages one submit sends, in order, as ``RecordingBridge`` records them (the Program's messages
@@ -261,22 +298,35 @@ class Session:
         A ``value`` between the values of two submits (1 and 3: explicit values, or one skipped after a failed
         submit) waits for the submit that signals 3, unless a failed submit before it (its command buffers
         committed) signals the value first. Returns at once when the timeline is already at ``value`` and
-        nothing in flight comes before it. Raises ``ValueError`` naming the last value signaled when no submit
-        will signal ``value``: above the highest value submitted so far, or once every submit that could have
-        signaled it has ended without doing so (Metal skips the signals of a command buffer that failed, METAL.md
-        §3 rule 6, and a submit that failed before committing its signal signals nothing);
+        nothing in flight comes before it: a value above this Session's submits that the timeline has reached
+        (signaled by the host, or by another Session on the same event: a ``DeviceContext``'s) waits only for this
+        Session's submits in flight. Raises ``ValueError`` naming the last value signaled when no submit will
+        signal ``value``: above the highest value this Session submitted and not reached yet, or once every submit
+        that could have signaled it has ended without doing so (Metal skips the signals of a command buffer that
+        failed, METAL.md §3 rule 6, and a submit that failed before committing its signal signals nothing);
         ``GPUExecutionError`` (``code``, ``name``) as soon as one of the command buffers waited for is in status
         Error; ``WaitTimeoutError`` (a ``DeviceError`` and a ``TimeoutError``) after ``timeout_s`` seconds
         (default: the session's) naming the value awaited, the last value signaled and the statuses of the
-        command buffers still pending. ``timeout_s`` must be a finite number of seconds >= 0 (0 polls once) and
-        ``value`` an int >= 0: ``TypeError``/``ValueError`` otherwise, as for a wait on a closed Session
-        (``RuntimeError``)."""
-        if self.closed:
-            raise StateError("wait on a closed Session")
+        command buffers still pending; an error the device deferred (strict mode's out-of-bounds access) as it
+        is, its submit released (``_deferred_fault``: it is reported once). ``timeout_s`` must be a finite number
+        of seconds >= 0 (0 polls once) and ``value`` an int >= 0: ``TypeError``/``ValueError`` otherwise;
+        ``StateError`` (a ``RuntimeError``) on a closed Session, ``DeviceClosedError`` at once on a closed
+        device."""
+        self._check_open("wait")
         return self._wait(value, timeout_s)
 
     def _wait(self, value: int | None, timeout_s: float | None) -> list[Submission]:
+        """``wait`` without the checks of a closed Session; an error the device deferred is accounted for
+        (``_deferred_fault``) before it is raised."""
         timeout = self.timeout_s if timeout_s is None else _seconds(timeout_s, "wait(timeout_s=...)")
+        deadline = time.monotonic() + timeout
+        try:
+            return self._wait_until(value, timeout, deadline)
+        except MtlirError as e:
+            self._deferred_fault(e, deadline)
+            raise
+
+    def _wait_until(self, value: int | None, timeout: float, deadline: float) -> list[Submission]:
         if value is not None:
             try:
                 if isinstance(value, bool):
@@ -288,13 +338,11 @@ class Session:
             if value < 0:
                 raise ArgumentError(f"wait({value}): timeline values are >= 0")
             if value > self.highest_value:
-                why = (f"the highest timeline value submitted is {self.highest_value}"
-                       if self.timeline_var is not None else "this Program signals no timeline value")
-                raise ArgumentError(f"wait({value}): no submit signals timeline value {value}: {why}, and "
-                                 f"{self._signaled_text(self._timeline_now())}")
+                current = self._timeline_now()
+                if current is None or current < value:
+                    raise ArgumentError(self._unsubmitted_text(value, current))
         target = self.last_value if value is None else value
         pending = self._pending(value)
-        deadline = time.monotonic() + timeout
         delay = 0.0
         done: list[Submission] = []
         block = getattr(self.bridge, "wait_command_buffers", None)  # a SimDevice: block until they end
@@ -350,12 +398,75 @@ class Session:
 
     def _timeline_now(self) -> int | None:
         """The timeline's value (``timeline_value``), None when the Program has no event."""
-        return self.timeline_value() if self.event is not None else None
+        return self._read_value() if self.event is not None else None
+
+    def _unsubmitted_text(self, value: int, current: int | None) -> str:
+        """Why ``wait(value)`` for a value above this Session's submits, not reached yet, is refused."""
+        if self.timeline_var is None:
+            why = "this Program signals no timeline value"
+        else:
+            why = f"the highest timeline value submitted is {self.highest_value}"
+            given = self.timeline_values.value
+            if len(self.peers) > 1 and value <= given:
+                why += (f" by this Session (the timeline is shared with the other Sessions of its DeviceContext, "
+                        f"which hand out values up to {given}: wait on the Session that submitted {value}, or "
+                        "DeviceContext.synchronize)")
+        return f"wait({value}): no submit signals timeline value {value}: {why}, and {self._signaled_text(current)}"
 
     @staticmethod
     def _signaled_text(current: int | None) -> str:
         return ("this Program has no timeline" if current is None
                 else f"the last value signaled is {current}")
+
+    def _check_open(self, what: str) -> None:
+        """``StateError`` when this Session is closed, ``DeviceClosedError`` when its device (the Bridge) says it
+        is (``closed``: ``SimDevice.close()``): nothing sent to it would answer, a wait would sit out its timeout."""
+        if self.closed:
+            raise StateError(f"{what} on a closed Session (its close() was called)")
+        closed = device_closed(self.bridge, f"{what} on a Session")
+        if closed is not None:
+            raise closed
+
+    def _deferred_fault(self, error: BaseException, deadline: float) -> None:
+        """When ``error`` is one the device deferred (``deferred``: strict mode's out-of-bounds access, a buffer
+        freed in flight, a checked kernel's report: raised at the host's next call, docs/simulator.md), the GPU
+        work that caused it ends its command buffer in status Error: find that submit among the submits in flight
+        of this Session and its peers (a DeviceContext's Sessions), release it and name it in a note on
+        ``error``, so no later wait reports the same fault again as ``GPUExecutionError``. The command buffers
+        already ended are looked at first; then, until ``deadline``, each submit in flight in turn is waited
+        for. Any other error is left alone; what the search raises becomes a note."""
+        if not getattr(error, "deferred", False) or isinstance(error, DeviceClosedError):
+            return
+        block = getattr(self.bridge, "wait_command_buffers", None)
+        try:
+            if block is not None:
+                block((), 0.0)  # the device's lock: what the GPU was finishing when it deferred the error is done
+            for patient in (False, True):
+                for s in self.peers:
+                    for rec in list(s.inflight):
+                        live = [cb for cb in rec.cbs if cb]
+                        if patient and block is not None:
+                            block(live, max(0.0, deadline - time.monotonic()))
+                        statuses = [int(s.messenger.send(cb, "status")) for cb in live]
+                        if MTL.StatusError in statuses:
+                            s._account(rec, error, live[statuses.index(MTL.StatusError)], self)
+                            return
+                        if patient and any(st < MTL.StatusCompleted for st in statuses):
+                            break  # still running at the deadline: the later ones of that Session have not run
+        except Exception as e:
+            error.add_note(f"then, while looking for the submit the error belongs to: {type(e).__name__}: {e}")
+
+    def _account(self, rec: Submission, error: BaseException, cb: int, reporter: Session) -> None:
+        """``rec``'s command buffer ``cb`` failed with ``error``, which ``reporter`` raises: release and drop the
+        submit (``_fail``'s cleanup without the wait) and say so in a note."""
+        code, name, _ = self._error_of(cb)
+        self._release(rec)
+        self._drop(rec)
+        val = f" (timeline value {rec.value})" if rec.value is not None else ""
+        whose = "" if reporter is self else " of another Session of its DeviceContext"
+        error.add_note(f"it is the fault of submit {rec.index}{val}{whose}: its command buffer {rec.cbs.index(cb)} "
+                       f"ended in status Error, MTLCommandBufferError {code} ({name}); the submit is released, no "
+                       "later wait reports it again")
 
     def _finish(self, rec: Submission) -> None:
         """Read the GPU times of a completed submit (``gpu_times``, ``spans``, ``timestamps``), release its command
@@ -451,11 +562,14 @@ class Session:
 
     def read(self, name: str, offset: int = 0, nbytes: int | None = None) -> bytes:
         """Bytes of buffer ``name`` (``Linked.read_buffer``); call after ``wait``: reading while a submit is in
-        flight races with the GPU."""
+        flight races with the GPU. ``StateError`` on a closed Session (its buffers are released),
+        ``DeviceClosedError`` on a closed device."""
+        self._check_open("read")
         return self.linked.read_buffer(name, offset, nbytes)
 
     def write(self, name: str, data: bytes, offset: int = 0) -> None:
-        """Write into buffer ``name`` (``Linked.write_buffer``); call with nothing in flight."""
+        """Write into buffer ``name`` (``Linked.write_buffer``); call with nothing in flight. Errors as ``read``."""
+        self._check_open("write")
         self.linked.write_buffer(name, data, offset)
 
     @property
@@ -495,6 +609,10 @@ class Session:
                     continue
                 except WaitTimeoutError:
                     break
+                except MtlirError as e:
+                    if getattr(e, "deferred", False):  # its submit is released (``_deferred_fault``)
+                        continue
+                    raise
         finally:
             while self.inflight:
                 rec = self.inflight.popleft()
@@ -529,6 +647,17 @@ class Session:
                 self.close(timeout_s=0.0 if stuck else min(self.timeout_s, 5.0))
             except Exception:  # do not hide the original error
                 pass
+
+
+def device_closed(bridge: Bridge, what: str) -> DeviceClosedError | None:
+    """The error of ``what`` (``"submit on a Session"``) on ``bridge`` when it says it is closed (``closed``:
+    ``SimDevice.close()`` was called), naming the device; None while it is open."""
+    if not getattr(bridge, "closed", False):
+        return None
+    number = getattr(bridge, "number", None)
+    device = type(bridge).__name__ + (f" #{number}" if number is not None else "")
+    return DeviceClosedError(f"{what}: the device, {device}, is closed (its close() was called: what was committed "
+                             "and had not run never runs, and the device answers no more calls): make a new device")
 
 
 def _ran(status: str) -> str:

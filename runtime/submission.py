@@ -1,13 +1,14 @@
 """What one submit of a ``Session`` leaves: ``Submission`` (its timeline value, the command buffers it committed, host
 seconds, and after completion their GPU times), ``GpuSpan`` (one command buffer's GPU start and end in integer
-nanoseconds) and the conversions every GPU time goes through (``gpu_seconds``, ``seconds_to_ns``)."""
+nanoseconds), the conversions every GPU time goes through (``gpu_seconds``, ``seconds_to_ns``), and the timeline
+values submits take (``TimelineValues``)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Submission", "GpuSpan", "gpu_seconds", "seconds_to_ns", "NS_PER_S"]
+__all__ = ["Submission", "GpuSpan", "TimelineValues", "gpu_seconds", "seconds_to_ns", "NS_PER_S"]
 
 NS_PER_S = 1_000_000_000
 
@@ -82,3 +83,26 @@ class Submission:
         if not durations or any(d is None for d in durations):
             return None
         return sum(d for d in durations if d is not None)
+
+
+class TimelineValues:
+    """The timeline values handed out on one MTLSharedEvent: ``value`` is the highest value a submit used, was
+    refused (it is skipped: rule 12 refuses it again) or the host signaled (``Session.signal_event``), so the next
+    default value, ``value + 1``, is above every value the event has been given by this host (METAL.md §3 rule 12:
+    an event's values only increase). A Session has its own; the Sessions of a ``DeviceContext`` share the context's
+    (one event for all its Programs)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int = 0) -> None:
+        self.value = value
+
+    def see(self, value: int) -> None:
+        """``value`` was used, refused or signaled: the next default value is above it."""
+        if value > self.value:
+            self.value = value
+
+    def take(self) -> int:
+        """The next value (``value + 1``), marked used."""
+        self.value += 1
+        return self.value

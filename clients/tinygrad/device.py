@@ -183,7 +183,7 @@ class MetalAllocator(LRUAllocator[MetalDevice]):
         super().free(opaque, size, options)
 
     def _free(self, opaque: MetalBuffer, options: BufferSpec) -> None:
-        if self.dev.ctx.closed:
+        if self.dev.ctx.closed or getattr(self.dev.bridge, "closed", False):  # closed: nothing to free any more
             return
         self.dev.ctx.synchronize()  # a buffer freed while a submit uses it faults (METAL.md §3 rule 14)
         self.dev.ctx.free(opaque.buf)

@@ -1,12 +1,19 @@
-"""DeviceContext (runtime/context.py): buffers of one device never pass for another's."""
+"""DeviceContext (runtime/context.py): buffers of one device never pass for another's; a close with work in flight
+keeps what that work reaches and a later close releases it; its Sessions share one timeline whoever submits; after
+the device's own close every call raises at once and close sends nothing."""
 from __future__ import annotations
+
+import time
+import warnings
 
 import pytest
 
 from mtlir.frontend.nodes import buffer, buffer_variable, timeline_value
 from mtlir.frontend.queue import Queue
+from mtlir.errors import ArgumentError, DeviceClosedError
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
 from mtlir.passes import lower
+from mtlir.program.program import Program
 from mtlir.runtime.context import ContextError, DeviceContext
 from mtlir.runtime.sim.device import SimDevice
 
@@ -38,3 +45,84 @@ def test_a_buffer_of_another_device_is_refused_naming_it() -> None:
         b.close()
         sim_a.close()
         sim_b.close()
+
+
+def _program() -> Program:
+    """``cp`` of 64 bytes from the Program's own buffer ``w`` into the buffer variable ``y``; signals the timeline."""
+    spec = DeviceSpec("Apple9")
+    k = Kernel("cp", "cp", MSL, (KernelParam(None, 0, "uint8", 64), KernelParam(None, 1, "uint8", 64)))
+    q = Queue(spec)
+    q.exec(k, [buffer_variable("y"), buffer("w", 64)], [], grid=(1,), threadgroup=(64,))
+    q.signal(q.timeline, timeline_value())
+    return lower(q.submit(), target="x86_64").program
+
+
+def test_close_with_work_in_flight_keeps_what_it_reaches_then_a_later_close_releases_everything() -> None:
+    """As Session.close: the wait's timeout is not an error, nor is rule 14 for what the work in flight reaches
+    (a ResourceWarning names it); a second close() releases it once the work has ended (it used to leak for good)."""
+    program = _program()
+    sim = SimDevice("x86_64", gpu_timeout_s=1.0)
+    ctx = DeviceContext(sim, name="C", spec=DeviceSpec("Apple9"), timeout_s=0.05)
+    with sim:
+        s = ctx.session(program)
+        y = ctx.alloc(64)
+        sim.inject("0:hang")  # its kernel runs until the GPU watchdog (gpu_timeout_s)
+        ctx.submit(s, y=y.handle)
+        with pytest.warns(ResourceWarning, match=r"DeviceContext.close: C: kept alive.*DeviceBuffer\(C, 64 bytes"):
+            ctx.close()
+        assert ctx.closed and y.handle in ctx.buffers
+        with pytest.raises(ContextError, match="alloc on device C, which is closed"):
+            ctx.alloc(16)
+        sim.run_until_idle(10.0)  # the watchdog ends the command buffer
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ctx.close()
+        live = sim.live_objects()
+        assert not {"MTLBuffer", "MTLComputePipelineState", "MTLCommandQueue", "MTLSharedEvent", "MTLFence",
+                    "MTLResidencySet", "MTLIndirectCommandBuffer"} & set(live), live
+        assert not ctx.buffers and not ctx.sessions
+
+
+def test_the_sessions_of_a_context_share_its_timeline_whoever_submits() -> None:
+    program = _program()
+    sim = SimDevice("x86_64")
+    with sim, DeviceContext(sim, name="C", spec=DeviceSpec("Apple9")) as ctx:
+        s1, s2 = ctx.session(program), ctx.session(program)
+        y = ctx.alloc(64)
+        assert ctx.submit(s1, y=y.handle).value == 1
+        s1.wait()
+        assert s1.submit(y=y.handle).value == 2  # the Session's own submit takes the context's next value
+        s2_value = ctx.submit(s2, y=y.handle).value
+        assert s2_value == 3 and ctx.value == 3
+        ctx.synchronize()
+        assert s1.wait(s2_value) == []  # reached (by s2's submit): nothing of s1 is in flight
+        assert ctx.next_value() == 4  # handed out, as for another Session's submit, not signaled yet
+        with pytest.raises(ArgumentError, match=r"wait\(4\): no submit signals timeline value 4: the highest timeline "
+                                                r"value submitted is 2 by this Session \(.*values up to 4: wait on the "
+                                                r"Session that submitted 4.*the last value signaled is 3$"):
+            s1.wait(4)
+
+
+def test_after_the_device_closes_the_context_refuses_every_call_and_close_sends_nothing() -> None:
+    program = _program()
+    sim = SimDevice("x86_64", autorun=False)  # the submit below never runs
+    ctx = DeviceContext(sim, name="C", spec=DeviceSpec("Apple9"))
+    s = ctx.session(program)
+    y = ctx.alloc(64)
+    ctx.submit(s, y=y.handle)
+    sim.close()
+    t0 = time.monotonic()
+    for call, what in ((lambda: ctx.synchronize(timeout_s=5.0), "synchronize"), (lambda: ctx.read(y), "read"),
+                       (lambda: ctx.write(y, b"\0"), "write"), (lambda: ctx.alloc(16), "alloc"),
+                       (lambda: ctx.submit(s, y=y.handle), "submit"), (lambda: ctx.session(program), "session")):
+        with pytest.raises(DeviceClosedError, match=rf"^{what} on DeviceContext C: the device, SimDevice #\d+, is "
+                                                    "closed"):
+            call()
+    assert time.monotonic() - t0 < 1.0  # no wait sat out its timeout
+    with pytest.raises(DeviceClosedError):
+        DeviceContext(sim, name="D")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ctx.close()  # sends nothing: every message would raise
+        ctx.close()
+    assert ctx.closed and not ctx.buffers and not ctx.sessions

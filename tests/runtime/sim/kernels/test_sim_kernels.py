@@ -236,10 +236,12 @@ def test_out_of_bounds_write_is_a_validation_error_in_strict_mode(runner: Kernel
             s.submit(n=40)
             with pytest.raises(MetalValidationError, match=r"ICB command 0 .*kernel 'add1' wrote 4 bytes out of bounds "
                                                            r"through parameter 'out' \(buffer index 0\) at element "
-                                                           r"(6[4-9]|7[0-9]) "):  # the faulting thread's, 64..79
+                                                           r"(6[4-9]|7[0-9]) ") as e:  # the faulting thread's, 64..79
                 s.wait(timeout_s=5.0)  # raised at the next message to the device after the GPU saw it
-            with pytest.raises(GPUExecutionError, match="PageFault"):
-                s.wait(timeout_s=5.0)  # and the command buffer itself ended in status Error, PageFault
+            # and the command buffer itself ended in status Error, PageFault: its submit is released with the error,
+            # which is reported once (no GPUExecutionError from the next wait)
+            assert any("PageFault" in note for note in e.value.__notes__)
+            assert s.wait(timeout_s=5.0) == []
             s.submit(n=8)
             s.wait(timeout_s=5.0)
         assert dev.live_objects() == {}
