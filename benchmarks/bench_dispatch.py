@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from mtlir.cli.compare import compare_output
 from mtlir.cli.lower import lower_trace, program_values
 from mtlir.frontend.trace import load_trace
 from mtlir.metal import DeviceSpec
@@ -162,7 +163,7 @@ class SimRun:
     def output_matches(self) -> bool:
         o = self.trace.output
         got = np.frombuffer(self.session.read(o.placeholder, o.offset, o.nbytes), dtype=np.dtype(o.dtype.fmt))
-        return bool(np.allclose(got.reshape(o.shape), o.expected_array(), rtol=1e-4, atol=1e-5, equal_nan=True))
+        return compare_output(got.reshape(o.shape), o.expected_array()).match  # mtlir run's tolerance
 
     def close(self) -> None:
         self.session.close()
@@ -260,22 +261,99 @@ def _print_row(row: dict[str, Any], out: Any) -> None:
           f"{'match' if row['match'] else 'MISMATCH'}", file=out, flush=True)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1 (``--rounds 0`` ended in ``statistics.StatisticsError`` after the set-up)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: at least 1")
+    return value
+
+
+def nonempty_path(text: str) -> Path:
+    """An argparse type: a path that is not empty (``Path("")`` is the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty path")
+    return Path(text)
+
+
+def opencl_device_arg(text: str) -> str:
+    """An argparse type: a device index or a non-empty part of a device's name (``mtlir run --list-devices``)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty name: give an index or a part of a device's name "
+                                         "(mtlir run --list-devices lists them)")
+    return text
+
+
+def check_opencl_device(ap: argparse.ArgumentParser, which: str | None) -> None:
+    """``ap.error`` (exit 2) unless the OpenCL device ``which`` exists (None: any device at all), before anything
+    is measured: ``NoDeviceError`` (no pyopencl, no platform, no such device) used to end the run as a
+    traceback."""
+    from mtlir.errors import NoDeviceError
+    from mtlir.runtime.sim.kernels.devices import INSTALL_HINT, select_device
+    try:
+        import pyopencl as cl
+    except ImportError:
+        ap.error(f"--opencl-device: pyopencl is not installed: {INSTALL_HINT}")
+    try:
+        select_device(cl, which)
+    except NoDeviceError as e:
+        ap.error(f"--opencl-device {which}: {e}" if which is not None else str(e))
+
+
+def check_output_file(ap: argparse.ArgumentParser, flag: str, path: Path | None) -> None:
+    """``ap.error`` (exit 2) unless ``path`` can be written as a file: its folder exists and is writable, and it is
+    not a folder (``--json /nonexistent/x.json`` failed only after the whole run)."""
+    if path is None:
+        return
+    if path.is_dir():
+        ap.error(f"{flag} {path}: is a folder: give a file name")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        ap.error(f"{flag} {path}: no folder {folder}")
+    try:
+        with tempfile.TemporaryFile(dir=folder):  # a real write: os.access says yes to root on a read-only mount
+            pass
+    except OSError as e:
+        ap.error(f"{flag} {path}: folder {folder} is not writable: {e.strerror or e}")
+
+
+def _trace_names(ap: argparse.ArgumentParser, flag: str, text: str) -> tuple[str, ...]:
+    """The comma-separated trace file names of ``flag``, each a file of examples/traces, else ``ap.error``."""
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    unknown = [n for n in names if not (TRACES / n).is_file()]
+    if unknown:
+        present = ", ".join(sorted(p.name for p in TRACES.glob("*.json")))
+        ap.error(f"{flag}: no trace {', '.join(map(repr, unknown))} in {TRACES} (its traces: {present})")
+    return names
+
+
 def main(argv: list[str] | None = None) -> None:
+    """The command line (module docstring). Every option is checked before anything is measured: a bad one is an
+    argparse error (exit 2) naming it."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--opencl-device", default=None)
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--long-repeat", type=int, default=40)
-    ap.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    ap.add_argument("--opencl-device", type=opencl_device_arg, default=None, metavar="NAME|INDEX",
+                    help="the OpenCL device (an index or a part of its name; default the first)")
+    ap.add_argument("--rounds", type=positive_int, default=15, help="interleaved rounds per figure (>= 1)")
+    ap.add_argument("--long-repeat", type=positive_int, default=40,
+                    help="how many times the long traces repeat their dispatches (>= 1)")
+    ap.add_argument("--json", type=nonempty_path, default=None, help="also write the figures to this file")
     ap.add_argument("--skip", default="", help="trace file names to leave out, comma-separated")
     ap.add_argument("--long-traces", default=LONG_TRACE,
                     help="traces to also run made long (their dispatches repeated --long-repeat times into one "
                          "command buffer), comma-separated; the first gives sim_overhead_us_per_dispatch")
     args = ap.parse_args(argv)
+    skip = _trace_names(ap, "--skip", args.skip)
+    long_traces = _trace_names(ap, "--long-traces", args.long_traces) or (LONG_TRACE,)
+    if all(p.name in skip for p in TRACES.glob("*.json")):
+        ap.error("--skip leaves no trace to measure")
+    check_output_file(ap, "--json", args.json)
+    check_opencl_device(ap, args.opencl_device)
     print(f"{'trace':30} {'disp':>4} {'sim us':>9} {'raw us':>9} {'ratio':>6} {'wall':>6} {'ovh us/d':>8} "
           f"{'kernels':>7}")
-    figures = measure(args.opencl_device, args.rounds, tuple(s for s in args.skip.split(",") if s),
-                      args.long_repeat, out=sys.stdout,
-                      long_traces=tuple(s for s in args.long_traces.split(",") if s) or (LONG_TRACE,))
+    figures = measure(args.opencl_device, args.rounds, skip, args.long_repeat, out=sys.stdout, long_traces=long_traces)
     print(f"OpenCL device: {figures['device']}; medians of {args.rounds} interleaved rounds "
           f"({figures['rows'][0]['clock']} time)")
     print(f"long_over_pyopencl (worst): {figures['long_over_pyopencl']['worst']:.2f} "

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from benchmarks.bench_dispatch import check_opencl_device, nonempty_path, opencl_device_arg
 from benchmarks.standin import StandInError
 
 __all__ = ["GROUPS", "TARGETS", "run_groups", "table", "main"]
@@ -185,19 +186,41 @@ def _finite(x: Any) -> Any:
     return x
 
 
+def _check_plot_folder(ap: argparse.ArgumentParser, folder: Path) -> None:
+    """``ap.error`` (exit 2), before any benchmark runs, unless ``--plot DIR`` can be written: matplotlib installed,
+    ``DIR`` not a file, and ``DIR`` made now when missing (with the folders above it, as the help says; an
+    impossible one used to fail only after every group had run)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        ap.error("--plot needs matplotlib (pip install matplotlib)")
+    if folder.exists() and not folder.is_dir():
+        ap.error(f"--plot {folder}: is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--plot {folder}: cannot make the folder: {e.strerror or e}")
+    if not os.access(folder, os.W_OK):
+        ap.error(f"--plot {folder}: the folder is not writable")
+
+
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     """The command line (module docstring of ``benchmarks.__main__``); returns the exit status."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description="mtlir's benchmarks (issue 14)")
     ap.add_argument("--json", action="store_true", help="print one JSON object of every figure")
     ap.add_argument("--quick", action="store_true", help="small sizes and few rounds (a smoke test)")
     ap.add_argument("--only", default="", help=f"groups to run, comma separated ({', '.join(GROUPS)})")
-    ap.add_argument("--plot", type=Path, metavar="DIR", help="also write DIR/performance.svg (needs matplotlib)")
-    ap.add_argument("--opencl-device", default=None, help="OpenCL device of the sim group (index or name part)")
+    ap.add_argument("--plot", type=nonempty_path, metavar="DIR", help="also write DIR/performance.svg (needs matplotlib; "
+                    "DIR and the folders above it are made, before the run, when missing)")
+    ap.add_argument("--opencl-device", type=opencl_device_arg, default=None, metavar="NAME|INDEX",
+                    help="OpenCL device of the sim group (index or name part)")
     args = ap.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(GROUPS)
     unknown = [n for n in names if n not in GROUPS]
     if unknown:
         ap.error(f"unknown group(s) {', '.join(unknown)}: expected {', '.join(GROUPS)}")
+    if args.plot is not None:
+        _check_plot_folder(ap, args.plot)
+    if args.opencl_device is not None:
+        check_opencl_device(ap, args.opencl_device)
     device = int(args.opencl_device) if args.opencl_device and args.opencl_device.isdigit() else args.opencl_device
     fig = run_groups(names, args.quick, device, progress=sys.stderr)
     if args.plot is not None:

@@ -110,3 +110,64 @@ def test_the_table_gives_a_verdict_only_at_full_sizes(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr[-2000:]
         rows = [line for line in done.stdout.splitlines() if "<= " in line]
         assert len(rows) == 2 and all(v in row for v, row in zip(verdicts, rows)), done.stdout
+
+
+@pytest.fixture
+def bench_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``benchmarks.bench_dispatch`` and ``benchmarks.report`` imported in this process through a folder holding
+    only a link to the package (as ``_run`` finds it)."""
+    (tmp_path / "path").mkdir()
+    (tmp_path / "path" / "benchmarks").symlink_to(ROOT / "benchmarks")
+    monkeypatch.syspath_prepend(str(tmp_path / "path"))
+    import importlib
+    return importlib.import_module("benchmarks.bench_dispatch"), importlib.import_module("benchmarks.report")
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--rounds", "0"], "argument --rounds: 0: at least 1"),  # was statistics.StatisticsError after the set-up
+    (["--rounds", "-2"], "argument --rounds: -2: at least 1"),
+    (["--long-repeat", "0"], "argument --long-repeat: 0: at least 1"),
+    (["--opencl-device", "nosuch"], "--opencl-device nosuch: no OpenCL device matches 'nosuch'"),  # NoDeviceError
+    (["--opencl-device", ""], "argument --opencl-device: '': an empty name"),
+    (["--long-traces", "nosuch.json"], "--long-traces: no trace 'nosuch.json'"),  # after all 12 traces ran
+    (["--skip", "nosuch.json"], "--skip: no trace 'nosuch.json'"),
+    (["--json", "/nonexistent/x.json"], "--json /nonexistent/x.json: no folder /nonexistent"),  # after the run
+    (["--json", ""], "argument --json: '': an empty path"),
+])
+def test_bench_dispatch_refuses_bad_options_before_measuring(bench_modules: Any, argv: list[str], problem: str,
+                                                            capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    bench_dispatch, _ = bench_modules
+    monkeypatch.setattr(bench_dispatch, "measure", None)  # never reached: the options are checked first
+    with pytest.raises(SystemExit) as info:
+        bench_dispatch.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and problem in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--opencl-device", "nosuch"], "--opencl-device nosuch: no OpenCL device matches 'nosuch'"),
+    (["--opencl-device", " "], "argument --opencl-device: ' ': an empty name"),
+    (["--plot", ""], "argument --plot: '': an empty path"),
+    (["--plot", "/proc/nosuch/dir"], "--plot /proc/nosuch/dir: cannot make the folder"),
+])
+def test_benchmarks_refuse_bad_options_before_running(bench_modules: Any, argv: list[str], problem: str,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    _, report = bench_modules
+    monkeypatch.setattr(report, "run_groups", None)  # never reached
+    with pytest.raises(SystemExit) as info:
+        report.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and problem in err, err
+
+
+def test_plot_into_a_file_is_refused(bench_modules: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, report = bench_modules
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    if __import__("importlib").util.find_spec("matplotlib") is None:
+        pytest.skip("matplotlib is not installed: --plot is refused for that first")
+    with pytest.raises(SystemExit):
+        report.main(["--plot", str(afile)])
+    assert f"--plot {afile}: is a file, not a folder" in capsys.readouterr().err
