@@ -126,6 +126,15 @@ def _opencl_device(text: str) -> str:
     return text
 
 
+def _viz_dir(text: str) -> Path:
+    """``--viz DIR``: a non-empty path (``--viz ''`` was ``Path('')``, the current folder, and wrote the pictures
+    there)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty path: give a folder for the pictures (it is made "
+                                         "when missing)")
+    return Path(text)
+
+
 def check_outputs(args: argparse.Namespace) -> None:
     """Refuse, before any work, an output path that cannot be written: ``--html FILE`` and ``--profile FILE`` need
     an existing, writable folder and must not name a folder; ``--viz DIR`` must not be a file and the nearest
@@ -179,7 +188,8 @@ def build_parser() -> _Parser:
         sp.add_argument("--arch", type=_arch, metavar="{apple7,apple8,apple9,mac2}",
                         help="GPU family, any case (default: the trace's arch)")
         sp.add_argument("--target", choices=["arm64", "x86_64"], help="ABI of objc_msgSend (default: this machine's)")
-        sp.add_argument("--viz", type=Path, metavar="DIR", help="write one SVG per stage into DIR")
+        sp.add_argument("--viz", type=_viz_dir, metavar="DIR",
+                        help="write one SVG per stage into DIR (made, with the folders above it, when missing)")
         sp.add_argument("--html", type=Path, metavar="FILE", help="write one self-contained HTML page of the lowering "
                                                                   "(every stage, setup, ICB, messages) to FILE")
         sp.add_argument("--json", action="store_true", help="one JSON object on stdout, everything else on stderr")

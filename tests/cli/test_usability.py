@@ -52,6 +52,31 @@ def test_a_usage_error_shows_the_failing_commands_usage_once(argv: list[str], us
     assert "mtlir: error: mtlir" not in log  # no doubled prefix
 
 
+@pytest.mark.parametrize("command", ["lower", "run"])
+def test_an_empty_viz_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    """``--viz ''`` was the current folder: exit 0 and the SVGs written where the command ran (an empty
+    ``--opencl-device`` was already a usage error)."""
+    monkeypatch.chdir(tmp_path)
+    code, out, log = mtlir(command, MLP7, "--viz", "")
+    assert code == 2 and out == "" and f"{command}: argument --viz: '': an empty path" in log, log
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_viz_makes_its_folder_as_the_help_says(tmp_path: Path) -> None:
+    folder = tmp_path / "a" / "b"
+    code, _, log = mtlir("lower", MLP7, "--viz", str(folder))
+    assert code == 0 and (folder / "00-input.svg").is_file(), log
+    assert "made, with the folders above it, when missing" in " ".join(build_parser_help("lower").split())
+
+
+def build_parser_help(command: str) -> str:
+    """The --help text of ``mtlir command``."""
+    from mtlir.cli.main import build_parser
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    return str(sub.choices[command].format_help())
+
+
 def test_viz_naming_a_file_says_so(tmp_path: Path) -> None:
     afile = tmp_path / "afile"
     afile.write_text("x")
