@@ -454,6 +454,8 @@ def _kernels(r: _Reader, raw: dict[str, Any]) -> dict[str, Kernel]:
         r.fields(spec, path, _KERNEL)
         function = _name(r, r.get(spec, "function", path, str), f"{path}.function")
         msl = r.get(spec, "msl", path, str)
+        if not msl.strip():  # no kernel for a device to build (it failed at link: "Metal returned nil")
+            raise r.fail(f"{path}.msl", "empty MSL source: the program's kernel needs its MSL")
         params = []
         seen_var = False
         for j, entry in enumerate(r.get(spec, "signature", path, list)):

@@ -194,6 +194,10 @@ CASES: list[tuple[str, Callable[[dict], None], str, str]] = [
                                           "value"),
     ("signature without the MSL's variable", _delete(["programs", "r_start_pos", "signature", 2]),
      "programs.r_start_pos", "the MSL's `constant int& data2_` at [[buffer(2)]] has no KernelParam"),
+    # an empty MSL passed the loader and failed at link ("function ... of its library: Metal returned nil")
+    ("empty msl", _set(["programs", "r_start_pos", "msl"], ""), "programs.r_start_pos.msl", "empty MSL source"),
+    ("whitespace-only msl", _set(["programs", "r_start_pos", "msl"], " \n\t "), "programs.r_start_pos.msl",
+     "empty MSL source"),
 ]
 
 
