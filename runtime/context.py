@@ -98,6 +98,7 @@ class DeviceContext:
         self.buffers: dict[int, DeviceBuffer] = {}
         self.sessions: list[Session] = []
         self.pipelines: dict[str, int] = {}
+        self._kernels: dict[str, Kernel] = {}  # what each pipeline was compiled from
         self.timeline = TimelineValues()  # the values of the shared event, handed out to every Session's submits
         try:
             self.device = ls.keep("device", ls.checked(m.device(), "MTLCreateSystemDefaultDevice (no Metal device)"))
@@ -187,12 +188,21 @@ class DeviceContext:
     def pipeline(self, kernel: Kernel) -> int:
         """The compute pipeline state of ``kernel``, compiled at the first call for its key and kept (link's
         messages for a pipeline: docs/runtime.md). Raises what the compile raises (``LinkError`` with the MSL
-        error, ``UnsupportedKernelError``)."""
+        error, ``UnsupportedKernelError``), and ``LinkError`` for a kernel whose key names a pipeline compiled
+        from another function or MSL (a Program would silently run the other kernel)."""
         name = f"pipeline:{kernel.key}"
         if name not in self.pipelines:
             self._open("pipeline")
             make_pipeline(self._ls, self.device, Obj("pipeline", name, (kernel,)))
             self.pipelines[name] = self._ls.out.handles[name]
+            self._kernels[name] = kernel
+        else:
+            first = self._kernels[name]
+            if (first.function, first.msl) != (kernel.function, kernel.msl):
+                what = "function" if first.function != kernel.function else "MSL"
+                raise LinkError(f"{self.name}: kernel key {kernel.key!r} names a pipeline compiled from another "
+                                f"{what} ({first.function!r} before, {kernel.function!r} now): the Programs of a "
+                                "context share pipelines by key, so kernels of different source need different keys")
         return self.pipelines[name]
 
     def shared(self, program: Program) -> dict[str, int]:

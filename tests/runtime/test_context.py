@@ -10,8 +10,8 @@ import pytest
 
 from mtlir.frontend.nodes import buffer, buffer_variable, timeline_value
 from mtlir.frontend.queue import Queue
-from mtlir.errors import ArgumentError, DeviceClosedError
-from mtlir.metal import DeviceSpec, Kernel, KernelParam
+from mtlir.errors import ArgumentError, DeviceClosedError, LinkError, MetalValidationError
+from mtlir.metal import MTL, DeviceSpec, Kernel, KernelParam
 from mtlir.passes import lower
 from mtlir.program.program import Program
 from mtlir.runtime.context import ContextError, DeviceContext
@@ -47,10 +47,10 @@ def test_a_buffer_of_another_device_is_refused_naming_it() -> None:
         sim_b.close()
 
 
-def _program() -> Program:
+def _program(msl: str = MSL, key: str = "cp") -> Program:
     """``cp`` of 64 bytes from the Program's own buffer ``w`` into the buffer variable ``y``; signals the timeline."""
     spec = DeviceSpec("Apple9")
-    k = Kernel("cp", "cp", MSL, (KernelParam(None, 0, "uint8", 64), KernelParam(None, 1, "uint8", 64)))
+    k = Kernel(key, "cp", msl, (KernelParam(None, 0, "uint8", 64), KernelParam(None, 1, "uint8", 64)))
     q = Queue(spec)
     q.exec(k, [buffer_variable("y"), buffer("w", 64)], [], grid=(1,), threadgroup=(64,))
     q.signal(q.timeline, timeline_value())
@@ -126,3 +126,25 @@ def test_after_the_device_closes_the_context_refuses_every_call_and_close_sends_
         ctx.close()  # sends nothing: every message would raise
         ctx.close()
     assert ctx.closed and not ctx.buffers and not ctx.sessions
+
+
+def test_a_fault_another_session_of_the_context_gets_first_is_reported_once() -> None:
+    """Strict mode's out-of-bounds error is raised at the host's next call to the device, which may be another
+    Session's submit: that error releases the faulting submit (a note names it), whose own wait reports nothing."""
+    bad, good = _program(MSL.replace("y[lid.x]", "y[lid.x + 32]")), _program()
+    sim = SimDevice("x86_64")
+    with sim, DeviceContext(sim, name="C", spec=DeviceSpec("Apple9")) as ctx:
+        s_good = ctx.session(good)
+        with pytest.raises(LinkError, match="kernel key 'cp' names a pipeline compiled from another MSL"):
+            ctx.session(bad)  # one key, two sources: it would run the other's pipeline
+        s_bad = ctx.session(_program(MSL.replace("y[lid.x]", "y[lid.x + 32]"), key="cp_bad"))
+        y = ctx.alloc(64)
+        ctx.submit(s_bad, y=y.handle)
+        while not sim.object(s_bad.inflight[0].cbs[0]).status >= MTL.StatusCompleted:  # type: ignore[attr-defined]
+            time.sleep(0.001)
+        with pytest.raises(MetalValidationError, match="out of bounds") as e:
+            ctx.submit(s_good, y=y.handle)
+        assert any("fault of submit 0 (timeline value 1) of another Session" in n for n in e.value.__notes__)
+        assert not s_bad.inflight and s_bad.wait() == []
+        assert ctx.submit(s_good, y=y.handle).value == 2  # the refused submit sent nothing: its value is free
+        ctx.synchronize()
