@@ -45,7 +45,8 @@ from mtlir.runtime.link.link import collect_objects
 from mtlir.runtime.link.linked import above_max_buffer_length
 from mtlir.runtime.link.kinds import make_pipeline
 from mtlir.runtime.link.state import LinkState
-from mtlir.runtime.session import Session, device_closed
+from mtlir.runtime.session import Session
+from mtlir.runtime.waits import device_closed
 from mtlir.runtime.submission import Submission, TimelineValues
 
 __all__ = ["DeviceContext", "DeviceBuffer", "ContextError", "SessionRing"]
