@@ -178,7 +178,7 @@ def test_plot_into_a_file_is_refused(bench_modules: Any, tmp_path: Path, capsys:
     afile = tmp_path / "afile"
     afile.write_text("x")
     if __import__("importlib").util.find_spec("matplotlib") is None:
-        pytest.skip("matplotlib is not installed: --plot is refused for that first")
+        pytest.skip("matplotlib is not installed: --plot is refused for that first (make bench installs it)")
     with pytest.raises(SystemExit):
         report.main(["--plot", str(afile)])
     assert f"--plot {afile}: is a file, not a folder" in capsys.readouterr().err
