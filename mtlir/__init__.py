@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -84,14 +83,14 @@ _MODULES: dict[str, tuple[str, ...]] = {
 _WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
 
-# Imported from the repository's own mtlir/ folder (the repository root first on sys.path: a script or a REPL started
-# there) the package lacks mtlir.passes and mtlir.runtime, which the install maps from the sibling folders: say so.
+# Imported from the repository's own mtlir/ folder (the repository root first on sys.path: a script, a REPL or
+# `python -m mtlir` started there), the package finds mtlir.passes, mtlir.runtime and mtlir.tinygrad where the
+# install maps them from (pyproject.toml's package-dir): the sibling folders passes/ and runtime/, and
+# clients/tinygrad/. Without this they could not be imported from the root (a newcomer's ModuleNotFoundError).
 _HERE = os.path.dirname(os.path.abspath(__file__))
-if not os.path.isdir(os.path.join(_HERE, "passes")) and os.path.isfile(os.path.join(_HERE, "..", "passes",
-                                                                                     "__init__.py")):
-    warnings.warn(f"mtlir was imported from the source folder {_HERE}, where mtlir.passes and mtlir.runtime cannot "
-                  "be found (the repository root is first on sys.path): run from another directory, or with "
-                  "`python -P` or PYTHONSAFEPATH=1, to use the installed package", RuntimeWarning, stacklevel=2)
+_ROOT = os.path.dirname(_HERE)
+if not os.path.isdir(os.path.join(_HERE, "passes")) and os.path.isfile(os.path.join(_ROOT, "passes", "__init__.py")):
+    __path__ += [_ROOT, os.path.join(_ROOT, "clients")]
 
 
 def __getattr__(name: str) -> Any:

@@ -61,3 +61,21 @@ def test_the_type_checker_sees_the_same_names() -> None:
     imported = {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
                 for alias in node.names}
     assert imported == mtlir._WHERE
+
+
+def test_the_subpackages_import_from_the_repository_root() -> None:
+    """Started in the repository root (a script, a REPL, ``python -m mtlir``), the root's own mtlir/ folder is the
+    package: it finds mtlir.passes, mtlir.runtime and mtlir.tinygrad in the sibling folders the install maps them
+    from (a newcomer's ModuleNotFoundError)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    probe = ("import mtlir, mtlir.passes, mtlir.runtime.sim.device, mtlir.tinygrad.settings\n"
+             "print(mtlir.__file__, mtlir.runtime.sim.device.__file__)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=root,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    here, device = proc.stdout.split()
+    assert Path(here).parent == root / "mtlir" and Path(device) == root / "runtime" / "sim" / "device.py"
+    run = subprocess.run([sys.executable, "-m", "mtlir", "--version"], capture_output=True, text=True, timeout=120,
+                         cwd=root, env=env)
+    assert run.returncode == 0 and run.stdout.strip(), run.stderr[-2000:]
