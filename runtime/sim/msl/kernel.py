@@ -267,8 +267,12 @@ def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[P
     cl_elem = storage_type(elem)  # half, bfloat: their 16 bits (softfloat)
     if cl_elem in VECTORS:
         cl_elem = ctx.prelude.need_unaligned(cl_elem)
-    writable = space == "device" and pointer and "const" not in words
+    # `const` before the `*` qualifies the pointee (read-only data); after it, the pointer itself
+    # (`device float* const p`: a fixed pointer to writable data, still stored through)
+    star = words.index("*") if pointer else len(words)
+    writable = space == "device" and pointer and "const" not in words[:star]
     const = "" if writable else "const "
+    fixed = " const" if "const" in words[star:] else ""
     name = cl_name(p.name.text)
     base = _unique(f"{name}_base", used)
     off, before, length = (f"{ARGS_PARAM}[{3 * position + k}]" for k in range(3))
@@ -279,7 +283,7 @@ def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[P
     if (pointer or not known) and ctx.guard is not None:
         lines.append(f"const ulong {bound.start} = (ulong){base} - {before}, {bound.length} = {length};")
     if pointer:
-        lines.append(f"{ptr} {name} = ({ptr})({base} + {off});")
+        lines.append(f"{ptr}{fixed} {name} = ({ptr})({base} + {off});")
         if ctx.guard is not None:
             ctx.guard.ptrs[p.name.text] = bound
     elif not known and ctx.guard is not None:

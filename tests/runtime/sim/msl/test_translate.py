@@ -85,6 +85,28 @@ def test_device_pointers_bind_in_order_or_by_buffer_attribute(runner: KernelRunn
     np.testing.assert_array_equal(out, a - b)
 
 
+def test_const_after_the_star_fixes_the_pointer_not_the_data(runner: KernelRunner) -> None:
+    # `device float* const p`: a constant pointer to writable data (valid MSL, stored through); a `const` before
+    # the `*` (or the `constant` space) makes the data read-only, and a fixed pointer cannot be moved
+    msl = """kernel void fill(device float* const out, device float*const o2, const device float* const a,
+                             uint i [[thread_position_in_grid]]) { out[i] = a[i] + 1.0f; o2[i] = a[i]; }"""
+    t = translate(HEAD + msl)
+    assert [b.writable for b in t.kernels["fill"].bindings] == [True, True, False]
+    assert "__global float* const out = " in t.source
+    a = np.arange(4, dtype=np.float32)
+    out, o2, _ = launch(runner, msl, "fill", [np.zeros(4, np.float32), np.zeros(4, np.float32), a],
+                        (1, 1, 1), (4, 1, 1))
+    np.testing.assert_array_equal(out, a + 1)
+    np.testing.assert_array_equal(o2, a)
+    for param in ("const device float* const p", "device const float* const p", "constant float* const p"):
+        with pytest.raises(KernelCompileError, match="read-only"):
+            runner.compile(HEAD + f"kernel void k({param}, uint i [[thread_position_in_grid]]) {{ p[i] = 1.0f; }}",
+                           "k")
+    with pytest.raises(KernelCompileError):
+        runner.compile(HEAD + "kernel void k(device float* const p, uint i [[thread_position_in_grid]]) "
+                       "{ p = p + 1; p[i] = 1.0f; }", "k")
+
+
 def test_constant_reference_is_read_from_its_buffer(runner: KernelRunner) -> None:
     msl = """kernel void axpb(device float* y, device const float* x, constant int& n, constant float& s,
                              uint i [[thread_position_in_grid]]) {
