@@ -393,6 +393,8 @@ def parse_trace(data: Any, source: str = "") -> Trace:
     dispatches = [_dispatch(r, d, f"dispatches[{i}]", kernels, buffers, variables)
                   for i, d in enumerate(raw_dispatches)]
     output = _output(r, r.get(data, "output", "", dict), buffers)
+    if output.buffer not in {a.buffer for d in dispatches for a in d.args}:
+        raise r.fail("output.buffer", f"no dispatch binds buffer {output.buffer}: nothing produces the output")
     used = {e for d in dispatches for e in (*d.grid_expr, *d.threadgroup_expr) if isinstance(e, str)}
     used |= {p.var for d in dispatches for p in kernels[d.kernel].var_params if p.var is not None}
     bound = {a.buffer for d in dispatches for a in d.args} | {output.buffer}

@@ -157,6 +157,9 @@ CASES: list[tuple[str, Callable[[dict], None], str, str]] = [
     ("missing workload", _delete(["workload"]), "workload", "missing field"),
     ("empty workload", _set(["workload"], ""), "workload", "an empty workload name"),
     ("no dispatches", _set(["dispatches"], []), "dispatches", "no dispatches: nothing produces the output"),
+    # only dispatch 4 binds the output's buffer 8: without it the run failed late ("no buffer named 'buffer:8'")
+    ("output bound by no dispatch", _delete(["dispatches", 4]), "output.buffer",
+     "no dispatch binds buffer 8: nothing produces the output"),
     ("unknown top-level field", _set(["typo"], 1), "typo", "unknown field 'typo'"),
     ("unknown dispatch field", _set(["dispatches", 3, "typo_grid"], [1, 1, 1]), "dispatches[3].typo_grid",
      "unknown field 'typo_grid': the trace format (docs/lowering.md, \"Traces\") has args, grid, grid_expr, kernel, "
