@@ -15,7 +15,7 @@ from mtlir.ir.uop import UOp
 from mtlir.frontend.nodes import QueueError, buffer_base, buffer_label, buffer_nbytes, is_buffer, node_text
 
 __all__ = ["ExecParts", "ExecChecks", "exec_parts", "param_dtype", "var_dtype", "int_expression", "check_size",
-           "check_threads", "check_var_value", "check_elements", "SIZE_OPS", "MAX_SIZE", "MAX_THREADS"]
+           "check_threads", "check_var_value", "check_const", "check_elements", "SIZE_OPS", "MAX_SIZE", "MAX_THREADS"]
 
 MAX_SIZE = 2**32 - 1  # the largest grid or threadgroup size (threadgroups or threads per axis) encode accepts
 MAX_THREADS = 2**32 - 1  # threads per axis (grid x threadgroup): MSL thread positions are 32-bit uint
@@ -127,6 +127,8 @@ def int_expression(f: UOp, where: str, what: str) -> tuple[int, int]:
     for u in f.toposort():
         if u.op not in SIZE_OPS:
             raise QueueError(f"{where}: {what} must be an expression of run-time variables, found {node_text(u)}")
+        if u.op is Ops.CONST:
+            check_const(u, where)
         if not u.dtype.is_int:
             name = f" {u.arg[0]!r}" if u.op is Ops.DEFINE_VAR else ""
             raise QueueError(f"{where}: {what} must be an integer expression, found {u.op.name}<{u.dtype.name}>"
@@ -142,6 +144,23 @@ def int_expression(f: UOp, where: str, what: str) -> tuple[int, int]:
         raise QueueError(f"{where}: {e}") from None
 
 
+def check_const(c: UOp, where: str) -> None:
+    """Check an integer CONST's value is of its kind and fits its dtype, as ``UOp.const`` makes it: a CONST built
+    with ``UOp(Ops.CONST, ...)`` skips those checks, and a float there was cut toward zero when written, a bool
+    taken as 0 or 1, an int past the dtype refused only at link (a raw struct error). Bool CONSTs are not checked.
+
+    Raises ``QueueError`` naming ``where`` (the command and the size or parameter) and the value."""
+    dt, v = c.dtype, c.arg
+    if dt.kind not in ("int", "uint"):
+        return
+    if type(v) is not int:
+        raise QueueError(f"{where}: CONST<{dt.name}> {v!r} is a {type(v).__name__}, not an int (UOp.const("
+                         f"dtypes.{dt.name}, ...) checks and converts a value)")
+    if not dtypes.min(dt) <= v <= dtypes.max(dt):
+        raise QueueError(f"{where}: CONST<{dt.name}> {v} does not fit its dtype [{dtypes.min(dt)}, "
+                         f"{dtypes.max(dt)}]")
+
+
 def check_size(f: UOp, where: str) -> tuple[int, int]:
     """Check one dispatch size: an integer constant or an integer expression of run-time variables whose every
     value, over the variables' bounds, lies in ``[1, MAX_SIZE]`` (``mtlir.ir.bounds``: C semantics, so an expression
@@ -151,6 +170,7 @@ def check_size(f: UOp, where: str) -> tuple[int, int]:
     if not f.dtype.is_int:
         raise QueueError(f"{where}: a size must be an integer, got dtype {f.dtype.name}")
     if f.op is Ops.CONST:
+        check_const(f, where)
         if not 1 <= f.arg <= MAX_SIZE:
             raise QueueError(f"{where}: size {f.arg} is {'below 1' if f.arg < 1 else 'above 2**32-1'}")
         return (f.arg, f.arg)

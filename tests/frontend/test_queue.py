@@ -172,6 +172,15 @@ _F = UOp.variable("f", 0, 4, dtypes.float32)
     ({"vars": [_F.cast(dtypes.int32)]}, "variable 'n' (parameter 2): a variable value must be an integer expression, "
                                         "found DEFINE_VAR<float32> 'f'"),
     ({"grid": (_F.cast(dtypes.int32),)}, "grid.x: a size must be an integer expression, found DEFINE_VAR<float32> 'f'"),
+    # a CONST built with the raw constructor skips UOp.const's checks: 2.5 reached the kernel as 2, True as 1, and
+    # 2**40 failed only at link with a raw struct error
+    ({"vars": [UOp(Ops.CONST, dtypes.int32, (), 2.5)]}, "command 1 (saxpy): variable 'n' (parameter 2): "
+                                                        "CONST<int32> 2.5 is a float, not an int"),
+    ({"vars": [UOp(Ops.CONST, dtypes.int32, (), True)]}, "variable 'n' (parameter 2): CONST<int32> True is a bool"),
+    ({"vars": [UOp(Ops.CONST, dtypes.int32, (), 2**40)]}, "variable 'n' (parameter 2): CONST<int32> 1099511627776 "
+                                                          "does not fit its dtype [-2147483648, 2147483647]"),
+    ({"vars": [UOp(Ops.CONST, dtypes.int64, (), 3.0) + 1]}, "CONST<int64> 3.0 is a float"),
+    ({"grid": (UOp(Ops.CONST, dtypes.uint64, (), 2.5),)}, "grid.x: CONST<uint64> 2.5 is a float, not an int"),
     ({"bufs": [buffer("x", 64), buffer("y", 64)], "kernel": "sized"},
      "command 1 (sized): buffer parameter 0 takes 32 elements of float32 (128 bytes), but the buffer 'x' bound to it "
      "holds 64 bytes"),

@@ -282,6 +282,11 @@ _SIZED = Kernel("sized", "sized", "", (KernelParam(None, 0, "float32", 1024), Ke
      "variable parameter 2: value 4294967360 does not fit the parameter's type int32"),
     ((1, 1, 1), (1, 1, 1), [_X, _Y, UOp.variable("f", 0, 1, dtypes.float32).cast(dtypes.int32)], SAXPY,
      "found DEFINE_VAR<float32> 'f'"),
+    # raw-constructor CONSTs (a parsed graph): the value must be an int of the dtype's range
+    ((1, 1, 1), (1, 1, 1), [_X, _Y, UOp(Ops.CONST, dtypes.int32, (), 2.5)], SAXPY,
+     "command 0 (saxpy): variable parameter 2: CONST<int32> 2.5 is a float, not an int"),
+    ((1, 1, 1), (1, 1, 1), [_X, _Y, UOp(Ops.CONST, dtypes.int32, (), 2**40)], SAXPY,
+     "variable parameter 2: CONST<int32> 1099511627776 does not fit its dtype"),
     ((1, 1, 1), (1, 1, 1), [view(_X, 0, 1024), _Y], _SIZED,
      "command 0 (sized): buffer parameter 0 takes 4096 bytes (KernelParam.elements), but the view bound to it holds "
      "1024"),
