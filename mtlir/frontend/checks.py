@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from mtlir.ir.bounds import BoundsError, bounds, expr_text, variable_bounds
+from mtlir.ir.bounds import BoundsError, WrapError, exact_bounds, expr_text, variable_bounds
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import MTL, Kernel, KernelParam, element_dtype
 from mtlir.ir.ops import GroupOp, Ops
@@ -15,7 +15,8 @@ from mtlir.ir.uop import UOp
 from mtlir.frontend.nodes import QueueError, buffer_base, buffer_label, buffer_nbytes, is_buffer, node_text
 
 __all__ = ["ExecParts", "ExecChecks", "exec_parts", "param_dtype", "var_dtype", "int_expression", "check_size",
-           "check_threads", "check_var_value", "check_const", "check_elements", "SIZE_OPS", "MAX_SIZE", "MAX_THREADS"]
+           "check_threads", "check_var_value", "check_const", "check_elements", "wrap_message", "SIZE_OPS", "MAX_SIZE",
+           "MAX_THREADS"]
 
 MAX_SIZE = 2**32 - 1  # the largest grid or threadgroup size (threadgroups or threads per axis) encode accepts
 MAX_THREADS = 2**32 - 1  # threads per axis (grid x threadgroup): MSL thread positions are 32-bit uint
@@ -120,10 +121,13 @@ def exec_parts(node: UOp, where: str = "EXEC", checks: ExecChecks | None = None)
 
 
 def int_expression(f: UOp, where: str, what: str) -> tuple[int, int]:
-    """The range of an integer expression of CONSTs, DEFINE_VARs, CASTs and ALU ops over its variables' bounds.
+    """The range of an integer expression of CONSTs, DEFINE_VARs, CASTs and ALU ops over its variables' bounds,
+    computed without wrapping (``mtlir.ir.bounds.exact_bounds``).
 
-    Raises ``QueueError`` naming ``where`` for another node, a non-integer node (a float variable), or a
-    DEFINE_VAR whose declared bounds do not fit its own dtype."""
+    Raises ``QueueError`` naming ``where`` for another node, a non-integer node (a float variable), a DEFINE_VAR
+    whose declared bounds do not fit its own dtype, or a node whose value can leave its dtype (``m * 65536`` of an
+    int32 ``m`` in ``[1, 65536]``: the kernel would get the wrapped value), with the expression, the node, its range
+    without wrapping and the variables' bounds, suggesting a wider dtype."""
     for u in f.toposort():
         if u.op not in SIZE_OPS:
             raise QueueError(f"{where}: {what} must be an expression of run-time variables, found {node_text(u)}")
@@ -139,9 +143,26 @@ def int_expression(f: UOp, where: str, what: str) -> tuple[int, int]:
                 raise QueueError(f"{where}: variable {name!r} has bounds [{lo}, {hi}], which do not fit its dtype "
                                  f"{u.dtype.name} [{dtypes.min(u.dtype)}, {dtypes.max(u.dtype)}]")
     try:
-        return bounds(f)
+        return exact_bounds(f)
+    except WrapError as e:
+        raise QueueError(wrap_message(e, f, where, what)) from None
     except BoundsError as e:
         raise QueueError(f"{where}: {e}") from None
+
+
+def wrap_message(e: WrapError, f: UOp, where: str, what: str) -> str:
+    """The message of a ``WrapError`` met in ``f`` (``what``: "a size", "a variable value", ...) at ``where``."""
+    inner = "" if e.node is f else f" {expr_text(f)}"
+    return f"{where}: {what}{inner} cannot be computed in its dtype: {e} for {variable_bounds(f)}; {e.hint}"
+
+
+def _strip_casts(v: UOp, lo: int, hi: int) -> UOp:
+    """``v`` without its outer integer CASTs to dtypes that hold ``[lo, hi]``: once the inner value is checked
+    against ``[lo, hi]``, those casts cannot wrap it (a narrower cast is left, and checked as a node)."""
+    while (v.op is Ops.CAST and v.src[0].dtype.is_int and v.dtype.kind in ("int", "uint")
+           and dtypes.min(v.dtype) <= lo and hi <= dtypes.max(v.dtype)):
+        v = v.src[0]
+    return v
 
 
 def check_const(c: UOp, where: str) -> None:
@@ -163,12 +184,13 @@ def check_const(c: UOp, where: str) -> None:
 
 def check_size(f: UOp, where: str) -> tuple[int, int]:
     """Check one dispatch size: an integer constant or an integer expression of run-time variables whose every
-    value, over the variables' bounds, lies in ``[1, MAX_SIZE]`` (``mtlir.ir.bounds``: C semantics, so an expression
-    that can wrap around is refused too). Returns its range ``(lo, hi)``.
+    value, over the variables' bounds, lies in ``[1, MAX_SIZE]``, where no node can wrap (``int_expression``; outer
+    CASTs to a dtype that holds ``[1, MAX_SIZE]`` are looked through). Returns its range ``(lo, hi)``.
 
     Raises ``QueueError`` naming ``where`` (the command and axis), with the expression and the variables' bounds."""
     if not f.dtype.is_int:
         raise QueueError(f"{where}: a size must be an integer, got dtype {f.dtype.name}")
+    f = _strip_casts(f, 1, MAX_SIZE)
     if f.op is Ops.CONST:
         check_const(f, where)
         if not 1 <= f.arg <= MAX_SIZE:
@@ -214,13 +236,13 @@ def check_threads(grid: Sequence[tuple[int, int]], threadgroup: Sequence[tuple[i
 def check_var_value(v: UOp, dt: DType, where: str) -> None:
     """Check the value of a ``constant int&`` parameter of dtype ``dt``: an integer constant or integer expression
     of run-time variables (each with bounds that fit its own dtype) whose every value fits ``dt``, so nothing is
-    cut when the value is written into the parameter's slot.
+    cut when the value is written into the parameter's slot, and where no node wraps (``int_expression``: int32
+    ``m * 65536`` is refused; ``(m.cast(dtypes.int64) * 65536).cast(dtypes.int32)`` is checked against int32).
 
     Raises ``QueueError`` naming ``where`` (the command and the parameter) with the value's range."""
-    while v.op is Ops.CAST and v.src[0].dtype.is_int:  # a CAST to the parameter's type must not wrap the value
-        v = v.src[0]
-    lo, hi = int_expression(v, where, "a variable value")
     mn, mx = dtypes.min(dt), dtypes.max(dt)
+    v = _strip_casts(v, mn, mx)  # a CAST to the parameter's type: the value inside must fit it
+    lo, hi = int_expression(v, where, "a variable value")
     if lo < mn or hi > mx:
         text = str(v.arg) if v.op is Ops.CONST else f"{expr_text(v)} in [{lo}, {hi}] (for {variable_bounds(v)})"
         raise QueueError(f"{where}: value {text} does not fit the parameter's type {dt.name} [{mn}, {mx}]")

@@ -26,7 +26,7 @@ expressions of DEFINE_VARs, of the parameter's dtype.
 from __future__ import annotations
 
 from mtlir.errors import InputError
-from mtlir.ir.bounds import bounds
+from mtlir.ir.bounds import WrapError, exact_bounds, expr_text, variable_bounds
 from mtlir.ir.dtypes import dtypes
 from mtlir.metal import Obj
 from mtlir.ir.ops import Ops
@@ -122,8 +122,9 @@ def view(buf: UOp, offset: int | UOp, nbytes: int) -> UOp:
     value must be a multiple of the parameter's element size and below the bound buffer's length: the device
     refuses it at the submit otherwise (METAL.md §1, §3 rule 8).
 
-    Raises ``QueueError`` when ``buf`` is not a buffer, the offset is negative (or a variable one can be), the
-    size is below 1, the view runs past the end of the buffer, or a variable offset is not on a buffer variable."""
+    Raises ``QueueError`` when ``buf`` is not a buffer, the offset is negative (or a variable one can be, or can
+    wrap in its dtype: ``mtlir.ir.bounds.exact_bounds``), the size is below 1, the view runs past the end of the
+    buffer, or a variable offset is not on a buffer variable."""
     if type(buf) is UOp and buf.op is _BUFFER and type(offset) is int and type(nbytes) is int and offset >= 0 \
             and nbytes >= 1 and type(limit := buf.arg[1]) is int and offset + nbytes <= limit:
         return UOp(_BUFFER_VIEW, _ID, (buf,), (offset, nbytes))  # the usual case, its checks inline: one per command
@@ -157,7 +158,11 @@ def _variable_view(buf: UOp, base: UOp, off0: int | UOp, offset: UOp, nbytes: in
         total = total + off0
     if extra:
         total = total + extra
-    lo, hi = bounds(offset)
+    try:
+        lo, hi = exact_bounds(offset)
+    except WrapError as e:
+        raise QueueError(f"view of {buffer_label(base)}: offset {expr_text(offset)} cannot be computed in its dtype: "
+                         f"{e} for {variable_bounds(offset)}; {e.hint}") from None
     if lo < 0:
         raise QueueError(f"view of {buffer_label(base)}: offset {node_text(offset)} can be {lo}, below 0")
     return UOp(Ops.BUFFER_VIEW, dtypes.id, (base, total), (0, nbytes))

@@ -7,6 +7,12 @@ truncate toward zero, comparisons and bool are 0/1. The range is sound (every va
 variable values inside their bounds lies in it) but not always tight: variables are treated as independent, so
 ``n - n`` gives ``[lo - hi, hi - lo]``, not ``[0, 0]``.
 
+``exact_bounds(node)`` is the strict form the queue builder uses: the same ranges computed without wrapping, and a
+``WrapError`` naming the first node (innermost) whose range leaves its dtype (``m * 65536`` of an int32 ``m`` in
+``[1, 65536]`` can be 2**32), a CAST whose source's range does not fit its dtype, or a shift whose count can leave
+``[0, bits)`` (undefined in C). Such an expression would wrap silently in the kernel or the command; computed in
+int64 and cast back, it is checked where it is cast. BITCAST (a reinterpretation) and bool results keep C semantics.
+
 ``expr_text(node)`` prints such an expression in infix form for error messages (``(n + 31) // 32``).
 ``single_value(node)`` is the one value an expression takes for every value of its variables, when the bounds (or,
 without variables, the evaluation) show there is one: what ``bool()``, ``int()`` and ``range()`` of a UOp return.
@@ -24,7 +30,8 @@ from mtlir.ir.evaluate import c_idiv, evaluate
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.ir.uop import UOp
 
-__all__ = ["bounds", "single_value", "expr_text", "variable_bounds", "BoundsError", "VALUE_OPS"]
+__all__ = ["bounds", "exact_bounds", "single_value", "expr_text", "variable_bounds", "BoundsError", "WrapError",
+           "VALUE_OPS"]
 
 # the ops of a value known while the graph is built: constants, run-time variables and arithmetic on them
 VALUE_OPS = frozenset({Ops.CONST, Ops.DEFINE_VAR, Ops.CAST, Ops.BITCAST, Ops.AFTER}) | GroupOp.ALU
@@ -32,6 +39,17 @@ VALUE_OPS = frozenset({Ops.CONST, Ops.DEFINE_VAR, Ops.CAST, Ops.BITCAST, Ops.AFT
 
 class BoundsError(InputError, ValueError):
     """An expression whose range cannot be computed (a node that is not integer arithmetic); names the node."""
+
+
+class WrapError(BoundsError):
+    """An integer expression whose value, computed without wrapping over its variables' bounds, can leave the dtype
+    of one of its nodes (``exact_bounds``): ``node`` is that node (the innermost), ``lo`` and ``hi`` its range
+    without wrapping (None for a shift whose count can leave ``[0, bits)``, which C leaves undefined); ``hint``
+    says what to write instead (a wider dtype)."""
+
+    def __init__(self, message: str, node: UOp, lo: int | None, hi: int | None, hint: str) -> None:
+        super().__init__(message)
+        self.node, self.lo, self.hi, self.hint = node, lo, hi, hint
 
 
 def _full(dt: DType) -> tuple[int, int]:
@@ -94,7 +112,8 @@ def _compare(op: Ops, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]
 
 
 def _alu(u: UOp, r: list[tuple[int, int]]) -> tuple[int, int] | None:
-    """The exact interval of ``u``'s operation on its sources' intervals (before fitting), or None: anything."""
+    """The exact interval of ``u``'s operation on its sources' intervals (before fitting), or None where C leaves
+    the result undefined (a shift count outside ``[0, bits)``, a divisor that can only be 0)."""
     op = u.op
     if op is Ops.NEG:
         return -r[0][1], -r[0][0]
@@ -121,7 +140,7 @@ def _alu(u: UOp, r: list[tuple[int, int]]) -> tuple[int, int] | None:
             return None  # C leaves the shift undefined
         return _corners((lambda x, y: x << y) if op is Ops.SHL else (lambda x, y: x >> y), a, b)
     if op in (Ops.AND, Ops.OR, Ops.XOR):
-        return _bitwise(op, a, b)
+        return _bitwise(op, a, b) or _full(u.dtype)  # a negative operand: any value of the dtype, not a wrap
     return _compare(op, a, b)
 
 
@@ -137,6 +156,38 @@ def bounds(node: UOp) -> tuple[int, int]:
 
     Bool results are 0/1. Raises ``BoundsError`` naming the node for anything that is not integer arithmetic
     (a float, a LOAD, a buffer)."""
+    return _ranges(node, exact=False)
+
+
+def exact_bounds(node: UOp) -> tuple[int, int]:
+    """``(vmin, vmax)`` of the integer expression ``node`` as ``bounds`` gives it, where no node can wrap: raises
+    ``WrapError`` (a ``BoundsError``) naming the innermost node whose range, computed without wrapping, leaves its
+    dtype (``n * 65536`` of an int32 ``n`` in ``[1, 65536]``), a narrowing CAST of a value that does not fit, or a
+    shift whose count can leave ``[0, bits)``; ``BoundsError`` for anything that is not integer arithmetic. What the
+    queue builder checks every size, byte count and variable value with (docs/lowering.md "Refused")."""
+    return _ranges(node, exact=True)
+
+
+def _wrap_error(u: UOp, lo: int, hi: int) -> WrapError:
+    dt = u.dtype
+    mn, mx = _full(dt)
+    at = f"can be {hi}, above {dt.name}'s largest value {mx}" if hi > mx else \
+        f"can be {lo}, below {dt.name}'s smallest value {mn}"
+    if u.op is Ops.CAST:
+        what = f"the cast of {expr_text(u.src[0])} to {dt.name}"
+        hint = f"the cast would wrap silently: narrow the variables' bounds, or keep the value in a dtype that holds it"
+    else:
+        what = expr_text(u)
+        wide = "int64" if dt.kind == "int" or lo < 0 else "uint64"
+        var = next(iter(u.variables()), None)
+        first = f"{var.arg[0]}.cast(dtypes.{wide})" if var is not None else f"the operands cast to {wide}"
+        hint = f"no integer dtype is wider than {dt.name}: narrow the variables' bounds" if dt.bits >= 64 else \
+            (f"{dt.name} arithmetic would wrap silently: compute it in {wide} ({first} first) and cast the "
+             f"result to {dt.name} where one is needed (that cast is checked)")
+    return WrapError(f"{what} {at} (its range without wrapping is [{lo}, {hi}])", u, lo, hi, hint)
+
+
+def _ranges(node: UOp, exact: bool) -> tuple[int, int]:
     memo: dict[UOp, tuple[int, int]] = {}
     for u in node.toposort():
         dt = u.dtype
@@ -147,21 +198,31 @@ def bounds(node: UOp) -> tuple[int, int]:
             v = int(u.arg) if not isinstance(u.arg, str) else None
             if v is None:
                 raise BoundsError(f"the range of CONST<{dt.name}> {u.arg!r} cannot be computed")
-            memo[u] = _fit(dt, v, v)
+            got: tuple[int, int] | None = (v, v)
         elif op is Ops.DEFINE_VAR:
-            memo[u] = _fit(dt, int(u.arg[1]), int(u.arg[2]))
+            got = (int(u.arg[1]), int(u.arg[2]))
         elif op in (Ops.CAST, Ops.BITCAST, Ops.AFTER):
             if not u.src or not u.src[0].dtype.is_word:
                 raise BoundsError(f"the range of {op.name}<{dt.name}> of a non-integer cannot be computed")
-            lo, hi = memo[u.src[0]]
-            memo[u] = _fit(dt, lo, hi)
+            got = memo[u.src[0]]
         elif op in GroupOp.ALU:
             got = _alu(u, [memo[s] for s in u.src])
             if got is not None and op is Ops.SUB and _rounds_down(u, memo):
                 got = (max(got[0], 0), got[1])  # x - x % c, x >= 0, c >= 1: a multiple of c, never below 0
-            memo[u] = _full(dt) if got is None else _fit(dt, *got)
         else:
             raise BoundsError(f"the range of {op.name}<{dt.name}> cannot be computed: only integer arithmetic")
+        if got is None:
+            if exact and op in (Ops.SHL, Ops.SHR):
+                b = memo[u.src[1]]
+                count = b[0] if b[0] < 0 else b[1]
+                raise WrapError(f"{expr_text(u)}: the shift count {expr_text(u.src[1])} can be {count}, outside "
+                                f"[0, {dt.bits}) (undefined in C)", u, None, None, f"keep the count in [0, {dt.bits})")
+            memo[u] = _full(dt)
+            continue
+        fit = _fit(dt, *got)
+        if exact and fit != got and dt.kind != "bool" and op is not Ops.BITCAST:
+            raise _wrap_error(u, *got)
+        memo[u] = fit
     return memo[node]
 
 

@@ -36,6 +36,12 @@ def division(op: Ops, a: UOp, b: UOp) -> UOp:
     if (alo >= 0 and blo >= 1) or (ahi <= 0 and bhi <= -1) or (blo == bhi and abs(blo) == 1):
         return node  # both results have one sign (or the divisor is +-1): floor and truncation agree
     sym = "//" if op is Ops.IDIV else "%"
+    from mtlir.ir.bounds import WrapError, exact_bounds
+    for side_node in (a, b):  # a range widened by a wrap: say so rather than blame the signs
+        try:
+            exact_bounds(side_node)
+        except WrapError as e:
+            raise TypeError(f"{expr_text(node)}: {e} for {variable_bounds(side_node)}; {e.hint}") from None
     if blo == bhi == 0:
         raise ZeroDivisionError(f"{expr_text(node)}: division by zero")
     if blo <= 0 <= bhi:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtlir.ir.bounds import BoundsError, bounds, expr_text, single_value
+from mtlir.ir.bounds import BoundsError, WrapError, bounds, exact_bounds, expr_text, single_value
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
 from mtlir.ir.ops import Ops
@@ -34,6 +34,48 @@ K = Kernel("k", "k", "", (KernelParam(None, 0),))
 def test_ranges(expr: UOp, lo: int, hi: int) -> None:
     assert bounds(expr) == (lo, hi)
     assert (expr.vmin, expr.vmax) == (lo, hi)
+
+
+def test_exact_bounds_agree_where_nothing_wraps() -> None:
+    for expr in (N - 5, (N + 31) // 32, N * M, -M, N << 2, N & 3, M.alu(Ops.MOD, 3), (N < 3).where(N, 7), N < 40,
+                 (N + 1).cast(u64), (N - N % 4), UOp.variable("m", 1, 65536).cast(dtypes.int64) * 65536,
+                 UOp.const(u32, 2**32 - 1) + 0, M.bitcast(u32)):
+        assert exact_bounds(expr) == bounds(expr), expr_text(expr)
+
+
+_BIG = UOp.variable("m", 1, 65536)
+
+
+@pytest.mark.parametrize("expr, message, hint", [
+    (_BIG * 65536, r"^m \* 65536 can be 4294967296, above int32's largest value 2147483647 \(its range without "
+                   r"wrapping is \[65536, 4294967296\]\)$", r"compute it in int64 \(m.cast\(dtypes.int64\) first\)"),
+    ((_BIG * 65536).alu(Ops.IDIV, 2) + 1, r"^m \* 65536 can be 4294967296", "int64"),  # the innermost node is named
+    (_BIG << 16, r"^m << 16 can be 4294967296", "int64"),
+    (_BIG + (2**31 - 1), r"^m \+ 2147483647 can be 2147549183", "int64"),
+    # -INT_MIN
+    (-(UOp.variable("k", -8, 7) * 2**28), r"^-\(k \* 268435456\) can be 2147483648, above int32's largest", "int64"),
+    (UOp.const(u32, 5) - N, r"^5 - n can be -27, below uint32's smallest value 0", r"compute it in int64"),
+    (N.cast(u64) * 2**60, r"^n \* 1152921504606846976 can be 36893488147419103232, above uint64's",
+     r"no integer dtype is wider than uint64: narrow the variables' bounds"),
+    ((N - 5).cast(u64), r"^the cast of n - 5 to uint64 can be -4, below uint64's smallest value 0",
+     "the cast would wrap silently"),
+    (UOp.variable("m", 0, 300, dtypes.int64).cast(dtypes.uint8), r"^the cast of m to uint8 can be 300", "narrow"),
+    (UOp(Ops.CONST, i32, (), 2**31), r"^2147483648 can be 2147483648, above int32's", "int64"),
+    (UOp.const(i32, 1) << N, r"^1 << n: the shift count n can be 32, outside \[0, 32\) \(undefined in C\)",
+     r"keep the count in \[0, 32\)"),
+])
+def test_exact_bounds_refuse_a_node_that_would_wrap(expr: UOp, message: str, hint: str) -> None:
+    with pytest.raises(WrapError, match=message) as e:
+        exact_bounds(expr)
+    assert e.value.hint and __import__("re").search(hint, e.value.hint), e.value.hint
+    assert isinstance(e.value, BoundsError)
+
+
+def test_a_division_of_a_wrapped_value_names_the_wrap() -> None:
+    with pytest.raises(TypeError, match=r"^\(m \* 65536\) // 2: m \* 65536 can be 4294967296, above int32's largest "
+                                        r"value 2147483647 .* for m in \[1, 65536\]; int32 arithmetic would wrap"):
+        (_BIG * 65536) // 2  # noqa: B018 (used to blame the signs of the wrapped range)
+    assert (_BIG.cast(dtypes.int64) * 65536 // 2).vmax == 2**31
 
 
 def test_not_arithmetic_is_an_error_naming_the_node() -> None:
@@ -75,6 +117,10 @@ def _expr(dt: DType) -> st.SearchStrategy[UOp]:
        st.integers(0, 3000))
 def test_random_expressions_stay_in_their_range(e: UOp, a: int, b: int) -> None:
     lo, hi = bounds(e)
+    try:
+        assert exact_bounds(e) == (lo, hi)  # where nothing can wrap, the strict form gives the same range
+    except WrapError:
+        pass
     try:
         v = e.evaluate({"a": a, "b": b})
     except ZeroDivisionError:
@@ -135,6 +181,6 @@ def test_encode_refuses_a_hand_built_size_that_can_fall_below_1(icb: bool) -> No
     grid = UOp.struct(dtypes.MTLSize, (N - 5).cast(u64), 1, 1)
     ex = UOp(Ops.EXEC, dtypes.void, (kernel, grid, UOp.struct(dtypes.MTLSize, 32, 1, 1), buffer("x", 64)))
     g = UOp(Ops.SUBMIT, dtypes.void, (ex,), DeviceSpec("Apple7", icb=icb))
-    with pytest.raises(EncodeError, match=r"command 0 \(k\): grid.x: size n - 5 can be 0, below 1 "
+    with pytest.raises(EncodeError, match=r"command 0 \(k\): grid.x: size n - 5 can be -4, below 1 "
                                           r"\(for n in \[1, 32\]\)"):
         lower(g, target="arm64")
