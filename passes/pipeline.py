@@ -281,7 +281,7 @@ class PassPipeline:
         ``print_after_all`` prints each stage to ``out`` (default stderr), or for a pass that returned the very graph
         it was given only its header, saying ``(unchanged)``. ``keep_stages`` keeps every stage (``("input", graph)``
         first). Raises what the passes and verifiers raise (``VerifyError`` names the pass
-        and the node)."""
+        and the node); an exception a pass raises keeps its type and gets a note naming the pass."""
         from mtlir.passes.verify import checked_once
         with gc_paused(), checked_once():
             return self._run(graph, print_after_all, keep_stages, out, verify)
@@ -294,11 +294,15 @@ class PassPipeline:
         timings: list[PassTiming] = []
         cur: UOp | Program = graph
         stream = out if out is not None else sys.stderr
-        for p in self.passes:
+        for i, p in enumerate(self.passes):
             if not isinstance(cur, UOp):  # a PassPipeline built around __post_init__'s check
                 raise PipelineError(f"pass {p.name!r} comes after linearize, which already produced the Program")
             t0 = time.perf_counter()
-            nxt = p.apply(cur, ctx)
+            try:
+                nxt = p.apply(cur, ctx)
+            except Exception as e:  # same exception (callers' except clauses still work), naming the pass
+                e.add_note(f"in pass {str(p)!r} (pass {i + 1} of {len(self.passes)} of pipeline '{self}')")
+                raise
             t1 = time.perf_counter()
             if verify:
                 p.verify(nxt)

@@ -274,7 +274,8 @@ def graph_rewrite(graph: UOp, matcher: PatternMatcher, ctx: Any = None, name: st
     lowering whose rules return nodes no rule matches, built from sources already rewritten: abi's CALLs, encode's
     message chain; the walk then skips the worklist a result would go through). Raises ``RewriteLoopError`` for
     a rule set that does not terminate, ``RuleError`` for a rule returning something other than a UOp,
-    ``TypeError`` for a ``graph`` that is not a UOp."""
+    ``TypeError`` for a ``graph`` that is not a UOp. Anything a rule raises goes on unchanged (same type) with notes
+    (``__notes__``) naming the rule (file:line), the node it was matching and this rewrite's ``name``."""
     if not isinstance(graph, UOp):
         raise TypeError(f"graph_rewrite {name!r}: the graph is a {type(graph).__name__}, not a UOp")
     if not isinstance(matcher, PatternMatcher):
@@ -285,6 +286,21 @@ def graph_rewrite(graph: UOp, matcher: PatternMatcher, ctx: Any = None, name: st
             trace.name, trace.before, trace.after = name, graph, graph
         return graph
     nodes.sort(key=_rank_of)
+    try:
+        out = _rewrite_all(graph, matcher, ctx, name, trace, max_steps, results_final, nodes, old)
+    except RewriteLoopError:  # already names the rewrite and its rules
+        raise
+    except Exception as e:  # a rule raised: same exception (callers' except clauses still work), one more note
+        e.add_note(f"in graph_rewrite {name!r}")
+        raise
+    if trace is not None:
+        trace.name, trace.before, trace.after = name, graph, out
+    return out
+
+
+def _rewrite_all(graph: UOp, matcher: PatternMatcher, ctx: Any, name: str, trace: RewriteTrace | None,
+                 max_steps: int, results_final: bool, nodes: list[UOp], old: set[UOp]) -> UOp:
+    """graph_rewrite's main loop over ``nodes`` (the input graph, sorted by rank; ``old``: the same as a set)."""
     rw = _Rewriter(matcher, ctx, name, trace, max_steps, nodes, old)
     by_op, rewrite, replaced, early, state = matcher._by_op, matcher.rewrite_with_rule, rw.replaced, rw.early, rw.state
     get, state_get = replaced.get, state.get
@@ -341,7 +357,4 @@ def graph_rewrite(graph: UOp, matcher: PatternMatcher, ctx: Any = None, name: st
                 state[before] = out
         if out is not n:
             replaced[n] = out
-    out = get(graph, graph)
-    if trace is not None:
-        trace.name, trace.before, trace.after = name, graph, out
-    return out
+    return get(graph, graph)

@@ -377,16 +377,32 @@ class PatternMatcher:
 
     def _rewrite_unchecked(self, uop: UOp, ctx: Any,
                            rules: list[tuple[MatchFn, PatternRule]]) -> tuple[UOp, PatternRule] | None:
-        """``rewrite_with_rule`` once the precheck said a rule may match: every rule for the op, in order."""
-        for match, rule in rules:
-            for captures in match(uop, {}):
-                ret = rule.fn(ctx=ctx, **captures) if rule.wants_ctx else rule.fn(**captures)
-                if ret is not None and ret is not uop:
-                    if type(ret) is not UOp:
-                        raise RuleError(f"rule {rule.name} at {rule.location} returned a {type(ret).__name__}, "
-                                        "not a UOp or None")
-                    return ret, rule
+        """``rewrite_with_rule`` once the precheck said a rule may match: every rule for the op, in order.
+
+        An exception a rule raises goes on unchanged (same type, for the caller's ``except``) with a note naming
+        the rule (file:line) and the node it was matching; the try costs nothing when nothing raises."""
+        rule: PatternRule | None = None
+        try:
+            for match, rule in rules:
+                for captures in match(uop, {}):
+                    ret = rule.fn(ctx=ctx, **captures) if rule.wants_ctx else rule.fn(**captures)
+                    if ret is not None and ret is not uop:
+                        if type(ret) is not UOp:
+                            raise RuleError(f"rule {rule.name} at {rule.location} returned a {type(ret).__name__}, "
+                                            "not a UOp or None")
+                        return ret, rule
+        except Exception as e:
+            where = f"rule {rule.name} at {rule.location}" if rule is not None else "a rule"
+            e.add_note(f"in {where}, matching {_brief(uop)}")
+            raise
         return None
+
+
+def _brief(uop: UOp) -> str:
+    """A one-line description of a node for an error note: op, dtype, arg, how many sources."""
+    arg = "" if uop.arg is None else f", arg={uop.arg!r:.80}"
+    n = len(uop.src)
+    return f"UOp({uop.op!r}, {uop.dtype!r}{arg}, {n} source{'' if n == 1 else 's'})"
 
 
 def _compiled(pat: UPat) -> MatchFn:

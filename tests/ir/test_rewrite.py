@@ -309,3 +309,33 @@ def test_nodes_of_one_rank_are_rewritten_left_to_right() -> None:
     a, b, c = (UOp.variable(v, 0, 1) for v in "abc")
     graph_rewrite(UOp.sink(-a, -b, -c), PatternMatcher([(UPat(name="n"), log)]))
     assert order == [a, b, c, -a, -b, -c, UOp.sink(-a, -b, -c)]
+
+
+def test_an_exception_a_rule_raises_keeps_its_type_and_gets_notes_naming_the_rule_and_the_node() -> None:
+    g = (x + 1) + 2
+    pm = PatternMatcher([(UPat(Ops.ADD, name="n"), lambda n: 1 // 0)])
+    rule = pm.rules[0]
+    with pytest.raises(ZeroDivisionError) as e:  # not wrapped: a caller's ``except ZeroDivisionError`` still works
+        graph_rewrite(g, pm, name="mypass")
+    assert e.value.__notes__ == [
+        f"in rule {rule.name} at {rule.location}, matching UOp(Ops.ADD, dtypes.int32, 2 sources)",
+        "in graph_rewrite 'mypass'"]
+    assert rule.name.endswith("<lambda>") and "tests/ir/test_rewrite.py:" in rule.location
+
+
+def test_a_rule_raising_in_a_nested_rewrite_is_named_at_each_level_and_loop_errors_get_no_extra_note() -> None:
+    inner = PatternMatcher([(UPat(Ops.CONST, name="c"), lambda c: {}["boom"] if c.arg == 2 else None)])
+
+    def outer_rule(n: UOp) -> UOp | None:
+        return graph_rewrite(n.src[1], inner, name="inner")
+
+    with pytest.raises(KeyError) as e:
+        graph_rewrite((x + 1) + 2, PatternMatcher([(UPat(Ops.ADD, name="n"), outer_rule)]), name="outer")
+    notes = e.value.__notes__
+    assert [n.split(",")[0].split(" at ")[0] for n in notes] == [
+        "in rule " + inner.rules[0].name, "in graph_rewrite 'inner'", "in rule " + outer_rule.__qualname__,
+        "in graph_rewrite 'outer'"]
+    assert "matching UOp(Ops.CONST, dtypes.int32, arg=2, 0 sources)" in notes[0]
+    with pytest.raises(RewriteLoopError) as loop:
+        graph_rewrite(x + 1, PatternMatcher([(UPat(Ops.ADD, name="n"), lambda n: n.src[1] + n.src[0])]), name="swap")
+    assert "in graph_rewrite" not in "".join(getattr(loop.value, "__notes__", []))

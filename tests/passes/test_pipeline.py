@@ -327,3 +327,27 @@ def test_print_after_all_spells_out_the_messages_and_the_icb_commands() -> None:
     assert "objc_msgSend [%" in after_abi and "waitForFence: %" in after_abi
     after_linearize = text.split("// -----// IR after linearize //----- //")[1]
     assert "; ICB icb: 3 commands" in after_linearize and "pipeline:saxpy" in after_linearize
+
+
+@register
+@dataclass(frozen=True)
+class _RaisingPass(Pass):
+    """A test pass whose rewrite rule raises a KeyError on the first message."""
+
+    name = "test-raise-in-rule"
+
+    def apply(self, graph: UOp, ctx: PassContext) -> UOp:
+        from mtlir import PatternMatcher, UPat, graph_rewrite
+        return graph_rewrite(graph, PatternMatcher([(UPat(Ops.MSG, name="m"), lambda m: {}["boom"])]), name=self.name)
+
+
+def test_an_exception_a_pass_raises_keeps_its_type_and_names_the_pass_the_rule_and_the_node() -> None:
+    with pytest.raises(KeyError) as e:  # not wrapped: a caller's ``except KeyError`` still works
+        lower(small_queue(DeviceSpec("Apple9")), pipeline="encode,test-raise-in-rule")
+    assert type(e.value) is KeyError and e.value.args == ("boom",)
+    notes = getattr(e.value, "__notes__", [])
+    assert len(notes) == 3, notes
+    assert notes[0].startswith("in rule _RaisingPass.apply.<locals>.<lambda> at ") and "test_pipeline.py:" in notes[0]
+    assert "matching UOp(Ops.MSG, dtypes." in notes[0]
+    assert notes[1] == "in graph_rewrite 'test-raise-in-rule'"
+    assert notes[2] == "in pass 'test-raise-in-rule' (pass 2 of 2 of pipeline 'encode,test-raise-in-rule')"
