@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mtlir.ir.bounds import expr_text
+from mtlir.ir.bounds import bounds, expr_text, variable_bounds
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj
 from mtlir.ir.ops import Ops
@@ -49,6 +49,28 @@ def _mtlsize(sizes: Sequence[UOp | int] | UOp | int, where: str) -> UOp:
         raise QueueError(f"{where}: expected 1 to 3 sizes (x, y, z), got {sizes!r}")
     full = (*sizes, *(1,) * (3 - len(sizes)))
     return UOp.struct(dtypes.MTLSize, *(_size(v, f"{where}.{a}") for v, a in zip(full, "xyz")))
+
+
+def _refuse_overlap(s_off: UOp, d_off: UOp, n: UOp, where: str) -> None:
+    """Refuse a copy within one buffer when ``[s_off, s_off + n)`` and ``[d_off, d_off + n)`` (bytes, uint64 nodes)
+    can overlap: the offsets' distance can be below ``n`` over the variables' bounds (taken independently, so
+    ``k`` and ``k + 512`` are refused too). Raises ``QueueError`` naming ``where`` and both ranges."""
+    dist = d_off.cast(dtypes.int64) - s_off.cast(dtypes.int64)
+    lo, hi = bounds(dist)
+    gap = 0 if lo <= 0 <= hi else min(abs(lo), abs(hi))
+    n_hi = bounds(n)[1]
+    if gap >= n_hi:
+        return
+    free = dist.variables() or n.variables()
+    if free:
+        ranges = f"source bytes [{expr_text(s_off)}, {expr_text(s_off + n)}) and destination bytes " \
+                 f"[{expr_text(d_off)}, {expr_text(d_off + n)})"
+    else:
+        s, d = bounds(s_off)[0], bounds(d_off)[0]
+        ranges = f"source bytes [{s}, {s + n_hi}) and destination bytes [{d}, {d + n_hi})"
+    how = f"can overlap (for {variable_bounds(UOp.sink(dist, n))})" if free else "overlap"
+    raise QueueError(f"{where}: {ranges} {how}: Metal leaves a copy between overlapping ranges of one buffer undefined "
+                     f"(copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:); copy through a second buffer")
 
 
 class Queue:
@@ -297,11 +319,16 @@ class Queue:
         """Copy ``nbytes`` bytes (default: what ``src`` holds) from ``src`` at ``src_offset`` to ``dst`` at
         ``dst_offset`` (buffers or views; offsets and size ints or expressions of run-time variables, multiples of 4
         on macOS) with a blit encoder's ``copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:``, in queue
-        order with the commands around it. Raises ``QueueError`` for bytes outside a buffer for some variable value."""
+        order with the commands around it. Raises ``QueueError`` for bytes outside a buffer for some variable value,
+        and for a copy within one buffer whose source and destination ranges overlap (for some value of the variables,
+        their bounds taken independently): Metal leaves its result undefined (Metal Programming Guide, "Copying Data
+        Between Two Buffers")."""
         where = f"copy after command {self.ncommands}"
         s_buf, s_off, n = self._blit_target(src, src_offset, nbytes, f"{where}: source")
         d_buf, d_off, _ = self._blit_target(dst, dst_offset, nbytes if nbytes is not None else n,
                                             f"{where}: destination")
+        if s_buf is d_buf:
+            _refuse_overlap(s_off, d_off, n, f"{where} ({buffer_label(s_buf)} to itself)")
         self.ops.append(UOp(Ops.COPY, dtypes.void, (s_buf, s_off, d_buf, d_off, n)))
         return self
 

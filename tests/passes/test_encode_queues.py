@@ -132,6 +132,26 @@ def test_blit_ranges_are_checked() -> None:
         lower(Queue(DEV).fill(x, 1).timestamp(0).submit())
 
 
+def test_a_copy_between_overlapping_ranges_of_one_buffer_is_refused() -> None:
+    """Metal leaves it undefined (Metal Programming Guide, "Copying Data Between Two Buffers"); the simulator did a
+    memmove. Refused with both ranges; with variables, when their bounds allow an overlap."""
+    from mtlir.frontend.nodes import view
+    from mtlir.ir.uop import UOp
+    b = buffer("b", 1024)
+    with pytest.raises(QueueError, match=r"copy after command 0 \('b' to itself\): source bytes \[0, 512\) and "
+                                         r"destination bytes \[256, 768\) overlap: Metal leaves"):
+        Queue(DEV).copy(b, b, 512, src_offset=0, dst_offset=256)
+    with pytest.raises(QueueError, match=r"source bytes \[0, 512\) and destination bytes \[256, 768\) overlap"):
+        Queue(DEV).copy(view(b, 0, 512), view(b, 256, 512))  # views: their offsets in the buffer
+    k = UOp.variable("k", 0, 512)
+    with pytest.raises(QueueError, match=r"destination bytes \[k, k \+ 256\) can overlap \(for k in \[0, 512\]\)"):
+        Queue(DEV).copy(b, b, 256, dst_offset=k)
+    Queue(DEV).copy(b, b, 512, src_offset=512, dst_offset=0)  # adjacent ranges, either way
+    Queue(DEV).copy(b, b, 256, src_offset=0, dst_offset=256)
+    Queue(DEV).copy(b, b, 256, dst_offset=k + 256)  # k + 256 >= 256: never below the source's end
+    Queue(DEV).copy(b, buffer("c", 1024), 512, src_offset=0, dst_offset=256)  # two buffers
+
+
 def test_verify_queue_checks_blits_and_queue_names() -> None:
     from mtlir.ir.dtypes import dtypes
     from mtlir.ir.ops import Ops

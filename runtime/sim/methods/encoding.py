@@ -343,8 +343,15 @@ def _blit_copy(dev: SimDevice, enc: BlitEncoder, src: Buffer, src_offset: int, d
                 dst_offset, size)
     if not _open(dev, enc, call):
         return
-    if _blit_range(dev, call, src, src_offset, size, "source") & _blit_range(dev, call, dst, dst_offset, size,
-                                                                             "destination"):
+    inside = _blit_range(dev, call, src, src_offset, size, "source") & _blit_range(dev, call, dst, dst_offset, size,
+                                                                                   "destination")
+    # one buffer, overlapping ranges: Metal leaves the result undefined (Metal Programming Guide, "Copying Data
+    # Between Two Buffers"); strict refuses it, faithful copies as if through a temporary (a memmove)
+    if dev.strict and src is dst and src_offset < dst_offset + size and dst_offset < src_offset + size:
+        raise violation(Rule.API_VALIDATION, call, f"source bytes [{src_offset}, {src_offset + size}) and "
+                                                   f"destination bytes [{dst_offset}, {dst_offset + size}) of "
+                                                   f"{src.describe()} overlap: the copy's result is undefined")
+    if inside:
         enc.blits.append(BlitCopy(src, src_offset, dst, dst_offset, size))
         _hold(dev, enc, src)
         _hold(dev, enc, dst)

@@ -50,3 +50,35 @@ def test_strict_refuses_unaligned_or_outside_ranges(s: Scene) -> None:
         s.send(blit, "setComputePipelineState:", s.pipelines["fill"])
     with pytest.raises(MetalValidationError, match="A command encoder is already encoding"):
         s.send(cb, "computeCommandEncoder")
+
+
+def test_a_copy_between_overlapping_ranges_of_one_buffer() -> None:
+    """Metal leaves it undefined (Metal Programming Guide, "Copying Data Between Two Buffers"): strict refuses the
+    message naming both ranges; faithful copies as if through a temporary (a memmove). Adjacent ranges are fine."""
+    for strict in (True, False):
+        s = Scene(strict=strict)
+        try:
+            b = s.buffer(64)
+            s.dev.write(s.contents(b), np.arange(16, dtype=np.float32).tobytes())
+            cb = s.send(s.queue, "commandBuffer")
+            blit = s.send(cb, "blitCommandEncoder")
+            s.send(blit, "copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:", b, 0, b, 32, 32)
+            if strict:
+                with pytest.raises(MetalValidationError, match=r"source bytes \[0, 32\) and destination bytes "
+                                                               r"\[16, 48\) of MTLBuffer .* overlap"):
+                    s.send(blit, "copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:", b, 0, b, 16, 32)
+                s.send(blit, "endEncoding")
+                s.send(cb, "commit")
+                s.dev.run_until_idle()
+                got = np.frombuffer(s.dev.read(s.contents(b), 64), np.float32)
+                assert (got == np.r_[np.arange(8), np.arange(8)]).all()
+                continue
+            s.send(blit, "copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:", b, 0, b, 16, 32)
+            s.send(blit, "endEncoding")
+            s.send(cb, "commit")
+            s.dev.run_until_idle()
+            got = np.frombuffer(s.dev.read(s.contents(b), 64), np.float32)
+            # [0, 32) -> [32, 64): 0..7 twice; then [0, 32) -> [16, 48) from a snapshot: 0..3, 0..7, 4..7
+            assert (got == np.r_[np.arange(4), np.arange(8), np.arange(4, 8)]).all()
+        finally:
+            s.close()
