@@ -338,7 +338,9 @@ class _RaisingPass(Pass):
 
     def apply(self, graph: UOp, ctx: PassContext) -> UOp:
         from mtlir import PatternMatcher, UPat, graph_rewrite
-        return graph_rewrite(graph, PatternMatcher([(UPat(Ops.MSG, name="m"), lambda m: {}["boom"])]), name=self.name)
+        def boom(m: UOp) -> UOp:
+            raise KeyError("boom")
+        return graph_rewrite(graph, PatternMatcher([(UPat(Ops.MSG, name="m"), boom)]), name=self.name)
 
 
 def test_an_exception_a_pass_raises_keeps_its_type_and_names_the_pass_the_rule_and_the_node() -> None:
@@ -347,7 +349,7 @@ def test_an_exception_a_pass_raises_keeps_its_type_and_names_the_pass_the_rule_a
     assert type(e.value) is KeyError and e.value.args == ("boom",)
     notes = getattr(e.value, "__notes__", [])
     assert len(notes) == 3, notes
-    assert notes[0].startswith("in rule _RaisingPass.apply.<locals>.<lambda> at ") and "test_pipeline.py:" in notes[0]
+    assert notes[0].startswith("in rule _RaisingPass.apply.<locals>.boom at ") and "test_pipeline.py:" in notes[0]
     assert "matching UOp(Ops.MSG, dtypes." in notes[0]
     assert notes[1] == "in graph_rewrite 'test-raise-in-rule'"
     assert notes[2] == "in pass 'test-raise-in-rule' (pass 2 of 2 of pipeline 'encode,test-raise-in-rule')"
