@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import sys
@@ -44,7 +45,7 @@ from mtlir.cli.opt import cmd_opt
 from mtlir.cli.record import add_parser as add_record_parser, cmd_record
 from mtlir.cli.translate import cmd_translate
 from mtlir.cli.report import (EXIT_BAD_INPUT, EXIT_INTERNAL, UsageError, _interrupted, _output_error, _report,
-                              _silence_stdout, _stdout_for_json)
+                              _silence_stdout, _stdout_for_json, same_path)
 from mtlir.cli.run import MakeBridge, cmd_list_devices, cmd_run, make_bridge, metal_available, metal_bridge
 
 __all__ = ["main", "build_parser"]
@@ -135,11 +136,47 @@ def _viz_dir(text: str) -> Path:
     return Path(text)
 
 
+class _JoinPipeline(argparse.Action):
+    """``-p``/``--pipeline`` given several times: the pipelines joined in order with ``,`` (``-p encode -p
+    barriers`` is ``-p encode,barriers``, mlir-opt's way with several pass flags; the last one alone used to win
+    silently). An empty value is refused (argparse's error: a ``UsageError``, exit 2)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        text = str(values).strip()
+        if not text:
+            raise argparse.ArgumentError(self, "an empty pipeline: give passes, e.g. encode,abi{target=arm64}")
+        before = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, f"{before},{text}" if before else text)
+
+
+class _Version(argparse.Action):
+    """``--version``: ``mtlir X.Y`` on stdout, or with ``--json`` the object ``{"version": "X.Y"}`` (argparse's own
+    action printed to stdout, which a ``--json`` command points at stderr, so stdout got nothing). Raises
+    ``_VersionRequested`` for ``main`` to print, as argparse's action exits."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version (with --json as {\"version\": ...}) and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        raise _VersionRequested()
+
+
+class _VersionRequested(Exception):  # noqa: N818  (a signal inside main, never seen outside it)
+    """``--version`` was given: ``main`` prints the version and exits 0."""
+
+
 def check_outputs(args: argparse.Namespace) -> None:
     """Refuse, before any work, an output path that cannot be written: ``--html FILE`` and ``--profile FILE`` need
     an existing, writable folder and must not name a folder; ``--viz DIR`` must not be a file and the nearest
-    existing folder above it must be writable (the pictures' folders are made). Raises ``UsageError`` naming the
-    flag (a run of a large trace used to end with that error after all its work)."""
+    existing folder above it must be writable (the pictures' folders are made); no two of them may name the same
+    path, nor the input TRACE (one output overwrote the other, or the trace, and the command still exited 0).
+    Raises ``UsageError`` naming the flag(s) (a run of a large trace used to end with that error after all its
+    work)."""
+    _distinct_paths([(flag, getattr(args, dest, None)) for flag, dest in
+                     (("TRACE", "trace"), ("--html", "html"), ("--profile", "profile"), ("--viz", "viz"))])
     for flag, what, path in (("--html", "the page", getattr(args, "html", None)),
                              ("--profile", "the profile", getattr(args, "profile", None))):
         if path is None:
@@ -164,6 +201,20 @@ def check_outputs(args: argparse.Namespace) -> None:
         raise UsageError(f"--viz {viz}: cannot write the pictures: permission denied in {above}")
 
 
+def _distinct_paths(paths: list[tuple[str, Path | None]]) -> None:
+    """Raise ``UsageError`` when two of ``paths`` (flag, path; None: not given) name the same path, naming both
+    flags; the first entry is the input (``TRACE``): an output naming it would overwrite it."""
+    given = [(flag, path) for flag, path in paths if path is not None]
+    for i, (flag, path) in enumerate(given):
+        for other, opath in given[:i]:
+            if same_path(path, opath):
+                if other == "TRACE":
+                    raise UsageError(f"{flag} {path} is the input trace: writing it would overwrite the trace; give "
+                                     "the output its own path")
+                raise UsageError(f"{other} {opath} and {flag} {path} name the same path: one output would "
+                                 "overwrite the other; give each output its own path")
+
+
 def _list_devices_alone(args: argparse.Namespace, run: _Parser) -> None:
     """``run --list-devices`` takes no TRACE and no flag but ``--json`` and ``--debug``: it runs nothing, so a
     flag given with it would be ignored silently. Raises ``UsageError`` naming what was given."""
@@ -179,7 +230,7 @@ def build_parser() -> _Parser:
     """The argparse parser of ``mtlir`` with its two commands."""
     p = _Parser(prog="mtlir", description="Lower GPU queue operations to the Objective-C messages of Apple Metal "
                                           "and run them on real or simulated Metal.")
-    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def common(sp: argparse.ArgumentParser, trace_nargs: str | None = None) -> None:
@@ -204,7 +255,9 @@ def build_parser() -> _Parser:
 
     lo = sub.add_parser("lower", help="print the Program (or the messages) of one submit")
     common(lo)
-    lo.add_argument("--pipeline", metavar="P", help="the pass pipeline (default: the standard one for --target)")
+    lo.add_argument("--pipeline", action=_JoinPipeline, metavar="P",
+                    help="the pass pipeline, passes separated by ',' (default: the standard one for --target); given "
+                         "several times, the pipelines run one after the other")
     lo.add_argument("--print-after-all", action="store_true", help="print every stage to stderr")
     lo.add_argument("--setup", action="store_true", help="list the messages link sends once instead of one submit's")
 
@@ -247,7 +300,9 @@ def build_parser() -> _Parser:
     p.commands["translate"] = tr
     opt = sub.add_parser("opt", help="run passes on a graph in the text form and print the result (as mlir-opt)")
     opt.add_argument("file", type=Path, metavar="FILE", help="a graph in the text form (mtlir.ir.render); - for stdin")
-    opt.add_argument("-p", "--pipeline", required=True, metavar="P", help="the passes, e.g. encode,abi{target=arm64}")
+    opt.add_argument("-p", "--pipeline", action=_JoinPipeline, required=True, metavar="P",
+                     help="the passes, separated by ',', e.g. encode,abi{target=arm64}; -p given several times "
+                          "runs them in order (-p encode -p barriers is -p encode,barriers)")
     opt.add_argument("--print-after-all", action="store_true", help="print every stage to stderr")
     opt.add_argument("--debug", action="store_true", help="show the traceback of an error")
     p.commands.update(lower=lo, run=run, opt=opt, record=add_record_parser(sub))
@@ -309,6 +364,11 @@ def main(argv: list[str] | None = None, *, out: TextIO | None = None, log: TextI
                     code = cmd_run(args, out, log, lower_trace=lower_trace, make_bridge=make_bridge,
                                    metal_available=metal_available, metal_bridge=metal_bridge)
                 out.flush()  # a closed or full stdout shows here, inside the handlers below
+            except _VersionRequested:
+                version = _version()
+                print(json.dumps({"version": version}) if json_mode else f"mtlir {version}", file=out)
+                out.flush()
+                code = 0
             except KeyboardInterrupt:  # Ctrl-C: one line (and with --json the one object), exit 130
                 code = _interrupted(args, json_mode, out, log)
             except BrokenPipeError:  # stdout closed early (`mtlir lower ... | head`): stop quietly, as SIGPIPE would

@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 from typing import Any, TextIO
 
-from mtlir.cli.report import UsageError
+from mtlir.cli.report import UsageError, same_path
 
 __all__ = ["add_parser", "cmd_record", "split_script_args"]
 
@@ -73,8 +73,8 @@ def split_script_args(args: argparse.Namespace) -> None:
 
 def cmd_record(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
     """Record ``args.script`` to ``args.output``; prints one line (dispatches, buffers, the file) to ``out``.
-    Raises ``UsageError`` without ``-o``, for an ``-o`` whose folder does not exist (checked before recording),
-    or without tinygrad; ``RecordError`` as ``mtlir.tinygrad.record``."""
+    Raises ``UsageError`` without ``-o``, for an ``-o`` whose folder does not exist or that names the script
+    (checked before recording), or without tinygrad; ``RecordError`` as ``mtlir.tinygrad.record``."""
     split_script_args(args)
     if args.output is None:
         raise UsageError("record: -o TRACE.json is required")
@@ -82,6 +82,9 @@ def cmd_record(args: argparse.Namespace, out: TextIO, log: TextIO) -> int:
         raise UsageError(f"record: -o {args.output}: no folder {args.output.parent} to write the trace in")
     if args.output.is_dir():
         raise UsageError(f"record: -o {args.output}: is a folder, not a file")
+    if same_path(args.output, args.script):
+        raise UsageError(f"record: -o {args.output} is the SCRIPT: writing the trace would overwrite the script; "
+                         "give the trace its own path")
     try:
         import tinygrad  # noqa: F401
     except ImportError:

@@ -18,12 +18,13 @@ import re
 import sys
 import traceback
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TextIO
 
 from mtlir.errors import BridgeError, DeviceError, InputError, LinkError, UnsupportedError
 
 __all__ = ["UsageError", "exit_code", "EXIT_CODES", "EXIT_MATCH", "EXIT_MISMATCH", "EXIT_BAD_INPUT", "EXIT_GPU_ERROR",
-           "EXIT_UNSUPPORTED", "EXIT_INTERNAL", "EXIT_INTERRUPTED"]
+           "EXIT_UNSUPPORTED", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "same_path"]
 
 EXIT_MATCH, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_GPU_ERROR, EXIT_UNSUPPORTED, EXIT_INTERNAL = range(6)
 
@@ -161,12 +162,29 @@ def _report(e: Exception, debug: bool, json_mode: bool, out: TextIO, log: TextIO
     quote = _quote(str(e))  # the user's source line with a caret under the place, as clang shows it
     if quote:
         print(quote, file=log)
+    # an internal error (a bug) shows its notes: the rule, node and pass it came from (graph_rewrite, PassPipeline)
+    notes = [" ".join(str(n).split()) for n in getattr(e, "__notes__", ())] if expected is None and not debug else []
+    for note in notes:
+        print(f"mtlir: note: {note}", file=log)
     failed = EXIT_INTERNAL if expected is None else expected
     if json_mode:  # the one JSON object stdout promises, saying what went wrong
         doc: dict[str, Any] = {"error": text, "error_type": type(e).__name__, "exit_code": failed}
+        if notes:
+            doc["notes"] = notes
         details = getattr(e, "details", None)  # GPUExecutionError: code, name, submit, command buffers
         if callable(details):
             doc.update({k: v for k, v in details().items() if k not in doc})
         json.dump(doc, out)
         out.write("\n")
     return failed
+
+
+def same_path(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name the same file or folder (after ``..``, symbolic links and relative paths are
+    resolved; for two existing paths, the same inode, so hard links count too)."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return a.resolve() == b.resolve()
+    except (OSError, RuntimeError):  # a symbolic link loop, an unreadable folder: compare the text
+        return os.path.abspath(a) == os.path.abspath(b)

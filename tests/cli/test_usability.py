@@ -3,6 +3,7 @@ failing subcommand's usage and no doubled prefix, file errors naming their argum
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -246,3 +247,75 @@ def test_translate_reports_invalid_msl_as_run_does(tmp_path: Path) -> None:
         logs.append(log)
     said = logs[0].splitlines()[0].split("invalid MSL")[1]  # run adds Metal's NSError code after it
     assert out == "" and said and said in logs[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("argv, first, second", [
+    (["run", MLP7, "--profile", "{d}/same.out", "--html", "{d}/same.out"], "--html", "--profile"),
+    (["run", MLP7, "--profile", "{d}/same.out", "--html", "{d}/../{n}/same.out", "--json"], "--html", "--profile"),
+    (["run", MLP7, "--profile", "{d}/same.out", "--viz", "{d}/same.out"], "--profile", "--viz"),
+    (["lower", MLP7, "--html", "{d}/pics", "--viz", "{d}/pics"], "--html", "--viz"),
+])
+def test_two_outputs_naming_the_same_path_are_refused_naming_both(tmp_path: Path, argv: list[str], first: str,
+                                                                  second: str) -> None:
+    """``--profile same.out --html same.out`` exited 0 and one output overwrote the other."""
+    code, out, log = mtlir(*[a.format(d=tmp_path, n=tmp_path.name) for a in argv])
+    assert code == 2, log
+    assert f"{first} " in log and f"{second} " in log and "name the same path" in log
+    assert log.index(first) < log.index(second) and list(tmp_path.iterdir()) == []  # refused before any work
+    if "--json" in argv:
+        assert out.startswith('{"error": ') and out.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", ["--html", "--profile"])
+def test_an_output_naming_the_input_trace_is_refused(tmp_path: Path, flag: str) -> None:
+    trace = tmp_path / "t.json"
+    trace.write_bytes(Path(MLP7).read_bytes())
+    code, _, log = mtlir("run", str(trace), flag, str(tmp_path / "." / "t.json"))
+    assert code == 2 and f"{flag} " in log and "is the input trace" in log, log
+    assert trace.read_bytes() == Path(MLP7).read_bytes()
+
+
+def test_record_refuses_an_output_that_is_the_script(tmp_path: Path) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text("def main(): pass\n")
+    code, _, log = mtlir("record", str(script), "-o", str(tmp_path / ".." / tmp_path.name / "prog.py"))
+    assert code == 2 and "-o " in log and "is the SCRIPT" in log, log
+    assert script.read_text() == "def main(): pass\n"
+
+
+def test_version_with_json_is_one_object_on_stdout() -> None:
+    """``mtlir --version --json`` printed the version to stderr (a --json command's fd 1) and nothing on stdout."""
+    from importlib.metadata import version
+    for argv in (["--version", "--json"], ["--json", "--version"]):
+        code, out, log = mtlir(*argv)
+        assert code == 0 and log == "" and json.loads(out) == {"version": version("mtlir")}
+    code, out, log = mtlir("--version")
+    assert code == 0 and out == f"mtlir {version('mtlir')}\n" and log == ""
+
+
+def test_a_repeated_pipeline_flag_runs_the_pipelines_in_order() -> None:
+    """``mtlir opt F -p encode -p barriers`` used only the last -p (barriers alone, which cannot start at a queue)."""
+    joined = mtlir("opt", MLP7, "-p", "encode", "-p", "barriers")
+    assert joined[0] == 0, joined[2]
+    assert joined == mtlir("opt", MLP7, "-p", "encode,barriers")
+    assert mtlir("opt", MLP7, "--pipeline", "encode", "-p", "barriers,abi{target=arm64}")[1] == \
+        mtlir("opt", MLP7, "-p", "encode,barriers,abi{target=arm64}")[1]
+    lowered = mtlir("lower", MLP7, "--pipeline", "encode", "--pipeline", "abi{target=arm64},linearize")
+    assert lowered[0] == 0 and lowered == mtlir("lower", MLP7, "--pipeline", "encode,abi{target=arm64},linearize")
+    code, _, log = mtlir("opt", MLP7, "-p", "encode", "-p", " ")
+    assert code == 2 and "-p/--pipeline: an empty pipeline" in log
+
+
+def test_an_internal_error_in_a_pass_shows_the_notes_naming_the_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in a pass (a bare KeyError: 'boom', exit 5) now says which pass it came from."""
+    from mtlir.passes.encode.encode import Encode
+
+    def broken(self: Encode, graph: object, ctx: object) -> None:
+        raise KeyError("boom")
+    monkeypatch.setattr(Encode, "apply", broken)
+    code, out, log = mtlir("opt", MLP7, "-p", "encode")
+    assert code == 5 and out == ""
+    assert log.splitlines() == ["mtlir: internal error: KeyError: 'boom'",
+                                "mtlir: note: in pass 'encode' (pass 1 of 1 of pipeline 'encode')"]
+    code, out, log = mtlir("lower", MLP7, "--pipeline", "encode", "--json")
+    assert code == 5 and json.loads(out)["notes"] == ["in pass 'encode' (pass 1 of 1 of pipeline 'encode')"]
