@@ -17,7 +17,8 @@ The codes come from the error family of ``mtlir.errors``: bad input is an ``Inpu
 ``QueueError``, ``PipelineError``, a ``LoweringError``, ``KernelCompileError``, ``UsageError``, ...), a
 ``LinkError``, a ``BridgeError`` or an ``OSError``; a GPU execution error a ``DeviceError`` or a ``TimeoutError``;
 a kernel the simulated device cannot run an ``UnsupportedError`` (``mtlir.cli.report.exit_code``). Errors are one
-line on stderr; ``--debug`` adds the traceback. With ``--json`` an error still writes one object to stdout:
+line on stderr (an internal error adds its notes, ``mtlir: note: in pass 'encode' ...``); ``--debug`` adds the
+traceback. With ``--json`` an error still writes one object to stdout:
 ``{"error": message, "error_type": name, "exit_code": code}``; while a ``--json`` command runs, file descriptor 1
 points at stderr, so nothing but that object (not even a native library's output) reaches stdout. A stdout that
 cannot be written (``> /dev/full``) is one line on stderr and exit 2; a kernel that never ends fails the run at
