@@ -47,6 +47,7 @@ from mtlir.cli.record import add_parser as add_record_parser, cmd_record
 from mtlir.cli.translate import cmd_translate
 from mtlir.cli.report import (EXIT_BAD_INPUT, EXIT_INTERNAL, UsageError, _interrupted, _output_error, _report,
                               _silence_stdout, _stdout_for_json, same_path)
+from mtlir.errors import MtlirError
 from mtlir.cli.run import MakeBridge, cmd_list_devices, cmd_run, make_bridge, metal_available, metal_bridge
 
 __all__ = ["main", "build_parser"]
@@ -165,7 +166,7 @@ class _Version(argparse.Action):
         raise _VersionRequested()
 
 
-class _VersionRequested(Exception):  # noqa: N818  (a signal inside main, never seen outside it)
+class _VersionRequested(MtlirError):  # noqa: N818  (a signal inside main, never seen outside it)
     """``--version`` was given: ``main`` prints the version and exits 0."""
 
 
