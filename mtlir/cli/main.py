@@ -285,7 +285,7 @@ def build_parser() -> _Parser:
                           "an allocation that returns nil; may be given several times (docs/reliability.md)")
     run.add_argument("--order-seed", type=int, metavar="N",
                      help="simulated device: run the ICB commands between two barriers shuffled from seed N (an int "
-                          ">= 0) instead of last first (docs/simulator.md)")
+                          ">= 0) instead of last first, and the command queues in a shuffled order (docs/simulator.md)")
     run.add_argument("--check-kernels", action="store_true",
                      help="simulated device: run every kernel, without mtlir's bounds checks, on Oclgrind first; an "
                           "out-of-bounds access or a data race it reports is an error naming the kernel, the MSL line "

@@ -23,6 +23,7 @@ buffer are released so later work does not hang (a modelling choice: Metal recov
 """
 from __future__ import annotations
 
+import random
 import threading
 from typing import TYPE_CHECKING
 
@@ -76,6 +77,7 @@ class GPU:
         # thread wakes once, at the end, not at every notify of the device's condition
         self.end_waiters: dict[CommandBuffer, threading.Event] = {}
         self.executor = Executor(self)  # runs the command buffers: their batches and kept launches
+        self._shuffle: random.Random | None = None  # the queues' order under the device's order_seed (step_locked)
 
     @property
     def running(self) -> tuple[str, str, int] | None:
@@ -117,12 +119,18 @@ class GPU:
 
     def step_locked(self) -> bool:
         """Advance the oldest runnable command buffer by one operation, or fail one whose gate outlived the
-        watchdog. Returns False when nothing could run."""
+        watchdog. Returns False when nothing could run. With the device's ``order_seed`` the heads of the queues
+        are tried in a shuffled order instead (Metal orders no two queues without a wait between them: a race
+        between queues then shows as a result that depends on the seed)."""
         if self.busy:
             return False
         heads = [q.pending[0] for q in self.queues if q.pending]
         if len(heads) > 1:
             heads.sort(key=lambda c: c.seq)
+            if self.dev.order_seed is not None:
+                if self._shuffle is None:
+                    self._shuffle = random.Random(self.dev.order_seed)
+                self._shuffle.shuffle(heads)
         now = clock()
         for cb in heads:
             gate = cb.gate

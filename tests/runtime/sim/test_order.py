@@ -130,3 +130,52 @@ def test_a_kept_barrier_removed_by_hand_is_a_race() -> None:
         _run(program)
     b, _ = _run(program, strict=False)  # faithful: the reverse order reads b[0:256] before it is written
     np.testing.assert_array_equal(b, np.concatenate([2 * X, 2 * X, np.ones(64, np.float32)]))  # 0 + 1, not 2x + 1
+
+
+_COPY = """#include <metal_stdlib>
+using namespace metal;
+kernel void copyk(device float* out, const device float* inp, uint3 gid [[threadgroup_position_in_grid]],
+                  uint3 lid [[thread_position_in_threadgroup]]) {
+  int i = gid.x * 64 + lid.x;
+  out[i] = inp[i] * 2.0f;
+}
+"""
+
+
+def _two_queues(synchronized: bool, producer_first: bool) -> Program:
+    """Queue prod writes b = 2a, queue cons reads c = 2b: with a wait on prod's timeline (``synchronized``) or none
+    (a race between queues: Metal orders no two queues without a wait)."""
+    from mtlir.frontend.nodes import shared_event
+    from mtlir.frontend.queue import queues
+    dev, n = DeviceSpec("Apple9"), 256
+    k = Kernel("copyk", "copyk", _COPY, (KernelParam(None, 0, "float32"), KernelParam(None, 1, "float32")))
+    a, b, c = buffer("a", 4 * n), buffer("b", 4 * n), buffer("c", 4 * n)
+    v = timeline_value()
+    prod, cons = Queue(dev, name="prod"), Queue(dev, name="cons")
+    prod.exec(k, [b, a], [], grid=(n // 64,), threadgroup=(64,)).signal(shared_event("done"), v)
+    if synchronized:
+        cons.wait(shared_event("done"), v)
+    cons.exec(k, [c, b], [], grid=(n // 64,), threadgroup=(64,)).signal(cons.timeline, v)
+    graph = queues(prod, cons) if producer_first else queues(cons, prod)
+    return lower(graph, target="x86_64").program
+
+
+def _c_after_one_submit(program: Program, seed: int) -> np.ndarray:
+    a = np.arange(256, dtype=np.float32) + 1
+    with SimDevice("x86_64", autorun=False, order_seed=seed) as dev, \
+            Session(program, dev, initial={"buffer:a": a.tobytes()}, timeout_s=20) as s:
+        s.submit()
+        dev.run_until_idle()  # the GPU runs on this thread: the seed alone decides which queue goes first
+        s.wait(timeout_s=20)
+        return np.frombuffer(s.read("buffer:c"), np.float32) / a
+
+
+def test_the_order_seed_also_orders_the_queues() -> None:
+    """A race between two queues (cons reads what prod writes, no wait) gives a result that depends on the seed in
+    either commit order, as on a GPU that runs the queues concurrently; with the wait every seed agrees."""
+    for producer_first in (True, False):
+        racy = _two_queues(False, producer_first)
+        seen = {float(_c_after_one_submit(racy, seed)[0]) for seed in range(8)}
+        assert seen == {0.0, 4.0}, (producer_first, seen)  # cons before prod (c = 0) and after it (c = 4a)
+        synced = _two_queues(True, producer_first)
+        assert {float(_c_after_one_submit(synced, seed)[0]) for seed in range(8)} == {4.0}
