@@ -10,6 +10,7 @@ buffer's error (docs/simulator.md).
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -369,18 +370,13 @@ class Executor:
             return
         runner = batch[0][0].ck._runner
         cb = self.gpu.advancing
-        lock = self.dev._lock
-        self.gpu.unsynced = True
-        lock.release()
         try:
-            with self.gpu.kernel_lock:
-                self.gpu.in_kernel = True
+            with self._kernels_running():
                 self.in_flight = (batch, cb.handle if cb is not None else 0)
                 try:
                     fault = runner.run_batch([b[0] for b in batch], self.dev.kernel_timeout_s, keep=True,
                                              write_back=write_back)
                 finally:
-                    self.gpu.in_kernel = False
                     self.in_flight = None
         except WaitTimeoutError as e:
             raise self._watchdog(e) from e
@@ -389,8 +385,6 @@ class Executor:
             _, p, what = batch[0]
             more = f" (and the {len(batch) - 1} dispatches batched after it)" if len(batch) > 1 else ""
             raise GPUFault(MTL.ErrorInternal, f"{what}{more}: kernel {p.label} raised {type(e).__name__}: {e}") from e
-        finally:
-            lock.acquire()
         if fault is not None:
             _, p, what = batch[fault[0]]
             self._access_fault(what, fault[1])
@@ -415,31 +409,40 @@ class Executor:
     def _run_alone(self, p: Pipeline, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
                    threadgroup: tuple[int, int, int], what: str) -> None:
         """Run one kernel that has no prepared launches (``kernel.run``), the device lock released meanwhile."""
+        cb = self.gpu.advancing
+        try:
+            with self._kernels_running():
+                self.gpu.running = (p.label, what, cb.handle if cb is not None else 0)
+                try:
+                    # results stay on the device until sync
+                    p.kernel.run(bindings, grid, threadgroup, timeout_s=self.dev.kernel_timeout_s, keep=True)
+                finally:
+                    self.gpu.running = None
+        except WaitTimeoutError as e:
+            raise self._watchdog(e) from e
+        except KernelAccessError as e:
+            self._access_fault(what, e)
+        except Exception as e:  # a kernel that crashes the runner fails its command buffer, never the worker
+            self.gpu.last_exception = e
+            raise GPUFault(MTL.ErrorInternal, f"{what}: kernel {p.label} raised {type(e).__name__}: {e}") from e
+
+    @contextlib.contextmanager
+    def _kernels_running(self) -> Iterator[None]:
+        """Kernels run on this thread meanwhile: the device lock released (the host goes on sending messages), the
+        kernel lock held, ``in_kernel`` set; the device lock taken back at the end however it ends (the caller
+        turns an error into the command buffer's fault with the lock held). Results stay on the OpenCL device
+        until the next sync (``unsynced``)."""
         lock = self.dev._lock
         self.gpu.unsynced = True
         lock.release()
         try:
             with self.gpu.kernel_lock:
                 self.gpu.in_kernel = True
-                cb = self.gpu.advancing
-                self.gpu.running = (p.label, what, cb.handle if cb is not None else 0)
                 try:
-                    # results stay on the device until sync
-                    p.kernel.run(bindings, grid, threadgroup, timeout_s=self.dev.kernel_timeout_s, keep=True)
+                    yield
                 finally:
                     self.gpu.in_kernel = False
-                    self.gpu.running = None
-        except WaitTimeoutError as e:
-            lock.acquire()
-            raise self._watchdog(e) from e
-        except KernelAccessError as e:
-            lock.acquire()
-            self._access_fault(what, e)
-        except Exception as e:  # a kernel that crashes the runner fails its command buffer, never the worker
-            lock.acquire()
-            self.gpu.last_exception = e
-            raise GPUFault(MTL.ErrorInternal, f"{what}: kernel {p.label} raised {type(e).__name__}: {e}") from e
-        else:
+        finally:
             lock.acquire()
 
 
