@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from mtlir.cli.compare import compare_output
+from mtlir.cli.main import positive_int
 from mtlir.cli.lower import lower_trace, program_values
 from mtlir.frontend.trace import load_trace
 from mtlir.metal import DeviceSpec
@@ -261,17 +262,6 @@ def _print_row(row: dict[str, Any], out: Any) -> None:
           f"{'match' if row['match'] else 'MISMATCH'}", file=out, flush=True)
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an int >= 1 (``--rounds 0`` ended in ``statistics.StatisticsError`` after the set-up)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: at least 1")
-    return value
-
-
 def nonempty_path(text: str) -> Path:
     """An argparse type: a path that is not empty (``Path("")`` is the current folder)."""
     if not text.strip():
@@ -336,8 +326,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--opencl-device", type=opencl_device_arg, default=None, metavar="NAME|INDEX",
                     help="the OpenCL device (an index or a part of its name; default the first)")
-    ap.add_argument("--rounds", type=positive_int, default=15, help="interleaved rounds per figure (>= 1)")
-    ap.add_argument("--long-repeat", type=positive_int, default=40,
+    ap.add_argument("--rounds", type=positive_int("at least 1"), default=15, help="interleaved rounds per figure (>= 1)")
+    ap.add_argument("--long-repeat", type=positive_int("at least 1"), default=40,
                     help="how many times the long traces repeat their dispatches (>= 1)")
     ap.add_argument("--json", type=nonempty_path, default=None, help="also write the figures to this file")
     ap.add_argument("--skip", default="", help="trace file names to leave out, comma-separated")

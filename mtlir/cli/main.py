@@ -109,15 +109,18 @@ def _fault(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _positive_int(text: str) -> int:
-    """``--repeat``: an int of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: at least one submit")
-    return value
+def positive_int(need: str) -> Callable[[str], int]:
+    """An argparse type: an int of at least 1; below, the error says ``need`` (``--repeat``: "at least one submit";
+    the benchmarks' ``--rounds`` and ``--long-repeat`` use it too)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{value}: {need}")
+        return value
+    return parse
 
 
 def _opencl_device(text: str) -> str:
@@ -269,7 +272,8 @@ def build_parser() -> _Parser:
                      help="auto: metal on macOS with Metal, else the simulated device")
     run.add_argument("--faithful", action="store_true",
                      help="simulated device: behave as Metal without its validation layer (default: strict)")
-    run.add_argument("--repeat", type=_positive_int, default=1, metavar="N", help="number of submits (default 1)")
+    run.add_argument("--repeat", type=positive_int("at least one submit"), default=1, metavar="N",
+                     help="number of submits (default 1)")
     run.add_argument("--timeout", type=_positive_seconds, default=60.0, metavar="S",
                      help="seconds to wait for the GPU (default 60); past it the run fails with exit 3")
     run.add_argument("--profile", type=Path, metavar="FILE",
