@@ -2,6 +2,8 @@
 symbolic JIT, and the DeviceContext under it (shared objects, handles that name their device)."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from tinygrad import Device, Tensor, TinyJit, Variable
@@ -46,13 +48,18 @@ def _add_program() -> tuple[MetalProgram, tuple[tuple[int, ...], tuple[int, ...]
     return prg, prg.last_launch
 
 
-def test_eager_view_offsets_are_bound_per_call_one_lowering() -> None:
-    dev = Device["METAL"]
-    prg, (gsize, local) = _add_program()
-    alloc = dev.allocator
+def _source_and_out() -> tuple[Any, np.ndarray, Any, Any]:
+    """The METAL allocator, 64 floats 0..63, a buffer holding them and an output buffer of the same size."""
+    alloc = Device["METAL"].allocator
     data = np.arange(64, dtype=np.float32)
     src, out = alloc.alloc(data.nbytes), alloc.alloc(data.nbytes)
     alloc._copyin(src, memoryview(data.tobytes()))
+    return alloc, data, src, out
+
+
+def test_eager_view_offsets_are_bound_per_call_one_lowering() -> None:
+    prg, (gsize, local) = _add_program()
+    alloc, data, src, out = _source_and_out()
     lowered = len(prg.sessions)
     for k in (0, 8, 24, 40, 7):  # each a view at another byte offset: a new offset is no new Program
         a, b = alloc._offset(src, 32, 4 * k), alloc._offset(src, 32, 4 * (k + 1))
@@ -65,12 +72,8 @@ def test_eager_view_offsets_are_bound_per_call_one_lowering() -> None:
 
 
 def test_calls_without_a_wait_alternate_a_ring_of_two_sessions() -> None:
-    dev = Device["METAL"]
     prg, (gsize, local) = _add_program()
-    alloc = dev.allocator
-    data = np.arange(64, dtype=np.float32)
-    src, out = alloc.alloc(data.nbytes), alloc.alloc(data.nbytes)
-    alloc._copyin(src, memoryview(data.tobytes()))
+    alloc, data, src, out = _source_and_out()
     for k in range(8):  # no wait between the calls: each writes its own 8 outputs
         prg(alloc._offset(out, 32, 32 * k), alloc._offset(src, 32, 32 * k), alloc._offset(src, 32, 32 * (7 - k)),
             global_size=gsize, local_size=local)

@@ -101,36 +101,31 @@ def test_a_changed_command_takes_the_full_path_and_runs_as_changed(scene: Scene,
     assert len(checked) == 6
 
 
-def test_a_released_buffer_faults_as_without_keeping(scene: Scene) -> None:
-    s = scene
-    icb, a, b = _chain(s)
-    _run(s, icb, 3, a, b)
-    _run(s, icb, 3, a, b)
+def _release_b(s: Scene, a: int, b: int) -> tuple[int, ...]:
     s.send(b, "release")  # an ICB does not retain its commands' buffers (rule 14)
-    cb = _run(s, icb, 3, a)
-    assert s.status(cb) == MTL.StatusError and s.error_code(cb) == MTL.ErrorInvalidResource
-    assert "was released" in s.error_text(cb)
+    return (a,)
 
 
-def test_a_buffer_no_longer_resident_faults(scene: Scene) -> None:
-    s = scene
-    icb, a, b = _chain(s)
-    _run(s, icb, 3, a, b)
-    _run(s, icb, 3, a, b)
-    cb = _run(s, icb, 3, a)  # b not in useResources: (rule 10)
-    assert s.status(cb) == MTL.StatusError and s.error_code(cb) == MTL.ErrorInvalidResource
-    assert "not resident" in s.error_text(cb)
+def _b_not_used(s: Scene, a: int, b: int) -> tuple[int, ...]:
+    return (a,)  # b not in useResources: (rule 10)
 
 
-def test_a_released_pipeline_faults(scene: Scene) -> None:
-    s = scene
-    icb, a, b = _chain(s)
-    _run(s, icb, 3, a, b)
-    _run(s, icb, 3, a, b)
+def _release_pipeline(s: Scene, a: int, b: int) -> tuple[int, ...]:
     s.send(s.pipelines["add1"], "release")  # the ICB does not retain it either
-    cb = _run(s, icb, 3, a, b)
+    return (a, b)
+
+
+@pytest.mark.parametrize("change, text", [(_release_b, "was released"), (_b_not_used, "not resident"),
+                                          (_release_pipeline, "was released")],
+                         ids=["released buffer", "buffer no longer resident", "released pipeline"])
+def test_a_change_after_a_kept_run_faults_as_without_keeping(scene: Scene, change: Any, text: str) -> None:
+    s = scene
+    icb, a, b = _chain(s)
+    _run(s, icb, 3, a, b)
+    _run(s, icb, 3, a, b)
+    cb = _run(s, icb, 3, *change(s, a, b))
     assert s.status(cb) == MTL.StatusError and s.error_code(cb) == MTL.ErrorInvalidResource
-    assert "was released" in s.error_text(cb)
+    assert text in s.error_text(cb)
 
 
 def test_a_lower_thread_limit_drops_the_dispatch(scene: Scene) -> None:
