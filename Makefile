@@ -13,8 +13,8 @@ APT_PACKAGES := graphviz pocl-opencl-icd ocl-icd-libopencl1 build-essential clan
 
 # The package installs editable in setuptools' strict mode: a tree of links that mypy and other tools follow (the
 # plain editable mode maps passes/ and runtime/ with an import hook that only Python understands). A module added or
-# removed changes MODULES and reinstalls. PYTHONSAFEPATH keeps the repository root off sys.path, where the bare mtlir/
-# folder would hide the installed package (it holds neither passes/ nor runtime/).
+# removed changes MODULES and reinstalls. PYTHONSAFEPATH keeps the repository root off sys.path, so the installed
+# package is the one imported (from the root, mtlir/ would be: it finds passes/, runtime/ and clients/ itself).
 MODULES := $(sort $(shell find mtlir passes runtime clients -name '*.py' 2>/dev/null))
 export PYTHONSAFEPATH := 1
 
@@ -96,8 +96,8 @@ setup: $(STAMP)
 example: $(STAMP)
 	$(PY) examples/saxpy_reduce.py --viz $(OUT)/saxpy_reduce --run
 
-# The benchmarks (docs/performance.md): the package benchmarks/, run from the repository root. The root cannot go on
-# sys.path (its bare mtlir/ would hide the installed package), so build/bench/path holds only a link to benchmarks/.
+# The benchmarks (docs/performance.md): the package benchmarks/, run from the repository root. The root stays off
+# sys.path (the installed package is the one imported), so build/bench/path holds only a link to benchmarks/.
 # The extra "bench" (matplotlib for --plot, tinygrad for the rewrite comparison) installs once. BENCH_ARGS: e.g.
 # make bench BENCH_ARGS="--json --only replay"
 BENCH_ARGS ?= --plot docs/img
