@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Launch", "FaultRecords", "DeviceBuffer", "MAX_BATCH", "RECORD_BYTES"]
 
-MAX_BATCH = 64  # launches enqueued before one wait: each has its own fault record and scratch (64 KiB + 64 bytes)
+# launches enqueued before one wait: each has its own fault record and scratch (64 KiB + 64 bytes; the slots' OpenCL
+# sub-buffers are made at their first use). A wait per batch is a round trip to the device (on the H200: the kernels'
+# completion seen, then the fault records read back): 256 takes a 200-dispatch command buffer in one.
+MAX_BATCH = 256
 RECORD_BYTES = FAULT_WORDS * 4  # the fault record's words before the scratch area (``guard.bound``)
 
 
@@ -68,6 +71,26 @@ class Launch:
         return f"kernel {self.ck.function!r}, global size {self.global_size}, threadgroup {self.local_size}"
 
 
+class SubBuffers:
+    """The ``MAX_BATCH`` slots of a ``FaultRecords`` buffer as OpenCL sub-buffers of ``stride`` bytes each, slot
+    ``k`` made at its first use (``slots[k]``): a runner that never runs a long batch makes a few."""
+
+    __slots__ = ("buf", "stride", "made")
+
+    def __init__(self, buf: Any, stride: int) -> None:
+        self.buf, self.stride = buf, stride
+        self.made: list[Any] = [None] * MAX_BATCH
+
+    def __getitem__(self, k: int) -> Any:
+        sub = self.made[k]
+        if sub is None:
+            sub = self.made[k] = self.buf.get_sub_region(k * self.stride, self.stride)
+        return sub
+
+    def __len__(self) -> int:
+        return MAX_BATCH
+
+
 class FaultRecords:
     """``MAX_BATCH`` fault records, one per launch of a batch, each followed by its scratch area: one OpenCL buffer
     of ``MAX_BATCH`` slots of ``stride`` bytes (a multiple of the device's ``mem_base_addr_align``) and a
@@ -79,17 +102,18 @@ class FaultRecords:
     read into page-locked memory are enqueued and return."""
 
     def __init__(self, cl: Any, context: Any, base_align: int, in_host_memory: bool,
-                 pinned: Callable[[int], np.ndarray]) -> None:
+                 pinned: Callable[[int], np.ndarray], queue: Any) -> None:
         self.cl, self._pinned = cl, pinned
         self.stride = -(-(RECORD_BYTES + SCRATCH_BYTES) // base_align) * base_align
         self.in_host_memory = in_host_memory
-        self.host = np.zeros(MAX_BATCH * self.stride, np.uint8)
+        self.host = np.zeros(MAX_BATCH * self.stride, np.uint8)  # pages untouched until used (device copies: never)
         flags = cl.mem_flags.READ_WRITE
         if in_host_memory:
             self.buf = cl.Buffer(context, flags | cl.mem_flags.USE_HOST_PTR, hostbuf=self.host)
-        else:
-            self.buf = cl.Buffer(context, flags | cl.mem_flags.COPY_HOST_PTR, hostbuf=self.host)
-        self.slots = [self.buf.get_sub_region(k * self.stride, self.stride) for k in range(MAX_BATCH)]
+        else:  # zeroed on the device (``queue``: the runner's in-order queue, before any kernel)
+            self.buf = cl.Buffer(context, flags, size=self.host.nbytes)
+            cl.enqueue_fill_buffer(queue, self.buf, np.uint8(0), 0, self.host.nbytes)
+        self.slots = SubBuffers(self.buf, self.stride)
         self.words = self.host.reshape(MAX_BATCH, self.stride)[:, :RECORD_BYTES].view(np.uint32)  # (slot, word)
         self._copy: np.ndarray | None = None  # where the records are read back to (device copies): pinned memory
         self.compact: Any = None if in_host_memory else cl.Buffer(context, flags, size=MAX_BATCH * RECORD_BYTES)

@@ -125,7 +125,8 @@ class KernelRunner:
         self.spin_s: float = SPIN_S if device_kind(cl, device) == "GPU" else 0.0
         # The fault records and scratch areas kernels get as their last argument (``guard``), one per launch of a
         # batch (``launch.FaultRecords``): read once the batch completed, in place or by one copy.
-        self._records = FaultRecords(cl, self.context, self.base_align, self.in_host_memory, self._pinned)
+        self._records = FaultRecords(cl, self.context, self.base_align, self.in_host_memory, self._pinned,
+                                     self.queue)
         self._map_queue: Any = None  # the queue page-locked staging buffers are mapped on (``_pinned``)
 
     def __repr__(self) -> str:

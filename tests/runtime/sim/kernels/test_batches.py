@@ -261,13 +261,15 @@ def test_a_wait_with_a_spin_sees_a_short_batch_end_on_its_own_thread() -> None:
 @pytest.mark.parametrize("in_host_memory", [None, False])
 def test_the_fault_record_of_each_launch_of_a_batch_is_read_back(in_host_memory: bool | None) -> None:
     """In place and by copies (the records gathered on the device, then read back in one copy): the launch that
-    faulted, and its element, are the ones of its own record, whichever slot of the batch it ran in."""
+    faulted, and its element, are the ones of its own record, whichever slot of the batch it ran in: the first,
+    the last (its sub-buffer made at its first use) and one of the next batch."""
     own = KernelRunner(in_host_memory=in_host_memory)
     ok, over = own.compile(MSL, "add1"), own.compile(MSL, "over")
     small, big = np.zeros(16, np.uint8), np.zeros(64, np.uint8)
-    for where in (0, 2, 5):
+    n = MAX_BATCH + 2
+    for where in (0, 5, MAX_BATCH - 1, MAX_BATCH + 1):
         batch = [(over if k == where else ok).prepare({0: (small if k == where else big, 0)}, (1, 1, 1), (4, 1, 1),
-                                                     keep=True) for k in range(6)]
+                                                     keep=True) for k in range(n)]
         fault = own.run_batch([la for la in batch if la is not None], 30)
         assert fault is not None and fault[0] == where, fault
         assert fault[1].function == "over" and 4 <= fault[1].element <= 7
