@@ -255,8 +255,9 @@ def place_barriers(spec: IcbSpec) -> IcbSpec:
             if len(small) > _SMALL:
                 group = _Group()
                 group.add(small)
-        if cmd.barrier != barrier:
-            cmd, changed = new(IcbCommand, (*cmd[:4], barrier, *cmd[5:])), True
+        if cmd[4] != barrier:  # IcbCommand.barrier; rebuilt from its fields unpacked (two slices: ~70 ns more)
+            pipe, binds, grid, tg, _, sym, var, reb, ext = cmd
+            cmd, changed = new(IcbCommand, (pipe, binds, grid, tg, barrier, sym, var, reb, ext)), True
         out.append(cmd)
     if not changed:
         return spec

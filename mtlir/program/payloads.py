@@ -42,15 +42,19 @@ class IcbCommand(NamedTuple):
 
 class CommandList(tuple):  # type: ignore[type-arg]
     """A tuple of ``IcbCommand`` keyed as one value by ``argkey`` (hash-consing does not descend into it: keying
-    100,000 frozen dataclasses one by one costs ~34 µs per command, hashing this tuple ~0.1 µs). Its hash is
-    computed once (tuples do not cache theirs): the ICB placeholder holding it is hashed about ten times per
-    lowering (made and freed by encode and barriers: ~1 µs per command). Equal to a plain tuple of the same
-    commands, as before."""
+    100,000 frozen dataclasses one by one costs ~34 µs per command). Its hash is computed once (tuples do not cache
+    theirs: the ICB placeholder holding it is hashed about ten times per lowering) and from a sample, the length
+    and the first, middle and last commands: equal lists hash alike, and two different lists that collide cost one
+    ``==`` (C, stops at the first difference); hashing every command was ~0.1 µs per command, twice per lowering
+    (encode's list and barriers'). Equal to a plain tuple of the same commands, as before, but not hashed like one:
+    argkey keys it with its type, so the two never meet in one table."""
 
     def __hash__(self) -> int:
         h: int | None = self.__dict__.get("_hash")
         if h is None:
-            h = self.__dict__["_hash"] = tuple.__hash__(self)
+            n = len(self)
+            h = self.__dict__["_hash"] = hash((CommandList, n, self[0], self[n // 2], self[-1]) if n else
+                                              (CommandList, 0))
         return h
 
     def __reduce__(self) -> tuple[Any, ...]:

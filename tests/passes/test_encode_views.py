@@ -60,7 +60,9 @@ def test_views_bind_their_offsets_and_extents() -> None:
 def test_a_command_list_caches_its_hash_but_not_across_pickling() -> None:
     import pickle
     spec = CommandList([(1, "a"), (2, "b")])
-    assert hash(spec) == hash(((1, "a"), (2, "b"))) and spec == ((1, "a"), (2, "b"))
+    assert spec == ((1, "a"), (2, "b")) and hash(spec) == hash(CommandList([(1, "a"), (2, "b")]))
+    assert hash(CommandList([(1, "a"), (3, "b"), (2, "b")])) != hash(CommandList([(1, "a"), (2, "b"), (2, "b")]))
+    assert CommandList(()) == () and hash(CommandList(())) == hash(CommandList([]))
     back = pickle.loads(pickle.dumps(spec))
     assert type(back) is CommandList and "_hash" not in back.__dict__  # recomputed in the process that loads it
     assert back == spec and hash(back) == hash(spec)
