@@ -44,6 +44,7 @@ MAX_BUFFER_BYTES = 2**36
 # the ops and dtype of the per-command path as module constants: ``Ops.X`` is a metaclass attribute lookup (~50 ns
 # on Python 3.11, against ~5 for a global), paid per command
 _BUFFER, _BUFFER_VIEW, _ID = Ops.BUFFER, Ops.BUFFER_VIEW, dtypes.id
+_node = UOp.checked  # a node whose fields the caller checked
 
 
 class QueueError(InputError, ValueError):
@@ -127,7 +128,8 @@ def view(buf: UOp, offset: int | UOp, nbytes: int) -> UOp:
     buffer, or a variable offset is not on a buffer variable."""
     if type(buf) is UOp and buf.op is _BUFFER and type(offset) is int and type(nbytes) is int and offset >= 0 \
             and nbytes >= 1 and type(limit := buf.arg[1]) is int and offset + nbytes <= limit:
-        return UOp(_BUFFER_VIEW, _ID, (buf,), (offset, nbytes))  # the usual case, its checks inline: one per command
+        # the usual case, its checks inline (one per command); a tuple of two ints is its own key
+        return _node(_BUFFER_VIEW, _ID, (buf,), (offset, nbytes), (offset, nbytes))
     base, off0 = buffer_base(buf)
     if not is_buffer(base):
         raise QueueError(f"view: {node_text(buf)} is not a buffer (BUFFER, BUFFER_VIEW or buffer_variable)")

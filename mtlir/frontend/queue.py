@@ -17,6 +17,7 @@ from mtlir.ir.bounds import bounds, expr_text, variable_bounds
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj
 from mtlir.ir.ops import Ops
+from mtlir.ir.interning import NONE_KEY
 from mtlir.ir.uop import UOp
 from mtlir.frontend.nodes import (MAX_HANDLE, QueueError, buffer_base, buffer_label, buffer_nbytes, is_buffer,
                                   timeline)
@@ -29,6 +30,7 @@ __all__ = ["Queue", "queues"]
 _BUFFER, _BUFFER_VIEW, _DEFINE_VAR, _EXEC = Ops.BUFFER, Ops.BUFFER_VIEW, Ops.DEFINE_VAR, Ops.EXEC
 _TIMESTAMP, _OBJECT, _SIGNAL, _WAIT = Ops.TIMESTAMP, Ops.OBJECT, Ops.SIGNAL, Ops.WAIT
 _ID, _VOID, _U64, _CONST = dtypes.id, dtypes.void, dtypes.uint64, Ops.CONST
+_node = UOp.checked  # a node whose fields exec, timestamp and the event ops checked (arg None's key: NONE_KEY)
 
 
 def _size(v: UOp | int, where: str) -> UOp:
@@ -166,7 +168,7 @@ class Queue:
                     self._dispatches[key] = sizes
         else:
             sizes = self._dispatch(kernel, grid, threadgroup)
-        self.ops.append(UOp(_EXEC, _VOID, (knode, *sizes, *args)))
+        self.ops.append(_node(_EXEC, _VOID, (knode, *sizes, *args), None, NONE_KEY))  # every source a UOp
         self.ncommands += 1
         return self
 
@@ -242,16 +244,16 @@ class Queue:
 
     def _event_op(self, op: Ops, event: UOp, value: UOp | int, what: str) -> Queue:
         if type(event) is not UOp or event not in self._events:
-            if not isinstance(event, UOp) or event.op is not _OBJECT or not isinstance(event.arg, Obj) \
+            if type(event) is not UOp or event.op is not _OBJECT or not isinstance(event.arg, Obj) \
                     or event.arg.kind != "event":
                 raise QueueError(f"{what} after command {self.ncommands}: the event must be an event placeholder (a "
                                  f"queue's timeline or a shared_event), got {event!r}")
             self._events.add(event)
         if type(value) is int and 0 <= value <= MAX_HANDLE:  # the usual case: a constant value
-            val = UOp(_CONST, _U64, (), value)
+            val = _node(_CONST, _U64, (), value, value)
         else:
             val = self._event_value(value, f"{what} after command {self.ncommands}")
-        self.ops.append(UOp(op, _VOID, (event, val)))
+        self.ops.append(_node(op, _VOID, (event, val), None, NONE_KEY))
         return self
 
     @staticmethod
@@ -355,7 +357,7 @@ class Queue:
                              f"timestamp after command {self._stamped_after(slot)}; each slot records one time per "
                              f"submit (the first would be lost): give this one another slot")
         self._stamped.add(slot)
-        self.ops.append(UOp(_TIMESTAMP, _VOID, (), slot))
+        self.ops.append(_node(_TIMESTAMP, _VOID, (), slot, slot))  # an int arg is its own key
         return self
 
     def _stamped_after(self, slot: int) -> int:
