@@ -24,6 +24,22 @@ def test_equal_nodes_are_one_object_and_freed_ones_leave_the_table() -> None:
     assert live_nodes() == before
 
 
+def test_checked_builds_the_node_uop_builds() -> None:
+    from mtlir.ir.interning import NONE_KEY
+    buf = UOp(Ops.BUFFER, dtypes.id, (), ("interning_checked", 1 << 20))
+    view = UOp.checked(Ops.BUFFER_VIEW, dtypes.id, (buf,), (256, 64), (256, 64))
+    assert view is UOp(Ops.BUFFER_VIEW, dtypes.id, (buf,), (256, 64)) and view._rank == 1
+    assert UOp.checked(Ops.BUFFER_VIEW, dtypes.id, (buf,), (256, 64), (256, 64)) is view
+    stamp = UOp(Ops.TIMESTAMP, dtypes.void, (), 7)  # made first by UOp: checked finds it
+    assert UOp.checked(Ops.TIMESTAMP, dtypes.void, (), 7, 7) is stamp
+    ex = UOp.checked(Ops.EXEC, dtypes.void, (buf, view), None, NONE_KEY)
+    assert ex is UOp(Ops.EXEC, dtypes.void, (buf, view)) and ex._rank == 2
+    gc.collect()
+    before = live_nodes()
+    del ex, stamp
+    assert live_nodes() == before - 2  # freed at once, entries gone
+
+
 def test_a_stale_finalizer_puts_back_the_entry_of_the_live_node() -> None:
     node = UOp.variable("interning_live", 0, 3)
     key = node._key
