@@ -68,8 +68,12 @@ def _bridge() -> Bridge:
     if SETTINGS.bridge is not None:
         return SETTINGS.bridge()
     from mtlir.runtime.sim.device import SimDevice
+    # the kernel watchdog at the waits' timeout: a kernel running that long ends its command buffer in Error,
+    # Timeout, naming the kernel, where the wait would have timed out, and a wait may then run the GPU's steps on
+    # its own thread (SimDevice.wait_command_buffers: no thread hand-off per submit)
     return SimDevice(SETTINGS.target, family=SETTINGS.family, strict=SETTINGS.strict,
-                     timeout_s=SETTINGS.timeout_s, gpu_timeout_s=SETTINGS.timeout_s)
+                     timeout_s=SETTINGS.timeout_s, gpu_timeout_s=SETTINGS.timeout_s,
+                     kernel_timeout_s=SETTINGS.timeout_s)
 
 
 class MetalDevice(Compiled):

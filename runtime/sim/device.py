@@ -308,7 +308,9 @@ class SimDevice(DeviceHooks):
         return self._register(NSError(domain, code, text))  # type: ignore[no-any-return]
 
     def wait_for(self, ready: Callable[[], bool], timeout_s: float) -> bool:
-        """Wait (lock held) until ``ready()`` or ``timeout_s`` seconds pass; True when ready."""
+        """Wait (lock held) until ``ready()`` or ``timeout_s`` seconds pass; True when ready. The worker thread is
+        woken first for work a commit left to it (``GPU.wake``)."""
+        self.gpu.wake()
         deadline = clock() + timeout_s
         while not ready():
             left = deadline - clock()
@@ -324,20 +326,43 @@ class SimDevice(DeviceHooks):
         (``Session.wait`` uses it on a SimDevice; real Metal's equivalent is ``waitUntilCompleted``, METAL.md §1).
         A handle that is not a live command buffer counts as ended: the caller's next message names the problem.
         Nothing is sent or checked: it only waits. Raises ``DeviceClosedError`` on a closed device (nothing there
-        would ever end)."""
+        would ever end).
+
+        Where it may (``_may_drive``: a ``timeout_s`` of at least ``kernel_timeout_s``, so the kernel watchdog
+        ends a kernel that would keep it before the deadline), the calling thread runs the GPU's steps itself
+        instead of blocking (``GPU.drive``): no thread hand-off at the commit nor at the end. Else the worker
+        thread runs them and this thread blocks."""
         if self.closed:
             raise self._closed_error("wait_command_buffers")
         deadline = clock() + timeout_s
         with self._lock:
-            events = []
-            for h in handles:
-                obj = self._objects.get(h) if type(h) is int else None
-                if isinstance(obj, CommandBuffer) and obj.status < MTL.StatusCompleted:
-                    events.append(self.gpu.end_waiters.setdefault(obj, threading.Event()))
+            targets = [obj for obj in (self._objects.get(h) if type(h) is int else None for h in handles)
+                       if isinstance(obj, CommandBuffer) and obj.status < MTL.StatusCompleted]
+            if not targets:
+                return True
+            if self._may_drive(timeout_s):
+                ended = self.gpu.drive(targets, deadline)
+                if ended is not None:
+                    return ended
+            self.gpu.wake()
+            events = [self.gpu.end_waiters.setdefault(cb, threading.Event()) for cb in targets]
         for ev in events:  # set by ``GPU._finish`` (the lock is not held here: the GPU thread runs meanwhile)
             if not ev.wait(max(0.0, deadline - clock())):
                 return False
         return True
+
+    def _may_drive(self, timeout_s: float) -> bool:
+        """Whether a host thread waiting ``timeout_s`` seconds for command buffers runs the GPU's steps itself
+        (``GPU.drive``): with autorun, off the worker thread, when the wait is at least the kernel watchdog
+        (``kernel_timeout_s``: a step is not cut short, and a kernel that does not end is ended by the watchdog
+        within it; a batch of kernels that each end in time can still take this thread past the deadline, by at
+        most that batch), and only on the OpenCL kernel runner without Oclgrind's checks and with no fault armed
+        (a test's kernel runner may block on the host; checked and injected runs keep the worker's timing)."""
+        runner = self._runner
+        gpu = self.gpu
+        return (self.autorun and timeout_s >= self.kernel_timeout_s and not self.checked
+                and (runner is None or type(runner) is KernelRunner) and gpu.injected_fault is None
+                and not gpu.faulty and gpu.thread is not threading.current_thread())
 
     # ------------------------------------------------------------------ Bridge: runtime functions
     def sel_registerName(self, name: str) -> int:
@@ -440,6 +465,9 @@ class SimDevice(DeviceHooks):
             if route is not None and id(proto) in route.decoder.seen and len(args) == route.decoder.nargs:
                 method, decoder = route.method, route.decoder
                 if method.lockless:
+                    if self.gpu.unwoken:  # a host reading a status or a time may be polling: the GPU starts now
+                        with self._lock:
+                            self.gpu.wake()
                     return result_value(route.ret, method.fn(self, obj))
                 else:
                     with self._lock:
@@ -481,6 +509,9 @@ class SimDevice(DeviceHooks):
             method = METHODS.lookup(type(seen), name)
             if method is not None and method.lockless:
                 self._route(sel, seen, method, decoder, name)
+                if self.gpu.unwoken:
+                    with self._lock:
+                        self.gpu.wake()
                 return result_value(expected.ret, method.fn(self, seen))
         with self._lock:
             if recv == 0 and type(recv) is int:

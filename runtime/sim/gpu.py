@@ -45,6 +45,9 @@ __all__ = ["GPU"]
 
 _BATCH_S = 0.002  # the longest the worker holds the lock for a run of GPU operations
 _IDLE_EXIT_S = 1.0  # the worker thread ends after this long without work and restarts at the next commit
+# the longest the idle worker naps: a command buffer committed without waking it (``submit``) starts within this
+# when no host thread waits for it
+_START_S = 0.01
 
 
 class GPU:
@@ -78,6 +81,13 @@ class GPU:
         self.end_waiters: dict[CommandBuffer, threading.Event] = {}
         self.executor = Executor(self)  # runs the command buffers: their batches and kept launches
         self._shuffle: random.Random | None = None  # the queues' order under the device's order_seed (step_locked)
+        # committed work the worker thread was not woken for (``submit``): a wait runs it (``drive``) or wakes the
+        # worker (``wake``), or the worker finds it when its nap ends (``_START_S``)
+        self.unwoken = False
+        self.drivers = 0  # host threads running the GPU's steps while they wait (``drive``): the worker naps then
+        # what the idle worker naps on (``_worker``), not the device's condition: the notifies of the steps a host
+        # runs (``drive``) would wake it at each, at a cost to both threads; ``wake`` and ``stop`` set it
+        self._nudge = threading.Event()
 
     @property
     def running(self) -> tuple[str, str, int] | None:
@@ -109,9 +119,23 @@ class GPU:
         if cb.queue not in self.queues:
             self.queues.append(cb.queue)
         cb.queue.pending.append(cb)
+        if self.dev.autorun and self.thread is not None and self.thread.is_alive():
+            # the worker is not woken now: waking a thread costs ~15 µs of the committing thread's CPU here, and a
+            # host that waits runs the command buffer itself (``drive``); else the worker finds it at its next nap's
+            # end (``_START_S``), or a blocking call or a status read wakes it (``wake``)
+            self.unwoken = True
+            return
         self.dev._cv.notify_all()
         if self.dev.autorun:
             self._ensure_worker()
+
+    def wake(self) -> None:
+        """Wake the worker thread for work ``submit`` left without waking it (the lock held): called by a wait that
+        does not run the GPU itself (``SimDevice.wait_for``, ``wait_command_buffers``, ``run_until_idle``) and by a
+        read of a status or a time (``msg_send``'s lockless getters: a host polling them sees the GPU go on)."""
+        if self.unwoken:
+            self.unwoken = False
+            self._nudge.set()
 
     def pending(self) -> bool:
         """True while a committed command buffer has not finished."""
@@ -165,6 +189,11 @@ class GPU:
         except Exception as e:  # a bug of the simulator: fail this command buffer loudly, keep the GPU alive
             self.last_exception = e
             self._finish(cb, GPUFault(MTL.ErrorInternal, f"the simulated GPU failed: {type(e).__name__}: {e}"))
+        except BaseException as e:  # KeyboardInterrupt on a host thread running the step (``drive``): the step is
+            # lost (its generator is closed), so the command buffer ends in Error instead of looking completed later
+            self._finish(cb, GPUFault(MTL.ErrorInternal, f"the simulated GPU's step was interrupted on the host "
+                                                         f"thread running it ({type(e).__name__})"))
+            raise
         else:
             if gate is not None and not gate.ready():
                 self.sync()  # the host may be what the gate waits for: it sees the results so far
@@ -204,19 +233,58 @@ class GPU:
             with cv:
                 if self.stopping or threading.current_thread() is not self.thread:
                     return
-                start = clock()
-                did = False
-                while self.step_locked():
-                    did = True
-                    if clock() - start > _BATCH_S:
-                        break
-                if did:
+                if self.drivers:  # a host thread runs the GPU while it waits (``drive``)
                     idle_since = clock()
-                elif not self.pending() and clock() - idle_since > _IDLE_EXIT_S:
-                    self.thread = None
-                    return
                 else:
-                    cv.wait(0.005 if self.pending() else 0.1)
+                    self.unwoken = False
+                    start = clock()
+                    did = False
+                    while self.step_locked():
+                        did = True
+                        if clock() - start > _BATCH_S:
+                            break
+                    if did:
+                        idle_since = clock()
+                        continue
+                    if self.pending():  # the heads wait on gates: a signal, an end or the host notifies
+                        cv.wait(0.005)
+                        continue
+                    if clock() - idle_since > _IDLE_EXIT_S:
+                        self.thread = None
+                        return
+            self._nudge.wait(_START_S)  # idle: a commit's work is found at the latest when the nap ends
+            self._nudge.clear()
+
+    def drive(self, targets: list[CommandBuffer], deadline: float) -> bool | None:
+        """Run the GPU's steps on the calling host thread (the device lock held) until every command buffer of
+        ``targets`` has ended, or until ``deadline`` (``clock()`` seconds): True when they all ended, False at the
+        deadline (``SimDevice.wait_command_buffers``); None when another thread is running a step (the worker, or
+        a host thread driving too): it goes on with the rest, and the caller blocks until the end instead (waking
+        at every step's notify would cost more). The host would only block meanwhile; running the steps itself
+        saves the thread hand-offs of a submit (the worker's wake at the commit, the host's at the end: each costs
+        both threads CPU, ~15 µs on the waking side here). Every queue's command buffers advance, oldest first,
+        with the watchdogs (``step_locked``); a step that runs kernels releases the lock meanwhile, as on the
+        worker. The worker thread naps while a host drives and is woken for what is left. A step is not cut short:
+        a batch of kernels running at the deadline keeps this thread until it ends (``kernel_timeout_s`` bounds a
+        kernel that does not end), so ``wait_command_buffers`` drives only for a wait at least that long."""
+        cv = self.dev._cv
+        self.drivers += 1
+        self.unwoken = False  # this thread runs what is committed
+        try:
+            while True:
+                if all(cb.status >= MTL.StatusCompleted for cb in targets):
+                    return True
+                left = deadline - clock()
+                if left <= 0 or self.stopping:
+                    return False
+                if not self.step_locked():
+                    if self.busy:
+                        return None
+                    cv.wait(min(left, 0.005))  # the heads wait on gates: a signal or an end notifies
+        finally:
+            self.drivers -= 1
+            if self.pending():  # later work (a pipelining host's next submit): the worker runs it meanwhile
+                self._nudge.set()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the worker thread (called without the lock held): it ends after the operation it is running. When
@@ -226,6 +294,7 @@ class GPU:
             self.stopping = True
             thread = self.thread
             self.dev._cv.notify_all()
+            self._nudge.set()
         if thread is not None and thread is not threading.current_thread():
             deadline = clock() + timeout_s
             while thread.is_alive() and clock() < deadline:

@@ -47,6 +47,7 @@ class DeviceHooks:
         limit = self.timeout_s if timeout_s is None else timeout_s
         deadline = clock() + limit
         with self._lock:
+            self.gpu.wake()
             while self.gpu.pending():
                 if clock() > deadline:
                     raise WaitTimeoutError(f"run_until_idle: command buffers still running after {limit} s")

@@ -1,0 +1,98 @@
+"""Which thread runs a committed command buffer on the simulated GPU (docs/simulator.md, "Who runs the GPU"): a commit
+does not wake the worker thread; a host thread that waits at least the kernel watchdog runs the command buffer's steps
+itself (``GPU.drive``: no thread hand-off per submit), with the same results; a shorter wait leaves them to the worker;
+work nobody waits for still starts on its own, and what a waiting host leaves the worker runs meanwhile."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from progbuild import submit_program
+
+from mtlir.metal import MTL
+from mtlir.runtime.session import Session
+from mtlir.runtime.sim.device import SimDevice
+from mtlir.runtime.sim.objects import CommandBuffer
+
+
+def _device(kernel_timeout_s: float) -> tuple[SimDevice, list[tuple[int, str]]]:
+    """A SimDevice whose GPU records (command buffer handle, thread name) at every step it advances."""
+    dev = SimDevice("x86_64", family="Apple7", kernel_timeout_s=kernel_timeout_s)
+    steps: list[tuple[int, str]] = []
+    advance = dev.gpu._advance
+
+    def recorded(cb: CommandBuffer) -> None:
+        steps.append((cb.handle, threading.current_thread().name))
+        advance(cb)
+
+    dev.gpu._advance = recorded  # type: ignore[method-assign]
+    return dev, steps
+
+
+@pytest.fixture
+def program() -> Iterator[object]:
+    yield submit_program("x86_64", kernels=2, family="Apple7")
+
+
+def _status(dev: SimDevice, handle: int) -> int:
+    obj = dev.object(handle)
+    assert isinstance(obj, CommandBuffer)
+    return obj.status
+
+
+def _run(dev: SimDevice, steps: list[tuple[int, str]], program: object, timeout_s: float) -> tuple[bytes, bytes]:
+    with dev, Session(program, dev, timeout_s=timeout_s) as s:  # type: ignore[arg-type]
+        s.submit(n=4)  # the first commit starts the worker thread, which may take it
+        s.wait()
+        time.sleep(0.02)  # the worker naps
+        steps.clear()
+        for n in (8, 64, 13):
+            s.submit(n=n)
+            s.wait()
+        return s.read("buffer:0"), s.read("buffer:1")
+
+
+def test_a_wait_of_at_least_the_kernel_watchdog_runs_the_steps_on_the_waiting_thread(program: object) -> None:
+    dev, steps = _device(kernel_timeout_s=5.0)
+    got = _run(dev, steps, program, timeout_s=5.0)
+    # (the worker's nap may end between a commit and its wait and take that one: rare, so not asserted against)
+    assert threading.current_thread().name in {name for _, name in steps}
+    ref_dev, ref_steps = _device(kernel_timeout_s=60.0)  # a wait shorter than the watchdog: the worker runs them
+    assert _run(ref_dev, ref_steps, program, timeout_s=5.0) == got
+    assert ref_steps and {name for _, name in ref_steps} == {"mtlir-sim-gpu"}
+
+
+def test_work_nobody_waits_for_starts_on_its_own(program: object) -> None:
+    dev, steps = _device(kernel_timeout_s=5.0)
+    with dev, Session(program, dev, timeout_s=5.0) as s:
+        s.submit(n=8)  # the worker thread starts here, with the first commit
+        s.wait()
+        time.sleep(0.02)  # it naps
+        sub = s.submit(n=8)  # this commit does not wake it: its nap ends within 10 ms
+        (cb,) = sub.cbs
+        deadline = time.monotonic() + 5.0
+        while _status(dev, cb) < MTL.StatusCompleted and time.monotonic() < deadline:
+            time.sleep(0.001)  # no message, no wait: only the worker can run it
+        assert _status(dev, cb) == MTL.StatusCompleted
+        assert {name for h, name in steps if h == cb} == {"mtlir-sim-gpu"}
+        s.wait()
+
+
+def test_what_a_waiting_host_leaves_the_worker_runs(program: object) -> None:
+    dev, steps = _device(kernel_timeout_s=5.0)
+    with dev, Session(program, dev, timeout_s=5.0) as a, Session(program, dev, timeout_s=5.0) as b:
+        a.submit(n=8)
+        a.wait()  # the worker thread is running from here on
+        time.sleep(0.02)  # and napping
+        first = a.submit(n=16)
+        second = b.submit(n=16)
+        a.wait()  # runs a's command buffer (the older one) on this thread, then wakes the worker for b's
+        assert threading.current_thread().name in {name for h, name in steps if h == first.cbs[0]}
+        deadline = time.monotonic() + 5.0
+        while _status(dev, second.cbs[0]) < MTL.StatusCompleted and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert _status(dev, second.cbs[0]) == MTL.StatusCompleted
+        assert {name for h, name in steps if h == second.cbs[0]} == {"mtlir-sim-gpu"}
+        b.wait()
