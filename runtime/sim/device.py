@@ -24,8 +24,8 @@ from mtlir.metal import C_FUNCTIONS, MTL, SELECTORS, TARGETS, DeviceSpec, Protot
 from mtlir.errors import ArgumentError, BridgeError, DeviceClosedError
 from mtlir.runtime.metal.bridge import host_target
 from mtlir.runtime.sim.methods import encoding, icb, resources
-from mtlir.runtime.sim.msgsend import (ArgumentDecoder, Method, MethodTable, check_prototype, decode_word,
-                                      result_value)
+from mtlir.runtime.sim.msgsend import (ArgumentDecoder, Method, MethodTable, check_prototype, compile_call,
+                                      decode_word, result_value)
 from mtlir.runtime.sim.rules.checks import check_buffer_write
 from mtlir.runtime.sim.gpu import GPU
 from mtlir.runtime.sim.hooks import DeviceHooks
@@ -59,14 +59,15 @@ _ROUTES = 1 << 12                 # (SEL, class) pairs msg_send keeps resolved (
 
 class _Route:
     """What a (SEL, receiver class) pair resolved to in ``SimDevice.msg_send``: the method, the selector's decoder
-    and name, the return type (``void``: nothing to convert)."""
+    and name, the return type, and ``call``: the method with the arguments' decoding and the result's conversion
+    generated for it (``msgsend.compile_call``)."""
 
-    __slots__ = ("method", "decoder", "name", "ret", "void")
+    __slots__ = ("method", "decoder", "name", "ret", "call")
 
-    def __init__(self, method: Method, decoder: ArgumentDecoder, name: str) -> None:
+    def __init__(self, method: Method, decoder: ArgumentDecoder, name: str, dev: SimDevice) -> None:
         self.method, self.decoder, self.name = method, decoder, name
         self.ret = decoder.proto.ret
-        self.void = self.ret is dtypes.void
+        self.call = compile_call(name, method, decoder, dev._objects, dev._lookup, dev.memory)
 
 
 class SimDevice(DeviceHooks):
@@ -463,7 +464,7 @@ class SimDevice(DeviceHooks):
         if obj is not None and type(sel) is int:  # the fast path: the selector resolved before for this class
             route = self._routes.get((sel, type(obj)))
             if route is not None and id(proto) in route.decoder.seen and len(args) == route.decoder.nargs:
-                method, decoder = route.method, route.decoder
+                method = route.method
                 if method.lockless:
                     if self.gpu.unwoken:  # a host reading a status or a time may be polling: the GPU starts now
                         with self._lock:
@@ -472,10 +473,7 @@ class SimDevice(DeviceHooks):
                 else:
                     with self._lock:
                         if self._objects.get(recv) is obj:
-                            result = method.fn(self, obj, *decoder.decode(route.name, args, method, self._objects,
-                                                                          self._lookup, self.memory)
-                                               if decoder.kinds else ())
-                            return None if route.void else result_value(route.ret, result)
+                            return route.call(self, obj, args)
         return self._msg_send(proto, args)
 
     def _msg_send(self, proto: Prototype, args: tuple[Any, ...]) -> Any:
@@ -537,7 +535,7 @@ class SimDevice(DeviceHooks):
         getter) and decodes every argument."""
         if len(self._routes) >= _ROUTES:
             self._routes.clear()
-        self._routes[(sel, type(obj))] = _Route(method, decoder, name)
+        self._routes[(sel, type(obj))] = _Route(method, decoder, name, self)
 
     # ------------------------------------------------------------------ Bridge: host memory
     def malloc(self, nbytes: int) -> int:

@@ -23,8 +23,8 @@ from mtlir.errors import BridgeError
 from mtlir.runtime.bridge.memory import HostMemory
 from mtlir.runtime.sim.objects import SimObject
 
-__all__ = ["Method", "MethodTable", "ArgumentDecoder", "check_prototype", "decode_word", "decode_size", "result_value",
-           "NIL"]
+__all__ = ["Method", "MethodTable", "ArgumentDecoder", "check_prototype", "compile_call", "decode_word", "decode_size",
+           "result_value", "NIL"]
 
 NIL = None  # in an argument spec: nil is accepted for this object argument
 _MTLSIZE_PTR = PtrDType(dtypes.MTLSize)
@@ -222,6 +222,56 @@ class ArgumentDecoder:
                     raise BridgeError(f"{name}: argument {i} ({dt.name}) must be a number, got {value!r}")
                 out.append(float(value))
         return out
+
+
+def compile_call(name: str, method: Method, decoder: ArgumentDecoder, objects: Mapping[int, SimObject],
+                 lookup: Callable[[Any, str], SimObject], mem: HostMemory) -> Callable[[Any, SimObject, tuple[Any, ...]],
+                                                                                 Any]:
+    """``call(device, receiver, args)``: ``method`` for selector ``name`` on already checked ``args`` (self, _cmd and
+    the arguments), its arguments decoded and its result converted as ``ArgumentDecoder.decode`` and
+    ``result_value`` do, in one generated function per (selector, class) (``SimDevice.msg_send``'s fast path: a
+    message costs ~1 µs of Python, and the generic decoding loop was a good part of it). The common case is
+    inline (an int that fits, a live object of an accepted class, an x86_64 MTLSize of three ints, a number for a
+    float); anything else takes ``decode``, which raises its errors. ``objects``, ``lookup`` and ``mem`` are the
+    device's (its object table, its look-up of a bad handle, its host memory)."""
+    fn, ret = method.fn, decoder.proto.ret
+    void = ret is dtypes.void
+
+    def slow(dev: Any, obj: SimObject, args: tuple[Any, ...]) -> Any:
+        result = fn(dev, obj, *decoder.decode(name, args, method, objects, lookup, mem))
+        return None if void else result_value(ret, result)
+
+    env: dict[str, Any] = {"fn": fn, "slow": slow, "get": objects.get, "result_value": result_value, "RET": ret,
+                           "int": int, "tuple": tuple, "float": float, "type": type, "isinstance": isinstance,
+                           "len": len}
+    lines = ["def call(dev, obj, args):"]
+    names = []
+    specs = iter(method.objects)
+    for k, (kind, dt, lo, hi) in enumerate(zip(decoder.kinds, decoder.dtypes, decoder.lo, decoder.hi)):
+        v = f"v{k}"
+        names.append(v)
+        lines.append(f"    {v} = args[{k + 2}]")
+        if kind == _WORD:
+            env[f"L{k}"], env[f"H{k}"] = lo, hi
+            lines.append(f"    if type({v}) is not int or not L{k} <= {v} <= H{k}: return slow(dev, obj, args)")
+        elif kind == _ID:
+            env[f"C{k}"] = tuple(c for c in next(specs, (SimObject,)) if c is not None) or SimObject
+            lines.append(f"    {v} = get({v}) if type({v}) is int else None")
+            lines.append(f"    if {v} is None or not isinstance({v}, C{k}): return slow(dev, obj, args)")
+        elif kind == _SIZE and dt is dtypes.MTLSize:
+            lines.append(f"    if type({v}) is not tuple or len({v}) != 3: return slow(dev, obj, args)")
+            for j in range(3):
+                lines.append(f"    if type({v}[{j}]) is not int or not 0 <= {v}[{j}] <= {_U64_MAX}: "
+                             "return slow(dev, obj, args)")
+        elif kind == _FLOAT:
+            lines.append(f"    if type({v}) is not float and type({v}) is not int: return slow(dev, obj, args)")
+            lines.append(f"    {v} = float({v})")
+        else:  # arm64's MTLSize pointer: read from host memory, with its errors
+            return slow
+    call = f"fn(dev, obj{''.join(', ' + n for n in names)})"
+    lines.append(f"    {call}\n    return None" if void else f"    return result_value(RET, {call})")
+    exec("\n".join(lines), env)  # noqa: S102 (generated from the decoder's kinds alone, no outside text)
+    return env["call"]  # type: ignore[no-any-return]
 
 
 def _arg_object(name: str, i: int, value: Any, spec: tuple[Any, ...],

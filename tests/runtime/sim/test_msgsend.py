@@ -269,12 +269,22 @@ def test_a_selector_resolved_before_is_still_checked_in_full(x86: Scene) -> None
         raw(x86, int32, x86.device, "newBufferWithLength:options:", 64, 0)
     with pytest.raises(BridgeError, match=r"argument 1 = -1 does not fit uint64"):
         raw(x86, proto, x86.device, "newBufferWithLength:options:", -1, 0)
+    for value in (1.5, "64"):  # the generated fast path takes ints alone: anything else gets the full decoding
+        with pytest.raises(BridgeError, match=r"argument 1 \(uint64\) must be an integer"):
+            raw(x86, proto, x86.device, "newBufferWithLength:options:", value, 0)
     icb = x86.icb(1)
     cmd = x86.send(icb, "indirectComputeCommandAtIndex:", 0)
     buf = x86.buffer(64)
     x86.send(cmd, "setKernelBuffer:offset:atIndex:", buf, 0, 0)
     with pytest.raises(BridgeError, match=r"argument 1 must be a MTLBuffer, got MTLFence"):
         x86.send(cmd, "setKernelBuffer:offset:atIndex:", x86.fence, 0, 0)
+    x86.send(cmd, "setKernelBuffer:offset:atIndex:", 0, 0, 0)  # nil, which this argument accepts
+    size = abi_prototype("concurrentDispatchThreadgroups:threadsPerThreadgroup:", "x86_64")
+    raw(x86, size, cmd, "concurrentDispatchThreadgroups:threadsPerThreadgroup:", (1, 1, 1), (4, 1, 1))
+    with pytest.raises(BridgeError, match=r"an MTLSize has 3 fields, got 4"):
+        raw(x86, size, cmd, "concurrentDispatchThreadgroups:threadsPerThreadgroup:", (1, 1, 1, 1), (4, 1, 1))
+    with pytest.raises(BridgeError, match=r"does not fit uint64"):
+        raw(x86, size, cmd, "concurrentDispatchThreadgroups:threadsPerThreadgroup:", (1, -1, 1), (4, 1, 1))
     x86.send(buf, "length")  # a lockless getter, resolved
     x86.send(buf, "release")
     with pytest.raises(BridgeError, match=r"deallocated"):
