@@ -224,11 +224,11 @@ class ArgumentDecoder:
         return out
 
 
-Call = Callable[[Any, SimObject, tuple[Any, ...]], Any]  # a route's generated call: (device, receiver, args)
+RouteCall = Callable[[Any, SimObject, tuple[Any, ...]], Any]  # a route's generated call: (device, receiver, args)
 
 
 def compile_call(name: str, method: Method, decoder: ArgumentDecoder, objects: Mapping[int, SimObject],
-                 lookup: Callable[[Any, str], SimObject], mem: HostMemory) -> Call:
+                 lookup: Callable[[Any, str], SimObject], mem: HostMemory) -> RouteCall:
     """``call(device, receiver, args)``: ``method`` for selector ``name`` on already checked ``args`` (self, _cmd and
     the arguments), its arguments decoded and its result converted as ``ArgumentDecoder.decode`` and
     ``result_value`` do, in one generated function per (selector, class) (``SimDevice.msg_send``'s fast path: a
