@@ -128,8 +128,10 @@ def view(buf: UOp, offset: int | UOp, nbytes: int) -> UOp:
     buffer, or a variable offset is not on a buffer variable."""
     if type(buf) is UOp and buf.op is _BUFFER and type(offset) is int and type(nbytes) is int and offset >= 0 \
             and nbytes >= 1 and type(limit := buf.arg[1]) is int and offset + nbytes <= limit:
-        # the usual case, its checks inline (one per command); a tuple of two ints is its own key
-        return _node(_BUFFER_VIEW, _ID, (buf,), (offset, nbytes), (offset, nbytes))
+        # the usual case, its checks inline (one per command); a tuple of two ints is its own key (the same
+        # object: a second tuple would be 56 bytes more per view)
+        arg = (offset, nbytes)
+        return _node(_BUFFER_VIEW, _ID, (buf,), arg, arg)
     base, off0 = buffer_base(buf)
     if not is_buffer(base):
         raise QueueError(f"view: {node_text(buf)} is not a buffer (BUFFER, BUFFER_VIEW or buffer_variable)")

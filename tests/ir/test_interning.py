@@ -40,6 +40,12 @@ def test_checked_builds_the_node_uop_builds() -> None:
     assert live_nodes() == before - 2  # freed at once, entries gone
 
 
+def test_a_front_end_view_keys_with_its_own_arg() -> None:
+    from mtlir.frontend.nodes import buffer, view
+    v = view(buffer("interning_view", 1 << 16), 512, 64)
+    assert v._key[3] is v.arg  # no second (offset, nbytes) tuple in the key: 56 bytes per command
+
+
 def test_a_stale_finalizer_puts_back_the_entry_of_the_live_node() -> None:
     node = UOp.variable("interning_live", 0, 3)
     key = node._key
