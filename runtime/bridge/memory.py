@@ -130,8 +130,9 @@ class HostMemory:
 
     def write(self, addr: int, data: bytes) -> Region:
         """Copy ``data`` to ``addr``; returns the block written (the device checks rule 15 on it)."""
-        reg, off = self.find(addr, len(data))
-        reg.data[off:off + len(data)] = np.frombuffer(bytes(data), dtype=np.uint8)
+        n = len(data)
+        reg, off = self.find(addr, n)
+        reg.data[off:off + n] = np.frombuffer(data if type(data) is bytes else bytes(data), dtype=np.uint8)
         return reg
 
     def load(self, addr: int, dtype: DType) -> Any:
@@ -144,6 +145,12 @@ class HostMemory:
         """Write one value of ``dtype`` at ``addr``; returns the block. Raises ``BridgeError`` when the value
         does not fit the dtype (a negative uint64, a 65-bit int, a float for an int)."""
         reg, off = self.find(addr, dtype.itemsize)
+        if type(value) is int and dtype.kind != "float":  # the usual store: one integer (a handle, a count)
+            try:
+                struct.pack_into("<" + dtype.fmt, reg.data.data, off, value)
+            except struct.error as e:
+                raise BridgeError(f"store of {value!r} as {dtype.name} at {addr:#x}: does not fit ({e})") from None
+            return reg
         vals = value if isinstance(value, tuple) else (value,)
         try:
             if dtype.kind != "float" and any(isinstance(v, float) for v in vals):

@@ -403,7 +403,7 @@ class SimDevice(DeviceHooks):
         expected = C_FUNCTIONS.get(fn)
         if expected is None:
             raise BridgeError(f"unknown C function {fn!r}: the simulated device offers {', '.join(C_FUNCTIONS)}")
-        if proto != expected:
+        if proto is not expected and proto != expected:  # the table's own prototype: no field compare
             raise BridgeError(f"{fn}: prototype {proto!r} differs from the C function's {expected!r}")
         if len(args) != len(expected.args):
             raise BridgeError(f"{fn}: takes {len(expected.args)} arguments, got {len(args)}")
@@ -425,7 +425,11 @@ class SimDevice(DeviceHooks):
         """objc_autoreleasePoolPop: drain the pool ``token`` and every pool pushed after it, releasing their
         objects newest first; the first error (rule 2, 14) is raised after the drain."""
         with self._lock:
-            at = next((i for i, (t, _) in enumerate(self._pools) if t == token), None)
+            pools = self._pools
+            if pools and pools[-1][0] == token:  # the innermost pool: the usual pop
+                at: int | None = len(pools) - 1
+            else:
+                at = next((i for i, (t, _) in enumerate(pools) if t == token), None)
             if at is None:
                 raise BridgeError(f"objc_autoreleasePoolPop({token!r}): not a pool that is pushed"
                                   + (_CUT if isinstance(token, int) and 0 < token < 1 << 32 else ""))
