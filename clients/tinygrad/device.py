@@ -137,7 +137,7 @@ class MetalProgram(Program["MetalDevice"]):
         return Dispatch(self.kernel, args, tuple(values), grid, local)
 
     def _session(self, bufs: tuple[MetalBuffer, ...], local: tuple[int, int, int]) -> SessionRing:
-        key = (tuple(b.size for b in bufs), local)
+        key = (tuple([b.size for b in bufs]), local)
         s = self.sessions.get(key)
         if s is None:
             nvars = len(self.kernel.params) - self.nbufs
@@ -155,22 +155,25 @@ class MetalProgram(Program["MetalDevice"]):
         if prod(local) > self.max_total_threads:
             raise RuntimeError(f"local size {local} bigger than {self.max_total_threads}")
         s = self._session(bufs, (int(local[0]), int(local[1]), int(local[2])))
-        self.last_launch = (tuple(int(g) for g in global_size), local)
-        for rec in RECORDERS:
-            rec.dispatch(self, bufs, tuple(global_size), local, tuple(vals))
-        values: dict[str, Any] = {}
+        gx, gy, gz = global_size
+        grid = (int(gx), int(gy), int(gz))
+        self.last_launch = (grid, local)
+        if RECORDERS:
+            for rec in RECORDERS:
+                rec.dispatch(self, bufs, tuple(global_size), local, tuple(vals))
+        values: dict[str, Any] = {"gx": grid[0], "gy": grid[1], "gz": grid[2]}
         for (name, off), b in zip(self._bnames, bufs):
             values[name], values[off] = b.buf.handle, b.offset
         for name, v in zip(self._vnames, vals):
             values[name] = int(v or 0)
-        values["gx"], values["gy"], values["gz"] = (int(n) for n in global_size)
         t0 = time.perf_counter()
         sub = s.submit(**values)
         self.dev.eager_calls += 1
         if not wait:
             return None
         s.wait(timeout_s=SETTINGS.timeout_s)
-        return sub.gpu_ns / 1e9 if sub.gpu_ns is not None else time.perf_counter() - t0
+        ns = sub.gpu_ns
+        return ns / 1e9 if ns is not None else time.perf_counter() - t0
 
 
 class MetalAllocator(LRUAllocator[MetalDevice]):

@@ -148,7 +148,18 @@ class GPU:
         between queues then shows as a result that depends on the seed)."""
         if self.busy:
             return False
-        heads = [q.pending[0] for q in self.queues if q.pending]
+        queues = self.queues
+        if len(queues) == 1:  # one queue (a Session's, a context's): its head alone, no list to sort
+            pending = queues[0].pending
+            if not pending:
+                return False
+            head = pending[0]
+            if head.gate is None:
+                self._advance(head)
+                return True
+            heads = [head]
+        else:
+            heads = [q.pending[0] for q in queues if q.pending]
         if len(heads) > 1:
             heads.sort(key=lambda c: c.seq)
             if self.dev.order_seed is not None:
@@ -270,9 +281,13 @@ class GPU:
         cv = self.dev._cv
         self.drivers += 1
         self.unwoken = False  # this thread runs what is committed
+        ended = MTL.StatusCompleted
         try:
             while True:
-                if all(cb.status >= MTL.StatusCompleted for cb in targets):
+                for cb in targets:
+                    if cb.status < ended:
+                        break
+                else:
                     return True
                 left = deadline - clock()
                 if left <= 0 or self.stopping:
