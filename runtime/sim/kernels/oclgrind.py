@@ -352,25 +352,38 @@ def _serve() -> None:
     queue = cl.CommandQueue(ctx)
     translation = translate(msl, bounds_checks=False)
     info = translation.kernels[function]
-    with _native_stderr() as captured:
-        program = cl.Program(ctx, translation.source).build()
-        kernel = cl.Kernel(program, function)
-        mf = cl.mem_flags
-        args: list[Any] = []
-        block = np.zeros(3 * max(1, len(info.bindings)), np.uint64)
-        for b in info.bindings:
-            data, offset = bindings[b.arg.index]
-            host = np.frombuffer(data, np.uint8).copy()
-            args.append(cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=host))
-            block[3 * b.slot], block[3 * b.slot + 2] = offset, host.nbytes
-        args.append(cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=block))
-        args.append(cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.zeros(_FAULT_WORDS, np.uint32)))
-        if info.simd:
-            from mtlir.runtime.sim.msl.simd import scratch_bytes
-            args.append(cl.LocalMemory(scratch_bytes(tg[0] * tg[1] * tg[2])))
-        kernel.set_args(*args)
-        cl.enqueue_nd_range_kernel(queue, kernel, tuple(g * t for g, t in zip(grid, tg)), tuple(tg))
-        queue.finish()
+    from mtlir.runtime.sim.kernels.runner import BUILD_OPTIONS
+    from mtlir.runtime.sim.kernels.stderr import _Captured
+    captured: _Captured | None = None
+    try:
+        with _native_stderr() as captured:
+            # the runner's options, unoptimized: LLVM's optimizer turns a rotate written as shifts ((x << 13) + (x >>
+            # 19), tinygrad's random numbers) into llvm.fshl, which Oclgrind cannot run ("Undefined external
+            # function"); unoptimized IR also keeps every access the kernel writes for the checks to see
+            program = cl.Program(ctx, translation.source).build(options=[*BUILD_OPTIONS, "-cl-opt-disable"])
+            kernel = cl.Kernel(program, function)
+            mf = cl.mem_flags
+            args: list[Any] = []
+            block = np.zeros(3 * max(1, len(info.bindings)), np.uint64)
+            for b in info.bindings:
+                data, offset = bindings[b.arg.index]
+                host = np.frombuffer(data, np.uint8).copy()
+                args.append(cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=host))
+                block[3 * b.slot], block[3 * b.slot + 2] = offset, host.nbytes
+            args.append(cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=block))
+            args.append(cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.zeros(_FAULT_WORDS, np.uint32)))
+            if info.simd:
+                from mtlir.runtime.sim.msl.simd import scratch_bytes
+                args.append(cl.LocalMemory(scratch_bytes(tg[0] * tg[1] * tg[2])))
+            kernel.set_args(*args)
+            cl.enqueue_nd_range_kernel(queue, kernel, tuple(g * t for g, t in zip(grid, tg)), tuple(tg))
+            queue.finish()
+    except cl.Error as e:  # Oclgrind's own complaint (printed on fd 2, captured) says why, not a traceback
+        said = " ".join(line.strip() for line in (captured.text if captured else "").splitlines() if line.strip())
+        sys.stderr.write(f"OpenCL on Oclgrind refused the kernel: {e}" + (f"; Oclgrind said: {said[:1500]}"
+                                                                          if said else ""))
+        raise SystemExit(1) from None
+    assert captured is not None
     sys.stdout.buffer.write(pickle.dumps(captured.text))
 
 

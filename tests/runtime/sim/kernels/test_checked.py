@@ -95,6 +95,23 @@ def test_a_correct_kernel_passes_and_a_view_is_honoured() -> None:
         check_kernel(GOOD, "good", {0: (_bytes(512), 260), 1: (_bytes(256), 0)}, (2, 1, 1), (32, 1, 1))
 
 
+ROTATE = HEAD + """kernel void rotate(device uint* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  uint x = y[i];
+  y[i] = (x << 13u) + (x >> 19u);
+}
+"""
+
+
+@needs_oclgrind
+def test_a_rotate_written_as_shifts_is_checked() -> None:
+    """A new user's finding: every kernel of tinygrad's random numbers failed its check (`--check-kernels` exit 3,
+    `clCreateKernel failed: INVALID_KERNEL_NAME`, a traceback): LLVM's optimizer made the rotate an llvm.fshl call,
+    which Oclgrind cannot run. The check builds unoptimized now: the kernel runs clean; its bad twin is caught."""
+    check_kernel(ROTATE, "rotate", {0: (_bytes(256), 0)}, (2, 1, 1), (32, 1, 1))
+    with pytest.raises(KernelCheckError, match="out-of-bounds"):
+        check_kernel(ROTATE, "rotate", {0: (_bytes(252), 0)}, (2, 1, 1), (32, 1, 1))
+
+
 @needs_oclgrind
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "faithful"])
 def test_the_simulated_device_checks_every_kernel(strict: bool) -> None:
