@@ -35,7 +35,7 @@ import numpy as np
 
 # The pieces, one idea each: a kernel's bindings and sizes (``compiled``), the fault record read back as an error
 # (``faults``), the compiler's stderr (``stderr``); this module holds the device, the build cache and the launch.
-from mtlir.errors import KernelAccessError, KernelCompileError, NoDeviceError, WaitTimeoutError
+from mtlir.errors import KernelAccessError, KernelCompileError, WaitTimeoutError
 from mtlir.runtime.sim.kernels.buildlog import build_error
 from mtlir.runtime.sim.kernels.compiled import CompiledKernel, View
 from mtlir.runtime.sim.kernels.devices import _import_pyopencl, device_kind, device_name, select_device
