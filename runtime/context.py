@@ -31,6 +31,7 @@ handed out the same handle numbers, so a handle of one used on the other named n
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 import warnings
 from collections.abc import Mapping
@@ -152,26 +153,48 @@ class DeviceContext:
             raise ContextError(f"{what}: {buf!r} of {self.name} was freed")
         return buf
 
-    def _range(self, buf: DeviceBuffer, offset: int, nbytes: int, what: str) -> None:
+    def _range(self, buf: DeviceBuffer, offset: Any, nbytes: Any, what: str) -> tuple[int, int]:
+        """``offset`` and ``nbytes`` as ints, checked: ``TypeError`` naming the argument for a non-integer (a float,
+        a bool, a str), ``ValueError`` for a range outside ``buf``."""
+        for arg, value in (("offset", offset), ("nbytes", nbytes)):
+            if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+                raise TypeError(f"{what}: {arg} (bytes) must be an int, got {type(value).__name__} {value!r}")
+        offset, nbytes = operator.index(offset), operator.index(nbytes)
         if offset < 0 or nbytes < 0 or offset + nbytes > buf.nbytes:
             raise ValueError(f"{what}: bytes [{offset}, {offset + nbytes}) are outside the {buf.nbytes} bytes of "
                              f"{buf!r}")
+        return offset, nbytes
 
     def write(self, buf: DeviceBuffer, data: bytes | bytearray | memoryview, offset: int = 0) -> None:
         """Copy ``data`` into ``buf`` at byte ``offset`` through ``contents`` (the host writes shared storage
-        directly: call ``synchronize`` first when a submit in flight reads it). Raises ``ContextError`` for a
-        buffer of another context or a freed one, or on a closed context; ``DeviceClosedError`` on a closed
-        device; ``ValueError`` for a range outside it."""
+        directly: call ``synchronize`` first when a submit in flight reads it). ``data``: any object with the
+        buffer protocol (bytes, bytearray, memoryview, a numpy array); its size is counted in bytes
+        (``memoryview(data).nbytes``: a memoryview of float32 is 4 bytes an element), a non-contiguous one is
+        copied in C order. Raises ``ContextError`` for a buffer of another context or a freed one, or on a closed
+        context; ``DeviceClosedError`` on a closed device; ``TypeError`` for data without the buffer protocol (a
+        str: encode it first) or a non-integer offset; ``ValueError`` for a byte range outside the buffer."""
         self._mine(buf, "write")
-        self._range(buf, offset, len(data), "write")
-        self.bridge.write(buf.contents + offset, bytes(data))
+        if type(data) is bytes:
+            raw = data
+        else:
+            try:
+                view = memoryview(data)  # anything with the buffer protocol (a numpy array too)
+            except TypeError:
+                raise TypeError(f"write: data is bytes, bytearray, memoryview or another object with the buffer "
+                                f"protocol (a numpy array), got {type(data).__name__}") from None
+            raw = view.tobytes()  # its bytes in C order: len(raw) is the size in bytes, whatever the item size
+        offset, n = self._range(buf, offset, len(raw), "write")
+        if n:
+            self.bridge.write(buf.contents + offset, raw)
 
     def read(self, buf: DeviceBuffer, offset: int = 0, nbytes: int | None = None) -> bytes:
-        """``nbytes`` bytes of ``buf`` from byte ``offset`` (default: to its end). Errors as ``write``."""
+        """``nbytes`` bytes of ``buf`` from byte ``offset`` (default: to its end; ``b""`` for 0 bytes, also at
+        the end). Errors as ``write``: ``TypeError`` for a non-integer offset or size."""
         self._mine(buf, "read")
-        n = buf.nbytes - offset if nbytes is None else nbytes
-        self._range(buf, offset, n, "read")
-        return self.bridge.read(buf.contents + offset, n)
+        offset, n = self._range(buf, offset, 0 if nbytes is None else nbytes, "read")
+        if nbytes is None:
+            n = buf.nbytes - offset
+        return self.bridge.read(buf.contents + offset, n) if n else b""
 
     def free(self, buf: DeviceBuffer) -> None:
         """Take ``buf`` out of the residency set and release it. The caller makes sure no submit in flight uses it

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import warnings
 
+import numpy as np
 import pytest
 
 from mtlir.frontend.nodes import buffer, buffer_variable, timeline_value
@@ -148,3 +149,32 @@ def test_a_fault_another_session_of_the_context_gets_first_is_reported_once() ->
         assert not s_bad.inflight and s_bad.wait() == []
         assert ctx.submit(s_good, y=y.handle).value == 2  # the refused submit sent nothing: its value is free
         ctx.synchronize()
+
+
+def test_write_and_read_count_bytes_and_name_a_bad_argument() -> None:
+    """A memoryview of float32 is 4 bytes an element: its range is checked in bytes (it was checked in elements, so
+    800 bytes at offset 500 of a 1 KiB buffer passed; on real Metal the memmove ran past the buffer). 0 bytes at the
+    end is b""; a float offset, a str of data are a TypeError naming the argument (they were bridge errors)."""
+    sim = SimDevice("x86_64")
+    with sim, DeviceContext(sim, name="C", spec=DeviceSpec("Apple9")) as ctx:
+        a, b = ctx.alloc(1024), ctx.alloc(1024)
+        data = np.full(200, 7.0, np.float32).data  # a memoryview of 200 elements, 800 bytes
+        for offset in (500, 900):
+            with pytest.raises(ValueError, match=rf"write: bytes \[{offset}, {offset + 800}\) are outside the 1024 "):
+                ctx.write(a, data, offset)
+        ctx.write(a, data, 224)  # exactly to the end: [224, 1024)
+        assert ctx.read(a, 224) == data.tobytes() and ctx.read(a, 0, 224) == bytes(224)
+        ctx.write(a, np.arange(8, dtype=np.float32)[::2])  # type: ignore[arg-type]  # non-contiguous: C order
+        assert np.frombuffer(ctx.read(a, 0, 16), np.float32).tolist() == [0.0, 2.0, 4.0, 6.0]
+        assert ctx.read(a, 1024) == b"" and ctx.read(a, 1024, 0) == b"" and ctx.read(a, 10, 0) == b""
+        ctx.write(a, b"", 1024)
+        with pytest.raises(TypeError, match=r"^read: offset \(bytes\) must be an int, got float 1\.5$"):
+            ctx.read(a, 1.5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"^read: nbytes \(bytes\) must be an int, got float 2\.0$"):
+            ctx.read(a, 0, 2.0)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"^write: offset \(bytes\) must be an int, got bool True$"):
+            ctx.write(a, b"x", True)
+        with pytest.raises(TypeError, match=r"^write: data is bytes, bytearray, memoryview .*, got str$"):
+            ctx.write(a, "abc")  # type: ignore[arg-type]
+        assert ctx.read(b) == bytes(1024)  # nothing ran past a into b
+
