@@ -198,14 +198,27 @@ class DeviceContext:
 
     def free(self, buf: DeviceBuffer) -> None:
         """Take ``buf`` out of the residency set and release it. The caller makes sure no submit in flight uses it
-        (``synchronize``; rule 14). Errors as ``write``."""
+        (``synchronize``; rule 14). Errors as ``write``, and ``MetalValidationError`` when the device refuses the
+        release (the simulated device in strict mode: a command buffer in flight reaches the buffer through ICB
+        commands). Then nothing has changed: the buffer is back in the residency set (committed) and still the
+        context's, so a submit may bind it and ``free`` after ``synchronize`` releases it.
+
+        The order is Metal's: a residency set does not retain its allocations (docs/simulator.md, object
+        lifetimes), so the buffer leaves the set (``removeAllocation:`` + ``commit``) while it is alive; after the
+        release it is a deallocated object no message may name."""
         self._mine(buf, "free")
-        m = self._ls.messenger
+        m, rset = self._ls.messenger, self.residency_set
+        if rset:
+            m.send(rset, "removeAllocation:", buf.handle)
+            m.send(rset, "commit")
+        try:
+            m.send(buf.handle, "release")
+        except MetalValidationError:  # refused: the buffer is alive, so it goes back where it was
+            if rset:
+                m.send(rset, "addAllocation:", buf.handle)
+                m.send(rset, "commit")
+            raise
         del self.buffers[buf.handle]
-        if self.residency_set:
-            m.send(self.residency_set, "removeAllocation:", buf.handle)
-            m.send(self.residency_set, "commit")
-        m.send(buf.handle, "release")
 
     # ---- Programs
 

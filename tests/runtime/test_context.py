@@ -17,6 +17,7 @@ from mtlir.passes import lower
 from mtlir.program.program import Program
 from mtlir.runtime.context import ContextError, DeviceContext
 from mtlir.runtime.sim.device import SimDevice
+from mtlir.runtime.sim.objects import ResidencySet
 
 MSL = """#include <metal_stdlib>
 using namespace metal;
@@ -177,4 +178,34 @@ def test_write_and_read_count_bytes_and_name_a_bad_argument() -> None:
         with pytest.raises(TypeError, match=r"^write: data is bytes, bytearray, memoryview .*, got str$"):
             ctx.write(a, "abc")  # type: ignore[arg-type]
         assert ctx.read(b) == bytes(1024)  # nothing ran past a into b
+
+
+def test_a_free_the_device_refuses_changes_nothing_and_close_leaves_no_object() -> None:
+    """Strict mode refuses the release of a buffer a command buffer in flight reaches (rule 14): the buffer must
+    stay the context's and resident (it was dropped from both first: the next submit binding it failed rule 10, a
+    free after synchronize said 'was freed', and close() left the MTLBuffer alive)."""
+    sim = SimDevice("x86_64", autorun=False)  # a submit stays in flight until run_until_idle
+    with sim:
+        ctx = DeviceContext(sim, name="C", spec=DeviceSpec("Apple9"))
+        s = ctx.session(_program())
+        y = ctx.alloc(64)
+        rset = sim.object(ctx.residency_set)
+        assert isinstance(rset, ResidencySet)
+        ctx.submit(s, y=y.handle)
+        with pytest.raises(MetalValidationError, match=rf"MTLBuffer {y.handle:#x} is deallocated while"):
+            ctx.free(y)
+        y_obj = sim.object(y.handle)
+        assert ctx.buffers[y.handle] is y and y_obj in rset.committed
+        sim.run_until_idle(10.0)
+        ctx.synchronize()
+        ctx.submit(s, y=y.handle)  # still resident: the commit passes rule 10
+        sim.run_until_idle(10.0)
+        ctx.synchronize()
+        assert ctx.read(y) == bytes([10]) * 64  # y = w + 10, w the Program's zeroed buffer
+        ctx.free(y)
+        assert y.handle not in ctx.buffers and y_obj not in rset.committed and not y_obj.alive
+        with pytest.raises(ContextError, match="was freed"):
+            ctx.free(y)
+        ctx.close()
+        assert sim.live_objects() == {}
 
