@@ -102,6 +102,7 @@ class DeviceContext:
         self.pipelines: dict[str, int] = {}
         self._kernels: dict[str, Kernel] = {}  # what each pipeline was compiled from
         self.timeline = TimelineValues()  # the values of the shared event, handed out to every Session's submits
+        pool = m.push()  # what Metal hands back autoreleased (a refused residency set's NSError) goes with it
         try:
             self.device = ls.keep("device", ls.checked(m.device(), "MTLCreateSystemDefaultDevice (no Metal device)"))
             self.queue = ls.keep("queue", ls.checked(
@@ -119,8 +120,10 @@ class DeviceContext:
                 m.send(self.residency_set, "commit")
                 m.send(self.queue, "addResidencySet:", self.residency_set)
         except BaseException:
+            m.pop(pool)
             ls.out.release()
             raise
+        m.pop(pool)
 
     # ---- buffers
 
@@ -230,7 +233,12 @@ class DeviceContext:
         name = f"pipeline:{kernel.key}"
         if name not in self.pipelines:
             self._open("pipeline")
-            make_pipeline(self._ls, self.device, Obj("pipeline", name, (kernel,)))
+            m = self._ls.messenger
+            pool = m.push()  # as link's: the +0 NSStrings of the MSL and the function name (and a compile error's
+            try:             # NSError) are autoreleased; without a pool of its own they outlive the context
+                make_pipeline(self._ls, self.device, Obj("pipeline", name, (kernel,)))
+            finally:
+                m.pop(pool)
             self.pipelines[name] = self._ls.out.handles[name]
             self._kernels[name] = kernel
         else:
