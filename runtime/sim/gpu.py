@@ -88,6 +88,7 @@ class GPU:
         # what the idle worker naps on (``_worker``), not the device's condition: the notifies of the steps a host
         # runs (``drive``) would wake it at each, at a cost to both threads; ``wake`` and ``stop`` set it
         self._nudge = threading.Event()
+        self.napping = False  # the worker thread is idle, napping on ``_nudge`` (a host's wait may then ``drive``)
 
     @property
     def running(self) -> tuple[str, str, int] | None:
@@ -112,6 +113,7 @@ class GPU:
     # ---------------------------------------------------------------- scheduling
     def submit(self, cb: CommandBuffer) -> None:
         """Queue a committed command buffer behind the earlier ones of its queue."""
+        idle = not self.pending()
         cb.seq = self.seq
         self.seq += 1
         cb.run = self.executor.execute(cb)
@@ -120,10 +122,14 @@ class GPU:
             self.queues.append(cb.queue)
         cb.queue.pending.append(cb)
         if self.dev.autorun and self.thread is not None and self.thread.is_alive():
-            # the worker is not woken now: waking a thread costs ~15 µs of the committing thread's CPU here, and a
-            # host that waits runs the command buffer itself (``drive``); else the worker finds it at its next nap's
-            # end (``_START_S``), or a blocking call or a status read wakes it (``wake``)
-            self.unwoken = True
+            if idle:
+                # the worker is not woken now: waking a thread costs ~15 µs of the committing thread's CPU here, and
+                # a host that waits next runs the command buffer itself (``drive``); else the worker finds it at
+                # its next nap's end (``_START_S``), or a blocking call or a status read wakes it (``wake``)
+                self.unwoken = True
+            else:  # work in flight already: a pipelining host, whose next wait is for earlier work; the worker
+                # runs this one meanwhile, as it runs the earlier ones
+                self._nudge.set()
             return
         self.dev._cv.notify_all()
         if self.dev.autorun:
@@ -263,7 +269,9 @@ class GPU:
                     if clock() - idle_since > _IDLE_EXIT_S:
                         self.thread = None
                         return
+            self.napping = True
             self._nudge.wait(_START_S)  # idle: a commit's work is found at the latest when the nap ends
+            self.napping = False
             self._nudge.clear()
 
     def drive(self, targets: list[CommandBuffer], deadline: float) -> bool | None:
