@@ -113,7 +113,6 @@ class MetalBridge(NativeMemory):
         self._c_calls: dict[tuple[str, Prototype], ForeignCall] = {}
         self._fast: dict[Any, Callable[[tuple[Any, ...]], Any]] = {}  # by id(proto): no hashing per call
         self._fast_keep: dict[Any, Prototype] = {}
-        self._cstrings: list[Any] = []
         super().__init__()
 
     def __repr__(self) -> str:
@@ -264,12 +263,13 @@ class MetalBridge(NativeMemory):
     # -- strings --
 
     def make_string(self, s: str) -> int:
-        """An NSString (+0, autoreleased) holding ``s``: ``[NSString stringWithUTF8String:]``; the C string is
-        kept alive with the bridge. Raises ``BridgeError`` for a string with a NUL or a nil result."""
+        """An NSString (+0, autoreleased) holding ``s``: ``[NSString stringWithUTF8String:]``, which copies the
+        bytes (Apple's documentation: "a string created by copying the data from a given C array"), so the C
+        string lives only for the call (it was kept with the bridge for good: every MSL text, once per string).
+        Raises ``BridgeError`` for a string with a NUL or a nil result."""
         if not isinstance(s, str) or "\0" in s:
             raise BridgeError(f"make_string: {s!r} is not a string without NUL characters")
-        buf = ctypes.create_string_buffer(s.encode("utf-8"))
-        self._cstrings.append(buf)
+        buf = ctypes.create_string_buffer(s.encode("utf-8"))  # alive until the call returns (a local)
         sel = self.sel_registerName("stringWithUTF8String:")
         proto = abi_prototype("stringWithUTF8String:", self.target)
         obj = self.msg_send(proto, (self.objc_getClass("NSString"), sel, ctypes.addressof(buf)))

@@ -17,6 +17,7 @@ dtype (the slow path that explains), ``compile_fast`` per prototype (chained com
 """
 from __future__ import annotations
 
+import bisect
 import ctypes
 import functools
 import operator
@@ -251,12 +252,16 @@ def compile_fast(call: ForeignCall, slow: Callable[[tuple[Any, ...]], Any]) -> C
 class NativeMemory:
     """Zeroed host memory owned by ctypes, and typed loads and stores at any host address.
 
-    ``malloc`` blocks are 16-byte aligned and stay alive until ``free``. Addresses are Python ints; reads and
-    writes may also target memory the bridge did not allocate (``contents`` of an MTLBuffer), so bounds are the
-    caller's job; address 0, negative or over-64-bit addresses raise ``BridgeError``."""
+    ``malloc`` blocks are 16-byte aligned and stay alive until ``free``. Addresses are Python ints; address 0,
+    negative or over-64-bit addresses raise ``BridgeError``. A ``read``/``write`` that starts inside a ``malloc``
+    block must end inside the size asked for (``BridgeError`` before any byte moves). Anywhere else (``contents``
+    of an MTLBuffer, whose length the bridge is not told) the memory is not the bridge's and bounds are the
+    caller's job: ``DeviceContext`` and a linked Program's ``read_buffer``/``write_buffer`` check theirs in bytes."""
 
     def __init__(self) -> None:
         self._blocks: dict[int, Any] = {}
+        self._sizes: dict[int, tuple[int, int]] = {}  # block start -> (the size asked for, the bytes it spans)
+        self._starts: list[int] = []  # the live blocks' starts, sorted (bisect finds the block of an address)
         self._structs: dict[DType, struct.Struct] = {}
 
     @staticmethod
@@ -288,6 +293,8 @@ class NativeMemory:
             addr = ctypes.addressof(block)
             addr += -addr % 16
         self._blocks[addr] = block
+        self._sizes[addr] = (n, 16 * max(1, -(-n // 16)))
+        bisect.insort(self._starts, addr)
         return addr
 
     def free(self, addr: int) -> None:
@@ -295,19 +302,65 @@ class NativeMemory:
         if self._blocks.pop(addr, None) is None:
             raise BridgeError(f"free: {addr:#x} is not a live block from this bridge's malloc" if isinstance(addr, int)
                               else f"free: {addr!r} is not an address")
+        del self._sizes[addr]
+        del self._starts[bisect.bisect_left(self._starts, addr)]
+
+    def _past(self, a: int, nbytes: int, start: int, what: str) -> BridgeError:
+        """The error of a ``what`` of ``[a, a + nbytes)`` that starts in the malloc block at ``start`` and runs
+        past the size asked for it (it would overwrite or read the memory after the block)."""
+        return BridgeError(f"{what}: {nbytes} bytes at {a:#x} run past the end of the malloc block of "
+                           f"{self._sizes[start][0]} bytes at {start:#x}")
+
+    @staticmethod
+    def _count(nbytes: Any, a: int) -> int:
+        """``nbytes`` of a read at ``a`` as an int >= 0, else ``BridgeError``."""
+        if type(nbytes) is int and nbytes >= 0:
+            return nbytes
+        try:
+            n = operator.index(nbytes) if not isinstance(nbytes, bool) else None
+        except TypeError:
+            n = None
+        if n is None:
+            raise BridgeError(f"read at {a:#x}: size {nbytes!r} is not an integer")
+        if n < 0:
+            raise BridgeError(f"read at {a:#x}: negative size {n}")
+        return n
 
     def read(self, addr: int, nbytes: int) -> bytes:
-        """``nbytes`` bytes at ``addr``."""
+        """``nbytes`` bytes at ``addr``. Raises ``BridgeError`` for a bad address, a size that is not an int >= 0,
+        or a range that starts in a ``malloc`` block and runs past it."""
         a = self._addr(addr, "read")
-        if nbytes < 0:
-            raise BridgeError(f"read at {a:#x}: negative size {nbytes}")
-        return ctypes.string_at(a, nbytes)
+        n = self._count(nbytes, a)
+        starts = self._starts
+        i = bisect.bisect_right(starts, a)
+        if i:  # inside a malloc block (its span): the range must end inside the size asked for
+            start = starts[i - 1]
+            size, span = self._sizes[start]
+            if a < start + span and a + n > start + size:
+                raise self._past(a, n, start, "read")
+        return ctypes.string_at(a, n)
 
     def write(self, addr: int, data: bytes | bytearray | memoryview) -> None:
-        """Copy ``data`` to ``addr``."""
+        """Copy ``data`` (its bytes, in C order: a memoryview of float32 is 4 bytes an element) to ``addr``. Raises
+        ``BridgeError`` for a bad address, data without the buffer protocol (a str, an int), or a range that starts
+        in a ``malloc`` block and runs past it."""
         a = self._addr(addr, "write")
-        raw = bytes(data)
-        ctypes.memmove(a, raw, len(raw))
+        if type(data) is bytes:
+            raw = data
+        else:
+            try:
+                raw = memoryview(data).tobytes()
+            except TypeError:
+                raise BridgeError(f"write at {a:#x}: data is {type(data).__name__}, not bytes-like") from None
+        n = len(raw)
+        starts = self._starts
+        i = bisect.bisect_right(starts, a)
+        if i:  # as read's
+            start = starts[i - 1]
+            size, span = self._sizes[start]
+            if a < start + span and a + n > start + size:
+                raise self._past(a, n, start, "write")
+        ctypes.memmove(a, raw, n)
 
     def _struct(self, dt: DType) -> struct.Struct:
         st = self._structs.get(dt)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import pytest
 
 from mtlir.ir.dtypes import PtrDType, dtypes
@@ -458,6 +459,33 @@ def test_store_refuses_unfit_values(mem: NativeMemory, dt: Any, value: Any, matc
     with pytest.raises(BridgeError, match=f"store {dt.name} at {addr:#x}: {match}"):
         mem.store(addr, dt, value)
     assert mem.read(addr, 32) == bytes(32)
+
+
+def test_read_and_write_stay_inside_a_malloc_block_and_count_bytes(mem: NativeMemory) -> None:
+    """A range that starts in a malloc block must end inside the size asked for (the write was a bare memmove:
+    past the block it overwrote whatever came next); data is counted in bytes, whatever its item size; a str or an
+    int as data and a float size are errors (an int was taken as that many zero bytes)."""
+    a, b = mem.malloc(100), mem.malloc(100)  # each spans 112 bytes: the overruns below stay inside the span
+    data = np.full(20, 7.0, np.float32).data  # a memoryview of 20 elements, 80 bytes
+    with pytest.raises(BridgeError, match=rf"^write: 80 bytes at {a + 30:#x} run past the end of the malloc block "
+                                          rf"of 100 bytes at {a:#x}$"):
+        mem.write(a + 30, data)
+    with pytest.raises(BridgeError, match=rf"^read: 101 bytes at {a:#x} run past the end of the malloc block"):
+        mem.read(a, 101)
+    assert mem.read(a, 100) == bytes(100)  # nothing was written
+    mem.write(a + 20, data)  # [20, 100): fits
+    assert mem.read(a + 20, 80) == data.tobytes() and mem.read(a, 20) == bytes(20) and mem.read(a + 100, 0) == b""
+    for bad in ("abc", 5):
+        with pytest.raises(BridgeError, match=rf"^write at {a:#x}: data is {type(bad).__name__}, not bytes-like$"):
+            mem.write(a, bad)  # type: ignore[arg-type]
+    for size in (1.5, True):
+        with pytest.raises(BridgeError, match=rf"^read at {a:#x}: size {size!r} is not an integer$"):
+            mem.read(a, size)  # type: ignore[arg-type]
+    assert mem.read(b, 100) == bytes(100)
+    mem.free(a)
+    c = mem.malloc(8)  # a freed block's range is forgotten, a new one's known
+    with pytest.raises(BridgeError, match="9 bytes at .* run past the end of the malloc block of 8 bytes"):
+        mem.write(c, bytes(9))
 
 
 def test_null_and_bad_addresses(mem: NativeMemory) -> None:
