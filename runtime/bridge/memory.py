@@ -130,9 +130,11 @@ class HostMemory:
 
     def write(self, addr: int, data: bytes) -> Region:
         """Copy ``data`` to ``addr``; returns the block written (the device checks rule 15 on it)."""
+        if type(data) is not bytes:  # its bytes first: len() of a memoryview counts elements, not bytes
+            data = memoryview(data).tobytes()
         n = len(data)
         reg, off = self.find(addr, n)
-        reg.data[off:off + n] = np.frombuffer(data if type(data) is bytes else bytes(data), dtype=np.uint8)
+        reg.data[off:off + n] = np.frombuffer(data, dtype=np.uint8)
         return reg
 
     def load(self, addr: int, dtype: DType) -> Any:

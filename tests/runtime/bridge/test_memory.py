@@ -2,6 +2,7 @@
 2**32 with a guard gap after each, accesses checked against one block, typed loads and stores that must fit."""
 from __future__ import annotations
 
+import array
 import resource
 
 import pytest
@@ -22,6 +23,17 @@ def test_blocks_are_page_aligned_above_2_32_with_a_gap_after_each() -> None:
         m.read(a + PAGE, 4)  # the guard gap after the first block
     with pytest.raises(BridgeError, match=r"16 bytes at host address .* run past the end of malloc block"):
         m.read(a + 8, 16)  # never from one block into the next
+
+
+def test_a_write_counts_the_bytes_of_its_data() -> None:
+    """A memoryview of float32 is 4 bytes an element: the range checked is its bytes (len() counted elements, so a
+    write running past its block was a numpy broadcast error instead of the bridge's)."""
+    m = HostMemory()
+    a = m.alloc(16).base
+    with pytest.raises(BridgeError, match=r"16 bytes at host address .* run past the end of malloc block"):
+        m.write(a + 4, memoryview(array.array("f", [1.0] * 4)))  # type: ignore[arg-type]
+    m.write(a, memoryview(array.array("f", [1.0] * 4)))  # type: ignore[arg-type]
+    assert m.read(a, 16) == array.array("f", [1.0] * 4).tobytes()
 
 
 def test_typed_values_wrap_nothing_and_must_fit() -> None:
