@@ -12,6 +12,7 @@ import pytest
 from progbuild import submit_program
 
 from mtlir.metal import MTL
+from mtlir.program.program import Program
 from mtlir.runtime.session import Session
 from mtlir.runtime.sim.device import SimDevice
 from mtlir.runtime.sim.objects import CommandBuffer
@@ -32,7 +33,7 @@ def _device(kernel_timeout_s: float) -> tuple[SimDevice, list[tuple[int, str]]]:
 
 
 @pytest.fixture
-def program() -> Iterator[object]:
+def program() -> Iterator[Program]:
     yield submit_program("x86_64", kernels=2, family="Apple7")
 
 
@@ -42,8 +43,8 @@ def _status(dev: SimDevice, handle: int) -> int:
     return obj.status
 
 
-def _run(dev: SimDevice, steps: list[tuple[int, str]], program: object, timeout_s: float) -> tuple[bytes, bytes]:
-    with dev, Session(program, dev, timeout_s=timeout_s) as s:  # type: ignore[arg-type]
+def _run(dev: SimDevice, steps: list[tuple[int, str]], program: Program, timeout_s: float) -> tuple[bytes, bytes]:
+    with dev, Session(program, dev, timeout_s=timeout_s) as s:
         s.submit(n=4)  # the first commit starts the worker thread, which may take it
         s.wait()
         time.sleep(0.02)  # the worker naps
@@ -54,7 +55,7 @@ def _run(dev: SimDevice, steps: list[tuple[int, str]], program: object, timeout_
         return s.read("buffer:0"), s.read("buffer:1")
 
 
-def test_a_wait_of_at_least_the_kernel_watchdog_runs_the_steps_on_the_waiting_thread(program: object) -> None:
+def test_a_wait_of_at_least_the_kernel_watchdog_runs_the_steps_on_the_waiting_thread(program: Program) -> None:
     dev, steps = _device(kernel_timeout_s=5.0)
     got = _run(dev, steps, program, timeout_s=5.0)
     # (the worker's nap may end between a commit and its wait and take that one: rare, so not asserted against)
@@ -64,7 +65,7 @@ def test_a_wait_of_at_least_the_kernel_watchdog_runs_the_steps_on_the_waiting_th
     assert ref_steps and {name for _, name in ref_steps} == {"mtlir-sim-gpu"}
 
 
-def test_work_nobody_waits_for_starts_on_its_own(program: object) -> None:
+def test_work_nobody_waits_for_starts_on_its_own(program: Program) -> None:
     dev, steps = _device(kernel_timeout_s=5.0)
     with dev, Session(program, dev, timeout_s=5.0) as s:
         s.submit(n=8)  # the worker thread starts here, with the first commit
@@ -80,7 +81,7 @@ def test_work_nobody_waits_for_starts_on_its_own(program: object) -> None:
         s.wait()
 
 
-def test_what_a_waiting_host_leaves_the_worker_runs(program: object) -> None:
+def test_what_a_waiting_host_leaves_the_worker_runs(program: Program) -> None:
     dev, steps = _device(kernel_timeout_s=5.0)
     with dev, Session(program, dev, timeout_s=5.0) as a, Session(program, dev, timeout_s=5.0) as b:
         a.submit(n=8)
@@ -96,3 +97,23 @@ def test_what_a_waiting_host_leaves_the_worker_runs(program: object) -> None:
         assert _status(dev, second.cbs[0]) == MTL.StatusCompleted
         assert {name for h, name in steps if h == second.cbs[0]} == {"mtlir-sim-gpu"}
         b.wait()
+
+
+def test_an_interrupted_step_ends_its_command_buffer_in_error(program: Program) -> None:
+    """A KeyboardInterrupt inside a step a host thread runs (``drive``) loses that step: the command buffer ends in
+    Error (Internal) instead of looking completed once its closed generator stops."""
+    dev = SimDevice("x86_64", family="Apple7", autorun=False)
+    with dev, Session(program, dev, timeout_s=5.0) as s:
+        (handle,) = s.submit(n=8).cbs
+        cb = dev.object(handle)
+        assert isinstance(cb, CommandBuffer)
+
+        def interrupted() -> Iterator[None]:
+            raise KeyboardInterrupt
+            yield
+
+        cb.run = interrupted()
+        with pytest.raises(KeyboardInterrupt):
+            dev.step()
+        assert cb.status == MTL.StatusError and cb.error is not None
+        assert "interrupted" in cb.error.description.value
