@@ -70,9 +70,11 @@ class Linked:
         return self.bridge.read(contents + offset, length - offset if nbytes is None else nbytes)
 
     def write_buffer(self, name: str, data: bytes, offset: int = 0) -> None:
-        """Copy ``data`` into buffer ``name`` at byte ``offset``; errors as ``read_buffer``."""
-        contents, _ = self._buffer(name, offset, len(data))
-        self.bridge.write(contents + offset, bytes(data))
+        """Copy ``data`` (its bytes: a memoryview of float32 is 4 bytes an element) into buffer ``name`` at byte
+        ``offset``; errors as ``read_buffer``."""
+        raw = data if type(data) is bytes else memoryview(data).tobytes()  # len() of a memoryview counts elements
+        contents, _ = self._buffer(name, offset, len(raw))
+        self.bridge.write(contents + offset, raw)
 
     def new_buffer(self, name: str, nbytes: int, data: bytes = b"", *,
                    options: int = MTL.ResourceStorageModeShared) -> int:

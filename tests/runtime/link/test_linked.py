@@ -77,3 +77,16 @@ def test_release_in_flight_follows_the_lifetime_table(strict: bool, family: str)
             assert m.send(m.send(cb, "error"), "code") == MTL.ErrorInvalidResource
         m.send(cb, "release")  # the session's reference (its event is gone: it cannot wait any more)
         assert s.linked.cleanup == [] and dev.live_objects() == {}
+
+
+def test_a_write_into_a_linked_buffer_is_checked_in_bytes() -> None:
+    """Session.write of a memoryview of float32 (4 bytes an element): the range checked is its bytes (it was len(),
+    the elements: 192 bytes at offset 128 of a 256-byte buffer passed; on real Metal a memmove past the buffer)."""
+    data = np.full(48, 2.0, np.float32).data  # 48 elements, 192 bytes
+    with SimDevice("x86_64", kernel_runner=_runner()) as dev:
+        s = Session(submit_program("x86_64"), dev)
+        with pytest.raises(ValueError, match=r"buffer:0: bytes \[128, 320\) are outside its 256 bytes"):
+            s.write("buffer:0", data, 128)  # type: ignore[arg-type]
+        s.write("buffer:0", data, 64)  # type: ignore[arg-type]
+        assert s.read("buffer:0") == bytes(64) + data.tobytes()
+        s.close()
