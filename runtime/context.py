@@ -156,17 +156,17 @@ class DeviceContext:
             raise ContextError(f"{what}: {buf!r} of {self.name} was freed")
         return buf
 
-    def _range(self, buf: DeviceBuffer, offset: Any, nbytes: Any, what: str) -> tuple[int, int]:
-        """``offset`` and ``nbytes`` as ints, checked: ``TypeError`` naming the argument for a non-integer (a float,
-        a bool, a str), ``ValueError`` for a range outside ``buf``."""
-        for arg, value in (("offset", offset), ("nbytes", nbytes)):
-            if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-                raise TypeError(f"{what}: {arg} (bytes) must be an int, got {type(value).__name__} {value!r}")
-        offset, nbytes = operator.index(offset), operator.index(nbytes)
+    @staticmethod
+    def _int(value: Any, arg: str, what: str) -> int:
+        """``value`` as an int: ``TypeError`` naming the argument for a non-integer (a float, a bool, a str)."""
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+            raise TypeError(f"{what}: {arg} (bytes) must be an int, got {type(value).__name__} {value!r}")
+        return operator.index(value)
+
+    def _range(self, buf: DeviceBuffer, offset: int, nbytes: int, what: str) -> None:
         if offset < 0 or nbytes < 0 or offset + nbytes > buf.nbytes:
             raise ValueError(f"{what}: bytes [{offset}, {offset + nbytes}) are outside the {buf.nbytes} bytes of "
                              f"{buf!r}")
-        return offset, nbytes
 
     def write(self, buf: DeviceBuffer, data: bytes | bytearray | memoryview, offset: int = 0) -> None:
         """Copy ``data`` into ``buf`` at byte ``offset`` through ``contents`` (the host writes shared storage
@@ -186,17 +186,18 @@ class DeviceContext:
                 raise TypeError(f"write: data is bytes, bytearray, memoryview or another object with the buffer "
                                 f"protocol (a numpy array), got {type(data).__name__}") from None
             raw = view.tobytes()  # its bytes in C order: len(raw) is the size in bytes, whatever the item size
-        offset, n = self._range(buf, offset, len(raw), "write")
-        if n:
+        offset = self._int(offset, "offset", "write")
+        self._range(buf, offset, len(raw), "write")
+        if raw:
             self.bridge.write(buf.contents + offset, raw)
 
     def read(self, buf: DeviceBuffer, offset: int = 0, nbytes: int | None = None) -> bytes:
         """``nbytes`` bytes of ``buf`` from byte ``offset`` (default: to its end; ``b""`` for 0 bytes, also at
         the end). Errors as ``write``: ``TypeError`` for a non-integer offset or size."""
         self._mine(buf, "read")
-        offset, n = self._range(buf, offset, 0 if nbytes is None else nbytes, "read")
-        if nbytes is None:
-            n = buf.nbytes - offset
+        offset = self._int(offset, "offset", "read")
+        n = buf.nbytes - offset if nbytes is None else self._int(nbytes, "nbytes", "read")
+        self._range(buf, offset, n, "read")
         return self.bridge.read(buf.contents + offset, n) if n else b""
 
     def free(self, buf: DeviceBuffer) -> None:

@@ -169,6 +169,8 @@ def test_write_and_read_count_bytes_and_name_a_bad_argument() -> None:
         assert np.frombuffer(ctx.read(a, 0, 16), np.float32).tolist() == [0.0, 2.0, 4.0, 6.0]
         assert ctx.read(a, 1024) == b"" and ctx.read(a, 1024, 0) == b"" and ctx.read(a, 10, 0) == b""
         ctx.write(a, b"", 1024)
+        with pytest.raises(ValueError, match=r"^read: bytes \[-4, 1024\) are outside the 1024 bytes"):
+            ctx.read(a, -4)  # to the end: the range it names is the one it would read
         with pytest.raises(TypeError, match=r"^read: offset \(bytes\) must be an int, got float 1\.5$"):
             ctx.read(a, 1.5)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match=r"^read: nbytes \(bytes\) must be an int, got float 2\.0$"):
