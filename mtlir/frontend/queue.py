@@ -140,9 +140,9 @@ class Queue:
             for p, b in zip(bparams, buffers):
                 if p.elements is not None:
                     self._checks.binding(p, b, self._where(kernel))
+        vnodes: list[UOp] = []
         if vars:
             values = self._values
-            vnodes = []
             for p, dt, v in zip(vparams, vdts, vars):
                 try:
                     vnode = values.get((type(v), v, dt))
@@ -151,9 +151,6 @@ class Queue:
                 if vnode is None:
                     vnode = values[(type(v), v, dt)] = self._var_node(kernel, p, dt, v)
                 vnodes.append(vnode)
-            args = (*buffers, *vnodes)
-        else:
-            args = buffers
         # both sizes as given, with their types (True must not find the node of 1): checked once per distinct pair
         sizes = None
         if type(grid) is tuple and type(threadgroup) is tuple:
@@ -168,7 +165,8 @@ class Queue:
                     self._dispatches[key] = sizes
         else:
             sizes = self._dispatch(kernel, grid, threadgroup)
-        self.ops.append(_node(_EXEC, _VOID, (knode, *sizes, *args), None, NONE_KEY))  # every source a UOp
+        # every source a UOp; built in one tuple (not the arguments' tuple first)
+        self.ops.append(_node(_EXEC, _VOID, (knode, *sizes, *buffers, *vnodes), None, NONE_KEY))
         self.ncommands += 1
         return self
 
