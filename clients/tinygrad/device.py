@@ -33,9 +33,12 @@ from mtlir.tinygrad.settings import SETTINGS
 __all__ = ["MetalDevice", "MetalAllocator", "MetalCompiler", "MetalProgram", "MetalBuffer", "CompileError"]
 
 # the recording hook (mtlir.tinygrad.record): every Recorder here sees each eager kernel call before its submit,
-# each host write into a buffer and each buffer tinygrad frees (into its LRU cache: it may come back as another
-# Tensor's); empty (no cost but the loop) when nothing records
+# each host write into a buffer, each buffer tinygrad allocates or takes back from its LRU cache, and each buffer
+# tinygrad frees (into that cache: it may come back as another Tensor's); empty (no cost but the loop) when nothing
+# records
 class Recorder(Protocol):
+    def alloc(self, opaque: MetalBuffer) -> None: ...
+
     def dispatch(self, prog: MetalProgram, bufs: tuple[MetalBuffer, ...], global_size: tuple[int, ...],
                  local_size: tuple[int, ...], vals: tuple[int | None, ...]) -> None: ...
 
@@ -183,6 +186,12 @@ class MetalAllocator(LRUAllocator[MetalDevice]):
         if options.external_ptr:
             raise RuntimeError("mtlir's METAL device cannot wrap an external pointer")
         return MetalBuffer(self.dev.ctx.alloc(max(int(size), 1)), int(size))
+
+    def alloc(self, size: int, options: BufferSpec | None = None) -> MetalBuffer:
+        opaque: MetalBuffer = super().alloc(size, options)
+        for rec in RECORDERS:
+            rec.alloc(opaque)
+        return opaque
 
     def free(self, opaque: MetalBuffer, size: int, options: BufferSpec | None = None) -> None:
         for rec in RECORDERS:

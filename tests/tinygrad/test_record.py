@@ -38,8 +38,10 @@ def test_record_mlp_then_run_matches(tmp_path: Path) -> None:
     assert trace.workload == "mlp" and trace.arch == "Apple9"
     assert len(trace.dispatches) == 5 and trace.output.shape == (8, 10)
     assert any("simdgroup" in k.msl for k in trace.kernels.values())  # Apple9: tensor cores on
-    inputs = [b for b in trace.buffers.values() if b.init is not None]
+    inputs = [b for b in trace.buffers.values() if b.init is not None and b.init != b"\xff" * b.size]
     assert sorted(b.size for b in inputs) == [2048, 5120, 32768]  # x 8x64, w2 128x10, w1 64x128
+    # the kernels' own outputs start as 0xFF (first written, never read first): a NaN where one is not written
+    assert sum(1 for b in trace.buffers.values() if b.init == b"\xff" * b.size) == len(trace.buffers) - 3
     code, text = _run(out)
     assert code == 0 and "result: match" in text, text
 
@@ -95,6 +97,14 @@ def test_a_wrong_expected_output_is_a_mismatch(tmp_path: Path) -> None:
     ("from tinygrad import Tensor\ndef main():\n    return Tensor.zeros(0) + 1\n", "has shape (0,): no elements"),
     ("import os\ndef main():\n    os._exit(0)\n", "called os._exit(0), ending the process before main() returned"),
     ("from tinygrad import Tensor\ndef main():\n    return Tensor.rand(4, 4) + 1\n", "seed the RNG"),
+    ("import numpy as np\nfrom tinygrad import Tensor, Variable\ndef main():\n"
+     "    a = Tensor(np.arange(32, dtype=np.float32)).realize()\n"
+     "    return (a[:Variable('n', 1, 32).bind(7)] * 3).contiguous()\n",
+     "main()'s output has a symbolic shape (axis 0 depends on n): a trace's output has a fixed shape"),
+    ("import numpy as np\nfrom tinygrad import Tensor, Variable\ndef main():\n"
+     "    a = Tensor(np.arange(32, dtype=np.float32)).realize()\n"
+     "    s = [(a[:Variable('n', 1, 32).bind(k)] * 3).sum().realize() for k in (3, 5)]\n    return s[0] + s[1]\n",
+     "variable 'n' took two values (3, then 5)"),
 ])
 def test_a_script_that_cannot_be_recorded_is_exit_2(tmp_path: Path, body: str, problem: str) -> None:
     script = tmp_path / "bad.py"
@@ -104,6 +114,7 @@ def test_a_script_that_cannot_be_recorded_is_exit_2(tmp_path: Path, body: str, p
     log = io.StringIO()
     assert main(["record", str(script), "-o", str(tmp_path / "t.json")], out=io.StringIO(), log=log) == 2
     assert problem in log.getvalue(), log.getvalue()
+    assert f"mtlir: error: {script}: " in log.getvalue(), log.getvalue()  # every error names the script first
     assert not (tmp_path / "t.json").exists()
 
 
@@ -214,6 +225,144 @@ def test_record_a_freed_buffer_tinygrad_hands_back_is_a_new_trace_buffer(tmp_pat
     assert got == [(1.0, 2.0, 0.0), (1.0, 2.0, 1.0), (1.0, 2.0, 2.0)]
     code, text = _run(out)
     assert code == 0 and "result: match" in text, text
+
+
+_WARM_UP = ("import numpy as np\nfrom tinygrad import Tensor\n"
+            "X = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))\ndef f():\n    return (X @ X.T).relu()\n")
+
+
+def _output_init(data: dict[str, Any]) -> bytes:
+    """The initial bytes of the trace's output buffer, where the output lies (b"" when it has none)."""
+    b64 = __import__("base64").b64decode
+    out = data["output"]
+    init = data["buffers"][out["buffer"]]["init"]
+    if init is None:
+        return b""
+    start = out["offset"] - init["offset"]
+    return b64(init["b64"])[start:start + len(b64(out["expected_b64"]))]
+
+
+def _without_stores(data: dict[str, Any]) -> dict[str, Any]:
+    """The trace with every store into a kernel's first buffer (tinygrad's output, ``*(data0_N+i) = v;``) deleted."""
+    broken = json.loads(json.dumps(data))
+    for prog in broken["programs"].values():
+        lines = prog["msl"].split("\n")
+        kept = [line for line in lines if not line.strip().startswith("*(data0_")]
+        assert len(kept) < len(lines), prog["msl"]  # the tampering took something out
+        prog["msl"] = "\n".join(kept)
+    return broken
+
+
+def test_a_warm_up_call_leaves_no_answer_in_the_trace(tmp_path: Path) -> None:
+    """``f().realize(); return f()``: the second call's output buffer is the first's, back from tinygrad's buffer
+    cache with the answer in it. Its first kernel only writes it, so the trace starts it as 0xFF, not as the
+    answer (the replay compared the answer with itself: a kernel that writes nothing matched); with the kernel's
+    store deleted the replay is a mismatch."""
+    script = tmp_path / "warm.py"
+    script.write_text(_WARM_UP + "def main():\n    f().realize()\n    return f()\n")
+    data = record_trace(script)
+    init, expected = _output_init(data), __import__("base64").b64decode(data["output"]["expected_b64"])
+    assert init == b"\xff" * len(expected) != expected
+    good, broken = tmp_path / "good.json", tmp_path / "broken.json"
+    good.write_text(json.dumps(data))
+    broken.write_text(json.dumps(_without_stores(data)))
+    assert _run(good)[0] == 0
+    code, text = _run(broken)
+    assert code == 1 and "MISMATCH in 9 of 9 elements" in text, text
+
+
+def test_a_second_recording_in_one_process_leaves_no_answer_in_the_trace(tmp_path: Path) -> None:
+    """The Python API twice: the second recording's buffers come back from the first's, holding its results."""
+    script = tmp_path / "twice.py"
+    script.write_text(_WARM_UP + "def main():\n    return f()\n")
+    first, second = record_trace(script), record_trace(script)
+    for data in (first, second):
+        assert _output_init(data) == b"\xff" * 36
+    out = tmp_path / "broken.json"
+    out.write_text(json.dumps(_without_stores(second)))
+    assert _run(out)[0] == 1
+
+
+def test_host_bytes_a_kernel_only_partly_overwrites_are_kept(tmp_path: Path) -> None:
+    """``x[::2].assign(0)``: the first kernel on x only writes it (every other element): the odd elements the host
+    wrote stay in the trace; a buffer read first (``x += 1``, in place) keeps its bytes."""
+    script = tmp_path / "partial.py"
+    script.write_text("import numpy as np\nfrom tinygrad import Tensor\ndef main():\n"
+                      "    x = Tensor(np.arange(8, dtype=np.float32)).realize()\n"
+                      "    x[::2].assign(Tensor(np.zeros(4, np.float32))).realize()\n    x += 1\n"
+                      "    return x.realize()\n")
+    out = tmp_path / "partial.json"
+    data = record(script, [], out)
+    assert load_trace(out).output.expected_array().tolist() == [1.0, 2.0, 1.0, 4.0, 1.0, 6.0, 1.0, 8.0]
+    assert _output_init(data) == __import__("numpy").arange(8, dtype="float32").tobytes()
+    code, text = _run(out)
+    assert code == 0 and "result: match" in text, text
+
+
+def test_repeat_replays_an_in_place_trace_on_its_own_inputs(tmp_path: Path) -> None:
+    """One SGD step updates the weights in place: ``mtlir run --repeat 3`` restores the trace's initial bytes
+    before each repeat, so the third submit computes the same step from the same weights (it compared three steps'
+    weights with one step's: a mismatch)."""
+    script = tmp_path / "sgd.py"
+    script.write_text("import numpy as np\nfrom tinygrad import Tensor\nrng = np.random.default_rng(0)\n"
+                      "X = Tensor(rng.standard_normal((16, 4)).astype(np.float32))\n"
+                      "Y = Tensor(rng.standard_normal((16, 1)).astype(np.float32))\n"
+                      "W = Tensor(rng.standard_normal((4, 1)).astype(np.float32))\n"
+                      "def main():\n    loss = ((X @ W - Y) ** 2).mean()\n    (g,) = loss.gradient(W)\n"
+                      "    W.assign(W - 0.1 * g).realize()\n    return W\n")
+    out = tmp_path / "sgd.json"
+    record(script, [], out)
+    log = io.StringIO()
+    code = main(["run", str(out), "--repeat", "3", "--json"], out=(o := io.StringIO()), log=log)
+    doc = json.loads(o.getvalue())
+    assert code == 0 and doc["match"] and doc["submits"] == 3, log.getvalue()
+
+
+def test_the_script_imports_the_modules_beside_it(tmp_path: Path) -> None:
+    """As ``python SCRIPT``: the script's folder is first on sys.path while it runs (from the command line too,
+    from another folder); afterwards sys.path is as before and the module is forgotten, so the expected device's
+    run imports it afresh (its Tensors on that device)."""
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    (folder / "helper_mod_rec.py").write_text("import numpy as np\nfrom tinygrad import Tensor\n"
+                                              "W = Tensor(np.full(4, 3.0, np.float32))\n")
+    script = folder / "uses_helper.py"
+    script.write_text("from tinygrad import Tensor\nfrom helper_mod_rec import W\ndef main():\n    return W * 2\n")
+    path = list(sys.path)
+    data = record_trace(script)
+    assert sys.path == path and "helper_mod_rec" not in sys.modules
+    assert __import__("base64").b64decode(data["output"]["expected_b64"]) == \
+        __import__("numpy").full(4, 6.0, "float32").tobytes()
+    proc = subprocess.run([sys.executable, "-m", "mtlir.cli.main", "record", str(script), "-o",
+                           str(tmp_path / "h.json")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("kw, error, message", [
+    ({"args": "u8"}, TypeError, "args='u8': expected the script's arguments as a list of str (write ['u8'])"),
+    ({"args": ["a", 3]}, TypeError, "expected the script's arguments as a list of str"),
+    ({"expected": "gpu"}, ValueError, "expected='gpu': choose from 'CPU', 'PYTHON'"),
+    ({"expected": 1}, TypeError, "expected=1: expected a tinygrad device name"),
+    ({"family": "m1"}, ValueError, "unknown GPU family 'm1'"),
+    ({"tensor_cores": "yes"}, TypeError, "tensor_cores='yes'"),
+    ({"workload": 5}, TypeError, "workload=5"),
+    ({"output": 5}, TypeError, "output=5"),
+])
+def test_record_checks_its_arguments_before_the_script_runs(tmp_path: Path, kw: dict[str, Any],
+                                                            error: type[Exception], message: str) -> None:
+    script = tmp_path / "marks.py"
+    script.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n"
+                      "from tinygrad import Tensor\ndef main():\n    return Tensor([1.0]) * 2\n")
+    args = {"script": script, "args": (), "output": tmp_path / "t.json", **kw}
+    with pytest.raises(error) as info:
+        record(**args)
+    assert message in str(info.value)
+    if "output" not in kw:
+        with pytest.raises(error):
+            record_trace(**{k: v for k, v in args.items() if k != "output"})
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "t.json").exists()
+    if kw == {"expected": "gpu"}:
+        record(script, ["x"], None, expected="python")  # any case, as the command line
 
 
 def test_an_output_path_without_its_folder_is_refused_before_recording(tmp_path: Path) -> None:
