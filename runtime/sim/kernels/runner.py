@@ -486,7 +486,9 @@ class KernelRunner:
         (keeping the memory the kernels use alive: OpenCL cannot stop them) and raise ``WaitTimeoutError`` naming
         the first launch of the batch that has not completed."""
         try:
-            done = self._waiter.wait(event, timeout_s, self.spin_s, after, progress=self.running)
+            # the batch was just enqueued: its first launch runs (or has run: the first look then sees progress)
+            done = self._waiter.wait(event, timeout_s, self.spin_s, after, progress=self.running,
+                                     start=self.checking if self.checking is not None else 0)
         except self.cl.Error as e:
             raise RuntimeError(f"OpenCL failed to run {in_flight[0][0].what} (or a launch after it): {e}") from None
         if done:

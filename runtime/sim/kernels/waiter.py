@@ -28,7 +28,7 @@ class EventWaiter:
         self._thread: threading.Thread | None = None
 
     def wait(self, event: Any, timeout_s: float, spin_s: float = 0.0, then: Callable[[], Any] | None = None,
-             progress: Callable[[], object] | None = None) -> bool:
+             progress: Callable[[], object] | None = None, start: object = None) -> bool:
         """Wait until ``event`` (a ``pyopencl.Event``) completes, then call ``then()`` (None: nothing) and wait for
         the event it returns (None: none): True; False when ``timeout_s`` seconds passed first (the helper thread
         goes on waiting, and calls ``then`` when the event completes; later waits queue behind it). ``spin_s``
@@ -37,6 +37,9 @@ class EventWaiter:
         without progress, not in all: ``progress()`` (e.g. the position of the kernel running in a batch) is read
         every quarter of ``timeout_s``, and a new value starts the ``timeout_s`` again, so a batch of kernels that
         each end in time is never cut short, and one kernel running ``timeout_s`` (to within a quarter of it) is.
+        ``start`` (None: asked of ``progress()`` as the wait begins): what ``progress()`` gives now, when the caller
+        knows it (a batch just enqueued runs its first kernel): the call is saved (a status query of an event
+        running on PoCL costs tens of µs of CPU).
         Raises what the events' waits or ``then`` raised (``pyopencl.Error``: a command failed)."""
         deadline = time.monotonic() + max(timeout_s, 0.0)
         if spin_s > 0:
@@ -65,7 +68,7 @@ class EventWaiter:
             if not done.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
                 return False
         else:
-            mark = progress()
+            mark = progress() if start is None else start
             while not done.acquire(timeout=max(min(deadline - time.monotonic(), timeout_s / 4), 0.0)):
                 now, seen = time.monotonic(), progress()
                 if seen != mark:

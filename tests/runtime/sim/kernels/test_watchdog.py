@@ -66,3 +66,24 @@ def test_the_timeout_with_progress_is_one_without_progress() -> None:
     stuck = _Event()
     assert not w.wait(stuck, 0.02, progress=lambda: 0)  # no progress: it times out
     stuck.done.set()
+
+
+def test_a_known_start_is_not_asked_of_progress() -> None:
+    """``start`` is what ``progress()`` would give as the wait begins (the runner: its batch's first launch): a
+    batch that ends before the first look never asks (a status query of a running event costs CPU on PoCL); a
+    kernel stuck at the start still times out, and progress past it still starts the timeout again."""
+    w = EventWaiter()
+    asked: list[int] = []
+
+    def progress() -> int:
+        asked.append(1)
+        return 0
+    quick = _Event()
+    quick.done.set()
+    assert w.wait(quick, 5.0, progress=progress, start=0) and asked == []
+    stuck = _Event()
+    assert not w.wait(stuck, 0.02, progress=progress, start=0) and asked  # looked, saw no progress, timed out
+    stuck.done.set()
+    ev, marks = _Event(), iter(range(1, 10**6))
+    threading.Timer(0.2, ev.done.set).start()
+    assert w.wait(ev, 0.02, progress=lambda: next(marks), start=0)  # progress at every look: never cut short
