@@ -97,9 +97,7 @@ class Queue:
         self.name = name
         self.timeline = timeline(name)
         self.ops: list[UOp] = []
-        self._kernels: dict[Kernel, tuple[UOp, tuple[KernelParam, ...], tuple[KernelParam, ...],
-                                          tuple[DType, ...], bool]] = {}
-        self._by_id: dict[int, tuple[Kernel, Any]] = {}
+        self._by_id: dict[int, tuple[Kernel, Any]] = {}  # id(kernel) -> (kernel, _kernel_info(kernel))
         self._dispatches: dict[object, tuple[UOp, UOp]] = {}  # (grid, threadgroup as given, their types) -> STRUCTs
         self._checks = ExecChecks()  # what exec checked already, so each distinct part is checked once
         self._sizes: dict[object, UOp] = {}  # grid / threadgroup sizes as given (with their types) -> STRUCT
@@ -172,14 +170,13 @@ class Queue:
 
     def _kernel_seen(self, kernel: Kernel) -> tuple[Kernel, tuple[UOp, tuple[KernelParam, ...],
                                                              tuple[KernelParam, ...], tuple[DType, ...], bool]]:
-        """``kernel`` (checked to be a Kernel) with what ``_kernel_info`` read of it, remembered by identity."""
+        """``kernel`` (checked to be a Kernel) with what ``_kernel_info`` read of it, remembered by identity. (Not
+        by value as well: a Kernel's dataclass hash walks its parameters, two hashes per kernel per queue, and an
+        equal Kernel of another identity reads the same info, the same KERNEL node.)"""
         if not isinstance(kernel, Kernel):
             raise QueueError(f"{self._where(kernel)}: kernel must be an mtlir.metal.Kernel, got "
                              f"{type(kernel).__name__}")
-        info = self._kernels.get(kernel)
-        if info is None:
-            info = self._kernels[kernel] = self._kernel_info(kernel)
-        seen = self._by_id[id(kernel)] = (kernel, info)  # the tuple keeps the kernel alive: its id stays its own
+        seen = self._by_id[id(kernel)] = (kernel, self._kernel_info(kernel))  # the tuple keeps the kernel alive
         return seen
 
     def _dispatch(self, kernel: Kernel, grid: Sequence[UOp | int], threadgroup: Sequence[UOp | int]) -> tuple[UOp, UOp]:
