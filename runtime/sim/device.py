@@ -477,6 +477,8 @@ class SimDevice(DeviceHooks):
                     return result_value(route.ret, method.fn(self, obj))
                 else:
                     with self._lock:
+                        if self.gpu.unwoken:  # the host goes on encoding: the GPU starts what it committed
+                            self.gpu.wake()
                         if self._objects.get(recv) is obj:
                             return route.call(self, obj, args)
         return self._msg_send(proto, args)
@@ -517,6 +519,7 @@ class SimDevice(DeviceHooks):
                         self.gpu.wake()
                 return result_value(expected.ret, method.fn(self, seen))
         with self._lock:
+            self.gpu.wake()
             if recv == 0 and type(recv) is int:
                 if self.strict:
                     raise BridgeError(f"{name} sent to nil (Objective-C would return 0: a missing object?)")

@@ -129,7 +129,7 @@ class GPU:
                 self.unwoken = True
             else:  # work in flight already: a pipelining host, whose next wait is for earlier work; the worker
                 # runs this one meanwhile, as it runs the earlier ones
-                self._nudge.set()
+                self._rouse()
             return
         self.dev._cv.notify_all()
         if self.dev.autorun:
@@ -141,7 +141,13 @@ class GPU:
         read of a status or a time (``msg_send``'s lockless getters: a host polling them sees the GPU go on)."""
         if self.unwoken:
             self.unwoken = False
-            self._nudge.set()
+            self._rouse()
+
+    def _rouse(self) -> None:
+        """End the worker's nap. It counts as awake from now on (``napping``), before it has run: a host that waits
+        meanwhile blocks instead of driving, so the two do not take turns (each turn a hand-off)."""
+        self.napping = False
+        self._nudge.set()
 
     def pending(self) -> bool:
         """True while a committed command buffer has not finished."""
@@ -269,7 +275,7 @@ class GPU:
                     if clock() - idle_since > _IDLE_EXIT_S:
                         self.thread = None
                         return
-            self.napping = True
+                self.napping = True  # under the lock, as ``_rouse``: a rouse from now on ends the nap below
             self._nudge.wait(_START_S)  # idle: a commit's work is found at the latest when the nap ends
             self.napping = False
             self._nudge.clear()
@@ -307,7 +313,7 @@ class GPU:
         finally:
             self.drivers -= 1
             if self.pending():  # later work (a pipelining host's next submit): the worker runs it meanwhile
-                self._nudge.set()
+                self._rouse()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the worker thread (called without the lock held): it ends after the operation it is running. When
