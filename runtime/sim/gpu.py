@@ -125,7 +125,7 @@ class GPU:
             if idle:
                 # the worker is not woken now: waking a thread costs ~15 µs of the committing thread's CPU here, and
                 # a host that waits next runs the command buffer itself (``drive``); else the worker finds it at
-                # its next nap's end (``_START_S``), or a blocking call or a status read wakes it (``wake``)
+                # its next nap's end (``_START_S``), or the host's next message or blocking call wakes it (``wake``)
                 self.unwoken = True
             else:  # work in flight already: a pipelining host, whose next wait is for earlier work; the worker
                 # runs this one meanwhile, as it runs the earlier ones
@@ -137,8 +137,8 @@ class GPU:
 
     def wake(self) -> None:
         """Wake the worker thread for work ``submit`` left without waking it (the lock held): called by a wait that
-        does not run the GPU itself (``SimDevice.wait_for``, ``wait_command_buffers``, ``run_until_idle``) and by a
-        read of a status or a time (``msg_send``'s lockless getters: a host polling them sees the GPU go on)."""
+        does not run the GPU itself (``SimDevice.wait_for``, ``wait_command_buffers``, ``run_until_idle``) and by the
+        host's next message (``msg_send``: a host that goes on encoding, or polls a status, sees the GPU go on)."""
         if self.unwoken:
             self.unwoken = False
             self._rouse()
