@@ -341,6 +341,7 @@ class SimDevice(DeviceHooks):
                        if isinstance(obj, CommandBuffer) and obj.status < MTL.StatusCompleted]
             if not targets:
                 return True
+            self.gpu.waited(targets)
             if self._may_drive(timeout_s):
                 ended = self.gpu.drive(targets, deadline)
                 if ended is not None:
@@ -477,8 +478,8 @@ class SimDevice(DeviceHooks):
                     return result_value(route.ret, method.fn(self, obj))
                 else:
                     with self._lock:
-                        if self.gpu.unwoken:  # the host goes on encoding: the GPU starts what it committed
-                            self.gpu.wake()
+                        if self.gpu.fresh is not None:  # the host goes on encoding after a commit
+                            self.gpu.moved_on()
                         if self._objects.get(recv) is obj:
                             return route.call(self, obj, args)
         return self._msg_send(proto, args)
@@ -519,7 +520,8 @@ class SimDevice(DeviceHooks):
                         self.gpu.wake()
                 return result_value(expected.ret, method.fn(self, seen))
         with self._lock:
-            self.gpu.wake()
+            if self.gpu.fresh is not None:
+                self.gpu.moved_on()
             if recv == 0 and type(recv) is int:
                 if self.strict:
                     raise BridgeError(f"{name} sent to nil (Objective-C would return 0: a missing object?)")

@@ -84,6 +84,11 @@ class GPU:
         # committed work the worker thread was not woken for (``submit``): a wait runs it (``drive``) or wakes the
         # worker (``wake``), or the worker finds it when its nap ends (``_START_S``)
         self.unwoken = False
+        # the last command buffer committed while the host has sent no message since (``submit``), and whether the
+        # host waited for its last commit before sending anything else (``waits_next``): the commit after such a
+        # one leaves the worker asleep; a host that goes on encoding first (``moved_on``) gets the worker at once
+        self.fresh: CommandBuffer | None = None
+        self.waits_next = False
         self.drivers = 0  # host threads running the GPU's steps while they wait (``drive``): the worker naps then
         # what the idle worker naps on (``_worker``), not the device's condition: the notifies of the steps a host
         # runs (``drive``) would wake it at each, at a cost to both threads; ``wake`` and ``stop`` set it
@@ -121,14 +126,16 @@ class GPU:
         if cb.queue not in self.queues:
             self.queues.append(cb.queue)
         cb.queue.pending.append(cb)
+        self.fresh = cb
         if self.dev.autorun and self.thread is not None and self.thread.is_alive():
-            if idle:
-                # the worker is not woken now: waking a thread costs ~15 µs of the committing thread's CPU here, and
-                # a host that waits next runs the command buffer itself (``drive``); else the worker finds it at
-                # its next nap's end (``_START_S``), or the host's next message or blocking call wakes it (``wake``)
+            if idle and self.waits_next:
+                # a host that waited for its last commit at once (the eager pattern: submit, then wait): the worker
+                # is not woken now (waking a thread costs ~15 µs of the committing thread's CPU here), the host's
+                # wait runs the command buffer itself (``drive``); else its next message or blocking call wakes the
+                # worker (``wake``), or the worker finds it at its nap's end (``_START_S``)
                 self.unwoken = True
-            else:  # work in flight already: a pipelining host, whose next wait is for earlier work; the worker
-                # runs this one meanwhile, as it runs the earlier ones
+            else:  # work in flight already, or a host that goes on encoding after a commit (a pipelining host: its
+                # GPU work overlaps its Python): the worker runs it meanwhile, as it runs the earlier ones
                 self._rouse()
             return
         self.dev._cv.notify_all()
@@ -142,6 +149,20 @@ class GPU:
         if self.unwoken:
             self.unwoken = False
             self._rouse()
+
+    def waited(self, targets: list[CommandBuffer]) -> None:
+        """A host thread waits for ``targets`` (the lock held): when they hold the last commit and the host sent no
+        message since it, the next commit made with nothing in flight leaves the worker asleep (``submit``)."""
+        if self.fresh is not None and self.fresh in targets:
+            self.fresh = None
+            self.waits_next = True
+
+    def moved_on(self) -> None:
+        """The host sends a message after a commit without having waited for it (the lock held): it pipelines, so
+        commits wake the worker from now on, and the worker starts now on what the commit left it."""
+        self.fresh = None
+        self.waits_next = False
+        self.wake()
 
     def _rouse(self) -> None:
         """End the worker's nap. It counts as awake from now on (``napping``), before it has run: a host that waits
