@@ -112,7 +112,7 @@ class Raw:
         for ck, bindings, grid, tg in work:
             if ck.opencl_source not in programs:
                 programs[ck.opencl_source] = cl.Program(self.context, ck.opencl_source).build(options=BUILD_OPTIONS)
-            kernel = cl.Kernel(programs[ck.opencl_source], ck.function)
+            kernel = cl.Kernel(programs[ck.opencl_source], ck.info.opencl_function)
             block = np.zeros(3 * max(1, len(ck.info.bindings)), np.uint64)
             args: list[Any] = []
             for b in ck.info.bindings:

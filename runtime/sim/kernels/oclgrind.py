@@ -146,7 +146,9 @@ def check_kernel(msl: str, function: str, bindings: dict[int, tuple[np.ndarray, 
     captured = pickle.loads(stdout)
     assert isinstance(captured, str)
     translation = translate(msl, bounds_checks=False)
-    reports = [r for r in parse_reports(captured, translation, msl) if r.kernel in ("", function)]
+    info = translation.kernels.get(function)
+    cl_function = function if info is None else info.opencl_function  # Oclgrind names the OpenCL kernel
+    reports = [r for r in parse_reports(captured, translation, msl) if r.kernel in ("", function, cl_function)]
     if reports:
         raise _error(reports[0], function, msl, len(reports))
 
@@ -361,7 +363,7 @@ def _serve() -> None:
             # 19), tinygrad's random numbers) into llvm.fshl, which Oclgrind cannot run ("Undefined external
             # function"); unoptimized IR also keeps every access the kernel writes for the checks to see
             program = cl.Program(ctx, translation.source).build(options=[*BUILD_OPTIONS, "-cl-opt-disable"])
-            kernel = cl.Kernel(program, function)
+            kernel = cl.Kernel(program, info.opencl_function)
             mf = cl.mem_flags
             args: list[Any] = []
             block = np.zeros(3 * max(1, len(info.bindings)), np.uint64)

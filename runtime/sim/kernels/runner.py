@@ -241,7 +241,7 @@ class KernelRunner:
             if info is None:
                 names = ", ".join(sorted(translation.kernels)) or "none"
                 raise KernelCompileError(f"no kernel function {function!r} in the MSL (its kernels: {names})")
-            kernel = cl.Kernel(program, function)
+            kernel = cl.Kernel(program, info.opencl_function)
             compiled = CompiledKernel(self, kernel, info, translation.source, program)
             self._kernels[(msl, function)] = compiled
             return compiled
@@ -301,7 +301,7 @@ class KernelRunner:
                 if keep and reuse is not None and reuse.own and reuse.ck is ck:
                     kernel = reuse.kernel  # the launch it replaces is dropped: its kernel object is free
                 else:  # a new kernel object costs pyopencl ~200 us (it looks up its argument setter)
-                    kernel = cl.Kernel(ck._program, ck.function) if keep else ck._kernel
+                    kernel = cl.Kernel(ck._program, ck.info.opencl_function) if keep else ck._kernel
                 launch = Launch(ck, views, bindings, global_size, local_size, uses, args, kernel, keep)
                 if keep:
                     kernel.set_args(*args)

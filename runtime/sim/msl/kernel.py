@@ -13,7 +13,7 @@ from mtlir.runtime.sim.msl.guard.bound import ARGS_PARAM, FAULT_PARAM, Bound, Gu
 from mtlir.runtime.sim.msl.items import split_params
 from mtlir.runtime.sim.msl.lex import ID, NUM, RAW, MslSyntaxError, Token, render
 from mtlir.runtime.sim.msl.names import (POSITIONS, POSITIONS_LINEAR, SCALARS, VECTORS, cl_name, dtype_name, is_soft,
-                                          scalar_size, storage_type)
+                                          opencl_kernel_name, scalar_size, storage_type)
 from mtlir.runtime.sim.msl.rewrite import Ctx, at, group_end, refuse, rewrite, tok
 from mtlir.runtime.sim.msl.simd import SIMD_BEGIN, SIMD_PARAM, SIMD_POSITIONS, uses_scratch
 
@@ -83,7 +83,9 @@ class KernelInfo:
     ``[[max_total_threads_per_threadgroup(n)]]`` it declares (``None`` if none), the fixed-size threadgroup
     and thread arrays whose accesses are checked (``arrays``: their fault codes follow the bindings'), and
     ``simd``: it exchanges values between SIMD-group lanes, so it takes one more OpenCL parameter after the fault
-    buffer, the threadgroup scratch ``__local uchar* __mtl_simd`` of ``simd.scratch_bytes(threads)`` bytes."""
+    buffer, the threadgroup scratch ``__local uchar* __mtl_simd`` of ``simd.scratch_bytes(threads)`` bytes.
+    ``opencl_function``: the kernel's name in the OpenCL C source, what ``clCreateKernel`` takes: ``function``
+    itself, or ``__mtl_kernel_<function>`` for a name OpenCL has a built-in of (``names.opencl_kernel_name``)."""
 
     function: str
     bindings: tuple[ParamBinding, ...]
@@ -92,6 +94,11 @@ class KernelInfo:
     max_total_threads_per_threadgroup: int | None = None
     arrays: tuple[LocalArray, ...] = ()
     simd: bool = False
+    opencl_function: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.opencl_function:
+            object.__setattr__(self, "opencl_function", self.function)
 
     @property
     def args(self) -> tuple[KernelArg, ...]:
@@ -179,11 +186,11 @@ def translate_kernel(ts: list[Token], start: int, end: int, ctx: Ctx) -> tuple[K
             prologue.append("__local uchar __mtl_lscratch[256] __attribute__((aligned(16)));")
         if "private" in guard.scratch:
             prologue.append("uchar __mtl_pscratch[256] __attribute__((aligned(16)));")
-    head = f"__kernel void {name}({', '.join(cl_params)}) {{"
+    head = f"__kernel void {opencl_kernel_name(name)}({', '.join(cl_params)}) {{"
     text = "".join(f"\n  {line}" for line in prologue)
     toks = [tok(head + text, RAW, ts[start].space), *body, ts[end - 1]]
     info = KernelInfo(name, tuple(bindings), ctx.uses_barrier, tuple(ctx.threadgroup_vars), max_threads, arrays,
-                      simd)
+                      simd, opencl_kernel_name(name))
     return info, toks
 
 def _parse_param(p: list[Token], kernel: str) -> _Param:

@@ -182,6 +182,30 @@ RENAMED_BUILTINS: dict[str, str] = {"mulhi": "mul_hi", "absdiff": "abs_diff"}
 # The prelude defines a ``__mtl_<name>`` overload set for each.
 HELPER_BUILTINS = frozenset({"abs", "fract", "saturate"})
 
+# OpenCL C built-in functions (OpenCL C §6.12-6.15) a kernel may not be named after: OpenCL's built-ins are overloaded,
+# so `__kernel void step(...)` builds but its kernel cannot be created (clCreateKernel: INVALID_KERNEL_NAME), where
+# MSL allows a kernel named `step` (metal::step is in another namespace). Such a kernel is named
+# ``__mtl_kernel_<name>`` in OpenCL (``opencl_kernel_name``).
+_OPENCL_FUNCTIONS = SAME_BUILTINS | frozenset(RENAMED_BUILTINS.values()) | HELPER_BUILTINS | frozenset("""
+barrier mem_fence read_mem_fence write_mem_fence work_group_barrier get_global_id get_local_id get_group_id
+get_global_size get_local_size get_num_groups get_work_dim get_global_offset get_enqueued_local_size
+get_global_linear_id get_local_linear_id mad mad24 mul24 mad_hi mad_sat hadd rhadd rotate upsample add_sat sub_sat
+bitselect shuffle shuffle2 printf async_work_group_copy async_work_group_strided_copy wait_group_events prefetch
+acospi asinpi atanpi atan2pi erf erfc expm1 frexp lgamma lgamma_r log1p maxmag minmag modf nan remainder remquo
+rootn sincos tgamma fast_distance fast_length fast_normalize ctz nextafter
+""".split())
+_OPENCL_PREFIXES = ("native_", "half_", "vload", "vstore", "convert_", "as_", "atomic_", "atom_", "sub_group_",
+                    "work_group_", "read_image", "write_image", "get_image_")
+
+
+def opencl_kernel_name(name: str) -> str:
+    """The OpenCL C name of the MSL kernel ``name``: itself, or ``__mtl_kernel_<name>`` where OpenCL has a
+    built-in function or keyword of that name (a kernel named ``step``, ``max`` or ``local`` is valid MSL)."""
+    if name in _OPENCL_FUNCTIONS or name in OPENCL_ONLY_KEYWORDS or name.startswith(_OPENCL_PREFIXES):
+        return f"__mtl_kernel_{name}"
+    return name
+
+
 # OpenCL C keywords (OpenCL C §6.1, §6.5, §6.6, §6.7) that are ordinary identifiers in MSL: renamed
 # ``__mtl_<name>`` where MSL uses them as names (a variable called ``local`` is common).
 OPENCL_ONLY_KEYWORDS = frozenset({"global", "local", "private", "read_only", "write_only", "read_write", "uniform",

@@ -106,7 +106,9 @@ ROTATE = HEAD + """kernel void rotate(device uint* y [[buffer(0)]], uint i [[thr
 def test_a_rotate_written_as_shifts_is_checked() -> None:
     """A new user's finding: every kernel of tinygrad's random numbers failed its check (`--check-kernels` exit 3,
     `clCreateKernel failed: INVALID_KERNEL_NAME`, a traceback): LLVM's optimizer made the rotate an llvm.fshl call,
-    which Oclgrind cannot run. The check builds unoptimized now: the kernel runs clean; its bad twin is caught."""
+    which Oclgrind cannot run. The check builds unoptimized now: the kernel runs clean; its bad twin is caught. The
+    kernel is named like OpenCL's built-in `rotate` (so `__mtl_kernel_rotate` in OpenCL): Oclgrind's reports name
+    that kernel and still count."""
     check_kernel(ROTATE, "rotate", {0: (_bytes(256), 0)}, (2, 1, 1), (32, 1, 1))
     with pytest.raises(KernelCheckError, match="out-of-bounds"):
         check_kernel(ROTATE, "rotate", {0: (_bytes(252), 0)}, (2, 1, 1), (32, 1, 1))

@@ -464,3 +464,24 @@ def test_more_threadgroup_memory_than_metal_gives_is_a_compile_error(runner: Ker
     with pytest.raises(KernelCompileError, match=r"kernel 'k' declares 65536 bytes of threadgroup memory, more than "
                                                  r"the 32768 bytes Metal gives a threadgroup"):
         runner.compile(msl, "k")
+
+
+@pytest.mark.parametrize("name", ["step", "max", "barrier", "get_global_id", "native_sin", "local", "mad24"])
+def test_a_kernel_named_like_an_opencl_builtin_runs(runner: KernelRunner, name: str) -> None:
+    """Valid MSL (metal::step is in another namespace), but OpenCL's built-ins are overloaded: `__kernel void step`
+    built and clCreateKernel refused it (INVALID_KERNEL_NAME, an internal error, exit 5, from `mtlir run`); such a
+    kernel is `__mtl_kernel_<name>` in OpenCL, its MSL name everywhere else."""
+    msl = HEAD + f"kernel void {name}(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {{\n" \
+                 "  out[i] = float(i) + 0.5f;\n}\n"
+    ck = runner.compile(msl, name)
+    assert ck.function == name and ck.info.opencl_function == f"__mtl_kernel_{name}"
+    assert f"__kernel void __mtl_kernel_{name}(" in ck.opencl_source
+    out = np.zeros(64, np.uint8)
+    ck.run({0: (out, 0)}, (2, 1, 1), (8, 1, 1))
+    assert out.view(np.float32).tolist() == [k + 0.5 for k in range(16)]
+
+
+def test_a_kernel_with_an_ordinary_name_keeps_it_in_opencl(runner: KernelRunner) -> None:
+    msl = HEAD + "kernel void stepper(device float* out [[buffer(0)]]) { out[0] = 1; }\n"
+    ck = runner.compile(msl, "stepper")
+    assert ck.info.opencl_function == "stepper" and "__kernel void stepper(" in ck.opencl_source
