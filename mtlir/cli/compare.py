@@ -94,6 +94,10 @@ def compare_output(got: Any, expected: Any) -> Comparison:
     import numpy as np
     a, b = np.atleast_1d(got), np.atleast_1d(expected)  # a 0-d output (a scalar) as one element
     if tolerance(a.dtype) is None and tolerance(b.dtype) is None:  # exact: no tolerance for integers
+        if a.dtype == np.bool_ and b.dtype == np.bool_:
+            # a bool is the byte 0 or 1 (MSL): any other byte (a kernel that never wrote a poisoned 0xFF output,
+            # ``mtlir record``) is no bool, where numpy would read it as True
+            a, b = np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)
         same = a == b
         diff = [abs(int(x) - int(y)) for x, y in zip(a.ravel().tolist(), b.ravel().tolist())]
         err_i = float(max(diff, default=0))

@@ -573,6 +573,17 @@ def test_compare_output_is_exact_for_integers() -> None:
     assert not c.match and c.max_abs_err == 1
 
 
+def test_a_bool_output_byte_other_than_0_or_1_is_a_mismatch() -> None:
+    """A byte 0xFF in a bool output (what `mtlir record` poisons an output with that its kernel never wrote) reads as
+    True in numpy: compared as the bytes MSL gives a bool (0 or 1), it is a mismatch."""
+    import numpy as np
+    expected = np.array([True, False, True])
+    got = np.frombuffer(bytes([1, 0, 0xFF]), dtype=np.bool_)
+    c = compare_output(got, expected)
+    assert not c.match and c.mismatches == 1
+    assert compare_output(np.frombuffer(bytes([1, 0, 1]), dtype=np.bool_), expected).match
+
+
 def test_run_json_reports_a_nan_mismatch_honestly(tmp_path: Path) -> None:
     import base64
 
