@@ -303,6 +303,35 @@ def test_each_distinct_launch_is_checked_once(tmp_path: Path, monkeypatch: pytes
 
 
 @needs_oclgrind
+def test_a_launch_whose_bytes_changed_is_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check is kept per distinct launch and bytes (its buffers' bytes, the output's among them): the same submit
+    on the same bytes is checked once, and after the host wrote its input the launch is checked again (what `mtlir run --repeat` no longer shows, since each
+    repeat now runs on the trace's own bytes)."""
+    from mtlir.runtime.sim.kernels import oclgrind
+    checks: list[str] = []
+    real = oclgrind.check_launch
+
+    def counting(msl: str, launch: object, timeout_s: float = 120.0, children: object = None) -> None:
+        checks.append(msl)
+        real(msl, launch, timeout_s, children)  # type: ignore[arg-type]
+    monkeypatch.setattr(oclgrind, "check_launch", counting)
+    good = Kernel("good", "good", GOOD, (KernelParam(None, 0, "float32"), KernelParam(None, 1, "float32")))
+    q = Queue(DeviceSpec("Apple9"))
+    q.exec(good, [buffer("x", 256), buffer("y", 256)], [], (2,), (32,)).signal(q.timeline, timeline_value())
+    program = lower(q.submit(), target="x86_64").program
+    with SimDevice("x86_64", checked=True) as dev, Session(program, dev, timeout_s=60) as s:
+        for _ in range(3):  # the first run changes y (the launch's bytes): the second is checked, the third not
+            s.submit()
+            s.wait(timeout_s=60)
+        assert len(checks) == 2
+        s.write("x", np.full(64, 2.0, np.float32).tobytes())
+        s.submit()
+        s.wait(timeout_s=60)
+        assert len(checks) == 3
+        assert np.frombuffer(s.read("y"), np.float32).tolist() == [3.0] * 64
+
+
+@needs_oclgrind
 @linux_only
 def test_closing_a_checked_device_kills_its_check_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
     """SimDevice.close() while an Oclgrind check runs kills that child (it would have run until its time limit):
