@@ -324,11 +324,11 @@ def test_a_launch_whose_bytes_changed_is_checked_again(monkeypatch: pytest.Monke
             s.submit()
             s.wait(timeout_s=60)
         assert len(checks) == 2
-        s.write("x", np.full(64, 2.0, np.float32).tobytes())
+        s.write("buffer:x", np.full(64, 2.0, np.float32).tobytes())
         s.submit()
         s.wait(timeout_s=60)
         assert len(checks) == 3
-        assert np.frombuffer(s.read("y"), np.float32).tolist() == [3.0] * 64
+        assert np.frombuffer(s.read("buffer:y"), np.float32).tolist() == [3.0] * 64
 
 
 @needs_oclgrind
