@@ -385,7 +385,7 @@ class ICBSlot:
     offset as stored: 32 bits)), grid and threadgroup sizes (None until concurrentDispatch...), barrier, and the
     launch the GPU prepared for it (``launch``)."""
 
-    __slots__ = ("pipeline", "bindings", "grid", "threadgroup", "barrier", "launch")
+    __slots__ = ("pipeline", "bindings", "grid", "threadgroup", "barrier", "launch", "sizes_ok")
 
     def __init__(self) -> None:
         self.pipeline: Pipeline | None = None
@@ -398,6 +398,9 @@ class ICBSlot:
         # command changed since); the GPU reuses it while the ICB's version or the command's content stays the same
         # (executor.Executor._kept, Executor._icb_command)
         self.launch: tuple[int, Any, Any, Any, str | None] | None = None
+        # (grid, threadgroup, pipeline, its maxTotalThreadsPerThreadgroup) strict mode last found within Metal's
+        # limits for this command: a patch with the same sizes is not checked again (methods/icb.py)
+        self.sizes_ok: tuple[Any, ...] | None = None
 
 
 class ICBSlots(dict[int, ICBSlot]):

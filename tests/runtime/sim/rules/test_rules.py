@@ -541,6 +541,21 @@ def test_rule13_too_many_threads_dropped(scenes: list[Scene], strict: bool) -> N
         assert s.status(cb) == MTL.StatusCompleted and not s.floats(out).any()  # silently dropped
 
 
+def test_rule13_a_repeated_icb_patch_is_checked_again_when_the_limit_changed(scenes: list[Scene]) -> None:
+    """Strict mode does not check a patch that leaves a command's sizes as they were (a Session patches every
+    command at every submit), but checks it again once the pipeline's limit is not the one it was checked with."""
+    s = scene(scenes, True)
+    out, var = s.buffer(4096), s.buffer(256)
+    icb = s.icb(1)
+    cmd = s.command(icb, 0, "fill", [(out, 0), (var, 0)], tg=(256, 1, 1))
+    s.send(cmd, "concurrentDispatchThreadgroups:threadsPerThreadgroup:", (1, 1, 1), (256, 1, 1))  # as it was
+    s.dev.set_max_total_threads(s.pipelines["fill"], 128)
+    with pytest.raises(MetalValidationError, match=r"256 threads per threadgroup > maxTotalThreadsPerThreadgroup 128"):
+        s.send(cmd, "concurrentDispatchThreadgroups:threadsPerThreadgroup:", (1, 1, 1), (256, 1, 1))
+    with pytest.raises(MetalValidationError, match=r"256 threads per threadgroup"):  # refused: not remembered as fine
+        s.send(cmd, "concurrentDispatchThreadgroups:threadsPerThreadgroup:", (1, 1, 1), (256, 1, 1))
+
+
 def _direct_fill(s: Scene, out: int, var: int, grid: tuple[int, int, int], tg: tuple[int, int, int],
                  commit: bool = True) -> int:
     """One command buffer with one direct-path dispatch of ``fill`` (retained); committed unless asked."""
