@@ -42,15 +42,15 @@ class MtlirGraph(GraphRunner):
         self.dev = cast(MetalDevice, Device[self.device])
         self.sessions: dict[tuple[Any, ...], SessionRing] = {}
         self.submits = 0
+        # per call only the values change: the inputs' indices and the variables' names are made once
+        self._input_idx = tuple(sorted({iidx for replace in self.uop_replace for _, iidx in replace}))
+        self._in_names = tuple((i, f"in{i}", f"in{i}_off") for i in self._input_idx)
+        self._var_names = tuple((v, f"var_{v}") for v in self.vars)
         self._session(input_uops)
         MtlirGraph.last = self
 
     def _inputs(self, input_uops: tuple[UOp, ...]) -> dict[int, MetalBuffer]:
-        out: dict[int, MetalBuffer] = {}
-        for replace in self.uop_replace:
-            for _, iidx in replace:
-                out[iidx] = cast(MetalBuffer, cast(Buffer, input_uops[iidx].buffer)._buf)
-        return out
+        return {i: cast(MetalBuffer, cast(Buffer, input_uops[i].buffer)._buf) for i in self._input_idx}
 
     def batch(self, inputs: dict[int, MetalBuffer]) -> Batch:
         """The Batch of the JIT's calls with its inputs at the byte offsets of ``inputs``."""
@@ -108,13 +108,17 @@ class MtlirGraph(GraphRunner):
 
     def __call__(self, input_uops: tuple[UOp, ...], var_vals: dict[str, int], wait: bool = False) -> float | None:
         s, inputs = self._session(input_uops)
-        values: dict[str, Any] = {f"in{i}": b.buf.handle for i, b in inputs.items()}
-        values.update({f"in{i}_off": b.offset for i, b in inputs.items()})
-        values.update({f"var_{v}": int(var_vals[v]) for v in self.vars})
-        dims = [tuple(int(x) for x in d) for d in self._symbolic_dims(var_vals)]
-        for i, d in enumerate(dims):
-            for a in range(3):
-                values[f"g{i}_{a}"] = values[f"l{i}_{a}"] = d[a] if a < len(d) else 1
+        values: dict[str, Any] = {}
+        for i, name, off in self._in_names:
+            b = inputs[i]
+            values[name], values[off] = b.buf.handle, b.offset
+        for v, name in self._var_names:
+            values[name] = int(var_vals[v])
+        if self.symbolic_dims:
+            dims = [tuple(int(x) for x in d) for d in self._symbolic_dims(var_vals)]
+            for i, d in enumerate(dims):
+                for a in range(3):
+                    values[f"g{i}_{a}"] = values[f"l{i}_{a}"] = d[a] if a < len(d) else 1
         values = {k: v for k, v in values.items() if k in s.program.variables}
         sub = s.submit(**values)
         self.submits += 1
