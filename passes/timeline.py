@@ -9,6 +9,8 @@ objects it linked without calling back into the passes.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from mtlir.ir.dtypes import dtypes
 from mtlir.ir.ops import Ops
 from mtlir.ir.uop import UOp
@@ -37,9 +39,10 @@ def timeline_read_program(device: DeviceSpec, target: str = "arm64") -> Program:
     ``x86_64``), lowered by ``abi`` and ``linearize`` like a submit's messages;
     ``program.results["timeline"]`` is the register of the value. Raises ``ValueError`` for an unknown target.
 
-    Lowered once per (device, target) and shared by every Program that uses the timeline (nothing changes a
-    Program after linearize): lowering it again for every submit's Program was ~60 µs, about a tenth of the
-    fixed cost of lowering a queue."""
+    Lowered once per (device, target) and kept: lowering it again for every submit's Program was ~60 µs, about a
+    tenth of the fixed cost of lowering a queue. Each call returns a copy of its own (its instruction list and
+    tables new, a few µs): a ``Program`` is mutable, and one handed to several Programs was changed through one of
+    them (a test's, rebinding its ``objects``), which broke every Program lowered after it in the process."""
     key = (device, target)
     got = _READS.get(key)
     if got is None:
@@ -47,7 +50,9 @@ def timeline_read_program(device: DeviceSpec, target: str = "arm64") -> Program:
         got = pipeline.run(timeline_read(device), keep_stages=False).program
         if len(_READS) < 64:  # a handful of devices in practice: the cache stays small
             _READS[key] = got
-    return got
+    return dataclasses.replace(got, instrs=list(got.instrs), consts=dict(got.consts), objects=dict(got.objects),
+                               selectors=dict(got.selectors), variables=dict(got.variables), names=dict(got.names),
+                               results=dict(got.results))
 
 
 _READS: dict[tuple[DeviceSpec, str], Program] = {}  # (device, target) -> the timeline read, lowered once

@@ -65,3 +65,16 @@ def test_the_session_reads_the_timeline_with_the_programs_read() -> None:
     stray.objects = {r: Obj("event", "another-event") for r in stray.objects}
     with pytest.raises(LinkError, match="placeholder 'another-event' of the other Program was not linked here"):
         runtime.Session(dataclasses.replace(submit, timeline_read=stray), runtime.RecordingBridge(target="arm64"))
+
+
+def test_the_kept_timeline_read_is_a_copy_per_call() -> None:
+    """The read is lowered once per (device, target) and kept; a Program is mutable, so each call gets its own copy:
+    the test above rebinds a read's ``objects``, and with one shared read every Program lowered after it in the
+    process failed to link (LinkError: placeholder 'another-event' of the other Program)."""
+    first = timeline_read_program(DEV, "arm64")
+    first.objects = {r: Obj("event", "another-event") for r in first.objects}
+    first.instrs.clear()
+    second = timeline_read_program(DEV, "arm64")
+    assert second.instrs and all(o.name != "another-event" for o in second.objects.values())
+    program = lower(small_queue(DEV), target="arm64").program
+    assert program.timeline_read is not None and program.timeline_read.instrs
