@@ -1,0 +1,94 @@
+"""How a host thread waits for the simulated GPU (``DeviceWaits``, a base class of ``SimDevice``): a Metal call that
+blocks with the device lock held (``wait_for``: ``waitUntilCompleted``, a full queue's ``commandBuffer``), and a
+wait for command buffers to end (``wait_command_buffers``, what ``Session.wait`` uses), where the waiting thread may
+run the GPU's steps itself instead of blocking (``GPU.drive``; docs/simulator.md, "Who runs the GPU")."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from mtlir.errors import DeviceClosedError
+from mtlir.metal import MTL
+from mtlir.runtime.sim.kernels.runner import KernelRunner
+from mtlir.runtime.sim.objects import CommandBuffer, SimObject, clock
+
+if TYPE_CHECKING:
+    from mtlir.runtime.sim.gpu import GPU
+
+__all__ = ["DeviceWaits"]
+
+
+class DeviceWaits:
+    """The waits of ``SimDevice``. Each says whether it expects the device lock held."""
+
+    # provided by SimDevice
+    _lock: threading.Lock
+    _cv: threading.Condition
+    _objects: dict[int, SimObject]
+    _runner: Any
+    gpu: GPU
+    autorun: bool
+    checked: bool
+    closed: bool
+    kernel_timeout_s: float
+    _closed_error: Callable[..., DeviceClosedError]
+
+    def wait_for(self, ready: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait (lock held) until ``ready()`` or ``timeout_s`` seconds pass; True when ready. The worker thread is
+        woken first for work a commit left to it (``GPU.wake``)."""
+        self.gpu.wake()
+        deadline = clock() + timeout_s
+        while not ready():
+            left = deadline - clock()
+            if left <= 0:
+                return False
+            self._cv.wait(min(left, 0.05))
+        return True
+
+    def wait_command_buffers(self, handles: Iterable[int], timeout_s: float) -> bool:
+        """Block the calling host thread (it takes the lock itself) until every command buffer in ``handles`` has
+        ended (status Completed or Error) or ``timeout_s`` seconds pass: True when they all ended. The GPU thread
+        sets an event per command buffer waited for when it ends, so the caller wakes once, without polling
+        (``Session.wait`` uses it on a SimDevice; real Metal's equivalent is ``waitUntilCompleted``, METAL.md §1).
+        A handle that is not a live command buffer counts as ended: the caller's next message names the problem.
+        Nothing is sent or checked: it only waits. Raises ``DeviceClosedError`` on a closed device (nothing there
+        would ever end).
+
+        Where it may (``_may_drive``: a ``timeout_s`` of at least ``kernel_timeout_s``, so the kernel watchdog
+        ends a kernel that would keep it before the deadline), the calling thread runs the GPU's steps itself
+        instead of blocking (``GPU.drive``): no thread hand-off at the commit nor at the end. Else the worker
+        thread runs them and this thread blocks."""
+        if self.closed:
+            raise self._closed_error("wait_command_buffers")
+        deadline = clock() + timeout_s
+        with self._lock:
+            targets = [obj for obj in (self._objects.get(h) if type(h) is int else None for h in handles)
+                       if isinstance(obj, CommandBuffer) and obj.status < MTL.StatusCompleted]
+            if not targets:
+                return True
+            self.gpu.waited(targets)
+            if self._may_drive(timeout_s):
+                ended = self.gpu.drive(targets, deadline)
+                if ended is not None:
+                    return ended
+            self.gpu.wake()
+            events = [self.gpu.end_waiters.setdefault(cb, threading.Event()) for cb in targets]
+        for ev in events:  # set by ``GPU._finish`` (the lock is not held here: the GPU thread runs meanwhile)
+            if not ev.wait(max(0.0, deadline - clock())):
+                return False
+        return True
+
+    def _may_drive(self, timeout_s: float) -> bool:
+        """Whether a host thread waiting ``timeout_s`` seconds for command buffers runs the GPU's steps itself
+        (``GPU.drive``): with autorun, while the worker thread naps (a worker at work, a pipelining host's, goes on
+        with it: a host taking turns with it costs both more hand-offs), when the wait is at least the kernel watchdog
+        (``kernel_timeout_s``: a step is not cut short, and a kernel that does not end is ended by the watchdog
+        within it; a batch of kernels that each end in time can still take this thread past the deadline, by at
+        most that batch), and only on the OpenCL kernel runner without Oclgrind's checks and with no fault armed
+        (a test's kernel runner may block on the host; checked and injected runs keep the worker's timing)."""
+        runner = self._runner
+        gpu = self.gpu
+        return (self.autorun and gpu.napping and timeout_s >= self.kernel_timeout_s and not self.checked
+                and (runner is None or type(runner) is KernelRunner) and gpu.injected_fault is None
+                and not gpu.faulty and gpu.thread is not threading.current_thread())
