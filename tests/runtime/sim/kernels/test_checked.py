@@ -280,21 +280,27 @@ def test_mtlir_run_check_kernels_timeout_names_the_kernel_and_leaves_no_child(tm
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.fixture
+def checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The MSL of each launch checked on Oclgrind (``oclgrind.check_launch`` counted, then run)."""
+    from mtlir.runtime.sim.kernels import oclgrind
+    seen: list[str] = []
+    real = oclgrind.check_launch
+
+    def counting(msl: str, launch: object, timeout_s: float = 120.0, children: object = None) -> None:
+        seen.append(msl)
+        real(msl, launch, timeout_s, children)  # type: ignore[arg-type]
+    monkeypatch.setattr(oclgrind, "check_launch", counting)
+    return seen
+
+
 @needs_oclgrind
-def test_each_distinct_launch_is_checked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_distinct_launch_is_checked_once(tmp_path: Path, checks: list[str]) -> None:
     """--repeat 4: each run sees the trace's x and y (mtlir run restores the buffers a submit changed before the
     next): one distinct launch, checked once, not four times."""
     import io
 
     from mtlir.cli.main import main
-    from mtlir.runtime.sim.kernels import oclgrind
-    checks: list[str] = []
-    real = oclgrind.check_launch
-
-    def counting(msl: str, launch: object, timeout_s: float = 120.0, children: object = None) -> None:
-        checks.append(msl)
-        real(msl, launch, timeout_s, children)  # type: ignore[arg-type]
-    monkeypatch.setattr(oclgrind, "check_launch", counting)
     out, log = io.StringIO(), io.StringIO()
     code = main(["run", str(_good_trace(tmp_path)), "--device", "sim", "--check-kernels", "--repeat", "4"],
                 out=out, log=log)
@@ -303,18 +309,10 @@ def test_each_distinct_launch_is_checked_once(tmp_path: Path, monkeypatch: pytes
 
 
 @needs_oclgrind
-def test_a_launch_whose_bytes_changed_is_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_launch_whose_bytes_changed_is_checked_again(checks: list[str]) -> None:
     """A check is kept per distinct launch and bytes (its buffers' bytes, the output's among them): the same submit
-    on the same bytes is checked once, and after the host wrote its input the launch is checked again (what `mtlir run --repeat` no longer shows, since each
-    repeat now runs on the trace's own bytes)."""
-    from mtlir.runtime.sim.kernels import oclgrind
-    checks: list[str] = []
-    real = oclgrind.check_launch
-
-    def counting(msl: str, launch: object, timeout_s: float = 120.0, children: object = None) -> None:
-        checks.append(msl)
-        real(msl, launch, timeout_s, children)  # type: ignore[arg-type]
-    monkeypatch.setattr(oclgrind, "check_launch", counting)
+    on the same bytes is checked once, and after the host wrote its input the launch is checked again (what
+    `mtlir run --repeat` no longer shows, since each repeat now runs on the trace's own bytes)."""
     good = Kernel("good", "good", GOOD, (KernelParam(None, 0, "float32"), KernelParam(None, 1, "float32")))
     q = Queue(DeviceSpec("Apple9"))
     q.exec(good, [buffer("x", 256), buffer("y", 256)], [], (2,), (32,)).signal(q.timeline, timeline_value())
