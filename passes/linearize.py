@@ -178,12 +178,16 @@ def _emit_var(b: _Builder, u: UOp) -> None:
     assert b.program is not None
     name, lo, hi = u.arg
     if name in b.program.variables:
-        prev = b.program.variables[name]
-        raise LinearizeError(f"variable {name!r} is declared twice: bounds [{prev[1]}, {prev[2]}] and [{lo}, {hi}] "
-                             "(or two dtypes)")
+        prev = next(v for v in b.reg if v.op is Ops.DEFINE_VAR and v.arg[0] == name)  # the error path only
+        raise LinearizeError(f"variable {name!r} is declared twice: {_var_text(prev)} and {_var_text(u)} (one name "
+                             "is one run-time value: one DEFINE_VAR node for it)")
     r = b.new(u)
     b.program.variables[name] = (r, lo, hi)
     b.program.names[r] = name
+
+
+def _var_text(v: UOp) -> str:
+    return f"{v.dtype.name} in [{v.arg[1]}, {v.arg[2]}]"
 
 
 def _emit_alias(b: _Builder, u: UOp) -> None:

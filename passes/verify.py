@@ -18,6 +18,7 @@ from mtlir.ir.ops import GroupOp, Ops
 from mtlir.program.instructions import INSTRUCTIONS, Call, End, Range
 from mtlir.program.payloads import CallList, MessageList
 from mtlir.program.program import Program
+from mtlir.ir.spec import value_problem
 from mtlir.ir.upat import UPat
 from mtlir.ir.uop import UOp
 
@@ -107,10 +108,6 @@ def _context(root: UOp, node: UOp) -> str:
 
 # ---- the well-formedness rules (any stage)
 
-_ALU_ARITY = {**{op: 1 for op in GroupOp.Unary}, **{op: 2 for op in GroupOp.Binary},
-              **{op: 3 for op in GroupOp.Ternary}}
-
-
 def _check_msg(m: UOp) -> str | None:
     if not isinstance(m.arg, str) or not m.arg:
         return "a MSG's arg is its selector (a non-empty str)"
@@ -184,17 +181,6 @@ def _check_calls(c: UOp) -> str | None:
     return None
 
 
-def _check_alu(x: UOp) -> str | None:
-    n = _ALU_ARITY[x.op]
-    if len(x.src) != n:
-        return f"{x.op.name} takes {n} sources, has {len(x.src)}"
-    if x.op in GroupOp.Comparison:
-        return None if x.dtype is dtypes.bool else f"a comparison is bool, not {x.dtype.name}"
-    if x.op is Ops.WHERE:
-        return None if x.src[1].dtype is x.dtype is x.src[2].dtype else "WHERE branches and result differ in dtype"
-    return None
-
-
 def _check_struct(s: UOp) -> str | None:
     fields = getattr(s.dtype, "fields", None)
     if fields is None:
@@ -206,12 +192,6 @@ def _check_struct(s: UOp) -> str | None:
 
 def _check_object(o: UOp) -> str | None:
     return None if isinstance(o.arg, Obj) else f"an OBJECT's arg is an Obj placeholder, not {type(o.arg).__name__}"
-
-
-def _check_var(v: UOp) -> str | None:
-    a = v.arg
-    ok = isinstance(a, tuple) and len(a) == 3 and isinstance(a[0], str) and isinstance(a[1], int) and a[1] <= a[2]
-    return None if ok else "a DEFINE_VAR's arg is (name, min, max) with min <= max"
 
 
 def _check_pointer(p: UOp) -> str | None:
@@ -278,10 +258,9 @@ SPEC = Checks([
     (UPat(Ops.CALL, name="c"), _check_call),
     (UPat(Ops.MSGS, name="m"), _check_msgs),
     (UPat(Ops.CALLS, name="c"), _check_calls),
-    (UPat(GroupOp.ALU, name="x"), _check_alu),
+    (UPat(GroupOp.ALU | {Ops.CONST, Ops.DEFINE_VAR, Ops.CAST}, name="u"), value_problem),  # mtlir/ir/spec.py
     (UPat(Ops.STRUCT, name="s"), _check_struct),
     (UPat(Ops.OBJECT, name="o"), _check_object),
-    (UPat(Ops.DEFINE_VAR, name="v"), _check_var),
     (UPat((Ops.INDEX, Ops.STORE), name="p"), _check_pointer),
     (UPat(Ops.RANGE, name="r"), _check_range),
     (UPat(Ops.END, name="e"), _check_end),

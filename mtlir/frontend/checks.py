@@ -11,6 +11,7 @@ from mtlir.ir.bounds import BoundsError, WrapError, exact_bounds, expr_text, var
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.metal import MTL, Kernel, KernelParam, element_dtype
 from mtlir.ir.ops import GroupOp, Ops
+from mtlir.ir.spec import value_problem
 from mtlir.ir.uop import UOp
 from mtlir.frontend.nodes import QueueError, buffer_base, buffer_label, buffer_nbytes, is_buffer, node_text
 
@@ -50,7 +51,8 @@ class ExecChecks:
     once (a queue of 100,000 commands names a few dozen of each): ``sizes`` maps an MTLSize STRUCT that passed
     ``check_size`` on every axis to its axes' ranges ``(lo, hi)``; ``threads`` holds the (grid, threadgroup)
     pairs that passed ``check_threads``; ``values`` the (value, dtype) pairs that passed ``check_var_value``;
-    ``elements`` the (parameter, buffer) pairs that passed ``check_elements``. Only passed checks are kept: a bad
+    ``elements`` the (parameter, buffer) pairs that passed ``check_elements``; ``variables`` each run-time
+    variable's DEFINE_VAR by name (``declared``: one node per name). Only passed checks are kept: a bad
     node raises its error every time it is met. The memo holds its nodes: keep one per queue or per lowering."""
 
     def __init__(self) -> None:
@@ -58,6 +60,24 @@ class ExecChecks:
         self.threads: set[tuple[UOp, UOp]] = set()
         self.values: set[tuple[UOp, DType]] = set()
         self.elements: set[tuple[KernelParam, UOp]] = set()
+        self.variables: dict[str, UOp] = {}  # each run-time variable's one DEFINE_VAR, by name
+        self.variables_seen: set[UOp] = set()  # the expressions ``declared`` passed
+
+    def declared(self, expr: UOp, where: str) -> None:
+        """Check that each DEFINE_VAR of ``expr`` is the only one of its name met by this memo: two with one name
+        and other bounds or dtypes would bind one value to both (the second's bounds unchecked). Raises
+        ``QueueError`` naming ``where`` and both declarations."""
+        if expr in self.variables_seen:
+            return
+        for u in expr.toposort():
+            if u.op is Ops.DEFINE_VAR:
+                first = self.variables.setdefault(u.arg[0], u)
+                if first is not u:
+                    raise QueueError(f"{where}: variable {u.arg[0]!r} is declared twice: {first.dtype.name} in "
+                                     f"[{first.arg[1]}, {first.arg[2]}] and {u.dtype.name} in [{u.arg[1]}, "
+                                     f"{u.arg[2]}] (one name is one run-time value: build its UOp.variable once "
+                                     "and use that node everywhere)")
+        self.variables_seen.add(expr)
 
     def size(self, node: UOp, label: str, where: str) -> tuple[tuple[int, int], ...]:
         """The ranges of the axes of ``node``, an MTLSize STRUCT (``label``: grid or threadgroup), each checked by
@@ -67,6 +87,7 @@ class ExecChecks:
             if node.op is not Ops.STRUCT or node.dtype is not dtypes.MTLSize or len(node.src) != 3:
                 raise QueueError(f"{where}: {label} must be an MTLSize STRUCT, got {node_text(node)}")
             got = tuple(check_size(f, f"{where}: {label}.{axis}") for axis, f in zip("xyz", node.src))
+            self.declared(node, f"{where}: {label}")
             self.sizes[node] = got
         return got
 
@@ -81,6 +102,7 @@ class ExecChecks:
         """``check_var_value(v, dt, where)``, once per (v, dt)."""
         if (v, dt) not in self.values:
             check_var_value(v, dt, where)
+            self.declared(v, where)
             self.values.add((v, dt))
 
     def binding(self, p: KernelParam, b: UOp, where: str) -> None:
@@ -125,7 +147,8 @@ def int_expression(f: UOp, where: str, what: str) -> tuple[int, int]:
     computed without wrapping (``mtlir.ir.bounds.exact_bounds``).
 
     Raises ``QueueError`` naming ``where`` for another node, a non-integer node (a float variable), a DEFINE_VAR
-    whose declared bounds do not fit its own dtype, or a node whose value can leave its dtype (``m * 65536`` of an
+    whose declared bounds do not fit its own dtype, a node that breaks ``mtlir.ir.spec``'s rules (an ADD with one
+    source or of two dtypes, a DEFINE_VAR with min > max: a node built with ``UOp(...)`` by hand), or a node whose value can leave its dtype (``m * 65536`` of an
     int32 ``m`` in ``[1, 65536]``: the kernel would get the wrapped value), with the expression, the node, its range
     without wrapping and the variables' bounds, suggesting a wider dtype."""
     for u in f.toposort():
@@ -137,11 +160,14 @@ def int_expression(f: UOp, where: str, what: str) -> tuple[int, int]:
             name = f" {u.arg[0]!r}" if u.op is Ops.DEFINE_VAR else ""
             raise QueueError(f"{where}: {what} must be an integer expression, found {u.op.name}<{u.dtype.name}>"
                              f"{name}")
-        if u.op is Ops.DEFINE_VAR:
+        if u.op is Ops.DEFINE_VAR and type(u.arg) is tuple and len(u.arg) == 3:  # a bad arg: value_problem's
             name, lo, hi = u.arg
-            if lo < dtypes.min(u.dtype) or hi > dtypes.max(u.dtype):
+            if type(lo) is type(hi) is int and lo <= hi and (lo < dtypes.min(u.dtype) or hi > dtypes.max(u.dtype)):
                 raise QueueError(f"{where}: variable {name!r} has bounds [{lo}, {hi}], which do not fit its dtype "
                                  f"{u.dtype.name} [{dtypes.min(u.dtype)}, {dtypes.max(u.dtype)}]")
+        problem = value_problem(u)  # a node built by hand: its sources' number and dtypes, a DEFINE_VAR's arg
+        if problem is not None:
+            raise QueueError(f"{where}: {what}: {problem}, at {node_text(u)}")
     try:
         return exact_bounds(f)
     except WrapError as e:

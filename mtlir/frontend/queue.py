@@ -214,6 +214,7 @@ class Queue:
         if not v.dtype.is_int:
             raise QueueError(f"{where}: variable {p.var!r} must be an integer, got dtype {v.dtype.name}")
         check_var_value(v, dt, f"{where}: variable {p.var!r} (parameter {p.index})")
+        self._checks.declared(v, f"{where}: variable {p.var!r} (parameter {p.index})")
         return v.cast(dt)
 
     def _struct(self, sizes: Sequence[UOp | int] | UOp | int, kernel: Kernel, label: str) -> UOp:

@@ -8,7 +8,9 @@
 
 The text is valid Python: evaluated with the names of ``namespace()`` it builds the graph. ``parse(text)`` does
 exactly that without ``eval``: it checks every statement with the ``ast`` module and evaluates only assignments of
-known constructors over literals, so ``parse(render(g)) is g`` and a text holding anything else is refused.
+known constructors over literals, so ``parse(render(g)) is g`` and a text holding anything else is refused. It also
+checks each node against ``mtlir.ir.spec`` (an ADD of two dtypes, a CONST<int32> 1.5, a DEFINE_VAR with min > max
+are refused, naming the line); ``parse(text, verify=False)`` reads back the text of any graph.
 
 Arg types: None, bool, int, float (``nan``, ``inf`` and ``-0.0`` exact), str, bytes, tuples and frozensets of
 args, ``Ops``, dtypes (pointers, structs) and the frozen dataclasses and enums registered with
@@ -28,6 +30,7 @@ from mtlir import metal
 from mtlir.errors import InputError
 from mtlir.ir.dtypes import DType, PtrDType, StructDType, dtypes
 from mtlir.ir.ops import Ops
+from mtlir.ir.spec import value_problem
 from mtlir.ir.uop import UOp
 
 __all__ = ["render", "parse", "listing", "register_arg_type", "namespace", "arg_text", "short_arg", "ParseError"]
@@ -118,7 +121,8 @@ def arg_text(v: Any) -> str:
             return f"{t.__name__}.{v.name}"
         if isinstance(v, tuple):
             if hasattr(t, "_fields"):
-                return f"{t.__name__}({', '.join(f'{f}={arg_text(x)}' for f, x in zip(t._fields, v))})"
+                # by name, not by position: a tuple type may store its fields otherwise (IcbCommand)
+                return f"{t.__name__}({', '.join(f'{f}={arg_text(getattr(v, f))}' for f in t._fields)})"
             return f"{t.__name__}({arg_text(tuple(v))})"
         fields = ", ".join(f"{f.name}={arg_text(getattr(v, f.name))}" for f in dataclasses.fields(v) if f.init)
         return f"{t.__name__}({fields})"
@@ -252,12 +256,15 @@ class _Evaluator:
             raise self.fail(node, f"{func.id}(...): {e}") from None
 
 
-def parse(text: str) -> UOp:
+def parse(text: str, *, verify: bool = True) -> UOp:
     """The graph whose text form is ``text`` (the node of the last assignment); ``parse(render(g)) is g``.
 
     Only assignments ``name = UOp(...)`` are allowed, whose args are literals, tuples, ``Ops.X``, dtypes and
-    registered constructors; sources name nodes of earlier lines. Raises ``ParseError`` naming the line for
-    anything else (a syntax error, an unknown name, a call of something that is not a constructor)."""
+    registered constructors; sources name nodes of earlier lines, each name assigned once. Each node must keep
+    ``mtlir.ir.spec``'s rules (an ALU node's sources and dtypes, a CONST's value, a DEFINE_VAR's bounds) unless
+    ``verify`` is False (to read back the text of any graph, e.g. one a verifier refused). Raises
+    ``ParseError`` naming the line for anything else (a syntax error, an unknown name, a call of something that is
+    not a constructor, a name assigned twice, a node that breaks those rules)."""
     if not isinstance(text, str):
         raise TypeError(f"parse: expected a str, got {type(text).__name__}")
     try:
@@ -270,6 +277,7 @@ def parse(text: str) -> UOp:
         raise ParseError(f"not valid Python: {e or type(e).__name__}") from None
     ev = _Evaluator()
     last: UOp | None = None
+    lines: dict[str, int] = {}  # each assigned name's line
     try:
         for stmt in tree.body:
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
@@ -277,10 +285,17 @@ def parse(text: str) -> UOp:
             target = stmt.targets[0].id
             if target in ev.names or target in ("float", "frozenset"):
                 raise ev.fail(stmt, f"{target!r} is a constructor name and cannot be assigned")
+            if target in lines:
+                raise ev.fail(stmt, f"{target!r} is assigned twice (first on line {lines[target]}): each name is one "
+                                    "node")
+            lines[target] = stmt.lineno
             value = stmt.value
             if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "UOp"):
                 raise ev.fail(stmt, f"the value assigned to {target!r} must be UOp(...)")
             node = ev.expr(value)
+            problem = value_problem(node) if verify else None  # mtlir/ir/spec.py: what UOp(...) does not check
+            if problem is not None:
+                raise ev.fail(stmt, f"{target}: {problem}")
             ev.env[target] = node
             last = node
     except RecursionError:
@@ -308,7 +323,7 @@ def _short(v: Any, width: int, limit: int) -> str:
     if type(v) is tuple:
         return "(" + ", ".join(_short(x, width, inner) for x in v) + ("," if len(v) == 1 else "") + ")"
     if isinstance(v, tuple) and hasattr(type(v), "_fields"):
-        fields = zip(getattr(type(v), "_fields"), v)
+        fields = ((f, getattr(v, f)) for f in getattr(type(v), "_fields"))  # by name (IcbCommand stores others)
         return f"{type(v).__name__}({', '.join(f'{f}={_short(x, width, inner)}' for f, x in fields)})"
     if isinstance(v, tuple):  # a tuple subclass holding a payload: its own (short) repr
         return repr(v)

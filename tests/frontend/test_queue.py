@@ -181,6 +181,20 @@ _F = UOp.variable("f", 0, 4, dtypes.float32)
                                                           "does not fit its dtype [-2147483648, 2147483647]"),
     ({"vars": [UOp(Ops.CONST, dtypes.int64, (), 3.0) + 1]}, "CONST<int64> 3.0 is a float"),
     ({"grid": (UOp(Ops.CONST, dtypes.uint64, (), 2.5),)}, "grid.x: CONST<uint64> 2.5 is a float, not an int"),
+    # hand-built value nodes (mtlir/ir/spec.py): exact_bounds crashed on a one-source ADD (a bare ValueError) and
+    # min > max surfaced only after encode
+    ({"vars": [UOp(Ops.ADD, dtypes.int32, (N,))]}, "command 1 (saxpy): variable 'n' (parameter 2): a variable value: "
+                                                   "ADD takes 2 sources, has 1, at ADD<int32>"),
+    ({"vars": [UOp(Ops.DEFINE_VAR, dtypes.int32, (), ("m", 10, 1))]},
+     "variable 'n' (parameter 2): a variable value: variable 'm': min 10 > max 1"),
+    ({"grid": (UOp(Ops.DEFINE_VAR, dtypes.int32, (), "m"),)}, "grid.x: a size: a DEFINE_VAR's arg is (name, min, max)"),
+    ({"vars": [UOp(Ops.MAX, dtypes.int32, (N, N, N))]}, "a variable value: MAX takes 2 sources, has 3"),
+    # two variables of one name: one value bound to both (the second's bounds never checked); refused at linearize
+    # before, with a message that did not name the dtypes
+    ({"vars": [UOp.variable("n", 1, 5) + UOp.variable("n", 1, 1024)]},
+     "variable 'n' (parameter 2): variable 'n' is declared twice: int32 in [1, 5] and int32 in [1, 1024]"),
+    ({"grid": (UOp.variable("g", 1, 64, dtypes.uint32).cast(dtypes.int32) + UOp.variable("g", 1, 64),)},
+     "command 1 (saxpy): grid: variable 'g' is declared twice: "),
     ({"bufs": [buffer("x", 64), buffer("y", 64)], "kernel": "sized"},
      "command 1 (sized): buffer parameter 0 takes 32 elements of float32 (128 bytes), but the buffer 'x' bound to it "
      "holds 64 bytes"),

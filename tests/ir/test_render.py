@@ -20,8 +20,8 @@ i32 = dtypes.int32
 
 def roundtrip(g: UOp) -> str:
     text = render(g)
-    assert parse(text) is g
-    assert render(parse(text)) == text
+    assert parse(text, verify=False) is g  # any graph, well-formed or not (the random graphs are not)
+    assert render(parse(text, verify=False)) == text
     ns = namespace()
     exec(text, ns)  # the text is plain Python too
     assert ns[f"x{len(g.toposort()) - 1}"] is g
@@ -216,3 +216,38 @@ def test_short_arg_cuts_long_values() -> None:
     assert short_arg("a" * 100, 20) == "'aaaaaaaaaaaaaaaaa…'" and len(short_arg("a" * 100, 20)) == 20
     assert short_arg(("a" * 100,), 40) == "('aaaaaaaaaaaaaaaaa…',)"  # a field gets half the width
     assert short_arg((1, 2), 20) == "(1, 2)"
+
+
+# ---- parse checks what UOp(...) does not (mtlir/ir/spec.py), naming the line
+
+@pytest.mark.parametrize("text, message", [
+    ("x0 = UOp(Ops.CONST, dtypes.int32, (), 1)\nx0 = UOp(Ops.CONST, dtypes.int32, (), 2)\n",
+     "line 2, column 1: 'x0' is assigned twice (first on line 1)"),
+    ("x0 = UOp(Ops.CONST, dtypes.int32, (), 99999999999999999999999)\n",
+     "line 1, column 1: x0: CONST<int32> 99999999999999999999999 does not fit its dtype [-2147483648, 2147483647]"),
+    ("x0 = UOp(Ops.CONST, dtypes.int32, (), 1.5)\n", "line 1, column 1: x0: CONST<int32> 1.5 is a float, not an int"),
+    ("x0 = UOp(Ops.CONST, dtypes.bool, (), 1)\n", "x0: CONST<bool> 1 is a int, not a bool"),
+    ("x0 = UOp(Ops.CONST, dtypes.float32, (), 1.5)\nx1 = UOp(Ops.ADD, dtypes.int32, (x0, x0))\n",
+     "line 2, column 1: x1: ADD<int32> of sources float32, float32: an integer and a float do not mix"),
+    ("x0 = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ('n', 10, 1))\n", "line 1, column 1: x0: variable 'n': min 10 > max 1"),
+    ("x0 = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ('n', 1, 1099511627776))\n",
+     "x0: variable 'n': bounds [1, 1099511627776] do not fit its dtype int32"),
+    ("x0 = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ('n', 1, 4))\nx1 = UOp(Ops.ADD, dtypes.int32, (x0,))\n",
+     "line 2, column 1: x1: ADD takes 2 sources, has 1"),
+    ("x0 = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ('n', 1, 4))\nx1 = UOp(Ops.CMPLT, dtypes.bool, (x0, x0))\n"
+     "x2 = UOp(Ops.WHERE, dtypes.int32, (x0, x0, x0))\n", "line 3, column 1: x2: WHERE's condition is bool, not int32"),
+    ("x0 = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ('n', 1, 4))\nx1 = UOp(Ops.CAST, dtypes.int64, (x0, x0))\n",
+     "line 2, column 1: x1: a CAST has one source, has 2"),
+])
+def test_parse_refuses_ill_formed_nodes_naming_the_line(text: str, message: str) -> None:
+    with pytest.raises(ParseError) as e:
+        parse(text)
+    assert message in str(e.value)
+    if "assigned twice" not in message:
+        assert parse(text, verify=False).op in (Ops.CONST, Ops.ADD, Ops.DEFINE_VAR, Ops.WHERE, Ops.CAST)
+
+
+def test_parse_accepts_well_formed_value_graphs() -> None:
+    n = UOp.variable("n", 1, 1024)
+    g = ((n + 1) * 2).cast(dtypes.int64).__lt__(UOp.const(dtypes.int64, 7)).where(n, n - 1)
+    assert parse(render(g)) is g

@@ -138,7 +138,9 @@ def test_listing_reads_like_messages() -> None:
     (UOp.sink(small_queue(DEV), arg=DEV), "run encode first"),
     (small_queue(DEV), "linearize takes a SINK"),
     (UOp.sink(UOp.variable("n", 0, 4, dtypes.uint64) + UOp.variable("n", 0, 5, dtypes.uint64), arg=DEV),
-     "variable 'n' is declared twice"),
+     "variable 'n' is declared twice: uint64 in [0, 4] and uint64 in [0, 5]"),
+    (UOp.sink(UOp.variable("n", 0, 4, dtypes.uint64) + UOp.variable("n", 0, 4, dtypes.int64), arg=DEV),
+     "variable 'n' is declared twice: uint64 in [0, 4] and int64 in [0, 4]"),  # the dtypes named
 ])
 def test_errors(graph: UOp, message: str) -> None:
     with pytest.raises(LinearizeError) as e:

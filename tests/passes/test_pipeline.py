@@ -237,6 +237,25 @@ def test_verifier_after_encode_refuses_leftover_queue_ops() -> None:
         verify_graph(lowered.result, "abi")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("node, message", [
+    (UOp(Ops.ADD, dtypes.int32, (UOp.variable("n", 1, 8), UOp.const(dtypes.float32, 1.5))),
+     "ADD<int32> of sources int32, float32: an integer and a float do not mix"),
+    (UOp(Ops.CONST, dtypes.int32, (), 2.5), "CONST<int32> 2.5 is a float, not an int"),
+    (UOp(Ops.CONST, dtypes.uint8, (), 300), "CONST<uint8> 300 does not fit its dtype [0, 255]"),
+    (UOp(Ops.CMPLT, dtypes.bool, (UOp.variable("n", 1, 8), UOp.const(dtypes.float32, 1.5))),
+     "CMPLT compares a int32 with a float32"),
+    (UOp(Ops.NEG, dtypes.int32, ()), "NEG takes 1 source, has 0"),
+    (UOp(Ops.DEFINE_VAR, dtypes.int32, (), ("n", 1, 2**40)), "variable 'n': bounds [1, 1099511627776] do not fit"),
+])
+def test_verifier_checks_value_nodes_a_rule_may_make(node: UOp, message: str) -> None:
+    """SPEC (passes/verify.py) runs mtlir/ir/spec.py's rules after every pass: a rule that returns an ill-typed
+    value node is named with the pass."""
+    from mtlir.passes.verify import verify_graph
+    with pytest.raises(VerifyError) as e:
+        verify_graph(UOp.sink(node), "mypass")
+    assert "after pass 'mypass'" in str(e.value) and message in str(e.value)
+
+
 def test_verifier_in_a_pipeline_walks_new_nodes_but_still_sees_leftovers_in_old_subgraphs() -> None:
     # inside checked_once a node verified after an earlier pass is not walked again, but an MSG left under an old
     # node (a pass that kept it) is still found, and so is a bad old root
