@@ -9,8 +9,11 @@ Built on ``benchmarks/bench_lowering.py`` (its ``build``/``PATHS``/``messages``)
   visits each node once; ``build(..., reference=True)``: no node in common, so the measured build makes its nodes)
   in the same rounds; ``lowering_scaling_100k_over_1k``: cost per command at the largest size over that at
   1k, the worst path; ``memory_bytes_per_cmd``: the peak of ``tracemalloc`` while building and lowering the largest
-  ICB queue, per command (``memory_bytes_per_cmd_by_path``: the same on every path); ``messages_per_submit``: messages
-  one submit sends on the ICB and the direct path, by kernel count.
+  ICB queue, per command (``memory_bytes_per_cmd_by_path``: the same on every path), each path measured in a fresh
+  process (``peak_bytes`` run by ``python -P -c``): the intern table is a dict, which keeps its size when entries
+  leave it and grows only while inserting, so in one process the peak moved by ~105 B per command with what had
+  run before (whether the table allocated a larger array inside the measured window); ``messages_per_submit``:
+  messages one submit sends on the ICB and the direct path, by kernel count.
 - ``rewrite_figures``: ``graph_rewrite`` with no matching rule over a plain iterative DFS of the same graph
   (``rewrite_nomatch_over_dfs``, the worse of a 100k chain and a 20k-wide sink) and, where tinygrad is
   installed, ``graph_rewrite`` with one rule rewriting every ADD over tinygrad's own with the same rule on the
@@ -20,6 +23,9 @@ Built on ``benchmarks/bench_lowering.py`` (its ``build``/``PATHS``/``messages``)
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import tracemalloc
 from typing import Any
 
@@ -29,7 +35,7 @@ from benchmarks.timing import MIN_ROUNDS, interleaved, ratio
 from mtlir.metal import DeviceSpec
 from mtlir.passes import lower
 
-__all__ = ["lowering_figures", "rewrite_figures"]
+__all__ = ["lowering_figures", "rewrite_figures", "peak_bytes"]
 
 
 def _device(path: str) -> DeviceSpec:
@@ -61,7 +67,7 @@ def lowering_figures(quick: bool = False) -> dict[str, Any]:
     lo = str(sizes[0])
     scaling = {p: ratio(v[max(v, key=int)], v[lo]) for p, v in per_cmd.items() if len(v) > 1}
     big = sizes[-1]
-    memory = {path: _peak_bytes(path, big) / big for path in PATHS}
+    memory = {path: _fresh_peak_bytes(path, big) / big for path in PATHS}
     counts = [1, 10] if quick else [1, 100, 1000]
     msgs = {kind: {str(n): messages(lower(build(n, DeviceSpec("Apple7", residency_set=False, icb=icb)),
                                           keep_stages=False).program) for n in counts}
@@ -72,8 +78,9 @@ def lowering_figures(quick: bool = False) -> dict[str, Any]:
             "messages_per_submit": msgs}
 
 
-def _peak_bytes(path: str, n: int) -> int:
-    """The peak of ``tracemalloc`` while building the queue of ``n`` commands on ``path`` and lowering it."""
+def peak_bytes(path: str, n: int) -> int:
+    """The peak of ``tracemalloc``, in bytes, while building the queue of ``n`` commands on ``path`` and lowering it
+    (in this process: ``_fresh_peak_bytes`` runs it in a new one)."""
     gc.collect()
     tracemalloc.start()
     try:
@@ -81,6 +88,24 @@ def _peak_bytes(path: str, n: int) -> int:
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+
+# the child: the installed mtlir first (-P: neither the working directory nor the script's folder on sys.path),
+# the folder holding this package appended last so that ``benchmarks`` is found even without PYTHONPATH
+_CHILD = "import sys; sys.path.append(sys.argv[1]); from benchmarks.compiler import peak_bytes; " \
+         "print(peak_bytes(sys.argv[2], int(sys.argv[3])))"
+
+
+def _fresh_peak_bytes(path: str, n: int) -> int:
+    """``peak_bytes(path, n)`` in a new Python process, so that the figure does not depend on what ran before in
+    this one (module docstring: the intern table's size). Raises ``RuntimeError`` with the child's error output
+    when it fails."""
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-P", "-c", _CHILD, parent, path, str(n)], capture_output=True,
+                          text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring the memory of {path} at {n} commands failed:\n{done.stderr[-4000:]}")
+    return int(done.stdout.split()[-1])
 
 
 def rewrite_figures(quick: bool = False) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from mtlir.ir.upat import PatternMatcher, UPat
 from mtlir.metal import Kernel, Obj, element_dtype
 from mtlir.msl import kernel_signature
 from mtlir.passes.pipeline import Pass, PassContext, register
-from mtlir.program.payloads import CommandList, IcbCommand, IcbSpec
+from mtlir.program.payloads import CommandList, IcbCommand, IcbShape, IcbSpec
 
 __all__ = ["Barriers", "Access", "command_accesses", "place_barriers", "written_indices"]
 
@@ -114,12 +114,12 @@ def command_accesses(cmd: IcbCommand, kernel: Kernel | None, sizes: dict[str, in
 def _accesses(cmd: IcbCommand, k: _Kernel, sizes: dict[str, int]) -> list[tuple[str, int, int, bool]]:
     """``command_accesses`` as plain ``(buffer, lo, hi, write)`` tuples (the pass's loop makes one list per command)."""
     out: list[tuple[str, int, int, bool]] = []
-    written, extent, views = k.written, k.extent, cmd.extents
+    shape = cmd[0]  # IcbCommand.shape: the fields but the offsets, which follow it
+    written, extent, views, names = k.written, k.extent, shape.extents, shape.names
     get, every = sizes.get, written is None
-    bindings = cmd.bindings
-    if len(views) < len(bindings):  # extents left out (an IcbCommand built by hand): the bytes to the end
-        views = (*views, *(0,) * (len(bindings) - len(views)))
-    for (name, offset, index), view in zip(bindings, views):
+    if len(views) < len(names):  # extents left out (an IcbCommand built by hand): the bytes to the end
+        views = (*views, *(0,) * (len(names) - len(views)))
+    for name, offset, index, view in zip(names, cmd[1:], shape.indices, views):
         if name == "varbuf":
             continue  # constant T& slots: only read, written by the CPU before the submit
         end = get(name, _BIG)
@@ -130,7 +130,7 @@ def _accesses(cmd: IcbCommand, k: _Kernel, sizes: dict[str, int]) -> list[tuple[
         if view and offset + view < end:
             end = offset + view
         out.append((name, offset, end if end > offset else offset + 1, every or index in written))  # type: ignore[operator]
-    for index in cmd.rebound:
+    for index in shape.rebound:
         out.append((_ANY, 0, _BIG, every or index in written))  # type: ignore[operator]
     return out
 
@@ -233,8 +233,10 @@ def place_barriers(spec: IcbSpec) -> IcbSpec:
     out: list[IcbCommand] = []
     changed = False
     new = tuple.__new__
+    twins: dict[int, IcbShape] = {}  # id(IcbShape) -> the same kind with the other barrier
     for cmd in spec.commands:
-        mine = _accesses(cmd, facts.get(cmd.pipeline, unknown), sizes)
+        shape = cmd[0]
+        mine = _accesses(cmd, facts.get(shape.pipeline, unknown), sizes)
         if group is None:  # _Group.conflicts of a small group, inline (a group is often one command)
             barrier = False
             for name, lo, hi, w in mine:
@@ -255,9 +257,11 @@ def place_barriers(spec: IcbSpec) -> IcbSpec:
             if len(small) > _SMALL:
                 group = _Group()
                 group.add(small)
-        if cmd[4] != barrier:  # IcbCommand.barrier; rebuilt from its fields unpacked (two slices: ~70 ns more)
-            pipe, binds, grid, tg, _, sym, var, reb, ext = cmd
-            cmd, changed = new(IcbCommand, (pipe, binds, grid, tg, barrier, sym, var, reb, ext)), True
+        if shape.barrier != barrier:  # the command of the twin kind, its offsets shared (IcbCommand.of, inline)
+            twin = twins.get(id(shape))
+            if twin is None:
+                twin = twins[id(shape)] = shape._replace(barrier=barrier)
+            cmd, changed = new(IcbCommand, (twin, *cmd[1:])), True
         out.append(cmd)
     if not changed:
         return spec

@@ -13,10 +13,32 @@ from typing import Any, NamedTuple
 
 from mtlir.metal import Obj
 
-__all__ = ["IcbSpec", "IcbCommand", "CommandList", "Stamp", "StampList", "MessageList", "CallList", "TableEntries"]
+__all__ = ["IcbSpec", "IcbCommand", "IcbShape", "CommandList", "Stamp", "StampList", "MessageList", "CallList", "TableEntries"]
 
 
-class IcbCommand(NamedTuple):
+class IcbShape(NamedTuple):
+    """What an ICB command shares with every command of its kind: all of ``IcbCommand`` but the bindings' byte
+    offsets. ``names`` and ``indices``: per binding, the buffer's placeholder name and the buffer index; the other
+    fields are ``IcbCommand``'s. Encode makes one per distinct kind, and the commands of a kind point to it."""
+
+    pipeline: str
+    names: tuple[str, ...]
+    indices: tuple[int, ...]
+    grid: tuple[int, int, int]
+    threadgroup: tuple[int, int, int]
+    barrier: bool
+    symbolic: bool
+    variables: tuple[tuple[str, int], ...]
+    rebound: tuple[int, ...]
+    extents: tuple[int, ...]
+
+
+def _icb_command(items: tuple[Any, ...]) -> IcbCommand:
+    """An ``IcbCommand`` from its stored items ``(shape, *offsets)`` (unpickling)."""
+    return tuple.__new__(IcbCommand, items)
+
+
+class IcbCommand(tuple):  # type: ignore[type-arg]
     """One command of the ICB, as link builds it once (METAL.md §1): ``setComputePipelineState:`` with the
     pipeline placeholder named ``pipeline``; ``setKernelBuffer:offset:atIndex:`` per entry of ``bindings``
     ``(placeholder name, byte offset, buffer index)`` — the buffer parameters, then the variables buffer slot of
@@ -27,17 +49,104 @@ class IcbCommand(NamedTuple):
     (buffer variables), which link leaves unbound. ``extents``: per entry of ``bindings``, the bytes of the view (or
     buffer) bound there from its offset, 0 where unknown (empty: none known); the ``barriers`` pass decides on them.
 
-    A NamedTuple rather than a dataclass: a queue of 100,000 commands hashes its command list as plain tuples."""
+    Built as ``IcbCommand(pipeline, bindings, grid, threadgroup, barrier=True, symbolic=False, variables=(),
+    rebound=(), extents=())`` and read by those names (and ``_replace``, ``_asdict``, ``_fields``, like a
+    NamedTuple). Stored as the tuple ``(shape, *offsets)``: an ``IcbShape`` (every field but the offsets, shared
+    by the commands of one kind: encode makes each once) and the bindings' byte offsets, so a command of four
+    bindings is an 80-byte tuple, not a 9-field record with a tuple of binding triples (~256 bytes per command at
+    100,000). ``shape`` and ``offsets`` read them directly; ``of(shape, offsets)`` builds one at C speed. Two
+    commands are equal when every field is; iterating one yields its stored items, not its fields."""
 
-    pipeline: str
-    bindings: tuple[tuple[str, int, int], ...]
-    grid: tuple[int, int, int]
-    threadgroup: tuple[int, int, int]
-    barrier: bool = True
-    symbolic: bool = False
-    variables: tuple[tuple[str, int], ...] = ()
-    rebound: tuple[int, ...] = ()
-    extents: tuple[int, ...] = ()
+    __slots__ = ()
+    _fields = ("pipeline", "bindings", "grid", "threadgroup", "barrier", "symbolic", "variables", "rebound",
+               "extents")
+
+    def __new__(cls, pipeline: str, bindings: tuple[tuple[str, int, int], ...] | list[tuple[str, int, int]],
+                grid: tuple[int, int, int], threadgroup: tuple[int, int, int], barrier: bool = True,
+                symbolic: bool = False, variables: tuple[tuple[str, int], ...] = (), rebound: tuple[int, ...] = (),
+                extents: tuple[int, ...] = ()) -> IcbCommand:
+        binds = tuple(bindings)
+        shape = IcbShape(pipeline, tuple(b[0] for b in binds), tuple(b[2] for b in binds), grid, threadgroup,
+                         barrier, symbolic, variables, rebound, extents)
+        return tuple.__new__(cls, (shape, *(b[1] for b in binds)))
+
+    @staticmethod
+    def of(shape: IcbShape, offsets: tuple[int, ...] | list[int]) -> IcbCommand:
+        """The command of kind ``shape`` with the bindings' byte ``offsets`` (one per ``shape.names``)."""
+        return tuple.__new__(IcbCommand, (shape, *offsets))
+
+    @property
+    def shape(self) -> IcbShape:
+        """Every field but the offsets, shared by the commands of one kind."""
+        shape: IcbShape = self[0]
+        return shape
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """The byte offset of each binding, in ``bindings`` order."""
+        return self[1:]
+
+    @property
+    def pipeline(self) -> str:
+        """The pipeline placeholder's name."""
+        return self[0].pipeline  # type: ignore[no-any-return]
+
+    @property
+    def bindings(self) -> tuple[tuple[str, int, int], ...]:
+        """``(placeholder name, byte offset, buffer index)`` per binding (a new tuple at each read)."""
+        shape = self[0]
+        return tuple(zip(shape.names, self[1:], shape.indices))
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """Threadgroups per grid, 0 where set per submit."""
+        return self[0].grid  # type: ignore[no-any-return]
+
+    @property
+    def threadgroup(self) -> tuple[int, int, int]:
+        """Threads per threadgroup, 0 where set per submit."""
+        return self[0].threadgroup  # type: ignore[no-any-return]
+
+    @property
+    def barrier(self) -> bool:
+        """``setBarrier`` on this command."""
+        return self[0].barrier  # type: ignore[no-any-return]
+
+    @property
+    def symbolic(self) -> bool:
+        """Sizes set by each submit."""
+        return self[0].symbolic  # type: ignore[no-any-return]
+
+    @property
+    def variables(self) -> tuple[tuple[str, int], ...]:
+        """``(variable name, buffer index)`` of each variables-buffer binding."""
+        return self[0].variables  # type: ignore[no-any-return]
+
+    @property
+    def rebound(self) -> tuple[int, ...]:
+        """The buffer indices each submit binds (buffer variables)."""
+        return self[0].rebound  # type: ignore[no-any-return]
+
+    @property
+    def extents(self) -> tuple[int, ...]:
+        """Bytes of the view or buffer at each binding from its offset, 0 where unknown."""
+        return self[0].extents  # type: ignore[no-any-return]
+
+    def _asdict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._fields}
+
+    def _replace(self, **changes: Any) -> IcbCommand:
+        """This command with the given fields changed (``TypeError`` for a name that is not a field)."""
+        unknown = set(changes) - set(self._fields)
+        if unknown:
+            raise TypeError(f"IcbCommand._replace: unknown field(s) {sorted(unknown)}")
+        return IcbCommand(**{**self._asdict(), **changes})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_icb_command, (tuple(self),))
+
+    def __repr__(self) -> str:
+        return "IcbCommand(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields) + ")"
 
 
 class CommandList(tuple):  # type: ignore[type-arg]
@@ -160,7 +269,7 @@ def _register_arg_types() -> None:
         from mtlir.ir.render import register_arg_type
     except ImportError:
         return
-    for cls in (IcbSpec, IcbCommand, CommandList, Stamp, StampList, MessageList, CallList, TableEntries):
+    for cls in (IcbSpec, IcbCommand, IcbShape, CommandList, Stamp, StampList, MessageList, CallList, TableEntries):
         try:
             register_arg_type(cls)
         except (TypeError, ValueError):

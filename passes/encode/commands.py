@@ -1,6 +1,6 @@
 """What ``encode`` keeps of a SUBMIT's commands: the records ``SubmitReader`` builds (``KernelLayout`` per KERNEL
-node, ``Size`` per grid or threadgroup, ``Binding`` per buffer argument, ``Command`` per EXEC, ``Blit`` per COPY or
-FILL, ``QueueRange`` per queue), the OBJECT placeholders they point to, the variables buffer's slot size, and
+node, ``Size`` per grid or threadgroup, ``Binding`` per buffer argument, ``Command`` per EXEC on request, ``Blit``
+per COPY or FILL, ``QueueRange`` per queue), the OBJECT placeholders they point to, the variables buffer's slot size, and
 ``EncodeError``, which every problem raises naming the command.
 """
 from __future__ import annotations
@@ -63,7 +63,9 @@ class Binding(NamedTuple):
 
 
 class Command(NamedTuple):
-    """One EXEC as encode keeps it (the EXEC node itself, not a tuple of its arguments: 72 bytes per command)."""
+    """One EXEC as encode read it: its kernel layout, sizes, node and ICB binding triples. Not kept per command
+    (``SubmitReader`` keeps the ICB's compact record and the EXEC: ``SubmitReader.command(i)`` makes this one
+    when a path wants everything at once)."""
 
     kernel: KernelLayout
     grid: Size

@@ -53,7 +53,7 @@ from mtlir.ir.ops import Ops
 from mtlir.passes.pipeline import Pass, PassContext, register
 from mtlir.passes.encode.messages import MessageBatch, msg, u64
 from mtlir.passes.encode.placeholders import SubmitPlaceholders
-from mtlir.passes.encode.commands import VAR_SLOT, Blit, Command, EncodeError, placeholder
+from mtlir.passes.encode.commands import VAR_SLOT, Blit, EncodeError, KernelLayout, placeholder
 from mtlir.passes.encode.events import check_events
 from mtlir.passes.encode.spans import (MIN_LOOP, CommandBufferSpan, command_buffers, fold_signal_runs,
                                        queue_command_buffers)
@@ -79,7 +79,7 @@ class _Builder:
     fence: UOp = field(default_factory=lambda: placeholder("fence", "fence"))
     cbslots: UOp | None = None
     direct_memo: dict[tuple[tuple[str, int, int], bool], tuple[str, tuple[UOp, ...]]] = field(default_factory=dict)
-    layouts: dict[int, object] = field(default_factory=dict)  # id(KernelLayout) -> its part of direct_shape
+    layouts: dict[int, object] = field(default_factory=dict)  # id(IcbShape) -> its direct_shape
     pipes_memo: dict[tuple[int, int], list[UOp]] = field(default_factory=dict)  # (first, count) -> pipelines()
 
     def pipelines(self, first: int, count: int, keep: bool = False) -> list[UOp]:
@@ -88,7 +88,7 @@ class _Builder:
         once per command, and keeping each would cost memory per command)."""
         got = self.pipes_memo.get((first, count))
         if got is None:
-            got = _pipelines(self.e.cmds[first:first + count])
+            got = _pipelines(self.e, first, count)
             if keep:
                 self.pipes_memo[(first, count)] = got
         return got
@@ -96,11 +96,10 @@ class _Builder:
     def warmup(self, enc: MessageBatch, first: int, count: int) -> None:
         """setComputePipelineState: + a zero-size dispatch per distinct pipeline of the commands, first use first."""
         zero = UOp.struct(dtypes.MTLSize, 0, 0, 0)
-        cmds = self.e.cmds
-        if first == 0 and count == len(cmds):  # the whole submit: the kernels in the order encode met them
+        if first == 0 and count == len(self.e.cmds):  # the whole submit: the kernels in the order encode met them
             pipes = list(dict.fromkeys(k.pipeline for k in self.e.kernels.values()))
         else:
-            pipes = _pipelines(cmds[first:first + count])
+            pipes = _pipelines(self.e, first, count)
         for pipe in pipes:
             enc.send("setComputePipelineState:", pipe)
             enc.send("dispatchThreadgroups:threadsPerThreadgroup:", zero, zero)
@@ -112,9 +111,9 @@ class _Builder:
         the counter (``table:pipelines:F``, ``table:pipelines:F:k`` for k > 0), or the pipeline itself when every
         iteration has the same."""
         zero = UOp.struct(dtypes.MTLSize, 0, 0, 0)
-        cmds, w = self.e.cmds, span.width
+        cmds, kinds, w = self.e.cmds, self.e.kinds, span.width
         if w == 1:  # a profiled loop: each command's own pipeline
-            per = [[c.kernel.pipeline] for c in cmds[span.first:span.first + span.ncmds]]
+            per = [[kinds[id(c[0])][0].pipeline] for c in cmds[span.first:span.first + span.ncmds]]
         else:
             per = [self.pipelines(j, w) for j in range(span.first, span.first + span.ncmds, w)]
         for k in range(len(per[0])):
@@ -135,27 +134,30 @@ class _Builder:
         memo = self.direct_memo         # per binding triple / size pair: the message, shared across encoders
         local: dict[object, tuple[str, tuple[int, ...]]] = {}  # the same, as this batch's entries
         append, ref = enc.msgs.append, enc.ref
-        for c in self.e.cmds[first:first + count]:
-            k = c.kernel
+        cmds, kinds = self.e.cmds, self.e.kinds
+        for i in range(first, first + count):
+            c = cmds[i]
+            shape = c[0]
+            k, grid, tg = kinds[id(shape)]
             m = local.get(id(k))  # a KernelLayout lives as long as the reader: its id is its own
             if m is None:
                 m = local[id(k)] = ("setComputePipelineState:", (ref(k.pipeline),))
             append(m)
             nb = len(k.buffers)
-            for j, t in enumerate(c.icb_binds):
+            for j, t in enumerate(zip(shape.names, c[1:], shape.indices)):
                 key = (t, j < nb)
                 m = local.get(key) if t[0] else None
                 if m is None:
                     got = memo.get(key)
                     if got is None or not t[0]:
-                        got = self.direct_binding(c, j, t, nb)
+                        got = self.direct_binding(i, k, j, t, nb)
                         if t[0]:
                             memo[key] = got
                     m = (got[0], tuple([ref(a) for a in got[1]]))
                     if t[0]:
                         local[key] = m
                 append(m)
-            sizes = (c.grid.node, c.threadgroup.node)
+            sizes = (grid.node, tg.node)
             m = local.get(sizes)
             if m is None:
                 m = local[sizes] = ("dispatchThreadgroups:threadsPerThreadgroup:", (ref(sizes[0]), ref(sizes[1])))
@@ -193,14 +195,13 @@ class _Builder:
         """What the direct-path messages of command ``i`` share with the other iterations of a loop: the
         parameter indices, each variable's size, and a grid or threadgroup that depends on variables itself (a
         constant one is read from a table)."""
-        c = self.e.cmds[i]
-        k = c.kernel
-        layout = self.layouts.get(id(k))  # a KernelLayout lives as long as the reader: its id is its own
-        if layout is None:
-            layout = self.layouts[id(k)] = (tuple(index for index, _ in k.buffers),
-                                            tuple((index, dt.itemsize) for index, dt in k.vars))
-        g, t = c.grid, c.threadgroup
-        return (layout, g.node if g.symbolic else None, t.node if t.symbolic else None)
+        shape = self.e.cmds[i][0]
+        got = self.layouts.get(id(shape))  # an IcbShape lives as long as the reader: its id is its own
+        if got is None:
+            k, g, t = self.e.kinds[id(shape)]
+            layout = (tuple(index for index, _ in k.buffers), tuple((index, dt.itemsize) for index, dt in k.vars))
+            got = self.layouts[id(shape)] = (layout, g.node if g.symbolic else None, t.node if t.symbolic else None)
+        return got
 
     def direct_loop(self, enc: MessageBatch, first: int, count: int, counter: UOp) -> None:
         """The direct path's messages of iteration ``counter`` of a loop over commands ``first .. first+count-1``
@@ -209,28 +210,28 @@ class _Builder:
         (``table:direct-OPERAND:F``: the pipeline, each buffer and offset, each variable's slot offset, each
         constant grid or threadgroup size)."""
         e = self.e
-        cmds = e.cmds[first:first + count]
+        cmds, kinds = e.cmds[first:first + count], e.kinds
 
         def per(name: str, values: list[Any], same: UOp, dtype: DType) -> UOp:
             if values.count(values[0]) == len(values):  # all alike (count: identity, then ==, in C)
                 return same
             table = placeholder("table", f"table:direct-{name}:{first}", TableEntries(values), dtype.ptr())
             return table.index(counter).load()
-        c0 = cmds[0]
-        enc.send("setComputePipelineState:", per("pipeline", [c.kernel.pipeline.arg for c in cmds],
-                                                 c0.kernel.pipeline, dtypes.id))
-        nb = len(c0.kernel.buffers)
-        for j, t in enumerate(c0.icb_binds):
+        k0, grid0, tg0 = kinds[id(cmds[0][0])]
+        enc.send("setComputePipelineState:", per("pipeline", [kinds[id(c[0])][0].pipeline.arg for c in cmds],
+                                                 k0.pipeline, dtypes.id))
+        nb = len(k0.buffers)
+        for j, index in enumerate(cmds[0][0].indices):
             if j < nb:
-                triples = [c.icb_binds[j] for c in cmds]
-                if all(t[0] for t in triples):  # buffers at constant offsets (their binding triples say it all)
-                    handles: list[Any] = [e.buffers[t[0]].arg for t in triples]
-                    handle = per(f"buffer{j}", handles, e.buffers[triples[0][0]], dtypes.id)
-                    offsets: list[Any] = [t[1] for t in triples]
+                names = [c[0].names[j] for c in cmds]
+                if all(names):  # buffers at constant offsets (their names and offsets say it all)
+                    handles: list[Any] = [e.buffers[name].arg for name in names]
+                    handle = per(f"buffer{j}", handles, e.buffers[names[0]], dtypes.id)
+                    offsets: list[Any] = [c[1 + j] for c in cmds]
                     offset = per(f"offset{j}", offsets, u64(offsets[0]), dtypes.uint64)
-                    enc.send("setBuffer:offset:atIndex:", handle, offset, u64(t[2]))
+                    enc.send("setBuffer:offset:atIndex:", handle, offset, u64(index))
                     continue
-                binds = [e.binding(c.node.src[3 + j]) for c in cmds]
+                binds = [e.binding(x.src[3 + j]) for x in e.execs[first:first + count]]
                 handles = [e.buffers[b.name].arg for b in binds if b.name is not None]
                 handle = per(f"buffer{j}", handles, e.buffers[binds[0].name or ""], dtypes.id)
                 offsets = [b.offset for b in binds]
@@ -238,33 +239,34 @@ class _Builder:
                     raise EncodeError(f"commands {first}..{first + count - 1}: a loop of direct dispatches binds "
                                       f"parameter {j} at variable offsets that differ between iterations")
                 offset = per(f"offset{j}", offsets, u64(binds[0].offset), dtypes.uint64)
-                enc.send("setBuffer:offset:atIndex:", handle, offset, u64(t[2]))
+                enc.send("setBuffer:offset:atIndex:", handle, offset, u64(index))
             else:
-                slots = [c.icb_binds[j][1] for c in cmds]
+                slots = [c[1 + j] for c in cmds]
                 assert self.ph.contents is not None
-                ptr = per(f"slot{j}", slots, self.ph.slot_ptr(t[1] // VAR_SLOT), dtypes.uint64)
+                ptr = per(f"slot{j}", slots, self.ph.slot_ptr(slots[0] // VAR_SLOT), dtypes.uint64)
                 if ptr.op is Ops.LOAD:
                     ptr = self.ph.contents.index(ptr)
-                dt = c0.kernel.vars[j - nb][1]
-                enc.send("setBytes:length:atIndex:", ptr, u64(dt.itemsize), u64(t[2]))
+                dt = k0.vars[j - nb][1]
+                enc.send("setBytes:length:atIndex:", ptr, u64(dt.itemsize), u64(index))
         sizes = []
-        for role, size in (("grid", c0.grid), ("threadgroup", c0.threadgroup)):
+        for role, size in (("grid", grid0), ("threadgroup", tg0)):
             if size.symbolic:
                 sizes.append(size.node)
                 continue
-            links = [(c.grid if role == "grid" else c.threadgroup).link for c in cmds]
+            links = [c[0].grid if role == "grid" else c[0].threadgroup for c in cmds]  # IcbShape: the Size's link
             sizes.append(UOp.struct(dtypes.MTLSize, *(per(f"{role}{a}", [v[a] for v in links], u64(size.link[a]),
                                                           dtypes.uint64) for a in range(3))))
         enc.send("dispatchThreadgroups:threadsPerThreadgroup:", *sizes)
 
-    def direct_binding(self, c: Command, j: int, t: tuple[str, int, int], nb: int) -> tuple[str, tuple[UOp, ...]]:
-        """The direct path's message binding parameter ``j`` of command ``c`` (binding triple ``t``): a buffer
-        with ``setBuffer:offset:atIndex:``, a variable with ``setBytes:length:atIndex:`` from its slot."""
+    def direct_binding(self, i: int, k: KernelLayout, j: int, t: tuple[str, int, int],
+                       nb: int) -> tuple[str, tuple[UOp, ...]]:
+        """The direct path's message binding parameter ``j`` of command ``i`` (kernel ``k``, binding triple ``t``):
+        a buffer with ``setBuffer:offset:atIndex:``, a variable with ``setBytes:length:atIndex:`` from its slot."""
         if j < nb:
-            b = self.e.binding(c.args[j])
+            b = self.e.binding(self.e.execs[i].src[3 + j])
             handle = self.e.buffers[b.name] if b.name is not None else b.base
             return "setBuffer:offset:atIndex:", (handle, u64(b.offset), u64(t[2]))
-        dt = c.kernel.vars[j - nb][1]
+        dt = k.vars[j - nb][1]
         return "setBytes:length:atIndex:", (self.ph.slot_ptr(t[1] // VAR_SLOT), u64(dt.itemsize), u64(t[2]))
 
     def blit_encoder(self, cb: UOp, done: UOp, blits: tuple[Blit, ...]) -> UOp:
@@ -411,9 +413,11 @@ class _Builder:
         return fold_signal_runs(spans, shape, e.max_range)
 
 
-def _pipelines(cmds: list[Command]) -> list[UOp]:
-    """The distinct pipelines of ``cmds`` in first-use order."""
-    return list(dict.fromkeys(c.kernel.pipeline for c in cmds))
+def _pipelines(e: SubmitReader, first: int, count: int) -> list[UOp]:
+    """The distinct pipelines of commands ``first .. first+count-1`` in first-use order."""
+    kinds = e.kinds
+    shapes = dict.fromkeys([id(c[0]) for c in e.cmds[first:first + count]])  # by kind first: fewer lookups
+    return list(dict.fromkeys([kinds[s][0].pipeline for s in shapes]))
 
 
 def _encoders(span: CommandBufferSpan) -> list[CommandBufferSpan | tuple[Blit, ...]]:

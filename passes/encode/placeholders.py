@@ -22,11 +22,9 @@ from mtlir.passes.encode.messages import msg, u64
 from mtlir.passes.encode.commands import VAR_SLOT, Command, placeholder
 from mtlir.passes.encode.spans import CommandBufferSpan
 from mtlir.passes.encode.submit import SubmitReader
-from mtlir.program.payloads import CommandList, IcbCommand, IcbSpec, TableEntries
+from mtlir.program.payloads import CommandList, IcbCommand, IcbShape, IcbSpec, TableEntries
 
 __all__ = ["SubmitPlaceholders"]
-
-_new = tuple.__new__  # builds a NamedTuple at C speed (its generated __new__ is Python code)
 
 
 @dataclass
@@ -69,10 +67,11 @@ class SubmitPlaceholders:
                     patches.append(self.slot_ptr(slot).bitcast(dt.ptr()).store(v))
         if self.icb_path:
             self.icb = placeholder("icb", "icb", (self.icb_spec(),))
-            for i, c in enumerate(e.cmds):
-                rebound = e.inputs and [t for t in c.icb_binds if not t[0]]
-                if not (c.symbolic or rebound):
+            for i, record in enumerate(e.cmds):
+                shape = record[0]  # the IcbShape: its names hold "" for a buffer variable
+                if not (shape.symbolic or (e.inputs and "" in shape.names)):
                     continue
+                c = e.command(i)
                 cmd = placeholder("icbcmd", f"icb[{i}]", (i,))
                 for (index, _), a in zip(c.kernel.buffers, c.args):
                     b = e.binding(a)
@@ -102,14 +101,14 @@ class SubmitPlaceholders:
                 continue
             if not p.loop:
                 names: dict[UOp, None] = {}
-                for c in cmds[p.first:p.first + p.ncmds]:
-                    names.update(dict.fromkeys(self.command_inputs(c)))
+                for i in range(p.first, p.first + p.ncmds):
+                    names.update(dict.fromkeys(self.command_inputs(self.e.command(i))))
                 if names:
                     whole = p.first == 0 and p.ncmds == len(cmds)
                     arr = self.input_array("scratch:inputs" if whole else f"scratch:inputs:{p.first}", tuple(names))
                     self.inputs[p.first] = (arr, u64(len(names)))
                 continue
-            lists = [self.command_inputs(c) for c in cmds[p.first:p.first + p.ncmds]]
+            lists = [self.command_inputs(self.e.command(i)) for i in range(p.first, p.first + p.ncmds)]
             if not any(lists):
                 continue
             if len(set(lists)) == 1:
@@ -135,24 +134,31 @@ class SubmitPlaceholders:
         return arr
 
     def icb_spec(self) -> IcbSpec:
-        """The ICB payload: every command as data (``IcbCommand``), the pipelines and buffers it names."""
+        """The ICB payload: every command as data (``IcbCommand``), the pipelines and buffers it names. Without
+        buffer variables the records ``SubmitReader.read`` made are the ICB's (one ``IcbShape`` per kind)."""
         e = self.e
-        seen: dict[tuple[int, ...], tuple[int, ...]] = {}
         if not e.inputs:
-            out = [_new(IcbCommand, (c.kernel.pipeline.arg.name, c.icb_binds, c.grid.link, c.threadgroup.link, True,
-                                     c.symbolic, c.kernel.var_names, (), _extents(c.node.src[3:], seen)))
-                   for c in e.cmds]
+            commands = CommandList(e.cmds)
         else:  # a buffer variable's binding is left to each submit
-            out = [IcbCommand(c.kernel.pipeline.arg.name, tuple(t for t in c.icb_binds if t[0]), c.grid.link,
-                              c.threadgroup.link, True, c.symbolic, c.kernel.var_names,
-                              tuple(t[2] for t in c.icb_binds if not t[0]),
-                              tuple(x for t, x in zip(c.icb_binds, _extents(c.args, seen)) if t[0])) for c in e.cmds]
+            kinds: dict[int, IcbShape] = {}  # id(reader's shape) -> the ICB's (its bindings but buffer variables')
+            out = []
+            for c in e.cmds:
+                shape = kinds.get(id(c[0]))
+                if shape is None:
+                    s0 = c[0]
+                    keep = [j for j, name in enumerate(s0.names) if name]
+                    shape = kinds[id(s0)] = s0._replace(
+                        names=tuple(s0.names[j] for j in keep), indices=tuple(s0.indices[j] for j in keep),
+                        rebound=tuple(index for name, index in zip(s0.names, s0.indices) if not name),
+                        extents=tuple(s0.extents[j] for j in keep))
+                out.append(IcbCommand.of(shape, [off for name, off in zip(c[0].names, c[1:]) if name]))
+            commands = CommandList(out)
         pipelines = tuple(dict.fromkeys(k.pipeline.arg for k in e.kernels.values()))
         buffers = tuple(o.arg for o in e.buffers.values())
         if self.varbuf is not None:
             buffers += (self.varbuf.arg,)
         top = max((p.index for k in e.kernels.values() for p in k.kernel.params), default=-1)
-        return IcbSpec(CommandList(out), pipelines, buffers, top + 1)
+        return IcbSpec(commands, pipelines, buffers, top + 1)
 
     def resource_names(self, first: int, count: int, keep: bool = False) -> tuple[str, ...]:
         """The buffers commands ``first .. first+count-1`` bind, each once in first-use order (a view counts as
@@ -165,8 +171,8 @@ class SubmitPlaceholders:
             if first == 0 and count == len(e.cmds):
                 names = tuple(e.buffers)
             else:
-                names = tuple(dict.fromkeys([t[0] for c in e.cmds[first:first + count] for t in c.icb_binds
-                                             if t[0] and t[0] != "varbuf"]))
+                names = tuple(dict.fromkeys([n for c in e.cmds[first:first + count] for n in c[0].names
+                                             if n and n != "varbuf"]))
             if keep:
                 self.names_memo[(first, count)] = names
         return names + (("varbuf",) if self.varbuf is not None else ())
@@ -187,7 +193,7 @@ class SubmitPlaceholders:
         if span.width == 1 and span.ncmds < len(self.e.cmds):  # a profiled loop: resource_names of each command
             tail = ("varbuf",) if self.varbuf is not None else ()
             every: list[tuple[str, ...]] = [
-                tuple(dict.fromkeys([t[0] for t in c.icb_binds if t[0] and t[0] != "varbuf"])) + tail
+                tuple(dict.fromkeys([n for n in c[0].names if n and n != "varbuf"])) + tail
                 for c in self.e.cmds[span.first:span.first + span.ncmds]]
         else:
             every = [self.resource_names(j, span.width) for j in range(span.first, span.first + span.ncmds, span.width)]
@@ -203,14 +209,3 @@ class SubmitPlaceholders:
         counts = placeholder("table", f"table:resource-counts:{span.first}",
                              TableEntries(len(o.payload) for o in per_iteration), dtypes.uint64.ptr())
         return table.index(counter).load(), counts.index(counter).load()
-
-
-_BUFFER, _VIEW = Ops.BUFFER, Ops.BUFFER_VIEW  # module constants: ``Ops.X`` is a ~50 ns lookup on Python 3.11
-
-
-def _extents(args: tuple[UOp, ...], seen: dict[tuple[int, ...], tuple[int, ...]]) -> tuple[int, ...]:
-    """``IcbCommand.extents`` of an EXEC's sources: the bytes of each view or buffer from its offset (a view's size,
-    a buffer's size), 0 for a buffer variable (its size is known at run time only) and for a variable's value.
-    Equal tuples are one object (``seen``): commands of one shape share it (72 bytes per command at 100k)."""
-    ext = tuple([a.arg[1] if (a.op is _VIEW or a.op is _BUFFER) and type(a.arg[1]) is int else 0 for a in args])
-    return seen.setdefault(ext, ext)

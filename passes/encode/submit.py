@@ -1,9 +1,13 @@
 """Reading a SUBMIT for ``encode``: its commands checked and resolved to ICB bindings.
 
 ``SubmitReader.read(submit)`` visits each queue op once, and each distinct kernel, size, buffer, view and
-variable node once (memoized by node): per command it keeps the kernel, the sizes (constant, or set by each
-submit), the argument nodes and the ICB binding of each parameter — ``(placeholder name, byte offset, index)``, a
-variable as its 256-byte slot of the variables buffer (the records: ``mtlir.passes.encode.commands``). Once every
+variable node once (memoized by node): per command it keeps its ICB record as link will take it, an
+``IcbCommand`` — a shared ``IcbShape`` (the pipeline, the placeholder name and index of each binding, the sizes,
+constant or set by each submit; one per distinct kind of command, with its kernel layout and ``Size`` records in
+``kinds``) and the byte offset of each binding, a variable's being its 256-byte slot of the variables buffer —
+and its EXEC node (``execs``): ~100 bytes per command, where a record per command of everything read (``Command``)
+beside the ICB's own record was ~260; ``command(i)`` rebuilds that record for the paths that want it (the records:
+``mtlir.passes.encode.commands``). Once every
 queue is read, ``check_events`` refuses waits that can never complete (``mtlir.passes.encode.events``);
 ``command_buffers`` and ``stamps`` cut the submit into command buffers (``mtlir.passes.encode.spans``). Every
 problem raises ``EncodeError`` naming the command.
@@ -19,6 +23,7 @@ from mtlir.metal import MTL, DeviceSpec, Kernel, Obj
 from mtlir.ir.ops import Ops
 from mtlir.passes.encode.commands import (MAX_ICB_OFFSET, VAR_SLOT, Binding, Blit, Command, EncodeError, KernelLayout,
                                           QueueRange, Size, placeholder, where)
+from mtlir.program.payloads import IcbCommand, IcbShape
 from mtlir.passes.pipeline import PassContext
 from mtlir.passes.symbolic import simplify
 from mtlir.frontend.nodes import QueueError, placeholder_name, timeline_name
@@ -32,6 +37,10 @@ _BUFFER_VIEW, _SIGNAL, _WAIT, _CONST, _COPY, _FILL = Ops.BUFFER_VIEW, Ops.SIGNAL
 _U64 = dtypes.uint64
 _new = tuple.__new__  # builds a NamedTuple at C speed (its generated __new__ is Python code): per-command records
 
+# an argument's ICB binding as check_bind finds it: (placeholder name, byte offset, index, part), ``part`` the id of
+# (placeholder name, extent) in ``SubmitReader.parts`` (what a command's kind holds of that argument)
+Quad = tuple[str, int, int, int]
+
 
 @dataclass
 class SubmitReader:
@@ -41,7 +50,12 @@ class SubmitReader:
     device: DeviceSpec
     max_range: int
     ctx: PassContext
-    cmds: list[Command] = field(default_factory=list)
+    cmds: list[IcbCommand] = field(default_factory=list)       # per command: its ICB record (module docstring)
+    execs: list[UOp] = field(default_factory=list)             # per command: its EXEC node
+    shapes: dict[tuple[object, ...], IcbShape] = field(default_factory=dict)  # (KERNEL, grid, tg, *parts) -> kind
+    kinds: dict[int, tuple[KernelLayout, Size, Size]] = field(default_factory=dict)  # id(IcbShape) -> its records
+    parts: dict[tuple[str, int], int] = field(default_factory=dict)  # (placeholder name, extent) -> part id
+    part_list: list[tuple[str, int]] = field(default_factory=list)   # part id -> (placeholder name, extent)
     kernels: dict[UOp, KernelLayout] = field(default_factory=dict)
     keys: dict[str, Kernel] = field(default_factory=dict)
     grids: dict[UOp, Size] = field(default_factory=dict)       # grid STRUCT -> Size
@@ -51,7 +65,7 @@ class SubmitReader:
     binds: dict[UOp, Binding] = field(default_factory=dict)    # BUFFER / buffer variable -> Binding (views: binding())
     base_names: dict[UOp, str | None] = field(default_factory=dict)   # BUFFER / buffer variable -> placeholder
     pids: dict[tuple[int, int | DType, int], int] = field(default_factory=dict)  # parameter (KernelLayout.pids): id
-    memos: list[dict[UOp, tuple[str, int, int]]] = field(default_factory=list)  # per pid: node -> ICB binding
+    memos: list[dict[UOp, Quad]] = field(default_factory=list)  # per pid: node -> ICB binding (``Quad``)
     param_of: dict[int, tuple[int, int | DType, int]] = field(default_factory=dict)
     buffers: dict[str, UOp] = field(default_factory=dict)      # placeholder name -> OBJECT, first-use order
     inputs: dict[UOp, int] = field(default_factory=dict)       # buffer variable -> position
@@ -76,7 +90,7 @@ class SubmitReader:
     def read(self, submit: UOp) -> None:
         """Parse and check every queue op of one queue (SUBMIT; its tag names the queue), after the queues read
         before. Raises ``EncodeError`` naming the command."""
-        cmds = self.cmds
+        cmds, execs, shapes = self.cmds, self.execs, self.shapes
         qname = submit.tag
         if qname is not None and (not isinstance(qname, str) or not qname.isidentifier()):
             raise EncodeError(f"a SUBMIT's tag is its queue's name (an identifier) or None, got {qname!r}")
@@ -98,11 +112,14 @@ class SubmitReader:
                     grid, tg = grids.get(src[1]), tgs.get(src[2])
                     if grid is not None and tg is not None:
                         i = len(cmds)
-                        args = src[3:]
-                        binds = tuple([memos[p].get(b) or check(b, p, i, k) for b, p in zip(args, k.pids)])
-                        cmds.append(_new(Command, (k, grid, tg, op, binds, grid.symbolic or tg.symbolic)))
+                        binds = [memos[p].get(b) or check(b, p, i, k) for b, p in zip(src[3:], k.pids)]
+                        shape = shapes.get((src[0], src[1], src[2], *[t[3] for t in binds]))
+                        if shape is None:
+                            shape = self.new_shape(src, k, grid, tg, binds)
+                        cmds.append(_new(IcbCommand, (shape, *[t[1] for t in binds])))
+                        execs.append(op)
                         continue
-                cmds.append(self.read_exec(op, len(cmds)))
+                self.read_exec(op, len(cmds))
                 continue
             if op.op is stamp_op:  # before the other queue ops: a profiled submit has one per command
                 if type(op.arg) is not int or not 0 <= op.arg < 1 << 63:
@@ -188,18 +205,51 @@ class SubmitReader:
         """Find the command whose grid x threadgroup can exceed 2**32-1 threads on an axis (``read`` calls this only
         when the largest grid and threadgroup seen could) and raise ``EncodeError`` naming it."""
         seen: set[tuple[int, int]] = set()
+        kinds = self.kinds
         for i, c in enumerate(self.cmds):
-            if (id(c.grid), id(c.threadgroup)) in seen:
+            k, grid, tg = kinds[id(c[0])]
+            if (id(grid), id(tg)) in seen:
                 continue
-            seen.add((id(c.grid), id(c.threadgroup)))
+            seen.add((id(grid), id(tg)))
             try:
-                check_threads(c.grid.ranges, c.threadgroup.ranges, c.grid.node, c.threadgroup.node,
-                              f"command {i} ({c.kernel.kernel.key})")
+                check_threads(grid.ranges, tg.ranges, grid.node, tg.node, f"command {i} ({k.kernel.key})")
             except QueueError as e:
                 raise EncodeError(str(e)) from None
 
-    def read_exec(self, op: UOp, i: int) -> Command:
-        """Command ``i`` from its EXEC (the slow path: a kernel or size not met before, or a bad layout)."""
+    def new_shape(self, src: tuple[UOp, ...], k: KernelLayout, grid: Size, tg: Size, binds: list[Quad]) -> IcbShape:
+        """The kind of a command (``IcbShape``) of kernel ``k``, sizes ``grid`` and ``tg`` and bindings ``binds``,
+        made once per distinct ``(KERNEL, grid, threadgroup, *parts)`` of the EXEC's sources ``src``."""
+        parts = self.part_list
+        shape = IcbShape(k.pipeline.arg.name, tuple([t[0] for t in binds]), tuple([t[2] for t in binds]), grid.link,
+                         tg.link, True, grid.symbolic or tg.symbolic, k.var_names, (),
+                         tuple([parts[t[3]][1] for t in binds]))
+        self.shapes[(src[0], src[1], src[2], *[t[3] for t in binds])] = shape
+        self.kinds[id(shape)] = (k, grid, tg)
+        return shape
+
+    def part(self, name: str, extent: int) -> int:
+        """The id of ``(placeholder name, extent)`` in ``parts`` (made at its first use)."""
+        got = self.parts.get((name, extent))
+        if got is None:
+            got = self.parts[(name, extent)] = len(self.part_list)
+            self.part_list.append((name, extent))
+        return got
+
+    def command(self, i: int) -> Command:
+        """Everything read of command ``i`` as one record (``Command``), made anew at each call."""
+        c = self.cmds[i]
+        shape = c[0]
+        k, grid, tg = self.kinds[id(shape)]
+        return _new(Command, (k, grid, tg, self.execs[i], tuple(zip(shape.names, c[1:], shape.indices)),
+                              shape.symbolic))
+
+    def commands(self, first: int, count: int) -> list[Command]:
+        """``command(i)`` for the commands ``first .. first+count-1``."""
+        return [self.command(i) for i in range(first, first + count)]
+
+    def read_exec(self, op: UOp, i: int) -> None:
+        """Command ``i`` from its EXEC (the slow path: a kernel or size not met before, or a bad layout), appended
+        to ``cmds`` and ``execs``."""
         src = op.src
         if len(src) < 3 or src[0].op is not Ops.KERNEL:
             raise EncodeError(f"command {i}: an EXEC's sources are (KERNEL, grid, threadgroup, *buffers, *vars)")
@@ -209,14 +259,17 @@ class SubmitReader:
                               f"{len(k.vars)} variables, the EXEC has {len(src) - 3} buffer and variable sources")
         grid = self.grids.get(src[1]) or self.read_size(src[1], f"command {i} ({k.kernel.key})", "grid")
         tg = self.tgs.get(src[2]) or self.read_size(src[2], f"command {i} ({k.kernel.key})", "threadgroup")
-        args = src[3:]
-        binds = [self.memos[p].get(b) or self.check_bind(b, p, i, k) for b, p in zip(args, k.pids)]
-        return _new(Command, (k, grid, tg, op, tuple(binds), grid.symbolic or tg.symbolic))
+        binds = [self.memos[p].get(b) or self.check_bind(b, p, i, k) for b, p in zip(src[3:], k.pids)]
+        shape = self.shapes.get((src[0], src[1], src[2], *[t[3] for t in binds]))
+        if shape is None:
+            shape = self.new_shape(src, k, grid, tg, binds)
+        self.cmds.append(_new(IcbCommand, (shape, *[t[1] for t in binds])))
+        self.execs.append(op)
 
-    def check_bind(self, b: UOp, pid: int, i: int, k: KernelLayout) -> tuple[str, int, int]:
+    def check_bind(self, b: UOp, pid: int, i: int, k: KernelLayout) -> Quad:
         """The ICB binding of argument ``b`` for parameter ``pid`` (an id of (index, element size, bytes the
-        parameter needs) or (index, variable dtype, 0)), read and checked once per (node, parameter); an offset too
-        far for an ICB is checked again at every use."""
+        parameter needs) or (index, variable dtype, 0)) as a ``Quad``, read and checked once per (node, parameter);
+        an offset too far for an ICB is checked again at every use."""
         index, kind, need = self.param_of[pid]
         if b.op is _BUFFER_VIEW and type(kind) is int and len(b.src) == 1 and type(arg := b.arg) is tuple \
                 and len(arg) == 2:  # a view on a BUFFER read before: often one per command, so not memoized
@@ -225,13 +278,16 @@ class SubmitReader:
             if type(pname) is str and type(offset) is int and type(nbytes) is int and 0 <= offset \
                     and 1 <= nbytes and need <= nbytes and offset + nbytes <= b.src[0].arg[1] and not offset % kind \
                     and offset <= MAX_ICB_OFFSET:
-                return (pname, offset, index)  # every check of the general path below passed
+                part = self.parts.get((pname, nbytes))
+                if part is None:
+                    part = self.part(pname, nbytes)
+                return (pname, offset, index, part)  # every check of the general path below passed
         if isinstance(kind, DType):
             slot = self.slots.get((b, kind))
             if slot is None:
                 slot = self.read_var(b, kind, where(i, k, index, "variable"))
-            triple = self.memos[pid][b] = ("varbuf", slot * VAR_SLOT, index)
-            return triple
+            quad = self.memos[pid][b] = ("varbuf", slot * VAR_SLOT, index, self.part("varbuf", 0))
+            return quad
         bind = self.binds.get(b) or self.read_buffer(b, (i, k, index, "buffer"))
         if need:
             have = b.arg[1] if b.op in (Ops.BUFFER, Ops.BUFFER_VIEW) else None
@@ -245,19 +301,19 @@ class SubmitReader:
                 self.too_far = (f"{where(i, k, index, 'buffer')} binds a buffer variable at byte offset "
                                 f"{expr_text(offset)}, up to {hi}, above 0xFFFFFFFF, which an ICB command cannot hold "
                                 "(METAL.md §3 rule 8)")
-            return ("", 0, index)
+            return ("", 0, index, self.part("", _extent(b)))
         if offset % kind:
             raise EncodeError(f"{where(i, k, index, 'buffer')} is bound at byte offset {offset}, not a multiple of its "
                               f"element size {kind} (METAL.md §1)")
-        triple = (bind.name or "", offset, index)
+        quad = (bind.name or "", offset, index, self.part(bind.name or "", _extent(b)))
         if offset > MAX_ICB_OFFSET:
             if not self.too_far:
                 self.too_far = (f"{where(i, k, index, 'buffer')} binds {bind.name or 'a buffer variable'} at byte "
                                 f"offset {offset}, above 0xFFFFFFFF, which an ICB command cannot hold (METAL.md §3 "
                                 "rule 8)")
         else:
-            self.memos[pid][b] = triple
-        return triple
+            self.memos[pid][b] = quad
+        return quad
 
     def read_kernel(self, node: UOp, i: int) -> KernelLayout:
         """A KERNEL node's pipeline placeholder and parameter layout, checked once."""
@@ -395,3 +451,13 @@ class SubmitReader:
             self.slot_values.append((value, dt))
         self.slots[(v, dt)] = slot
         return slot
+
+
+def _extent(a: UOp) -> int:
+    """``IcbCommand.extents`` of an argument: the bytes of a view or buffer from its offset (a view's size, a
+    buffer's size), 0 for a buffer variable (its size is known at run time only) and for a variable's value."""
+    if a.op is _BUFFER_VIEW or a.op is Ops.BUFFER:
+        arg = a.arg
+        if type(arg) is tuple and len(arg) == 2 and type(arg[1]) is int:
+            return arg[1]
+    return 0
