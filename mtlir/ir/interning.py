@@ -3,7 +3,11 @@
 
 The intern table maps a node's key ``(op, dtype, src, argkey(arg))`` (``+ (argkey(tag),)`` when tagged) to a weak
 reference to the node: building an equal node finds it there, and a node nobody references is freed at once and
-removes its own entry (``UOp.__del__``). Args are keyed by type and value: ``-0.0`` and ``0.0`` are different
+removes its own entry (``UOp.__del__``). A node with sources and neither an arg nor a tag (an EXEC, a SIGNAL, most
+ALU nodes) is keyed by its ``src`` tuple alone, in a table of its ``(op, dtype)`` (``src_table``): its key is the
+tuple it holds anyway, where a key tuple of its own was 72 bytes per node; its ``_key`` is then the key shared by
+every node of that ``(op, dtype)``: ``(op, dtype, that table, NONE_KEY)`` (``_key[3]`` is the arg's key for every
+node). Args are keyed by type and value: ``-0.0`` and ``0.0`` are different
 constants, every NaN is one constant, and ``1``, ``True`` and ``1.0`` never merge.
 """
 from __future__ import annotations
@@ -23,7 +27,7 @@ from mtlir.ir.ops import Ops
 if TYPE_CHECKING:
     from mtlir.ir.uop import UOp
 
-__all__ = ["argkey", "live_nodes", "gc_paused", "NONE_KEY", "ATOMS", "table"]
+__all__ = ["argkey", "live_nodes", "gc_paused", "NONE_KEY", "ATOMS", "table", "src_keys", "src_table"]
 
 # arg types keyed as (type, value): Python's == already tells their values apart and they hash deterministically
 # (an int is keyed as itself: no other key is an int, so it needs no type beside it, and saves a tuple per node)
@@ -94,10 +98,27 @@ _OPAQUE: set[type] = set()  # types argkey keyed by value (its last case): the s
 # the intern table: node key -> weak reference; a node removes its own entry when it is freed (UOp.__del__)
 table: dict[tuple[Any, ...], weakref.ReferenceType[UOp]] = {}
 
+# nodes with sources and no arg or tag: op -> dtype -> the key they share, (op, dtype, their table, NONE_KEY), whose
+# table maps a node's src tuple to a weak reference to it (module docstring)
+src_keys: dict[Ops, dict[DType, tuple[Any, ...]]] = {}
+
+
+def src_table(op: Ops, dtype: DType) -> tuple[Any, ...]:
+    """The shared key ``(op, dtype, table, NONE_KEY)`` of the nodes of ``op`` and ``dtype`` with sources and no arg
+    or tag (made at the first such node); ``()`` when ``op`` is not an Ops or ``dtype`` not a DType (the node's
+    own checks then raise)."""
+    if type(op) is not Ops or not isinstance(dtype, DType):
+        return ()
+    per = src_keys.setdefault(op, {})
+    key = per.get(dtype)
+    if key is None:
+        key = per.setdefault(dtype, (op, dtype, {}, NONE_KEY))
+    return key
+
 
 def live_nodes() -> int:
-    """How many UOps are alive (the size of the intern table); freed nodes leave it at once."""
-    return len(table)
+    """How many UOps are alive (the size of the intern tables); freed nodes leave them at once."""
+    return len(table) + sum(len(key[2]) for per in list(src_keys.values()) for key in list(per.values()))
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from typing import Any
 
 from mtlir.ir.conversions import compare_message, conversion_message, describe, division
 from mtlir.ir.dtypes import DType, PtrDType, dtypes, wrap
-from mtlir.ir.interning import ATOMS, NONE_KEY, argkey, gc_paused, live_nodes, table
+from mtlir.ir.interning import ATOMS, NONE_KEY, argkey, gc_paused, live_nodes, src_keys, src_table, table
 from mtlir.ir.ops import GroupOp, Ops
 
 # argkey, live_nodes and gc_paused live in mtlir.ir.interning; importers of mtlir.ir.uop keep finding them here
@@ -95,6 +95,8 @@ class UOp(_Slots):
             if isinstance(src, UOp) or not hasattr(src, "__iter__"):
                 raise TypeError(f"UOp({op!r}): src must be a tuple of UOps, got a {type(src).__name__}")
             src = tuple(src)
+        tbl: dict[Any, weakref.ReferenceType[UOp]]
+        probe: Any
         try:
             if arg is None:
                 akey: Any = NONE_KEY
@@ -106,9 +108,19 @@ class UOp(_Slots):
                 akey = (type(arg), arg)
             else:
                 akey = argkey(arg)
-            # untagged nodes (nearly all) key without the tag: 8 bytes less per node; key[3] is the arg's key
-            key = (op, dtype, src, akey) if tag is None else (op, dtype, src, akey, argkey(tag))
-            ref = table.get(key)
+            if akey is NONE_KEY and tag is None and src:  # keyed by src in its (op, dtype)'s table (interning)
+                per = src_keys.get(op)
+                key = per.get(dtype) if per is not None else None
+                if key is None:
+                    key = src_table(op, dtype)
+                tbl, probe = key[2], src
+            else:
+                key = ()
+            if not key:
+                # untagged nodes (nearly all) key without the tag: 8 bytes less per node; key[3] is the arg's key
+                key = (op, dtype, src, akey) if tag is None else (op, dtype, src, akey, argkey(tag))
+                tbl, probe = table, key
+            ref = tbl.get(probe)
         except TypeError as e:
             raise TypeError(f"UOp({op!r}, {dtype!r}): {e}") from None
         if ref is not None and (found := ref()) is not None:
@@ -126,10 +138,10 @@ class UOp(_Slots):
         new.__class__ = UOp  # type: ignore[assignment]
         node: UOp = new  # type: ignore[assignment]
         wr = _weakref(node)
-        if (old := table.setdefault(key, wr)) is not wr:  # another thread built it first, or a dead entry
+        if (old := tbl.setdefault(probe, wr)) is not wr:  # another thread built it first, or a dead entry
             if (other := old()) is not None:
                 return other
-            table[key] = wr
+            tbl[probe] = wr
         return node
 
     @staticmethod
@@ -139,8 +151,19 @@ class UOp(_Slots):
         its own key; None's is ``NONE_KEY``). The front end builds a command's nodes with it: the type tests and
         the arg's keying of ``UOp.__new__`` (and the call through the type) are ~0.2 µs of a ~1 µs node. The same
         node as ``UOp(...)``: equal nodes stay one object whichever built them (tests/ir/test_interning.py)."""
-        key = (op, dtype, src, akey)
-        ref = table.get(key)
+        tbl: dict[Any, weakref.ReferenceType[UOp]]
+        probe: Any
+        key: tuple[Any, ...] | None
+        if akey is NONE_KEY and src:  # keyed by src in its (op, dtype)'s table, as in __new__
+            per = src_keys.get(op)
+            key = per.get(dtype) if per is not None else None
+            if key is None:
+                key = src_table(op, dtype)
+            tbl, probe = key[2], src
+        else:
+            tbl = table
+            probe = key = (op, dtype, src, akey)
+        ref = tbl.get(probe)
         if ref is not None and (found := ref()) is not None:
             return found
         rank = 0
@@ -152,22 +175,28 @@ class UOp(_Slots):
         new.__class__ = UOp  # type: ignore[assignment]
         node: UOp = new  # type: ignore[assignment]
         wr = _weakref(node)
-        if (old := table.setdefault(key, wr)) is not wr:  # as in __new__: another thread's node, or a dead entry
+        if (old := tbl.setdefault(probe, wr)) is not wr:  # as in __new__: another thread's node, or a dead entry
             if (other := old()) is not None:
                 return other
-            table[key] = wr
+            tbl[probe] = wr
         return node
 
     def __del__(self) -> None:
         try:
             # one hash of the key (pop), not two (get, del): the entry is put back in the rare case it is another
             # node's (an equal node made after this one's last reference went, before this ran)
-            ref = table.pop(self._key, None)
+            key = self._key
+            tbl = key[2]
+            if type(tbl) is dict:  # keyed by src in its (op, dtype)'s table (mtlir.ir.interning)
+                key = self.src
+            else:
+                tbl = table
+            ref = tbl.pop(key, None)
             if ref is not None:
                 got = ref()  # by identity (``in (None, self)`` called __eq__: ~0.4 µs per node freed)
                 if got is not None and got is not self:
-                    table.setdefault(self._key, ref)
-        except (AttributeError, TypeError, KeyError):  # interpreter shutdown, half-built node
+                    tbl.setdefault(key, ref)
+        except (AttributeError, TypeError, KeyError, IndexError):  # interpreter shutdown, half-built node
             pass
 
     def __setattr__(self, key: str, value: Any) -> None:

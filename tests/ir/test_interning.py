@@ -75,3 +75,34 @@ def test_threads_building_the_same_nodes_get_the_same_objects() -> None:
     assert not any(t.is_alive() for t in threads)
     assert all(len(r) == 2000 for r in results)
     assert all(all(a is b for a, b in zip(results[0], r)) for r in results[1:])
+
+
+def test_nodes_without_an_arg_key_by_their_sources() -> None:
+    """An EXEC, a SIGNAL, an ALU node (sources, no arg, no tag) is keyed by its src tuple in a table of its
+    (op, dtype): no key tuple of its own (72 bytes a node), the same contract as every node."""
+    from mtlir.ir.interning import NONE_KEY, src_keys
+    gc.collect()
+    before = live_nodes()
+    x = UOp.variable("interning_src", 0, 100)
+    sums = [x + i for i in range(50)]
+    assert all(x + i is s for i, s in enumerate(sums)) and sums[3]._key[3] is NONE_KEY
+    assert sums[3]._key is sums[4]._key  # one shared key per (op, dtype)
+    sub = src_keys[Ops.ADD][dtypes.int32][2]
+    assert sub[sums[3].src]() is sums[3] and sums[3]._key[2] is sub
+    assert UOp.checked(Ops.ADD, dtypes.int32, sums[3].src, None, NONE_KEY) is sums[3]
+    assert UOp(Ops.ADD, dtypes.int32, sums[3].src, tag="t") is not sums[3]  # a tagged node keys apart
+    assert UOp(Ops.ADD, dtypes.int64, (x.cast(dtypes.int64), x.cast(dtypes.int64))).dtype is dtypes.int64
+    assert live_nodes() > before + 100
+    del sums
+    assert live_nodes() == before + 1  # no gc pass: the sums, their constants and the other nodes above gone at once
+    del x
+    assert live_nodes() == before
+
+
+def test_a_stale_finalizer_of_a_node_keyed_by_src_spares_the_live_node() -> None:
+    x = UOp.variable("interning_src_stale", 0, 3)
+    node = x + 1
+    stale = object.__new__(_Filling)  # an equal node that died after ``node`` took its place
+    stale._key, stale.src = node._key, node.src
+    UOp.__del__(stale)  # type: ignore[arg-type]
+    assert node._key[2][node.src]() is node and x + 1 is node
