@@ -112,12 +112,12 @@ class _Builder:
         iteration has the same."""
         zero = UOp.struct(dtypes.MTLSize, 0, 0, 0)
         cmds, kinds, w = self.e.cmds, self.e.kinds, span.width
-        if w == 1:  # a profiled loop: each command's own pipeline
-            per = [[kinds[id(c[0])][0].pipeline] for c in cmds[span.first:span.first + span.ncmds]]
+        if w == 1:  # a profiled loop: each command's own pipeline (one list, not a list per command: 72 bytes each)
+            columns = [[kinds[id(c[0])][0].pipeline for c in cmds[span.first:span.first + span.ncmds]]]
         else:
             per = [self.pipelines(j, w) for j in range(span.first, span.first + span.ncmds, w)]
-        for k in range(len(per[0])):
-            pipes = [p[k] for p in per]
+            columns = [[p[k] for p in per] for k in range(len(per[0]))]
+        for k, pipes in enumerate(columns):
             if len(set(pipes)) == 1:
                 pipe = pipes[0]
             else:
@@ -208,9 +208,10 @@ class _Builder:
         (one command per iteration, all of one ``direct_shape``): the same messages as ``direct_commands`` for that
         command, each operand that differs between iterations read from a link-time table indexed by the counter
         (``table:direct-OPERAND:F``: the pipeline, each buffer and offset, each variable's slot offset, each
-        constant grid or threadgroup size)."""
+        constant grid or threadgroup size). Each operand's values are a list only while its table is made (a
+        list kept per operand was 8 bytes per command each, at the peak of the direct path's memory)."""
         e = self.e
-        cmds, kinds = e.cmds[first:first + count], e.kinds
+        cmds, kinds = e.cmds if first == 0 and count == len(e.cmds) else e.cmds[first:first + count], e.kinds
 
         def per(name: str, values: list[Any], same: UOp, dtype: DType) -> UOp:
             if values.count(values[0]) == len(values):  # all alike (count: identity, then ==, in C)
@@ -223,27 +224,26 @@ class _Builder:
         nb = len(k0.buffers)
         for j, index in enumerate(cmds[0][0].indices):
             if j < nb:
-                names = [c[0].names[j] for c in cmds]
-                if all(names):  # buffers at constant offsets (their names and offsets say it all)
-                    handles: list[Any] = [e.buffers[name].arg for name in names]
-                    handle = per(f"buffer{j}", handles, e.buffers[names[0]], dtypes.id)
-                    offsets: list[Any] = [c[1 + j] for c in cmds]
-                    offset = per(f"offset{j}", offsets, u64(offsets[0]), dtypes.uint64)
+                if all([c[0].names[j] for c in cmds]):  # buffers at constant offsets: their names and offsets
+                    buffers = e.buffers
+                    handle = per(f"buffer{j}", [buffers[c[0].names[j]].arg for c in cmds],
+                                 buffers[cmds[0][0].names[j]], dtypes.id)
+                    offset = per(f"offset{j}", [c[1 + j] for c in cmds], u64(cmds[0][1 + j]), dtypes.uint64)
                     enc.send("setBuffer:offset:atIndex:", handle, offset, u64(index))
                     continue
                 binds = [e.binding(x.src[3 + j]) for x in e.execs[first:first + count]]
-                handles = [e.buffers[b.name].arg for b in binds if b.name is not None]
+                handles: list[Any] = [e.buffers[b.name].arg for b in binds if b.name is not None]
                 handle = per(f"buffer{j}", handles, e.buffers[binds[0].name or ""], dtypes.id)
-                offsets = [b.offset for b in binds]
+                offsets: list[Any] = [b.offset for b in binds]
                 if any(isinstance(o, UOp) for o in offsets) and any(o is not offsets[0] for o in offsets):
                     raise EncodeError(f"commands {first}..{first + count - 1}: a loop of direct dispatches binds "
                                       f"parameter {j} at variable offsets that differ between iterations")
                 offset = per(f"offset{j}", offsets, u64(binds[0].offset), dtypes.uint64)
                 enc.send("setBuffer:offset:atIndex:", handle, offset, u64(index))
             else:
-                slots = [c[1 + j] for c in cmds]
                 assert self.ph.contents is not None
-                ptr = per(f"slot{j}", slots, self.ph.slot_ptr(slots[0] // VAR_SLOT), dtypes.uint64)
+                ptr = per(f"slot{j}", [c[1 + j] for c in cmds], self.ph.slot_ptr(cmds[0][1 + j] // VAR_SLOT),
+                          dtypes.uint64)
                 if ptr.op is Ops.LOAD:
                     ptr = self.ph.contents.index(ptr)
                 dt = k0.vars[j - nb][1]
@@ -253,9 +253,9 @@ class _Builder:
             if size.symbolic:
                 sizes.append(size.node)
                 continue
-            links = [c[0].grid if role == "grid" else c[0].threadgroup for c in cmds]  # IcbShape: the Size's link
-            sizes.append(UOp.struct(dtypes.MTLSize, *(per(f"{role}{a}", [v[a] for v in links], u64(size.link[a]),
-                                                          dtypes.uint64) for a in range(3))))
+            field = 3 if role == "grid" else 4  # IcbShape.grid / .threadgroup: the Size's link
+            sizes.append(UOp.struct(dtypes.MTLSize, *(per(f"{role}{a}", [c[0][field][a] for c in cmds],
+                                                          u64(size.link[a]), dtypes.uint64) for a in range(3))))
         enc.send("dispatchThreadgroups:threadsPerThreadgroup:", *sizes)
 
     def direct_binding(self, i: int, k: KernelLayout, j: int, t: tuple[str, int, int],
