@@ -80,17 +80,18 @@ class _Builder:
     cbslots: UOp | None = None
     direct_memo: dict[tuple[tuple[str, int, int], bool], tuple[str, tuple[UOp, ...]]] = field(default_factory=dict)
     layouts: dict[int, object] = field(default_factory=dict)  # id(IcbShape) -> its direct_shape
-    pipes_memo: dict[tuple[int, int], list[UOp]] = field(default_factory=dict)  # (first, count) -> pipelines()
+    pipes_memo: dict[int, tuple[UOp, ...]] = field(default_factory=dict)  # span_key(first, count) -> pipelines()
+    pipes_seen: dict[tuple[UOp, ...], tuple[UOp, ...]] = field(default_factory=dict)  # equal lists: one tuple
 
-    def pipelines(self, first: int, count: int, keep: bool = False) -> list[UOp]:
+    def pipelines(self, first: int, count: int, keep: bool = False) -> tuple[UOp, ...]:
         """The distinct pipelines of commands ``first .. first+count-1`` in first-use order; ``keep``: remembered
         for the next call on the same span (a loop's folding asks before its warm-up does; a profiled loop asks
         once per command, and keeping each would cost memory per command)."""
-        got = self.pipes_memo.get((first, count))
+        got = self.pipes_memo.get(span_key(first, count))
         if got is None:
-            got = _pipelines(self.e, first, count)
-            if keep:
-                self.pipes_memo[(first, count)] = got
+            got = tuple(_pipelines(self.e, first, count))
+            if keep:  # equal tuples kept as one (a span of two commands: ~70 bytes per command otherwise)
+                got = self.pipes_memo[span_key(first, count)] = self.pipes_seen.setdefault(got, got)
         return got
 
     def warmup(self, enc: MessageBatch, first: int, count: int) -> None:
@@ -411,6 +412,11 @@ class _Builder:
             return (len(self.pipelines(first, count, keep=True)) if warm else 0,
                     bool(e.slot_values or self.ph.resource_names(first, count, keep=True)) if listed else True)
         return fold_signal_runs(spans, shape, e.max_range)
+
+
+def span_key(first: int, count: int) -> int:
+    """One int for the span ``first .. first+count-1``: a memo's key (a tuple would be 56 bytes per span)."""
+    return first << 32 | count
 
 
 def _pipelines(e: SubmitReader, first: int, count: int) -> list[UOp]:

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from mtlir.ir.dtypes import dtypes
@@ -43,7 +44,8 @@ class SubmitPlaceholders:
     #                                                                   count) for useResources, when it binds any
     input_patches: list[UOp] = field(default_factory=list)             # STOREs of the handles into those arrays
     loop_offsets: dict[int, UOp] = field(default_factory=dict)        # span.first -> table of input offsets
-    names_memo: dict[tuple[int, int], tuple[str, ...]] = field(default_factory=dict)  # resource_names, no varbuf
+    names_memo: dict[int, tuple[str, ...]] = field(default_factory=dict)  # span_key -> resource_names, no varbuf
+    names_seen: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)  # equal tuples: one object
 
     def slot_ptr(self, slot: int) -> UOp:
         """The host address of variables-buffer slot ``slot`` (uint8*)."""
@@ -166,7 +168,7 @@ class SubmitPlaceholders:
         ``keep``: remember them for the next call on the same span (a loop's folding asks before its encoder does;
         a profiled loop asks once per command, and keeping each would cost ~150 bytes per command)."""
         e = self.e
-        names = self.names_memo.get((first, count))  # a loop's folding and its encoder ask for the same spans
+        names = self.names_memo.get(first << 32 | count)  # a loop's folding and its encoder ask for the same spans
         if names is None:
             if first == 0 and count == len(e.cmds):
                 names = tuple(e.buffers)
@@ -174,7 +176,7 @@ class SubmitPlaceholders:
                 names = tuple(dict.fromkeys([n for c in e.cmds[first:first + count] for n in c[0].names
                                              if n and n != "varbuf"]))
             if keep:
-                self.names_memo[(first, count)] = names
+                names = self.names_memo[first << 32 | count] = self.names_seen.setdefault(names, names)
         return names + (("varbuf",) if self.varbuf is not None else ())
 
     def resources(self, span: CommandBufferSpan, counter: UOp | None) -> tuple[UOp, UOp]:
@@ -192,11 +194,11 @@ class SubmitPlaceholders:
         per_iteration: list[Obj] = []
         if span.width == 1 and span.ncmds < len(self.e.cmds):  # a profiled loop: resource_names of each command
             tail = ("varbuf",) if self.varbuf is not None else ()
-            every: list[tuple[str, ...]] = [
+            every: Iterator[tuple[str, ...]] = (  # one at a time: a list of them was ~70 bytes per command
                 tuple(dict.fromkeys([n for n in c[0].names if n and n != "varbuf"])) + tail
-                for c in self.e.cmds[span.first:span.first + span.ncmds]]
+                for c in self.e.cmds[span.first:span.first + span.ncmds])
         else:
-            every = [self.resource_names(j, span.width) for j in range(span.first, span.first + span.ncmds, span.width)]
+            every = (self.resource_names(j, span.width) for j in range(span.first, span.first + span.ncmds, span.width))
         for j, names in zip(range(span.first, span.first + span.ncmds, span.width), every):
             obj = arrays.get(names)
             if obj is None:
