@@ -43,7 +43,7 @@ buffer. Cost: one visit per queue op and per distinct size, buffer and kernel no
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -400,12 +400,13 @@ class _Builder:
                 slot += 1
         return UOp.sink(*deps, arg=e.device)
 
-    def fold(self, spans: list[CommandBufferSpan]) -> list[CommandBufferSpan]:
-        """One queue's command buffers with runs of like signaling ones as loops (``fold_signal_runs``), on the ICB
-        path of a submit without buffer variables (their per-encoder arrays are not tabled); else as they are."""
+    def fold(self, spans: Iterable[CommandBufferSpan]) -> list[CommandBufferSpan]:
+        """One queue's command buffers with runs of like signaling ones as loops (``fold_signal_runs``, reading
+        ``spans`` once), on the ICB path of a submit without buffer variables (their per-encoder arrays are not
+        tabled); else as they are."""
         e = self.e
-        if not self.ph.icb_path or e.inputs or len(spans) < MIN_LOOP:
-            return spans
+        if not self.ph.icb_path or e.inputs:
+            return list(spans)
         warm, listed = e.device.needs_warmup, not e.device.residency_set
 
         def shape(first: int, count: int) -> object:

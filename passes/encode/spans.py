@@ -4,6 +4,7 @@ timestamp slot gets (``stamps``).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from mtlir.ir.ops import Ops
@@ -59,27 +60,26 @@ class CommandBufferSpan(NamedTuple):
         return out
 
 
-def queue_command_buffers(reader: SubmitReader, q: QueueRange) -> list[CommandBufferSpan]:
-    """The command buffers of queue ``q`` (not profiled): a SIGNAL closes one (signaling its event); a WAIT on
-    another event starts a new one (closing the current one when it has commands) whose
-    ``encodeWaitForEvent:value:`` comes before its encoder."""
-    spans: list[CommandBufferSpan] = []
+def queue_command_buffers(reader: SubmitReader, q: QueueRange) -> Iterator[CommandBufferSpan]:
+    """The command buffers of queue ``q`` (not profiled), in order, one at a time (``fold_signal_runs`` folds them
+    as they come: a list of them all was 60 bytes per command with a signal every second command): a SIGNAL
+    closes one (signaling its event); a WAIT on another event starts a new one (closing the current one when it
+    has commands) whose ``encodeWaitForEvent:value:`` comes before its encoder."""
     start, waits = q.first, list[tuple[UOp, UOp]]()
     blits: list[tuple[int, Blit]] = []
     for pos, kind, value, ev in q.marks:
         if kind == "blit":
             blits.append((pos, reader.blits[value]))
         elif kind == "signal":
-            spans.append(CommandBufferSpan(start, pos - start, value, False, ev, tuple(waits), tuple(blits)))
+            yield _new(CommandBufferSpan, (start, pos - start, value, False, ev, tuple(waits), tuple(blits), 1, ()))
             start, waits, blits = pos, [], []
         else:
             if pos > start or blits:
-                spans.append(CommandBufferSpan(start, pos - start, None, False, None, tuple(waits), tuple(blits)))
+                yield CommandBufferSpan(start, pos - start, None, False, None, tuple(waits), tuple(blits))
                 start, waits, blits = pos, [], []
             waits.append((ev, value))
     if start < q.end or waits or blits:
-        spans.append(CommandBufferSpan(start, q.end - start, None, False, None, tuple(waits), tuple(blits)))
-    return spans
+        yield CommandBufferSpan(start, q.end - start, None, False, None, tuple(waits), tuple(blits))
 
 def command_buffers(reader: SubmitReader, profiled: bool, loops: bool,
                     shape: Callable[[int], object] | None = None) -> list[CommandBufferSpan]:
@@ -124,14 +124,15 @@ def command_buffers(reader: SubmitReader, profiled: bool, loops: bool,
             out.append(p)
     return out
 
-def fold_signal_runs(spans: list[CommandBufferSpan], shape: Callable[[int, int], object],
+def fold_signal_runs(spans: Iterable[CommandBufferSpan], shape: Callable[[int, int], object],
                      max_range: int) -> list[CommandBufferSpan]:
     """Fold runs of at least ``MIN_LOOP`` like command buffers of one queue into loops (``loop``, ``width``,
     ``values``): consecutive spans of ``width`` commands each (at most ``max_range``: one
     ``executeCommandsInBuffer:withRange:`` per iteration), each closed by a signal of one event with a constant
     value, without waits or blits, whose ``shape(first, width)`` (what else must agree between iterations: how many
     distinct pipelines the warm-up sends, whether useResources lists anything) is the same. A loop sends the same
-    messages as the command buffers it replaces; its per-iteration values come from link-time tables."""
+    messages as the command buffers it replaces; its per-iteration values come from link-time tables. ``spans`` is
+    read once, in order: of a run only its first ``MIN_LOOP`` spans and its signal values are kept."""
     const = Ops.CONST
 
     def key(p: CommandBufferSpan) -> object:
@@ -141,21 +142,32 @@ def fold_signal_runs(spans: list[CommandBufferSpan], shape: Callable[[int, int],
         return (p.ncmds, p.event, shape(p.first, p.ncmds))
 
     out: list[CommandBufferSpan] = []
-    i = 0
-    while i < len(spans):
-        k = key(spans[i])
-        j = i + 1
-        if k is not None:
-            while j < len(spans) and spans[j].first == spans[j - 1].first + spans[j - 1].ncmds and key(spans[j]) == k:
-                j += 1
-        if j - i < MIN_LOOP:
-            out += spans[i:j]
+    run: list[CommandBufferSpan] = []  # the run so far: its first MIN_LOOP spans
+    run_key: object = None             # its key (None: a span that folds with none)
+    count = total = end = 0            # its spans, their commands, where the next one must start
+    values: list[int] = []             # its signal values
+
+    def close() -> None:
+        if count < MIN_LOOP:
+            out.extend(run)
         else:
-            first = spans[i]
-            out.append(CommandBufferSpan(first.first, sum(p.ncmds for p in spans[i:j]), None, True, first.event,
-                                         width=first.ncmds, values=tuple(int(p.signal.arg) for p in spans[i:j]
-                                                                         if p.signal is not None)))
-        i = j
+            first = run[0]
+            out.append(CommandBufferSpan(first.first, total, None, True, first.event, width=first.ncmds,
+                                         values=tuple(values)))
+    for p in spans:
+        k = key(p)
+        if k is not None and run_key is not None and p.first == end and k == run_key:
+            count, total, end = count + 1, total + p.ncmds, p.first + p.ncmds
+            values.append(int(p.signal.arg))  # type: ignore[union-attr]  # (key: a constant signal value)
+            if len(run) < MIN_LOOP:
+                run.append(p)
+            continue
+        if run:
+            close()
+        run, run_key, count, total, end = [p], k, 1, p.ncmds, p.first + p.ncmds
+        values = [int(p.signal.arg)] if k is not None and p.signal is not None else []
+    if run:
+        close()
     return out
 
 
