@@ -80,9 +80,9 @@ class DeviceSpec:
 
 
 # MSL / C spellings of the element types kernels take; a trace writes tinygrad's ``dtypes.<name>``
-_ELEMENT_ALIASES = {"float": "float32", "int": "int32", "uint": "uint32", "half": "float16", "double": "float64",
-                    "char": "int8", "uchar": "uint8", "short": "int16", "ushort": "uint16", "long": "int64",
-                    "ulong": "uint64"}
+_ELEMENT_ALIASES = {"float": "float32", "int": "int32", "uint": "uint32", "half": "float16", "bfloat": "bfloat16",
+                    "double": "float64", "char": "int8", "uchar": "uint8", "short": "int16", "ushort": "uint16",
+                    "long": "int64", "ulong": "uint64"}
 ELEMENT_TYPES = frozenset({"bool", *(d.name for d in dtypes.ints), *(d.name for d in dtypes.floats)})
 
 

@@ -76,14 +76,14 @@ class MslParam:
 _SCALARS: dict[str, DType] = {
     "bool": dtypes.bool, "char": dtypes.int8, "uchar": dtypes.uint8, "short": dtypes.int16,
     "ushort": dtypes.uint16, "int": dtypes.int32, "uint": dtypes.uint32, "long": dtypes.int64,
-    "ulong": dtypes.uint64, "half": dtypes.float16, "float": dtypes.float32,
+    "ulong": dtypes.uint64, "half": dtypes.float16, "bfloat": dtypes.bfloat16, "float": dtypes.float32,
     "int8_t": dtypes.int8, "uint8_t": dtypes.uint8, "int16_t": dtypes.int16, "uint16_t": dtypes.uint16,
     "int32_t": dtypes.int32, "uint32_t": dtypes.uint32, "int64_t": dtypes.int64, "uint64_t": dtypes.uint64,
     "size_t": dtypes.uint64, "ptrdiff_t": dtypes.int64,
 }
 # C's two-word spellings (MSL keeps C++'s): "unsigned char" is uchar, a bare "unsigned" is uint
 _UNSIGNED = {"char": "uchar", "short": "ushort", "int": "uint", "long": "ulong"}
-_VECTOR = re.compile(r"(?:packed_)?(bool|char|uchar|short|ushort|int|uint|long|ulong|half|float)([234])")
+_VECTOR = re.compile(r"(?:packed_)?(bool|char|uchar|short|ushort|int|uint|long|ulong|half|bfloat|float)([234])")
 _ATOMIC = re.compile(r"atomic_(bool|int|uint|ulong|float)")
 _SPACES = ("device", "constant", "threadgroup", "thread", "threadgroup_imageblock", "ray_data", "object_data")
 _QUALIFIERS = frozenset({"const", "volatile", "restrict", "__restrict", "__restrict__", "struct", *_SPACES})
@@ -110,7 +110,7 @@ def msl_dtype(type_name: str) -> tuple[DType, int]:
     (uint8, 1), ``half4`` -> (float16, 4), ``packed_float3`` -> (float32, 3), ``atomic_int`` -> (int32, 1).
 
     Raises ``ValueError`` for ``double`` (Metal has no 64-bit float, MSL spec §2.1) and for a type mtlir has no
-    dtype for (``bfloat``, a struct)."""
+    dtype for (a struct, a texture)."""
     words = type_name.split()
     if words[:1] == ["signed"]:
         words = words[1:] or ["int"]
@@ -126,7 +126,7 @@ def msl_dtype(type_name: str) -> tuple[DType, int]:
     if re.fullmatch(r"double[234]?", name):
         raise ArgumentError(f"{type_name} does not exist in Metal (MSL has no 64-bit float type, MSL spec §2.1)")
     raise ArgumentError(f"{type_name or '(no type)'} has no mtlir dtype (kernel parameters take bool, integer or float "
-                        "elements: float, half, int, uchar, ... or their vectors)")
+                        "elements: float, half, bfloat, int, uchar, ... or their vectors)")
 
 
 @dataclass

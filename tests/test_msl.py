@@ -110,7 +110,6 @@ kernel void other(device uchar* o) {}
     ("kernel void other(device float* a) {}", "defines no kernel function 'k'"),
     ("void k(device float* a) {}", "defines no kernel function 'k'"),
     ("kernel void k(device double* a) {}", "double does not exist in Metal"),
-    ("kernel void k(device bfloat* a) {}", "bfloat has no mtlir dtype"),
     ("kernel void k(constant Params& p [[buffer(0)]]) {}", "Params has no mtlir dtype"),
     ("kernel void k(device float* a [[buffer(0)]], device float* b) {}",
      r"`device float\* b` has no \[\[buffer\(n\)\]\] while `device float\* a \[\[buffer\(0\)\]\]` has one"),
@@ -125,6 +124,10 @@ def test_signatures_that_cannot_be_read_are_refused(msl: str, match: str) -> Non
 
 def test_msl_dtype_refuses_double() -> None:
     assert msl_dtype("unsigned char") == (dtypes.uint8, 1) and msl_dtype("float4") == (dtypes.float32, 4)
+    # Metal's bfloat (Apple7+; tinygrad's bfloat16 tensors): refused before mtlir had the dtype
+    assert msl_dtype("bfloat") == (dtypes.bfloat16, 1) and msl_dtype("packed_bfloat4") == (dtypes.bfloat16, 4)
+    assert _sig("kernel void k(device bfloat* b, constant bfloat& s) {}") == [
+        ("b", 0, "device", False, dtypes.bfloat16, 1), ("s", 1, "constant", True, dtypes.bfloat16, 1)]
     with pytest.raises(ValueError, match="MSL has no 64-bit float"):
         msl_dtype("double")
 

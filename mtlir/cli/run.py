@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -31,6 +30,7 @@ from mtlir.cli.progress import activity, submit_bar, wanted
 from mtlir.cli.report import EXIT_MATCH, EXIT_MISMATCH, UsageError
 from mtlir.cli.timing import SubmitTiming, gpu_s_per_submit, submit_timing
 from mtlir.cli.lower import LowerTrace, _lower, _path, _target, format_message, program_values, record_one_submit
+from mtlir.ir.dtypes import dtypes
 
 __all__ = ["compare_output", "Comparison", "gpu_s_per_submit", "cmd_run", "MakeBridge", "make_bridge", "metal_available",
            "metal_bridge"]
@@ -179,7 +179,8 @@ def cmd_run(args: argparse.Namespace, out: TextIO, log: TextIO, *, lower_trace: 
             clock.start("wait")
             s.wait(timeout_s=args.timeout)
             clock.stop()
-            got = np.frombuffer(s.read(o.placeholder, o.offset, o.nbytes), dtype=np.dtype(o.dtype.fmt)).reshape(o.shape)
+            got = np.frombuffer(s.read(o.placeholder, o.offset, o.nbytes), dtype=dtypes.to_numpy(o.dtype))
+            got = got.reshape(o.shape)
     except KeyboardInterrupt:
         # Session's exit has waited (a few seconds at most) for what was in flight: count what completed
         args.submits_completed = s.submits_completed if s is not None else 0

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mtlir.ir.dtypes import DType
+from mtlir.ir.dtypes import DType, dtypes
 from mtlir.errors import InputError
 from mtlir.metal import FAMILIES, DeviceSpec, Kernel, KernelParam
 from mtlir.msl import KernelSignatureError
@@ -130,7 +130,7 @@ class OutputSpec:
     def expected_array(self) -> Any:
         """The expected values as a numpy array of ``shape``."""
         import numpy as np
-        return np.frombuffer(self.expected, dtype=np.dtype(self.dtype.fmt)).reshape(self.shape)
+        return np.frombuffer(self.expected, dtype=dtypes.to_numpy(self.dtype)).reshape(self.shape)
 
 
 @dataclass

@@ -56,7 +56,7 @@ class DType:
 
     @property
     def is_float(self) -> bool:
-        """True for float16, float32, float64."""
+        """True for float16, bfloat16, float32, float64."""
         return self.kind == "float"
 
     @property
@@ -137,6 +137,9 @@ class dtypes:
     uint32 = DType("uint32", 4, "I", "uint")
     uint64 = DType("uint64", 8, "Q", "uint")
     float16 = DType("float16", 2, "e", "float")
+    # Metal's bfloat (MSL spec §2.1, Apple7+): float32's top 16 bits; no struct or numpy format character
+    # (``dtypes.to_numpy`` gives ml_dtypes' bfloat16)
+    bfloat16 = DType("bfloat16", 2, "", "float")
     float32 = DType("float32", 4, "f", "float")
     float64 = DType("float64", 8, "d", "float")
     id = DType("id", 8, "Q", "id")
@@ -157,6 +160,19 @@ class dtypes:
         return _BY_NAME[name]
 
     @staticmethod
+    def to_numpy(dt: DType) -> Any:
+        """The numpy dtype of elements of ``dt`` (a bool, integer or float dtype): ``np.dtype(dt.fmt)``, and
+        ml_dtypes' ``bfloat16`` for bfloat16 (numpy has none; ml_dtypes is a dependency, imported here only).
+        Raises ``TypeError`` for a dtype that is no element type (void, a pointer, a struct, an id)."""
+        import numpy as np
+        if dt is dtypes.bfloat16:
+            import ml_dtypes
+            return np.dtype(ml_dtypes.bfloat16)
+        if dt.kind not in ("bool", "int", "uint", "float") or not dt.fmt:
+            raise TypeError(f"{dt.name} is not an element type (bool, an integer or a float)")
+        return np.dtype(dt.fmt)
+
+    @staticmethod
     def min(dt: DType) -> int:
         """Smallest value of an integer-like dtype."""
         return -(1 << (dt.bits - 1)) if dt.kind == "int" else 0
@@ -171,7 +187,7 @@ class dtypes:
 
 dtypes.ints = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64,
                dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)
-dtypes.floats = (dtypes.float16, dtypes.float32, dtypes.float64)
+dtypes.floats = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
 dtypes.all = (dtypes.void, dtypes.bool, *dtypes.ints, *dtypes.floats, dtypes.id, dtypes.SEL,
               dtypes.MTLSize, dtypes.NSRange)
 _BY_NAME: dict[str, DType] = {d.name: d for d in dtypes.all}

@@ -380,6 +380,20 @@ def test_evaluate_bitcast_keeps_the_bits() -> None:
         UOp.const(i32, 1).bitcast(dtypes.int64).evaluate()
 
 
+def test_to_numpy_gives_each_element_types_numpy_dtype() -> None:
+    import ml_dtypes
+    import numpy as np
+    assert dtypes.to_numpy(dtypes.float16) == np.float16 and dtypes.to_numpy(dtypes.uint8) == np.uint8
+    assert dtypes.to_numpy(dtypes.bool) == np.bool_ and dtypes.to_numpy(dtypes.int64) == np.int64
+    bf = dtypes.to_numpy(dtypes.bfloat16)
+    assert bf == np.dtype(ml_dtypes.bfloat16) and bf.itemsize == dtypes.bfloat16.itemsize == 2
+    assert np.frombuffer(b"\xc0\x3f", dtype=bf).astype(np.float32)[0] == 1.5  # float32 1.5 is 0x3fc00000
+    assert dtypes.bfloat16.is_float and dtypes.by_name("bfloat16") is dtypes.bfloat16
+    for bad in (dtypes.void, dtypes.id, dtypes.MTLSize, dtypes.float32.ptr()):
+        with pytest.raises(TypeError, match="is not an element type"):
+            dtypes.to_numpy(bad)
+
+
 def test_dtype_reprs_build_the_dtype_again() -> None:
     from mtlir.ir.dtypes import DType, StructDType
     for dt in (*dtypes.all, dtypes.voidptr, dtypes.MTLSize.ptr(), DType("odd", 3, "3s", "uint"),

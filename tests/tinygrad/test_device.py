@@ -127,6 +127,29 @@ def test_symbolic_jit_rebinds_the_variable_per_call() -> None:
         np.testing.assert_allclose(got, np.arange(64, dtype=np.float32).reshape(16, 4)[:n].sum(axis=0))
 
 
+def test_bfloat16_tensors_run_with_metals_rounding() -> None:
+    """tinygrad's bfloat16 kernels (``device bfloat*`` parameters) were refused: mtlir had no bfloat16 dtype. Each
+    bfloat operation is rounded to bfloat16 as Metal's ALU does (the translator's software bfloat): the result
+    equals a numpy model that rounds after every operation (ml_dtypes' bfloat16), eager and in a TinyJit."""
+    import ml_dtypes
+    bf = ml_dtypes.bfloat16
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal(300).astype(np.float32), rng.standard_normal(300).astype(np.float32)
+    a, b = Tensor(x).cast("bfloat16"), Tensor(y).cast("bfloat16")
+    got = (a * b + a).float().numpy()
+    xb, yb = x.astype(bf), y.astype(bf)
+    np.testing.assert_array_equal(got, ((xb * yb).astype(bf) + xb).astype(bf).astype(np.float32))
+
+    @TinyJit
+    def f(t: Tensor) -> Tensor:
+        return (t * 3 - 1).realize()
+
+    for i in range(4):
+        t = (x[:64] + i).astype(bf)
+        got = f(Tensor(x[:64] + i).cast("bfloat16")).float().numpy()
+        np.testing.assert_array_equal(got, ((t * bf(3)).astype(bf) - bf(1)).astype(bf).astype(np.float32))
+
+
 def test_a_handle_names_its_device() -> None:
     with SimDevice(family="Apple9") as sim_a, SimDevice(family="Apple9") as sim_b, \
             DeviceContext(sim_a, name="A") as a, DeviceContext(sim_b, name="B") as b:
