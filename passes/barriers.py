@@ -135,6 +135,42 @@ def _accesses(cmd: IcbCommand, k: _Kernel, sizes: dict[str, int]) -> list[tuple[
     return out
 
 
+_Template = tuple[tuple[str, int, int, "int | None", int, bool], ...]
+
+
+def _template(shape: IcbShape, k: _Kernel, sizes: dict[str, int]) -> _Template:
+    """What ``_accesses`` finds of every command of kind ``shape`` but its offsets: per binding that is not the
+    variables buffer ``(buffer, position of its offset in the command, buffer size, the kernel's extent there (None:
+    none), the view's extent (0: none), written)``, then per rebound index ``("", 0, 0, None, 0, written)``."""
+    written, extent, views, names = k.written, k.extent, shape.extents, shape.names
+    every = written is None
+    out = []
+    for j, (name, index) in enumerate(zip(names, shape.indices)):
+        if name == "varbuf":
+            continue  # constant T& slots: only read, written by the CPU before the submit
+        view = views[j] if j < len(views) else 0  # extents left out (an IcbCommand built by hand): to the end
+        out.append((name, 1 + j, sizes.get(name, _BIG), extent.get(index) if extent else None, view,
+                    every or index in written))  # type: ignore[operator]
+    out += [("", 0, 0, None, 0, every or index in written) for index in shape.rebound]  # type: ignore[operator]
+    return tuple(out)
+
+
+def _accesses_of(cmd: IcbCommand, template: _Template) -> list[tuple[str, int, int, bool]]:
+    """``_accesses`` from the command's kind's ``_template``: only the offsets are read per command."""
+    out = []
+    for name, at, end, n, view, w in template:
+        if not at:  # a buffer variable: any buffer, all of it
+            out.append((_ANY, 0, _BIG, w))
+            continue
+        lo = cmd[at]
+        if n is not None and lo + n < end:
+            end = lo + n
+        if view and lo + view < end:
+            end = lo + view
+        out.append((name, lo, end if end > lo else lo + 1, w))
+    return out
+
+
 class _Intervals:
     """A union of byte ranges kept as sorted, disjoint ``[starts[i], ends[i])``: an overlap test and an insertion
     cost a bisection (so a group of 100,000 commands on slices of one buffer stays linear-logarithmic)."""
@@ -234,9 +270,13 @@ def place_barriers(spec: IcbSpec) -> IcbSpec:
     changed = False
     new = tuple.__new__
     twins: dict[int, IcbShape] = {}  # id(IcbShape) -> the same kind with the other barrier
+    templates: dict[int, _Template] = {}  # id(IcbShape) -> _template
     for cmd in spec.commands:
         shape = cmd[0]
-        mine = _accesses(cmd, facts.get(shape.pipeline, unknown), sizes)
+        template = templates.get(id(shape))  # the shapes live as long as spec: an id is its own
+        if template is None:
+            template = templates[id(shape)] = _template(shape, facts.get(shape.pipeline, unknown), sizes)
+        mine = _accesses_of(cmd, template)
         if group is None:  # _Group.conflicts of a small group, inline (a group is often one command)
             barrier = False
             for name, lo, hi, w in mine:

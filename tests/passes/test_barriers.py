@@ -13,7 +13,7 @@ from mtlir.frontend.queue import Queue
 from mtlir.ir.uop import UOp
 from mtlir.metal import DeviceSpec, Kernel, KernelParam, Obj
 from mtlir.passes import PASSES, Barriers, PassPipeline, default_pipeline, lower
-from mtlir.passes.barriers import Access, place_barriers, written_indices
+from mtlir.passes.barriers import Access, command_accesses, place_barriers, written_indices
 from mtlir.program.payloads import CommandList, IcbCommand, IcbSpec
 from mtlir.program.program import Program
 
@@ -125,3 +125,23 @@ def test_without_the_pass_every_command_keeps_its_barrier(pipeline: str | None) 
     q = Queue(DeviceSpec("Apple9")).exec(COPY, [X, Y], [], (2,), (32,)).exec(COPY, [X, Z], [], (2,), (32,))
     spec = _icb(lower(q.submit(), target="arm64", pipeline=pipeline).program)
     assert [c.barrier for c in spec.commands] == ([True, True] if pipeline else [False, False])
+
+
+def test_the_pass_reads_each_command_as_command_accesses_does() -> None:
+    """place_barriers reads a command through its kind's template (only the offsets per command): the same
+    accesses as command_accesses, on views, whole buffers, kernels with and without elements, buffer variables."""
+    from mtlir.passes.barriers import _accesses_of, _kernel_facts, _template
+    inp = buffer_variable("barriers_in")
+    q = Queue(DeviceSpec("Apple9"))
+    cases = [(COPY, view(X, 256, 512), Y), (WHOLE, X, view(Z, 512, 256)), (OPAQUE, view(Y, 0, 64), Z),
+             (BOTH, inp, view(X, 0, 1024)), (COPY, X, inp)]
+    for k, a, b in cases:
+        q.exec(k, [a, b], [], (2,), (32,))
+    q.signal(q.timeline, timeline_value())
+    spec = _icb(lower(q.submit(), target="arm64").program)
+    kernels = {o.name: o.payload[0] for o in spec.pipelines}
+    sizes = {o.name: int(o.payload[0]) for o in spec.buffers if o.payload and isinstance(o.payload[0], int)}
+    assert len(spec.commands) == len(cases)
+    for cmd in spec.commands:
+        want = [tuple(a) for a in command_accesses(cmd, kernels[cmd.pipeline], sizes)]
+        assert _accesses_of(cmd, _template(cmd.shape, _kernel_facts(kernels[cmd.pipeline]), sizes)) == want
