@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mtlir.errors import InputError
+from mtlir.errors import InputError, UnsupportedError
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.metal import Obj
 from mtlir.program.instructions import End
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     import graphviz
     import networkx as nx
 
-__all__ = ["to_dot", "to_networkx", "write_picture", "to_svg", "GraphvizNotFoundError", "GraphvizError", "OP_COLORS"]
+__all__ = ["to_dot", "to_networkx", "write_picture", "to_svg", "GraphvizNotFoundError", "GraphvizError",
+           "GraphvizTimeoutError", "OP_COLORS", "MAX_NODES"]
 
 
 class GraphvizNotFoundError(InputError, RuntimeError):
@@ -39,7 +40,21 @@ class GraphvizNotFoundError(InputError, RuntimeError):
 
 
 class GraphvizError(InputError, RuntimeError):
-    """Graphviz's ``dot`` failed or took longer than its timeout; the message has what it wrote on stderr."""
+    """Graphviz's ``dot`` failed (a broken install: the message has what it wrote on stderr). The CLI exits with 2."""
+
+
+class GraphvizTimeoutError(GraphvizError, UnsupportedError):
+    """Graphviz's ``dot`` took longer than its timeout to lay out a picture: the graph is valid, but too large (or
+    too dense) for ``dot`` to draw in time. An ``UnsupportedError`` (the CLI exits with 4: something valid that
+    mtlir cannot do), not bad input; still a ``GraphvizError`` for code that catches every failure of ``dot``."""
+
+
+# nodes drawn by default: dot's layout grows faster than linearly (measured on 2 cores: 500 nodes 0.6 s, 1000 2 s,
+# 2000 7.7 s, 5000 more than 60 s), so a default picture lays out in a few seconds; the rest is one box
+MAX_NODES = 1000
+# a node with more sources than this draws one edge per distinct source (a SUBMIT of 10,000 uses of 5 EXECs is 5
+# edges, each labelled with its first positions and its count), not one per use: dot's time grows with edges too
+_MAX_EDGES = 32
 
 
 # fill colors per op group: structure grey, data blue, arithmetic yellow, loops green, calls orange, queue red
@@ -125,25 +140,29 @@ def _label(u: UOp, width: int) -> str:
 
 
 def to_dot(graph: UOp | Program, name: str = "mtlir", highlight: Iterable[UOp] = (), width: int = 40,
-           max_nodes: int = 5000, setup: Sequence[str] = ()) -> graphviz.Digraph:
+           max_nodes: int = MAX_NODES, setup: Sequence[str] = ()) -> graphviz.Digraph:
     """A ``graphviz.Digraph`` of ``graph``, any stage of a lowering (building it needs no ``dot`` program).
 
     A graph (UOp): one box per node labelled op, dtype, arg and tag (args cut to ``width`` characters), filled by
     op group; the box of an ICB placeholder lists its commands (pipeline, grid, threadgroup, barrier, bindings,
     what a submit patches); an edge from each source to its user, labelled with the argument position when the
-    user has several sources. Nodes in ``highlight`` get a thick red border. Above ``max_nodes`` nodes only the
-    ``max_nodes`` nearest the root (by toposort position) are drawn, and one box stands for the rest. A graph of
+    user has several sources (a node of more than 32 sources draws one edge per distinct source, labelled with its
+    first positions and how many uses it stands for). Nodes in ``highlight`` get a thick red border. Above
+    ``max_nodes`` nodes (default ``MAX_NODES``, 1000: ``dot`` lays that out in a few seconds, 5000 took more than
+    a minute) only the ``max_nodes`` nearest the root (by toposort position) are drawn, and one box says how many
+    were left out and stands for them. A graph of
     several queues draws one lane (a cluster) per queue and a dashed edge from each signal of an event to each wait
     for it on another queue (``_lanes``, ``_event_edges``).
 
-    A ``Program``: its instructions as a chain of boxes (a loop's end points back to its start), the table of
-    each ICB it builds, and ``setup`` (lines of the messages link sends once, e.g. ``mtlir lower --setup``'s
+    A ``Program``: its instructions as a chain of boxes (a loop's end points back to its start; past ``max_nodes``
+    instructions one box says how many more there are), the table of each ICB it builds (its first ``max_nodes //
+    10`` commands, then a row saying how many more), and ``setup`` (its first ``max_nodes // 10`` lines likewise) (lines of the messages link sends once, e.g. ``mtlir lower --setup``'s
     listing) as a box of its own. ``name`` is the picture's title (any text). Raises ``TypeError`` when ``graph``
     is neither a UOp nor a Program."""
     import graphviz  # imported here: only drawing needs the graphviz package
 
     if isinstance(graph, Program):
-        return _program_dot(graph, name, setup)
+        return _program_dot(graph, name, setup, max_nodes)
     if not isinstance(graph, UOp):
         raise TypeError(f"to_dot: {type(graph).__name__} is neither a UOp nor a Program")
     order = graph.toposort()
@@ -157,7 +176,8 @@ def to_dot(graph: UOp | Program, name: str = "mtlir", highlight: Iterable[UOp] =
                                       "fontsize": "10"},
                            edge_attr={"fontsize": "8", "arrowsize": "0.6"})
     if hidden:
-        dot.node("more", f"<… {hidden} more nodes>", shape="note", fillcolor="#ffffff")
+        dot.node("more", f"<… {hidden} more nodes, not drawn (max_nodes {max_nodes})>", shape="note",
+                 fillcolor="#ffffff")
     lanes = _lanes(order)
     clusters = {name: graphviz.Digraph(name=f"cluster_lane{i}", graph_attr={
         "label": f"<{_html(_lane_title(name))}>", "style": "rounded,dashed", "color": "#7f7f7f"})
@@ -169,11 +189,11 @@ def to_dot(graph: UOp | Program, name: str = "mtlir", highlight: Iterable[UOp] =
         lane = lanes.get(u)
         (clusters[lane] if lane is not None else dot).node(ids[u], _label(u, width), **attrs)
         hidden_srcs = False
-        for i, s in enumerate(u.src):
+        for s, label in _edges(u):
             if hidden and int(ids[s][1:]) < hidden:
                 hidden_srcs = True
                 continue
-            dot.edge(ids[s], ids[u], label=str(i) if len(u.src) > 1 else None)
+            dot.edge(ids[s], ids[u], label=label)
         if hidden_srcs:
             dot.edge("more", ids[u], style="dashed")
     for cluster in clusters.values():
@@ -184,6 +204,18 @@ def to_dot(graph: UOp | Program, name: str = "mtlir", highlight: Iterable[UOp] =
             dot.edge(ids[signal], ids[wait], label=f"<{_html(event)}>", style="dashed", color="#1f5fbf",
                      fontcolor="#1f5fbf", constraint="false")
     return dot
+
+
+def _edges(u: UOp) -> list[tuple[UOp, str | None]]:
+    """The edges into ``u`` as (source, label): one per argument position labelled with it (none for a single
+    source); past ``_MAX_EDGES`` sources one per distinct source, labelled ``0,5,10,… (2000 uses)``."""
+    if len(u.src) <= _MAX_EDGES:
+        return [(s, str(i) if len(u.src) > 1 else None) for i, s in enumerate(u.src)]
+    uses: dict[UOp, list[int]] = {}
+    for i, s in enumerate(u.src):
+        uses.setdefault(s, []).append(i)
+    return [(s, ",".join(map(str, at)) if len(at) <= 3 else f"{at[0]},{at[1]},{at[2]},… ({len(at)} uses)")
+            for s, at in uses.items()]
 
 
 def _lane_title(name: str) -> str:
@@ -239,8 +271,9 @@ def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], col
     return '<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="3">' + "".join(cells) + "</TABLE>>"
 
 
-def _program_dot(program: Program, name: str, setup: Sequence[str]) -> graphviz.Digraph:
-    """A Program as a picture (``to_dot``): the instruction chain, its ICB tables, the setup messages."""
+def _program_dot(program: Program, name: str, setup: Sequence[str], max_nodes: int = MAX_NODES) -> graphviz.Digraph:
+    """A Program as a picture (``to_dot``): the instruction chain (its first ``max_nodes`` instructions), its ICB
+    tables and the setup messages (their first ``max_nodes // 10`` rows each)."""
     import graphviz
 
     dot = graphviz.Digraph(name="g_" + _SAFE_ID.sub("_", name),
@@ -249,12 +282,17 @@ def _program_dot(program: Program, name: str, setup: Sequence[str]) -> graphviz.
                            node_attr={"shape": "box", "style": "rounded,filled", "fontname": "Courier",
                                       "fontsize": "10", "fillcolor": "#ffd8a8"},
                            edge_attr={"arrowsize": "0.6"})
-    for pc, ins in enumerate(program.instrs):
+    shown = min(len(program.instrs), max(max_nodes, 1))
+    for pc, ins in enumerate(program.instrs[:shown]):
         dot.node(f"i{pc}", f"<{pc}: {_html(program.format(pc))}>")
         if pc:
             dot.edge(f"i{pc - 1}", f"i{pc}")
         if type(ins) is End:
             dot.edge(f"i{pc}", f"i{ins.range_pc + 1}", style="dashed", constraint="false")
+    if shown < len(program.instrs):
+        dot.node("more", f"<… {len(program.instrs) - shown} more instructions>", shape="note", fillcolor="#ffffff")
+        dot.edge(f"i{shown - 1}", "more", style="dashed")
+    rows_max = max(max_nodes // 10, 1)
     seen: set[str] = set()
     for obj in program.objects.values():
         if obj.kind == "icb" and obj.payload and isinstance(obj.payload[0], IcbSpec) and obj.name not in seen:
@@ -262,13 +300,21 @@ def _program_dot(program: Program, name: str, setup: Sequence[str]) -> graphviz.
             spec = obj.payload[0]
             title = (f"ICB {obj.name}: {len(spec.commands)} commands (built once by link; "
                      f"max kernel buffer bind count {spec.max_bind_count})")
-            dot.node(f"icb{len(seen)}", _table(title, ICB_COLUMNS, icb_rows(spec), "#cfe2ff"), shape="plain",
-                     style="")
+            dot.node(f"icb{len(seen)}", _table(title, ICB_COLUMNS, _cut(icb_rows(spec), rows_max, "commands"),
+                                               "#cfe2ff"), shape="plain", style="")
     if setup:
-        rows = [(str(i), line) for i, line in enumerate(setup)]
+        rows = _cut([(str(i), line) for i, line in enumerate(setup)], rows_max, "messages")
         dot.node("setup", _table(f"link: {len(setup)} setup messages, sent once", ("#", "message"), rows, "#d3f9d8"),
                  shape="plain", style="")
     return dot
+
+
+def _cut(rows: Sequence[Sequence[str]], at: int, what: str) -> list[Sequence[str]]:
+    """The first ``at`` rows, then one row saying how many ``what`` more there are (its other cells empty)."""
+    if len(rows) <= at:
+        return list(rows)
+    width = len(rows[0])
+    return [*rows[:at], (f"… {len(rows) - at} more {what}",) + ("",) * (width - 1)]
 
 
 def write_picture(dot: graphviz.Digraph, path: str | Path, format: str | None = None,
@@ -277,7 +323,8 @@ def write_picture(dot: graphviz.Digraph, path: str | Path, format: str | None = 
 
     ``format`` is ``"svg"`` or ``"png"`` (default: from the path's suffix, else svg). ``timeout`` in seconds.
     Raises ``GraphvizNotFoundError`` saying what to install when ``dot`` is missing, ``ValueError`` for another
-    format, ``RuntimeError`` with Graphviz's message when it fails or takes longer than ``timeout``."""
+    format, ``GraphvizError`` with Graphviz's message when it fails, ``GraphvizTimeoutError`` when it takes longer
+    than ``timeout`` (both ``RuntimeError``s)."""
     path = Path(path)
     fmt = (format or path.suffix.lstrip(".") or "svg").lower()
     if fmt not in ("svg", "png"):
@@ -304,7 +351,8 @@ def _run_dot(dot: graphviz.Digraph, flags: list[str], timeout: float, who: str, 
         proc = subprocess.run([exe, *flags], input=dot.source.encode("utf-8"),
                               capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        raise GraphvizError(f"{who} took longer than {timeout} s for {what}") from None
+        raise GraphvizTimeoutError(f"{who} took longer than {timeout} s for {what} (the picture is too large for "
+                                   "dot: draw fewer nodes, to_dot's max_nodes)") from None
     if proc.returncode != 0:
         raise GraphvizError(f"{who}: Graphviz's dot failed (exit {proc.returncode}) for {what}: "
                             f"{proc.stderr.decode('utf-8', 'replace').strip()}")

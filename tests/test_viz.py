@@ -207,3 +207,58 @@ def test_several_queues_get_one_lane_each_with_their_event_edges() -> None:
     single = Queue(DeviceSpec("Apple9"))
     single.exec(SCALE, [x, y]).signal(single.timeline, v)
     assert "cluster_lane" not in to_dot(lower(single.submit()).stages[1][1]).source
+
+
+# ---- large graphs: the default picture stays small enough for dot to lay out in seconds (session 6, finding 4)
+
+def test_a_node_of_many_uses_of_few_sources_draws_one_edge_per_source() -> None:
+    """A SUBMIT of 10,000 uses of a few EXECs (a repeated trace, hash-consed) was 10,000 parallel edges into one
+    node: dot took more than a minute on a 31-node picture. Past 32 sources one edge per distinct source, its
+    label the first positions and the count."""
+    from mtlir.viz import _MAX_EDGES
+    a, b = UOp.variable("a", 0, 1), UOp.variable("b", 0, 1)
+    big = UOp.sink(*([a, b] * 5000))
+    src = to_dot(big).source
+    assert src.count(" -> ") == 2
+    assert "0,2,4,… (5000 uses)" in src and "1,3,5,… (5000 uses)" in src
+    small = UOp.sink(*([a, b] * (_MAX_EDGES // 2)))  # at the limit: one edge per position, as before
+    assert to_dot(small).source.count(" -> ") == _MAX_EDGES
+
+
+def test_the_default_picture_draws_at_most_max_nodes_and_says_how_many_more() -> None:
+    from mtlir.viz import MAX_NODES
+    c = UOp.variable("x", 0, 10)
+    for _ in range(MAX_NODES + 200):
+        c = c + 1
+    total = len(c.toposort())
+    src = to_dot(c).source
+    assert len(re.findall(r"^\s*n\d+ \[", src, re.M)) == MAX_NODES
+    assert f"{total - MAX_NODES} more nodes, not drawn (max_nodes {MAX_NODES})" in src
+
+
+def test_a_long_program_and_a_large_icb_are_cut_with_a_count() -> None:
+    """The Program's picture drew every instruction and every ICB command (4,029 instructions of a 10k-command
+    trace): past ``max_nodes`` one box says how many instructions more, past ``max_nodes // 10`` one row says how
+    many commands more."""
+    program = _lowered().stages[-1][1]
+    n = len(program.instrs)
+    src = to_dot(program, max_nodes=3, setup=[f"[m{i}]" for i in range(5)]).source
+    assert len(re.findall(r"^\s*i\d+ \[", src, re.M)) == 3 and f"… {n - 3} more instructions" in src
+    assert "… 4 more commands" in src and "… 4 more messages" in src and "[m0]" in src and "[m1]" not in src
+
+
+def test_a_dot_past_its_timeout_is_a_timeout_error_of_exit_4(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess as sp
+    from mtlir.cli.report import exit_code
+    from mtlir.errors import UnsupportedError
+    from mtlir.viz import GraphvizError, GraphvizTimeoutError
+
+    def slow(cmd: list[str], **kw: object) -> object:
+        raise sp.TimeoutExpired(cmd, 0.5)
+    monkeypatch.setattr("mtlir.viz.subprocess.run", slow)
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/dot")
+    with pytest.raises(GraphvizTimeoutError, match="took longer than 0.5 s for .*g.svg.*max_nodes") as info:
+        write_picture(to_dot(UOp.variable("x", 0, 1)), tmp_path / "g.svg", timeout=0.5)
+    assert isinstance(info.value, GraphvizError) and isinstance(info.value, UnsupportedError)
+    assert exit_code(info.value) == 4
+    assert exit_code(GraphvizError("dot failed")) == 2  # a broken install: the user's to fix

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from mtlir.cli.report import EXIT_MATCH, UsageError
 
 __all__ = ["ARCHS", "LowerTrace", "lower_trace", "format_message", "record_one_submit", "program_values",
-           "cmd_lower"]
+           "cmd_lower", "pictures_failed"]
 
 ARCHS = {"apple7": "Apple7", "apple8": "Apple8", "apple9": "Apple9", "mac2": "Mac2"}
 
@@ -85,12 +85,18 @@ def _lower(args: argparse.Namespace, log: TextIO, target: str, lower: LowerTrace
 def _write_pictures(stages: list[tuple[str, Any]], outdir: Path, log: TextIO) -> None:
     """One SVG per stage: ``00-input.svg``, ``01-encode.svg``, ...; a Program is drawn as its instruction chain. A
     stage whose pass returned the very graph it was given says ``(unchanged)`` in its title. The stage pictures of an
-    earlier lowering in ``outdir`` (``NN-name.svg``) are removed first, so the folder shows this pipeline only."""
+    earlier lowering in ``outdir`` (``NN-name.svg``) are removed first, so the folder shows this pipeline only.
+
+    Each stage is drawn on its own: one that ``dot`` cannot draw (too slow, failing) does not stop the others
+    from being written; then ``pictures_failed`` raises one error naming every stage without a picture (the
+    first failure's class: ``GraphvizTimeoutError``, exit 4, or ``GraphvizError``, exit 2). Without Graphviz the
+    first stage raises ``GraphvizNotFoundError`` (no stage could be drawn)."""
     import re
     from mtlir.program.program import Program
-    from mtlir.viz import to_dot, write_picture
+    from mtlir.viz import GraphvizError, GraphvizNotFoundError, to_dot, write_picture
     if outdir.exists() and not outdir.is_dir():
         raise UsageError(f"--viz {outdir}: is a file, not a folder: give a folder for the pictures")
+    failed: list[tuple[str, GraphvizError]] = []
     try:
         outdir.mkdir(parents=True, exist_ok=True)
         for old in outdir.glob("[0-9][0-9]-*.svg"):
@@ -99,11 +105,29 @@ def _write_pictures(stages: list[tuple[str, Any]], outdir: Path, log: TextIO) ->
         for i, (name, stage) in enumerate(stages):
             title = f"{name} (unchanged)" if i and stage is stages[i - 1][1] else name
             dot = to_dot(stage, name=title, setup=_setup_lines(stage, log) if isinstance(stage, Program) else [])
-            path = write_picture(dot, outdir / f"{i:02d}-{name}.svg")
+            try:
+                path = write_picture(dot, outdir / f"{i:02d}-{name}.svg")
+            except GraphvizNotFoundError:
+                raise
+            except GraphvizError as e:
+                failed.append((f"{i:02d}-{name}", e))  # named by the one error raised below
+                continue
             print(f"mtlir: wrote {path}", file=log)
     except OSError as e:  # a parent that is a file, no permission, a full disk: name the flag and the file
         where = f" ({e.filename})" if e.filename and str(e.filename) != str(outdir) else ""
         raise UsageError(f"--viz {outdir}: cannot write the pictures{where}: {e.strerror or e}") from None
+    if failed:
+        raise pictures_failed(f"--viz {outdir}", failed, len(stages))
+
+
+def pictures_failed(flag: str, failed: list[tuple[str, Any]], total: int) -> Exception:
+    """One error for the stages whose picture ``dot`` could not make (``failed``: (stage, its GraphvizError)),
+    naming each stage and how many of ``total`` were written; of the first failure's class (so its exit code:
+    ``GraphvizTimeoutError`` 4, ``GraphvizError`` 2)."""
+    stages = "; ".join(f"{stage}: {e}" for stage, e in failed)
+    kind: type[Exception] = type(failed[0][1])
+    return kind(f"{flag}: no picture of {len(failed)} of {total} stages ({stages}); the other "
+                              f"{total - len(failed)} were written")
 
 
 def _setup_lines(program: Any, log: TextIO) -> list[str]:

@@ -55,13 +55,19 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _svg(stage: Any, title: str, highlight: Sequence[Any], setup: Sequence[str]) -> str:
-    """The stage's picture as inline SVG, or a note saying why there is none (no Graphviz)."""
-    from mtlir.viz import GraphvizNotFoundError, to_dot, to_svg
+def _svg(stage: Any, title: str, highlight: Sequence[Any], setup: Sequence[str], where: str,
+         failures: list[tuple[str, Any]] | None) -> str:
+    """The stage's picture as inline SVG, or a note saying why there is none: no Graphviz, or ``dot`` failed or
+    took too long for this stage (``where``, e.g. ``03-abi``; the error is appended to ``failures``)."""
+    from mtlir.viz import GraphvizError, GraphvizNotFoundError, to_dot, to_svg
     try:
         return to_svg(to_dot(stage, name=title, highlight=highlight, setup=setup))
     except GraphvizNotFoundError as e:
         return f'<p class="unchanged">no picture: {_e(e)}</p>'
+    except GraphvizError as e:
+        if failures is not None:
+            failures.append((where, e))
+        return f'<p class="mismatch">no picture of stage {_e(where)}: {_e(e)}</p>'
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -97,9 +103,12 @@ def _change_text(lowered: Any, i: int) -> tuple[str, list[Any]]:
 
 
 def render_page(lowered: Any, *, title: str, setup: Sequence[Mapping[str, Any]],
-                messages: Sequence[Mapping[str, Any]], result: Mapping[str, Any] | None = None) -> str:
+                messages: Sequence[Mapping[str, Any]], result: Mapping[str, Any] | None = None,
+                failures: list[tuple[str, Any]] | None = None) -> str:
     """The page (module docstring) as one HTML string. ``setup`` and ``messages`` are recorded messages
-    (``{"receiver", "selector", "args"}``); ``result`` the fields of a run's result (``mtlir run --json``'s)."""
+    (``{"receiver", "selector", "args"}``); ``result`` the fields of a run's result (``mtlir run --json``'s). Each
+    stage's picture is made on its own: a stage ``dot`` cannot draw (a ``GraphvizError``) gets a note naming it in
+    place of its picture, and (stage, error) is appended to ``failures``."""
     from mtlir.cli.lower import format_message
     from mtlir.program.program import Program
     from mtlir.program.payloads import IcbSpec
@@ -118,7 +127,8 @@ def render_page(lowered: Any, *, title: str, setup: Sequence[Mapping[str, Any]],
         heading = "the queue (input)" if i == 0 else f"{i}. after {name}"
         label = f"{name} (unchanged)" if lowered.unchanged(i) else name
         anchor = ' id="queue"' if i == 0 else ""
-        picture = _svg(stage, label, added, setup_lines if isinstance(stage, Program) else ())
+        picture = _svg(stage, label, added, setup_lines if isinstance(stage, Program) else (), f"{i:02d}-{name}",
+                       failures)
         body.append(f'<section class="stage" id="stage-{i}" data-stage="{_e(name)}"><h2{anchor}>{_e(heading)}</h2>'
                     f'{change}<div class="picture">{picture}</div><details><summary>text</summary>'
                     f"<pre>{_e(describe(stage))}</pre></details></section>")
@@ -151,10 +161,16 @@ def render_page(lowered: Any, *, title: str, setup: Sequence[Mapping[str, Any]],
 def write_page(path: Path, lowered: Any, *, title: str, setup: Sequence[Mapping[str, Any]],
                messages: Sequence[Mapping[str, Any]], result: Mapping[str, Any] | None = None) -> Path:
     """Write ``render_page(...)`` to ``path`` (UTF-8) and return it. Raises ``UsageError`` naming ``--html`` when
-    the file cannot be written (a folder, a missing parent, no permission)."""
-    text = render_page(lowered, title=title, setup=setup, messages=messages, result=result)
+    the file cannot be written (a folder, a missing parent, no permission). When ``dot`` could not draw some
+    stages, the page is written all the same (a note in place of each missing picture) and then one error names
+    those stages (``mtlir.cli.lower.pictures_failed``: ``GraphvizTimeoutError``, exit 4, or ``GraphvizError``)."""
+    from mtlir.cli.lower import pictures_failed
+    failures: list[tuple[str, Any]] = []
+    text = render_page(lowered, title=title, setup=setup, messages=messages, result=result, failures=failures)
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as e:
         raise UsageError(f"--html {path}: cannot write the page: {e.strerror or e}") from None
+    if failures:
+        raise pictures_failed(f"--html {path} (written)", failures, len(lowered.stages))
     return path

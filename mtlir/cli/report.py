@@ -2,8 +2,10 @@
 
 Exit codes (``exit_code``, from the error family of ``mtlir.errors``): 0 match (or a successful ``lower``), 1
 mismatch, 2 bad input, 3 GPU execution error (a command buffer in status Error, a Metal validation error, a wait
-past its timeout), 4 a kernel the simulated device cannot run (the translator refuses it, or OpenCL does not build
-its translation), 5 an internal error.
+past its timeout), 4 something valid that mtlir cannot do: a kernel the simulated device cannot run (the translator
+refuses it, or OpenCL does not build its translation), a picture Graphviz's ``dot`` cannot lay out within its
+timeout (``GraphvizTimeoutError``: the trace and its lowering are fine, so it is not bad input, and not a bug of
+mtlir either), 5 an internal error.
 Errors are one line on stderr (``_report``; ``--debug`` adds the traceback); with ``--json`` an error still writes
 one object to stdout, and while a ``--json`` command runs file descriptor 1 points at stderr (``_stdout_for_json``).
 A stdout that cannot be written (``> /dev/full``) is one line on stderr and exit 2 (``_output_error``).
@@ -51,9 +53,9 @@ def exit_code(e: BaseException) -> int | None:
     too.
 
     4: an ``UnsupportedError`` (``UnsupportedKernelError``, ``KernelBuildError``: the simulated device cannot run
-    the kernel). 3: a ``DeviceError`` (``GPUExecutionError``, ``MetalValidationError``) or ``TimeoutError``. 2
-    (bad input): an ``InputError`` (trace, queue, pipeline, a pass refusing the graph, flags, invalid MSL,
-    ``--viz`` without Graphviz), ``LinkError``, ``BridgeError``, ``OSError`` (a file)."""
+    the kernel; ``GraphvizTimeoutError``: ``dot`` cannot draw a stage in time). 3: a ``DeviceError``
+    (``GPUExecutionError``, ``MetalValidationError``) or ``TimeoutError``. 2 (bad input): an ``InputError`` (trace,
+    queue, pipeline, a pass refusing the graph, flags, invalid MSL, ``--viz`` without Graphviz or with a broken one), ``LinkError``, ``BridgeError``, ``OSError`` (a file)."""
     return next((code for root, code in EXIT_CODES if isinstance(e, root)), None)
 
 

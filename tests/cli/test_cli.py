@@ -372,6 +372,37 @@ def test_a_failing_dot_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytes
     assert "Graphviz's dot failed (exit 3)" in log and "dot: broken install" in log
 
 
+def _dot_too_slow_for(stage: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dot`` runs as usual but passes its timeout on the picture titled ``stage``."""
+    real = subprocess.run
+
+    def run(cmd: list[str], **kw: Any) -> Any:
+        if f"label=<{stage}".encode() in kw.get("input", b""):
+            raise subprocess.TimeoutExpired(cmd, 60.0)
+        return real(cmd, **kw)
+    monkeypatch.setattr("mtlir.viz.subprocess.run", run)
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+def test_a_stage_dot_cannot_draw_in_time_is_named_the_others_are_written(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Session 6, finding 4: one stage past dot's timeout stopped --viz at once (no picture at all, exit 2, the
+    stage unnamed by --html). Each stage is drawn on its own; the one error names the stage; exit 4 (something
+    valid mtlir cannot do), not 2 (bad input)."""
+    _dot_too_slow_for("barriers", monkeypatch)
+    pics = tmp_path / "pics"
+    code, out, log = mtlir("lower", MLP7, "--viz", str(pics), "--target", "arm64")
+    assert code == 4 and log.splitlines()[-1].startswith("mtlir: error: --viz "), log
+    assert "no picture of 1 of 5 stages (02-barriers: write_picture: dot took longer than 60.0 s" in log
+    assert sorted(p.name for p in pics.iterdir()) == ["00-input.svg", "01-encode.svg", "03-abi.svg",
+                                                      "04-linearize.svg"]
+    page = tmp_path / "p.html"
+    code, out, log = mtlir("lower", MLP7, "--html", str(page), "--target", "arm64")
+    assert code == 4 and "no picture of 1 of 5 stages (02-barriers: to_svg: dot took longer" in log, log
+    text = page.read_text()
+    assert "no picture of stage 02-barriers" in text and text.count("<svg") == 4
+
+
 def test_a_trace_nested_too_deep_is_bad_input(tmp_path: Path) -> None:
     path = tmp_path / "deep.json"
     path.write_text("[" * 100000 + "]" * 100000)
