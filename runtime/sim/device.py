@@ -136,7 +136,9 @@ class SimDevice(DeviceHooks, DeviceWaits):
         self._decoders: dict[str, ArgumentDecoder] = {}
         # (SEL, the receiver's class) -> what a message of that pair resolved to (``msg_send``'s fast path)
         self._routes: dict[tuple[int, type], _Route] = {}
-        self._pools: list[tuple[int, list[SimObject]]] = []
+        # each thread's autorelease pool stack (Objective-C's pools are per thread: a pop on one thread never drains
+        # another thread's objects), by ``threading.get_ident()``; a thread's entry goes when its stack empties
+        self._pools_of: dict[int, list[tuple[int, list[SimObject]]]] = {}
         self._next_pool = _POOL_BASE
         self._classes: dict[str, ClassObject] = {}
         if kernel_runner is not None and opencl_device is not None:
@@ -207,9 +209,10 @@ class SimDevice(DeviceHooks, DeviceWaits):
         return obj
 
     def autorelease(self, obj: SimObject) -> None:
-        """Hand one reference of ``obj`` to the innermost autorelease pool."""
-        if self._pools:
-            self._pools[-1][1].append(obj)
+        """Hand one reference of ``obj`` to the calling thread's innermost autorelease pool."""
+        pools = self._pools_of.get(threading.get_ident())
+        if pools:
+            pools[-1][1].append(obj)
         else:
             self.leaked_autoreleased += 1
 
@@ -360,24 +363,31 @@ class SimDevice(DeviceHooks, DeviceWaits):
             with self._lock:
                 token = self._next_pool
                 self._next_pool += 0x10
-                self._pools.append((token, []))
+                self._pools_of.setdefault(threading.get_ident(), []).append((token, []))
                 return token
         return self.pool_pop(args[0])
 
     def pool_pop(self, token: int) -> None:
-        """objc_autoreleasePoolPop: drain the pool ``token`` and every pool pushed after it, releasing their
-        objects newest first; the first error (rule 2, 14) is raised after the drain."""
+        """objc_autoreleasePoolPop: drain the pool ``token`` and every pool the calling thread pushed after it,
+        releasing their objects newest first; the first error (rule 2, 14) is raised after the drain. A token of
+        another thread's stack is a ``BridgeError`` saying so (pools are per thread in Objective-C)."""
         with self._lock:
-            pools = self._pools
+            me = threading.get_ident()
+            pools = self._pools_of.get(me, [])
             if pools and pools[-1][0] == token:  # the innermost pool: the usual pop
                 at: int | None = len(pools) - 1
             else:
                 at = next((i for i, (t, _) in enumerate(pools) if t == token), None)
             if at is None:
-                raise BridgeError(f"objc_autoreleasePoolPop({token!r}): not a pool that is pushed"
+                other = any(t == token for ident, stack in self._pools_of.items() if ident != me for t, _ in stack)
+                raise BridgeError(f"objc_autoreleasePoolPop({token!r}): "
+                                  + ("a pool pushed on another thread (autorelease pools are per thread)" if other
+                                     else "not a pool that is pushed")
                                   + (_CUT if isinstance(token, int) and 0 < token < 1 << 32 else ""))
-            drained = self._pools[at:]
-            del self._pools[at:]
+            drained = pools[at:]
+            del pools[at:]
+            if not pools:
+                self._pools_of.pop(me, None)
             first: Exception | None = None
             for _, objs in reversed(drained):
                 for obj in reversed(objs):

@@ -59,6 +59,40 @@ def test_nested_pools_and_bad_tokens(s: Scene) -> None:
         s.m.pop(outer & 0xFFFFFFFF)
 
 
+def test_autorelease_pools_are_per_thread(s: Scene) -> None:
+    """Objective-C's pools are per thread: the device kept one stack for all threads, so one thread's pop drained
+    another thread's objects (its encoder released mid-encoding: "message sent to deallocated instance") and popped
+    its pool (a user's 8 Sessions on one device, one per thread)."""
+    import threading
+    mine = s.m.push()
+    a = s.send(s.queue, "commandBuffer")
+    pushed, go, done = threading.Event(), threading.Event(), threading.Event()
+    theirs: list[int] = []
+
+    def other() -> None:
+        theirs.append(s.m.push())
+        theirs.append(s.send(s.queue, "commandBuffer"))
+        pushed.set()
+        go.wait(10)
+        s.m.pop(theirs[0])
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert pushed.wait(10)
+    with pytest.raises(BridgeError, match="a pool pushed on another thread"):
+        s.m.pop(theirs[0])
+    s.m.pop(mine)  # drains this thread's pool only: the other thread's command buffer lives on
+    assert s.status(theirs[1]) == MTL.StatusNotEnqueued
+    with pytest.raises(BridgeError, match="deallocated"):
+        s.send(a, "status")
+    go.set()
+    assert done.wait(10)
+    t.join(10)
+    with pytest.raises(BridgeError, match="deallocated"):
+        s.send(theirs[1], "status")
+
+
 def test_no_pool_leaks_like_objective_c(s: Scene) -> None:
     before = s.dev.leaked_autoreleased
     cb = s.send(s.queue, "commandBuffer")
