@@ -124,6 +124,8 @@ class SessionWaits:
                 reached = rec.value is None or current is None or current >= rec.value
                 if not reached or any(st != MTL.StatusCompleted for st in statuses):
                     running = [cb for cb, st in zip(live, statuses) if st < MTL.StatusCompleted]
+                    if not running and not reached and self._hopeless(rec, pending):
+                        self._unsignaled(rec, current)
                     break
                 self._finish(rec)
                 done.append(pending.pop(0))
@@ -148,6 +150,22 @@ class SessionWaits:
             else:  # any other bridge, or what is awaited is not the end of a command buffer (another queue's signal)
                 time.sleep(delay)
                 delay = min(delay * 2 or 1e-5, 1e-3)
+
+    def _hopeless(self, rec: Submission, pending: list[Submission]) -> bool:
+        """Whether ``rec``'s timeline value can no longer be reached by what is in flight: its command buffers all
+        completed (a completed command buffer has run its signals) and every later submit awaited has ended too
+        (their command buffers no longer Committed or Scheduled), the timeline still below ``rec.value``."""
+        m = self.messenger
+        return all(int(m.send(cb, "status")) >= MTL.StatusCompleted for later in pending[1:] for cb in later.cbs if cb)
+
+    def _unsignaled(self, rec: Submission, current: int | None) -> None:
+        """``rec`` completed without its timeline value: release it (a wait or a submit after this one would
+        otherwise sit out its whole timeout for it) and raise ``ArgumentError`` (a ``ValueError``) saying so."""
+        self._finish(rec)
+        raise ArgumentError(f"submit {rec.index} (timeline value {rec.value}) completed, but the timeline is at "
+                            f"{current}: the Program's command buffers ran without signaling its value (a signal "
+                            f"of the timeline event with another value, e.g. `timeline - 1`, or none at all), so no "
+                            f"wait for {rec.value} can end; the submit is released")
 
     def _pending(self, value: int | None) -> list[Submission]:
         """The in-flight submits a wait for ``value`` waits for, oldest first: every one for None; else every one up
