@@ -20,7 +20,7 @@ from mtlir.errors import KernelAccessError, MetalValidationError, WaitTimeoutErr
 from mtlir.metal import MTL
 from mtlir.runtime.sim.dispatch import bound_storage, concurrent_order, sizes_ok
 from mtlir.runtime.sim.faults import GPUFault
-from mtlir.runtime.sim.injection import inject
+from mtlir.runtime.sim.injection import fault_at_start, inject, inject_blit
 from mtlir.runtime.sim.kernels.compiled import CompiledKernel
 from mtlir.runtime.sim.kernels.launch import MAX_BATCH, Launch
 from mtlir.runtime.sim.objects import (ICB, BlitCopy, BlitEncoder, BlitFill, Buffer, CommandBuffer, Dispatch, Encoder,
@@ -95,6 +95,8 @@ class Executor:
         cb.start_time = clock()
         self.gpu.sync()  # what the host wrote before the commit
         yield None
+        if self.gpu.faulty:
+            fault_at_start(self.gpu, cb)  # an injected fault on a command buffer without GPU work
         for step in cb.steps:
             if isinstance(step, WaitStep):
                 ev, value = step.event, step.value
@@ -129,6 +131,9 @@ class Executor:
             yield None
         if isinstance(enc, BlitEncoder):
             for blit in enc.blits:
+                if self.gpu.faulty:
+                    inject_blit(self.gpu, cb, "copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:"
+                                if isinstance(blit, BlitCopy) else "fillBuffer:range:value:")
                 self._blit(blit)
                 yield None
         enc.done = True  # updates act at the encoder's end

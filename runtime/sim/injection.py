@@ -6,8 +6,9 @@ Three kinds of fault, each spelled as ``mtlir run --inject-fault SPEC`` takes it
   armed, from 0; in a Session's first submit after arming, its command buffer K: a submit commits them in cbslots
   order) ends in status Error with that ``MTLCommandBufferError`` (Timeout 2, PageFault 3, NotPermitted 7,
   OutOfMemory 8, InvalidResource 9, and the other codes of ``MTL.ERROR_NAMES``). The fault strikes at its first
-  kernel dispatch, before that kernel runs (a command buffer without one fails at its end): nothing it would have
-  run after that point runs, its encoded event signals from there on are skipped (METAL.md §3 rule 6).
+  kernel dispatch or blit, before it runs (a command buffer with neither fails at its start, before its first
+  event signal; one whose blits and kernels all ran without it, at its end): nothing it would have run after that
+  point runs, its encoded event signals from there on are skipped (METAL.md §3 rule 6).
 - ``K:hang``: the first kernel of command buffer K never finishes. The simulated GPU stays busy with it for
   ``gpu_timeout_s`` seconds (the GPU watchdog), then ends the command buffer in Error, Timeout (2); a host wait
   shorter than that ends by its own timeout. Nothing hangs.
@@ -18,8 +19,9 @@ Three kinds of fault, each spelled as ``mtlir run --inject-fault SPEC`` takes it
   ``LinkError`` naming the object and releases what it made.
 
 Each fault fires once. ``FaultPlan`` is the device's record of the armed faults and of the counts they refer to;
-``SimDevice.inject`` arms them (docs/reliability.md). The GPU's hooks: ``arm_fault`` at a commit, ``inject`` before
-a kernel runs, ``unfired_fault`` at a command buffer's end (functions taking the ``gpu.GPU``).
+``SimDevice.inject`` arms them (docs/reliability.md). The GPU's hooks: ``arm_fault`` at a commit, ``fault_at_start``
+when a command buffer starts, ``inject`` before a kernel runs, ``inject_blit`` before a blit, ``unfired_fault`` at a
+command buffer's end (functions taking the ``gpu.GPU``).
 """
 from __future__ import annotations
 
@@ -29,12 +31,13 @@ from typing import TYPE_CHECKING
 from mtlir.errors import ArgumentError
 from mtlir.metal import MTL
 from mtlir.runtime.sim.faults import GPUFault
-from mtlir.runtime.sim.objects import CommandBuffer, Pipeline, clock
+from mtlir.runtime.sim.objects import CommandBuffer, Encoder, Pipeline, clock
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.gpu import GPU
 
-__all__ = ["Fault", "FaultPlan", "ALLOC_KINDS", "HANG", "arm_fault", "inject", "unfired_fault"]
+__all__ = ["Fault", "FaultPlan", "ALLOC_KINDS", "HANG", "arm_fault", "inject", "inject_blit", "fault_at_start",
+           "unfired_fault"]
 
 ALLOC_KINDS = ("buffer", "icb", "pipeline")  # what an allocation fault can make nil
 HANG = "hang"
@@ -200,6 +203,33 @@ def inject(gpu: GPU, p: Pipeline, what: str) -> None:
         gpu.running = None
     raise GPUFault(MTL.ErrorTimeout, f"GPU watchdog: kernel {p.label!r} ran {clock() - start:.3g} s without "
                                      f"finishing ({where}: a kernel that never finishes)")
+
+
+def inject_blit(gpu: GPU, cb: CommandBuffer, what: str) -> None:
+    """Before a blit runs: a command buffer fault armed for ``cb`` that has not struck strikes here (raises
+    ``GPUFault``: the blit and what follows do not run, its later signals are skipped). A hang is a kernel's: it
+    stays armed for the next kernel (or the command buffer's end)."""
+    fault = gpu.faulty.get(cb)
+    if fault is None or fault.kind != "command_buffer":
+        return
+    del gpu.faulty[cb]
+    gpu.dev.faults.fired.append(fault)
+    raise GPUFault(fault.code, f"an injected fault ({fault.spec()}) at {what}, before the blit ran")
+
+
+def fault_at_start(gpu: GPU, cb: CommandBuffer) -> None:
+    """At the start of ``cb``, when a fault is armed for it and it has no GPU work (no kernel dispatch, ICB range
+    or blit: only event signals, waits and empty encoders): the fault strikes before its first signal (raises
+    ``GPUFault``; a hang as a Timeout), so its signals are skipped (METAL.md §3 rule 6) as a failed command buffer's
+    are: a consumer waiting on them does not run on the failed work's output."""
+    fault = gpu.faulty.get(cb)
+    if fault is None or any((isinstance(st, Encoder) and (st.commands or getattr(st, "blits", None)))
+                            for st in cb.steps):
+        return
+    del gpu.faulty[cb]
+    gpu.dev.faults.fired.append(fault)
+    code = fault.code if fault.kind == "command_buffer" else MTL.ErrorTimeout
+    raise GPUFault(code, f"an injected fault ({fault.spec()}) at the start of a command buffer without GPU work")
 
 
 def unfired_fault(gpu: GPU, cb: CommandBuffer, ended: GPUFault | None) -> GPUFault | None:

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from mtlir.errors import WaitTimeoutError
+from mtlir.errors import GPUExecutionError, WaitTimeoutError
 from mtlir.frontend.nodes import buffer, shared_event, timeline_value
 from mtlir.frontend.queue import Queue, queues
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
@@ -105,3 +105,55 @@ def test_the_two_queues_example_runs_and_matches() -> None:
     assert [msgs[i + 1][1] for i in waits] == ["blitCommandEncoder", "computeCommandEncoder"]
     assert ("blit", "copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:",
             ["buffer:staging", 1024, "buffer:inputs", 1024, 1024]) in msgs
+
+
+def test_a_submit_that_completes_without_its_timeline_value_is_reported_at_once() -> None:
+    """A Program that signals its timeline with another value (``timeline - 1``): its submit completes, the value
+    never comes. The wait sat out its whole timeout ("... command buffer statuses: Completed") and so did the next
+    submit's wait for it; now the wait says so at once (a ValueError) and releases the submit."""
+    import time
+    a, b = buffer("a", 4 * N), buffer("b", 4 * N)
+    v = timeline_value()
+    q = Queue(DEV)
+    q.exec(ADD1, [b, a], grid=(1,), threadgroup=(N,)).signal(q.timeline, v - 1)
+    program = lower(q.submit(), target="x86_64").program
+    with SimDevice("x86_64", family="Apple9") as dev, Session(program, dev, timeout_s=20) as s:
+        t0 = time.monotonic()
+        s.submit()
+        with pytest.raises(ValueError, match=r"submit 0 \(timeline value 1\) completed, but the timeline is at 0: "
+                                             r"the Program's command buffers ran without signaling its value"):
+            s.wait(timeout_s=20)
+        assert not s.inflight and s.submits_completed == 1
+        s.submit()  # nothing in flight to wait for
+        with pytest.raises(ValueError, match=r"submit 1 \(timeline value 2\) completed, but the timeline is at 1"):
+            s.wait(timeout_s=20)
+        assert time.monotonic() - t0 < 10  # not the timeouts
+
+
+@pytest.mark.parametrize("work", ["copy", "none"])
+def test_an_injected_fault_on_a_command_buffer_without_kernels_skips_its_signals(work: str) -> None:
+    """A fault armed for a command buffer with no kernel struck at its end, after its signals had fired: the
+    consumer queue waiting on them ran on the failed upload's output. It now strikes before the first blit (a copy
+    queue) or, with no GPU work at all, before the first signal: the signal is skipped (METAL.md §3 rule 6) and
+    the consumer never runs."""
+    a, b, c = buffer("a", 4 * N), buffer("b", 4 * N), buffer("c", 4 * N)
+    v = timeline_value()
+    copy, compute = Queue(DEV, name="copy"), Queue(DEV)
+    if work == "copy":
+        copy.copy(a, b, 4 * N)
+    copy.signal(copy.timeline, v)
+    compute.wait(copy.timeline, v).exec(ADD1, [c, b], grid=(1,), threadgroup=(N,)).signal(compute.timeline, v)
+    program = lower(queues(copy, compute), target="x86_64").program
+    initial = {"buffer:a": np.ones(N, np.float32).tobytes()} if work == "copy" else {}
+    with SimDevice("x86_64", family="Apple9", gpu_timeout_s=1) as dev, Session(program, dev, initial=initial,
+                                                                               timeout_s=10) as s:
+        dev.inject("0:PageFault")
+        s.submit()
+        with pytest.raises(GPUExecutionError, match=r"command buffer 0 failed with status Error, MTLCommandBufferError "
+                                                     r"3 \(PageFault\)") as e:
+            s.wait(timeout_s=10)
+        where = "at copyFromBuffer:" if work == "copy" else "at the start of a command buffer without GPU work"
+        assert where in str(e.value)
+        assert s.event_value("event:copy") == 0  # the failed copy's signal was skipped
+        assert e.value.command_buffers[1].startswith("Error")  # the consumer did not run
+        assert not np.frombuffer(s.read("buffer:c"), np.float32).any()
