@@ -3,7 +3,11 @@
 A pass is a small frozen dataclass with a kebab-case ``name`` and its options as fields (xDSL's style). A pass
 pipeline (``PassPipeline``; not Metal's pipeline states, which are the kernels' ``pipeline:KEY`` placeholders) is
 written ``encode,symbolic,abi{target=arm64},linearize``: passes separated by commas, options in braces as
-``key=value`` separated by spaces (option names kebab-case; values: words, integers, ``true``/``false``).
+``key=value`` separated by spaces (option names kebab-case). A value is converted by the option's annotation:
+``bool`` (``true``/``false``), ``int``, ``float`` (finite), ``str`` (a word: no space, comma or brace), a
+``Literal`` of strings (one of them), or one of these ``| None`` / ``Optional[...]`` (``none`` is None); a value
+that does not convert is a ``PipelineError`` naming the pass, the option and its annotation, and ``register``
+refuses a pass with an option of any other annotation.
 ``str(PassPipeline.parse(text))`` prints it back: options that differ from their defaults, and required options,
 always. After every pass its verifier (``passes.verify``) checks the graph for that stage. A pass that returns the
 very graph it was given (graphs are hash-consed, so an unchanged graph is the same object) leaves its stage
@@ -18,9 +22,13 @@ the pass, what it needs and which passes must come first.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import sys
 import time
+import types
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TextIO
 
@@ -98,36 +106,111 @@ class Pass:
 
 PASSES: dict[str, type[Pass]] = {}
 
+# option name -> (converter from the pipeline text, what it expects, the annotation as text), per registered pass
+_Converter = Callable[[str], Any]
+_OPTION_TYPES: dict[type[Pass], dict[str, tuple[_Converter, str, str]]] = {}
+_OPTION_KINDS = "bool, int, float, str, a Literal of strings, or one of these | None (Optional[...])"
+
 
 def register(cls: type[Pass]) -> type[Pass]:
     """Class decorator: add a pass to the registry under its ``name``. Raises ``PipelineError`` for a name used
-    twice or not in kebab-case."""
+    twice or not in kebab-case, and for an option (a dataclass field) whose annotation a pipeline string cannot give
+    (``_OPTION_KINDS``: ``bool``, ``int``, ``float``, ``str``, a ``Literal`` of strings, or one of them ``| None``),
+    naming the option and its annotation."""
     if not re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", cls.name or ""):
         raise PipelineError(f"pass class {cls.__name__}: name {cls.name!r} is not kebab-case")
     if cls.name in PASSES and PASSES[cls.name] is not cls:
         raise PipelineError(f"two passes named {cls.name!r}: {PASSES[cls.name].__name__} and {cls.__name__}")
+    _OPTION_TYPES[cls] = _option_types(cls)
     PASSES[cls.name] = cls
     return cls
 
 
+def _option_types(cls: type[Pass]) -> dict[str, tuple[_Converter, str, str]]:
+    """The converter of each option of ``cls`` (``register``). Raises ``PipelineError`` naming the pass, the option
+    and its annotation when an annotation cannot be resolved or converted."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception as e:  # a name the annotation uses that its module does not define
+        raise PipelineError(f"pass {cls.name!r} ({cls.__name__}): cannot resolve the annotations of its options: "
+                            f"{e}") from None
+    out = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        tp = hints.get(f.name, f.type)
+        conv = _converter(tp)
+        if conv is None:
+            raise PipelineError(f"pass {cls.name!r} ({cls.__name__}): option {f.name.replace('_', '-')!r} is "
+                                f"{_type_text(tp)}, which a pipeline string cannot give: an option is {_OPTION_KINDS}")
+        out[f.name] = (*conv, _type_text(tp))
+    return out
+
+
+def _type_text(tp: Any) -> str:
+    """An annotation as one writes it: ``float``, ``int | None``, ``Literal['a', 'b']``."""
+    return tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
+
+
+def _boolean(text: str) -> bool:
+    if text not in ("true", "false"):
+        raise ValueError
+    return text == "true"
+
+
+def _number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError
+    return value
+
+
+def _converter(tp: Any) -> tuple[_Converter, str] | None:
+    """(text -> value, what the text must be) for annotation ``tp``; None when a pipeline string cannot give it."""
+    simple: dict[Any, tuple[_Converter, str]] = {bool: (_boolean, "true or false"), int: (int, "an integer"),
+                                                 float: (_number, "a finite number"), str: (str, "a word")}
+    if isinstance(tp, type) and tp in simple:
+        return simple[tp]
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal and args and all(isinstance(a, str) for a in args):
+        def choice(text: str) -> str:
+            if text not in args:
+                raise ValueError
+            return text
+        return choice, "one of " + ", ".join(map(str, args))
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        inner = _converter(rest[0]) if len(rest) == 1 else None
+        if inner is None:
+            return None
+        conv, what = inner
+
+        def optional(text: str) -> Any:
+            return None if text == "none" else conv(text)
+        return optional, f"{what} or none"
+    return None
+
+
 def _format(v: Any) -> str:
+    """An option's value as the pipeline string writes it (``_convert`` reads it back to an equal value)."""
     if isinstance(v, bool):
         return "true" if v else "false"
-    return str(v)
+    if v is None:
+        return "none"
+    return repr(v) if isinstance(v, float) else str(v)
 
 
-def _convert(text: str, typ: Any, where: str) -> Any:
-    typ = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
-    if typ == "bool":
-        if text not in ("true", "false"):
-            raise PipelineError(f"{where}: expected true or false, got {text!r}")
-        return text == "true"
-    if typ == "int":
-        try:
-            return int(text)
-        except ValueError:
-            raise PipelineError(f"{where}: expected an integer, got {text!r}") from None
-    return text
+def _convert(text: str, cls: type[Pass], attr: str, where: str) -> Any:
+    """``text`` converted by the annotation of option ``attr`` of ``cls``. Raises ``PipelineError`` naming ``where``
+    (the pass and the option), the annotation and what was expected."""
+    types_ = _OPTION_TYPES.get(cls)
+    if types_ is None:  # a pass class put in PASSES without register
+        types_ = _OPTION_TYPES[cls] = _option_types(cls)
+    conv, what, annotation = types_[attr]
+    try:
+        return conv(text)
+    except ValueError:
+        raise PipelineError(f"{where} is {annotation}: expected {what}, got {text!r}") from None
 
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -135,7 +218,7 @@ _NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 def _options(name: str, cls: type[Pass], body: str, at: int) -> dict[str, Any]:
     """The options of pass ``name`` written in ``body`` (the text between its braces, from character ``at``)."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs: dict[str, Any] = {}
     for item in body.replace(",", " ").split():
         key, eq, val = item.partition("=")
@@ -147,7 +230,7 @@ def _options(name: str, cls: type[Pass], body: str, at: int) -> dict[str, Any]:
                                 f"{', '.join(k.replace('_', '-') for k in fields) or 'none'})")
         if attr in kwargs:
             raise PipelineError(f"pass {name!r}: option {key!r} is given twice (in the braces at character {at})")
-        kwargs[attr] = _convert(val, fields[attr].type, f"pass {name!r} option {key!r}")
+        kwargs[attr] = _convert(val, cls, attr, f"pass {name!r} option {key!r}")
     missing = [k for k, f in fields.items() if k not in kwargs and f.default is dataclasses.MISSING
                and f.default_factory is dataclasses.MISSING]
     if missing:

@@ -2,8 +2,10 @@
 stages, timings, the target check); verifiers after each pass name the pass and the node."""
 from __future__ import annotations
 
+import dataclasses
 import io
 from dataclasses import dataclass
+from typing import Literal, Optional
 
 import pytest
 from lowering_cases import small_queue
@@ -372,3 +374,63 @@ def test_an_exception_a_pass_raises_keeps_its_type_and_names_the_pass_the_rule_a
     assert "matching UOp(Ops.MSG, dtypes." in notes[0]
     assert notes[1] == "in graph_rewrite 'test-raise-in-rule'"
     assert notes[2] == "in pass 'test-raise-in-rule' (pass 2 of 2 of pipeline 'encode,test-raise-in-rule')"
+
+
+# ---- options converted by their annotation (session 6, finding 7)
+
+@register
+@dataclass(frozen=True)
+class _OptionsPass(Pass):
+    """A test pass with an option of every kind a pipeline string can give."""
+
+    name = "test-options"
+    scale: float = 1.0
+    count: int | None = None
+    label: Optional[str] = "x"  # the typing spelling is converted too
+    flag: bool = False
+    mode: Literal["fast", "exact"] = "fast"
+
+    def apply(self, graph: UOp, ctx: PassContext) -> UOp:
+        return graph
+
+
+def test_options_are_converted_by_their_annotation_and_print_back() -> None:
+    """A float option arrived as the string '0.5', an ``int | None`` as '3', and ``scale=abc`` was accepted."""
+    text = "encode,test-options{scale=0.5 count=3 label=none flag=true mode=exact}"
+    p = PassPipeline.parse(text).passes[1]
+    assert isinstance(p, _OptionsPass)
+    assert (p.scale, p.count, p.label, p.flag, p.mode) == (0.5, 3, None, True, "exact")
+    assert type(p.scale) is float and type(p.count) is int
+    assert str(PassPipeline.parse(text)) == text and PassPipeline.parse(str(PassPipeline.parse(text))) == \
+        PassPipeline.parse(text)
+    q = PassPipeline.parse("encode,test-options{scale=2 count=none label=hi}").passes[1]
+    assert q == _OptionsPass(scale=2.0, count=None, label="hi") and str(q) == "test-options{scale=2.0 label=hi}"
+    assert str(_OptionsPass(scale=1e-7)) == "test-options{scale=1e-07}" and PassPipeline.parse(
+        "encode," + str(_OptionsPass(scale=1e-7))).passes[1] == _OptionsPass(scale=1e-7)
+
+
+@pytest.mark.parametrize("option, message", [
+    ("scale=abc", "pass 'test-options' option 'scale' is float: expected a finite number, got 'abc'"),
+    ("scale=nan", "option 'scale' is float: expected a finite number, got 'nan'"),
+    ("count=3.5", "option 'count' is int | None: expected an integer or none, got '3.5'"),
+    ("count=None", "option 'count' is int | None: expected an integer or none, got 'None'"),
+    ("flag=yes", "option 'flag' is bool: expected true or false, got 'yes'"),
+    ("mode=slow", "option 'mode' is Literal['fast', 'exact']: expected one of fast, exact, got 'slow'"),
+])
+def test_an_option_value_that_does_not_convert_names_the_pass_the_option_and_the_type(option: str,
+                                                                                     message: str) -> None:
+    with pytest.raises(PipelineError) as e:
+        PassPipeline.parse(f"encode,test-options{{{option}}}")
+    assert message in str(e.value)
+
+
+def test_register_refuses_an_option_a_pipeline_string_cannot_give() -> None:
+    @dataclass(frozen=True)
+    class ListOption(Pass):
+        name = "test-list-option"
+        sizes: list[int] = dataclasses.field(default_factory=list)
+
+    with pytest.raises(PipelineError, match=r"pass 'test-list-option' \(ListOption\): option 'sizes' is "
+                                            r"list\[int\], which a pipeline string cannot give"):
+        register(ListOption)
+    assert "test-list-option" not in PASSES
