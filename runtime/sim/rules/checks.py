@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mtlir.errors import MetalValidationError
 from mtlir.metal import MTL
 from mtlir.runtime.sim.objects import (ICB, Buffer, CommandBuffer, Dispatch, Encoder, Execute, ICBCommand, Pipeline,
                                        SimObject)
@@ -221,13 +222,23 @@ def _dry_run(dev: SimDevice, icb: ICB, group: list[int], call: object) -> None:
     # two snapshots taken apart would differ in bytes neither order touches (a race reported where there is none)
     snapshot = {b: b.storage.copy() for b in buffers}
     results = []
+    # the first order also notes which command changed each byte: two that both change one byte are a data race
+    # even when both orders end alike (x += 1 and x += 2 concurrently can lose an update on a GPU)
+    writer: dict[Buffer, np.ndarray] = {}
     for order in (runnable, runnable[::-1]):
         copies = {b: data.copy() for b, data in snapshot.items()}
+        first = not results
         try:
-            for _, s in order:
+            for i, s in order:
                 assert s.pipeline is not None and s.grid is not None
+                bound = {b for b, _ in s.bindings.values() if b in copies}
+                before = {b: copies[b].copy() for b in bound} if first else {}
                 bindings = {idx: (copies[b], off) for idx, (b, off) in s.bindings.items() if b in copies}
                 dev.gpu.run_kernel_now(s.pipeline, bindings, s.grid, s.threadgroup)
+                for b, old in before.items():
+                    _note_writes(writer, b, old != copies[b], i, icb, call)
+        except MetalValidationError:
+            raise
         except Exception:  # a kernel that fails is reported by the GPU when it really runs
             return
         results.append(copies)
@@ -240,6 +251,25 @@ def _dry_run(dev: SimDevice, icb: ICB, group: list[int], call: object) -> None:
                             f"ICB commands {names} of {icb.describe()} run concurrently (no setBarrier "
                             f"between them) and touch overlapping bytes of {buf.describe()}: byte {byte} "
                             "ends different when they run in the other order (a data race)")
+
+
+def _note_writes(writer: dict[Buffer, np.ndarray], buf: Buffer, changed: np.ndarray, i: int, icb: ICB,
+                 call: object) -> None:
+    """Record that ICB command ``i`` changed the bytes ``changed`` (a bool mask) of ``buf``; a byte an earlier
+    command of the same concurrent group changed too is rule 9's race (``violation``)."""
+    if not changed.any():
+        return
+    owner = writer.get(buf)
+    if owner is None:
+        owner = writer[buf] = np.full(changed.shape, -1, dtype=np.int64)
+    clash = changed & (owner >= 0)
+    if clash.any():
+        byte = int(np.flatnonzero(clash)[0])
+        raise violation(Rule.ICB_RACE, call,
+                        f"ICB commands {int(owner[byte])} and {i} of {icb.describe()} run concurrently (no "
+                        f"setBarrier between them) and both write byte {byte} of {buf.describe()} (a data race "
+                        "whatever the order: concurrent writes of one byte can lose one)")
+    owner[changed] = i
 
 
 def check_buffer_write(dev: SimDevice, buf: Buffer, offset: int, nbytes: int, call: object) -> None:

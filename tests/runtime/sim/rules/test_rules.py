@@ -334,6 +334,22 @@ def test_rule9_barrier_orders_commands(scenes: list[Scene], strict: bool) -> Non
     assert (s.floats(dst)[:4] == [1, 2, 3, 4]).all() and (s.floats(src)[:4] == [2, 3, 4, 5]).all()
 
 
+def test_rule9_two_commands_writing_one_byte_race_even_when_both_orders_agree(scenes: list[Scene]) -> None:
+    """add1 twice on the same floats without a barrier: both orders end at +2, so comparing the orders missed it,
+    but two concurrent read-modify-writes of one element can lose an update (a user's x += 1, x[4:] += 2)."""
+    s = scene(scenes, True)
+    buf = s.buffer(64)
+    s.floats(buf)[:4] = [1, 2, 3, 4]
+    icb = s.icb(2)
+    s.command(icb, 0, "add1", [(buf, 0)])
+    s.command(icb, 1, "add1", [(buf, 0)], barrier=False)
+    s.residency(buf)
+    with pytest.raises(MetalValidationError, match=r"ICB commands 0 and 1 .* run concurrently .* both write byte 2 of "
+                                                   r".* whatever the order.*rule 9"):
+        s.submit_icb(icb, 0, 2)
+    assert (s.floats(buf)[:4] == [1, 2, 3, 4]).all()  # the dry run touched copies only
+
+
 def test_rule9_sharing_a_read_only_buffer_is_no_race(scenes: list[Scene]) -> None:
     s = scene(scenes, True)
     src, a, b = s.buffer(64), s.buffer(64), s.buffer(64)
