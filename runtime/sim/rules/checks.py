@@ -221,7 +221,7 @@ def _dry_run(dev: SimDevice, icb: ICB, group: list[int], call: object) -> None:
     # one snapshot for both orders: an earlier command buffer may still be running and writing these buffers, and
     # two snapshots taken apart would differ in bytes neither order touches (a race reported where there is none)
     snapshot = {b: b.storage.copy() for b in buffers}
-    results = []
+    results: list[dict[Buffer, np.ndarray]] = []
     # the first order also notes which command changed each byte: two that both change one byte are a data race
     # even when both orders end alike (x += 1 and x += 2 concurrently can lose an update on a GPU)
     writer: dict[Buffer, np.ndarray] = {}
@@ -231,12 +231,12 @@ def _dry_run(dev: SimDevice, icb: ICB, group: list[int], call: object) -> None:
         try:
             for i, s in order:
                 assert s.pipeline is not None and s.grid is not None
-                bound = {b for b, _ in s.bindings.values() if b in copies}
-                before = {b: copies[b].copy() for b in bound} if first else {}
+                bound = {bb for bb, _ in s.bindings.values() if bb in copies}
+                before = {bb: copies[bb].copy() for bb in bound} if first else {}
                 bindings = {idx: (copies[b], off) for idx, (b, off) in s.bindings.items() if b in copies}
                 dev.gpu.run_kernel_now(s.pipeline, bindings, s.grid, s.threadgroup)
-                for b, old in before.items():
-                    _note_writes(writer, b, old != copies[b], i, icb, call)
+                for bb, old in before.items():
+                    _note_writes(writer, bb, old != copies[bb], i, icb, call)
         except MetalValidationError:
             raise
         except Exception:  # a kernel that fails is reported by the GPU when it really runs
