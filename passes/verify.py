@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 from mtlir.ir.dtypes import PtrDType, dtypes
 from mtlir.errors import LoweringError
-from mtlir.metal import SELECTORS, DeviceSpec, Obj, Prototype
+from mtlir.metal import C_FUNCTIONS, SELECTORS, DeviceSpec, Obj, Prototype
 from mtlir.ir.ops import GroupOp, Ops
 from mtlir.program.instructions import INSTRUCTIONS, Call, End, Range
 from mtlir.program.payloads import CallList, MessageList
@@ -115,6 +115,31 @@ def _check_msg(m: UOp) -> str | None:
         return f"MSG {m.arg!r} has no receiver"
     if m.src[0].dtype is not dtypes.id:
         return f"the receiver of {m.arg!r} is a {m.src[0].dtype.name}, not an object (id)"
+    sig = SELECTORS.get(m.arg)
+    if sig is None:
+        return _unknown_selector(m.arg)
+    if len(m.src) - 1 != len(sig.args) or m.dtype is not sig.ret:
+        return (f"MSG {m.arg!r} has {len(m.src) - 1} arguments and dtype {m.dtype.name}; the selector takes "
+                f"{len(sig.args)} and returns {sig.ret.name}")
+    return None
+
+
+def _unknown_selector(selector: str) -> str:
+    return f"selector {selector!r} is not in the selector table (mtlir.metal.SELECTORS): Metal has no such message"
+
+
+def _function_problem(fn: str, selector: object, sel_node: UOp | None) -> str | None:
+    """What is wrong with a call's function and selector: a function that is neither ``objc_msgSend`` nor a C
+    function of ``C_FUNCTIONS``, an ``objc_msgSend`` of a selector missing from ``SELECTORS``, or whose SEL operand
+    (``sel_node``, a CONST SEL naming what is sent: linearize puts it in ``Program.selectors``) names another
+    selector."""
+    if fn != "objc_msgSend":
+        return None if fn in C_FUNCTIONS else (f"function {fn!r} is neither objc_msgSend nor a C function of "
+                                               "mtlir.metal.C_FUNCTIONS")
+    if not isinstance(selector, str) or selector not in SELECTORS:
+        return _unknown_selector(str(selector))
+    if sel_node is not None and sel_node.op is Ops.CONST and sel_node.arg != selector:
+        return f"objc_msgSend of {selector!r}: its SEL operand is {sel_node.arg!r}, so it would send that instead"
     return None
 
 
@@ -133,7 +158,8 @@ def _check_call(c: UOp) -> str | None:
             return f"argument {i} of {a[1] or a[0]!r} is a {s.dtype.name}, its prototype wants {want.name}"
     if a[0] == "objc_msgSend" and (len(c.src) < 2 or c.src[1].dtype is not dtypes.SEL):
         return f"objc_msgSend of {a[1]!r}: argument 1 must be the SEL"
-    return None
+    problem = _function_problem(a[0], a[1], c.src[1] if a[0] == "objc_msgSend" else None)
+    return None if problem is None else f"CALL: {problem}"
 
 
 def _check_msgs(m: UOp) -> str | None:
@@ -147,7 +173,9 @@ def _check_msgs(m: UOp) -> str | None:
         if not isinstance(selector, str) or not selector:
             return f"a message of the MSGS: the selector must be a non-empty str, not {selector!r}"
         sig = SELECTORS.get(selector)
-        if sig is not None and (sig.ret is not dtypes.void or len(refs) != len(sig.args)):
+        if sig is None:
+            return f"message {selector!r} of the MSGS: {_unknown_selector(selector)}"
+        if sig.ret is not dtypes.void or len(refs) != len(sig.args):
             return f"message {selector!r} of the MSGS: a void message with {len(sig.args)} arguments"
         if not all(type(r) is int and 0 < r < n for r in refs):
             return f"message {selector!r} of the MSGS: argument indices must name sources 1..{n - 1}, got {refs}"
@@ -178,6 +206,9 @@ def _check_calls(c: UOp) -> str | None:
                        f"{want.name}"
         if fn == "objc_msgSend" and (len(refs) < 2 or dts[refs[1]] is not dtypes.SEL):
             return f"call {k} ({name}) of the CALLS: objc_msgSend's argument 1 must be the SEL"
+        problem = _function_problem(fn, selector, c.src[refs[1]] if fn == "objc_msgSend" else None)
+        if problem is not None:
+            return f"call {k} ({name}) of the CALLS: {problem}"
     return None
 
 

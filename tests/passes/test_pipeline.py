@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import pytest
 from lowering_cases import small_queue
@@ -434,3 +434,68 @@ def test_register_refuses_an_option_a_pipeline_string_cannot_give() -> None:
                                             r"list\[int\], which a pipeline string cannot give"):
         register(ListOption)
     assert "test-list-option" not in PASSES
+
+
+# ---- the verifier refuses what Metal has no message for, after any pass (session 6, finding 9)
+
+def _rewrite_first(op: Ops, change: Any) -> Any:
+    """A pass body replacing the first node of ``op`` that ``change`` turns into another (None: leave it)."""
+    def apply(self: Pass, graph: UOp, ctx: PassContext) -> UOp:
+        for u in graph.toposort():
+            if u.op is op and (new := change(u)) is not None:
+                return _substitute(graph, u, new)
+        raise AssertionError(f"no {op.name} to change")
+    return apply
+
+
+def _pass(name: str, takes: tuple[str, ...], op: Ops, change: Any) -> None:
+    cls = type(name, (Pass,), {"name": name, "takes": takes, "apply": _rewrite_first(op, change),
+                               "__module__": __name__})
+    register(dataclass(frozen=True)(cls))
+
+
+def _msgs_commit_x(m: UOp) -> UOp | None:
+    ml = m.arg
+    if not any(sel == "commit" for sel, _ in ml):
+        return None
+    return m.replace(arg=type(ml)([("commitX" if sel == "commit" else sel, refs) for sel, refs in ml]))
+
+
+def _call_sel_retain(c: UOp) -> UOp | None:
+    if c.arg[1] != "commandBuffer":
+        return None
+    return c.replace(src=(c.src[0], UOp(Ops.CONST, dtypes.SEL, (), "retain"), *c.src[2:]))
+
+
+def _calls_fn_x(c: UOp) -> UOp:
+    return c.replace(arg=type(c.arg)([("objc_msgSendX", *e[1:]) for e in c.arg]))
+
+
+_pass("test-msgs-commitx", ("messages",), Ops.MSGS, _msgs_commit_x)
+_pass("test-msg-unknown", ("messages",), Ops.MSG, lambda m: m.replace(arg="fooBar"))
+_pass("test-msg-arity", ("messages",), Ops.MSG,
+      lambda m: m.replace(src=(*m.src, m.src[0])) if m.arg == "commandBuffer" else None)
+_pass("test-call-sel", ("calls",), Ops.CALL, _call_sel_retain)
+_pass("test-calls-fn", ("calls",), Ops.CALLS, _calls_fn_x)
+
+
+@pytest.mark.parametrize("pipeline, op, message", [
+    ("encode,barriers,test-msgs-commitx", Ops.MSGS,
+     "message 'commitX' of the MSGS: selector 'commitX' is not in the selector table"),
+    ("encode,test-msg-unknown", Ops.MSG, "selector 'fooBar' is not in the selector table"),
+    ("encode,test-msg-arity", Ops.MSG,
+     "MSG 'commandBuffer' has 1 arguments and dtype id; the selector takes 0 and returns id"),
+    ("encode,abi{target=arm64},test-call-sel", Ops.CALL,
+     "CALL: objc_msgSend of 'commandBuffer': its SEL operand is 'retain', so it would send that instead"),
+    ("encode,abi{target=arm64},test-calls-fn", Ops.CALLS,
+     "function 'objc_msgSendX' is neither objc_msgSend nor a C function of mtlir.metal.C_FUNCTIONS"),
+])
+def test_the_verifier_refuses_messages_metal_has_not_after_any_pass(pipeline: str, op: Ops, message: str) -> None:
+    """An MSGS entry ``commitX`` passed the verifier after a custom pass (abi refused it later, naming no pass); a
+    CALL whose SEL operand names another selector than its arg (the SEL is what is sent) and a CALLS of
+    ``objc_msgSendX`` passed it to linearize."""
+    name = pipeline.rsplit(",", 1)[1]
+    with pytest.raises(VerifyError) as e:
+        lower(small_queue(DeviceSpec("Apple9")), pipeline=pipeline)
+    assert e.value.pass_name == name and e.value.node is not None and e.value.node.op is op
+    assert message in str(e.value) and f"after pass {name!r}" in str(e.value)
