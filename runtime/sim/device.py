@@ -121,8 +121,6 @@ class SimDevice(DeviceHooks, DeviceWaits):
         self.closed = False  # close() was called: a Session's close then sends nothing (docs/runtime.md)
         self.constant_align = constant_align
         self.max_buffer_length = max_buffer_length
-        if order_seed is not None and (type(order_seed) is not int or order_seed < 0):
-            raise ArgumentError(f"order_seed is an int >= 0 or None, got {order_seed!r}")
         self.order_seed, self.checked = order_seed, bool(checked)
         self.memory = HostMemory()
         self._lock = threading.Lock()
@@ -196,6 +194,22 @@ class SimDevice(DeviceHooks, DeviceWaits):
         self._next_handle += _HANDLE_STEP
         self._objects[obj.handle] = obj
         return obj
+
+    @property
+    def order_seed(self) -> int | None:
+        """The order of concurrent ICB commands and of the queues' heads: None (last first, the queues in commit
+        order) or a seed (an int >= 0) to shuffle them. Set it at any time; ``ArgumentError`` (a ``ValueError``)
+        for anything else (a str, a bool, a negative or fractional number): checked when set, not when the GPU
+        next reads it."""
+        return self._order_seed
+
+    @order_seed.setter
+    def order_seed(self, seed: int | None) -> None:
+        if seed is not None and (type(seed) is not int or seed < 0):
+            raise ArgumentError(f"order_seed is an int >= 0 or None, got {seed!r}")
+        self._order_seed = seed
+        if hasattr(self, "gpu"):
+            self.gpu._shuffle = None  # the next shuffle starts from the new seed
 
     def new(self, obj: SimObject) -> Any:
         """Register a new +1 object (a ``new...`` result)."""

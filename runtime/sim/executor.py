@@ -187,7 +187,7 @@ class Executor:
                            Rule.ICB_LIMITS)
         count = min(ex.count, MTL.MAX_ICB_RANGE)  # commands past 16,384 are not run (rule 8)
         key = (ex.first, count)
-        keep = self.dev.order_seed is None and self.gpu.injected_fault is None and not self.gpu.faulty
+        keep = self.dev._order_seed is None and self.gpu.injected_fault is None and not self.gpu.faulty
         if keep:
             kept = icb.ranges.get(key)
             if kept is not None and kept.usable(icb, ex, enc, cb, self.dev.spec.needs_warmup):
@@ -196,7 +196,7 @@ class Executor:
         # The range's commands are enqueued MAX_BATCH at a time, in the order the GPU runs them, with one wait each
         # (``_flush``): the in-order OpenCL queue runs them one after the other, as the order says. What they add
         # to the batch is recorded (``_run``) and kept for the next run of the range (``ranges``).
-        order = concurrent_order(icb, ex.first, count, self.dev.order_seed)
+        order = concurrent_order(icb, ex.first, count, self.dev._order_seed)
         recording = Recording() if keep else None
         self._recording = recording
         try:

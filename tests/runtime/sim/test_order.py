@@ -91,9 +91,18 @@ def test_groups_run_last_first_or_shuffled_by_the_seed() -> None:
 
 
 def test_order_seed_is_checked() -> None:
-    for bad in (-1, 1.5, "3"):
+    """Also when set on a device: 'x' or [1] made the GPU fail later with a bare internal error, -5 and 2.5 were
+    taken silently."""
+    for bad in (-1, 1.5, "3", True):
         with pytest.raises(ArgumentError, match="order_seed"):
             SimDevice("x86_64", order_seed=bad)  # type: ignore[arg-type]
+    with SimDevice("x86_64") as dev:
+        for bad in (-5, 2.5, "x", [1], True):
+            with pytest.raises(ArgumentError, match=r"order_seed is an int >= 0 or None, got"):
+                dev.order_seed = bad  # type: ignore[assignment]
+            assert dev.order_seed is None
+        dev.order_seed = 7
+        assert dev.order_seed == 7
 
 
 @pytest.mark.parametrize("path", sorted(TRACES.glob("*.json")), ids=lambda p: p.name.removesuffix(".json"))
