@@ -320,9 +320,14 @@ class SessionWaits:
 
     def _timeout_text(self, target: int, current: int | None, pending: list[Submission], timeout: float) -> str:
         parts = []
+        blocked_on = getattr(self.bridge, "blocked_on", None)  # a SimDevice can tell what a command buffer waits for
         for rec in pending[:4]:
-            sts = [MTL.STATUS_NAMES[s] if 0 <= s < 6 else str(s)
-                   for s in (int(self.messenger.send(cb, "status")) for cb in rec.cbs)]
+            sts = []
+            for slot, cb in enumerate(rec.cbs):
+                st = int(self.messenger.send(cb, "status"))
+                text = MTL.STATUS_NAMES[st] if 0 <= st < 6 else str(st)
+                what = blocked_on(cb) if blocked_on is not None and cb and st < MTL.StatusCompleted else None
+                sts.append(f"{text} (command buffer {slot} waits for {what})" if what else text)
             parts.append(f"submit {rec.index} (value {rec.value}): {', '.join(sts) or 'no command buffers'}")
         more = f" and {len(pending) - 4} more" if len(pending) > 4 else ""
         return (f"timed out after {timeout:g} s waiting for timeline value {target} "

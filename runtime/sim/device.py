@@ -34,7 +34,7 @@ from mtlir.runtime.sim.injection import Fault, FaultPlan
 from mtlir.runtime.sim.lifetime import dealloc
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 from mtlir.runtime.bridge.memory import HostMemory
-from mtlir.runtime.sim.objects import Buffer, ClassObject, Device, NSError, NSString, SimObject
+from mtlir.runtime.sim.objects import Buffer, ClassObject, CommandBuffer, Device, NSError, NSString, SimObject
 from mtlir.runtime.sim.methods.resources import CLASSES
 
 __all__ = ["SimDevice", "METHODS"]
@@ -590,6 +590,15 @@ class SimDevice(DeviceHooks, DeviceWaits):
         MTLIndirectCommandBuffer 0x... (k)``, the handle of its command buffer); None when none runs. A Session
         names it when a wait times out (real Metal cannot tell which kernel runs)."""
         return self.gpu.running
+
+    def blocked_on(self, handle: int) -> str | None:
+        """What the command buffer ``handle`` waits for on the simulated GPU now (``the updateFence: of ...``,
+        ``MTLSharedEvent ... to reach 3 (encodeWaitForEvent:value:)``); None when it is not waiting (or not a
+        command buffer of this device). A Session names it when a wait times out (real Metal cannot tell)."""
+        with self._lock:
+            cb = self._objects.get(handle)
+            gate = getattr(cb, "gate", None) if isinstance(cb, CommandBuffer) else None
+            return None if gate is None else str(gate.what)
 
     def __enter__(self) -> SimDevice:
         return self

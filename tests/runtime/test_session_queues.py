@@ -61,6 +61,11 @@ def test_the_host_signals_a_shared_event_the_copy_queue_waits_for() -> None:
         with pytest.raises(WaitTimeoutError, match=r"wait_event\('event', 1\): not reached after 0.1 s \(its value "
                                                    r"is 0\)"):
             s.wait_event("event", 1, timeout_s=0.1)
+        # a wait's timeout names what a pending command buffer waits for (the simulated GPU can tell)
+        with pytest.raises(WaitTimeoutError, match=r"submit 0 \(value 1\): Scheduled \(command buffer 0 waits for "
+                                                   r"MTLSharedEvent 0x[0-9a-f]+ \(event:go\) to reach 1 "
+                                                   r"\(encodeWaitForEvent:value:\)\)"):
+            s.wait(timeout_s=0.1)
         threading.Timer(0.05, s.signal_event, ("event:go", 1)).start()
         s.wait_event("event", 1, timeout_s=5)
         s.wait()
