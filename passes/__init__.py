@@ -24,7 +24,7 @@ from mtlir.passes.linearize import Linearize, LinearizeError
 from mtlir.passes.pipeline import (PASSES, STAGES, Lowered, Pass, PassContext, PassPipeline, PassTiming, PipelineError,
                                    graph_stage, register)
 from mtlir.passes.symbolic import Symbolic, simplifiable, simplify
-from mtlir.passes.timeline import timeline_read_program, uses_timeline
+from mtlir.passes.timeline import timeline_event, timeline_read_program
 from mtlir.passes.verify import VerifyError
 from mtlir.program.program import Program
 from mtlir.ir.uop import UOp
@@ -72,8 +72,10 @@ def lower(graph: UOp, target: str | None = None, pipeline: str | PassPipeline | 
 
     The graph's stage (``graph_stage``: a queue graph, typed messages, or calls) is where the pipeline starts: a
     pipeline string is parsed for it, a ``PassPipeline`` must start there, and without a pipeline the default one
-    starts there. A Program that uses the timeline (``uses_timeline``) gets the Program that reads it, lowered for
-    the same device and target: ``Program.timeline_read`` (what the runtime's ``Session`` waits with).
+    starts there. A Program that has a queue's timeline gets the Program that reads it, lowered for the same device
+    and target: ``Program.timeline_read`` (what the runtime's ``Session`` waits with); the event it reads is the
+    Program's timeline (``passes.timeline.timeline_event``: the default queue's, else the first queue's own in the
+    SINK's order, never a shared event).
 
     Raises ``PipelineError`` for a bad pipeline, one that does not start at the graph's stage, or a ``target`` that
     disagrees with the pipeline's ``abi{target=…}``; ``EncodeError`` naming the command for a queue that cannot be
@@ -96,6 +98,7 @@ def lower(graph: UOp, target: str | None = None, pipeline: str | PassPipeline | 
             raise PipelineError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
     lowered = pipe.run(graph, print_after_all=print_after_all, keep_stages=keep_stages, out=out)
     program = lowered.result
-    if isinstance(program, Program) and uses_timeline(program):
-        program.timeline_read = timeline_read_program(program.device, program.target)
+    event = timeline_event(graph, program) if isinstance(program, Program) else None
+    if isinstance(program, Program) and event is not None:  # the Program's timeline: passes/timeline.py chooses it
+        program.timeline_read = timeline_read_program(program.device, program.target, event)
     return lowered

@@ -87,8 +87,15 @@ class Session(SessionWaits):
         self.executor_kind = executor
         self.executor: Executor = make_executor(executor, program, bridge, self.linked.registers)
         self.messenger = self.linked.messenger  # the bookkeeping messages (pool, status, release, errors)
-        events = self.linked.of_kind("event")  # the default queue's timeline, "event", is the one submits wait for
-        timeline = "event" if "event" in events else (events[0] if events else None)
+        # the Program's timeline is the event its timeline read reads (chosen by passes/timeline.py: the default
+        # queue's, else the first queue's own in the SINK's order, never a shared event); a Program without a read
+        # (built by hand, or naming an event not linked here): "event", else the first "event:<q>" of a queue
+        # placeholder "queue:<q>" (register order)
+        events = self.linked.of_kind("event")
+        read = program.timeline_read
+        chosen = next((o.name for o in read.objects.values() if o.kind == "event"), None) if read else None
+        timeline = (chosen if chosen in events else "event" if "event" in events
+                    else next((e for e in events if f"queue:{e.partition(':')[2]}" in self.linked.handles), None))
         self.event: int | None = self.linked.handles[timeline] if timeline is not None else None
         self.timeline_reader = "none" if self.event is None else "message"
         self._read_timeline: Executor | None = None

@@ -78,3 +78,58 @@ def test_the_kept_timeline_read_is_a_copy_per_call() -> None:
     assert second.instrs and all(o.name != "another-event" for o in second.objects.values())
     program = lower(small_queue(DEV), target="arm64").program
     assert program.timeline_read is not None and program.timeline_read.instrs
+
+
+# ---- which event is a Program's timeline (session 6, finding 12)
+
+def _named_queues(first: str, *, shared_first: bool = True, p_timeline: bool = True) -> object:
+    """Queues p and q (no default queue) in the SINK's order ``first``-then-the-other; p signals a shared event
+    ``aaa`` first (its register comes before every queue's timeline), and its timeline when ``p_timeline``; q waits
+    for p and signals its own timeline."""
+    from mtlir.frontend.nodes import shared_event, timeline_value
+    from mtlir.frontend.queue import queues
+    v = timeline_value()
+    x, y = buffer("x", 64), buffer("y", 64)
+    p, q = Queue(DEV, name="p"), Queue(DEV, name="q")
+    if shared_first:
+        p.signal(shared_event("aaa"), v)
+    p.exec(SAXPY, [x, y], [3], grid=(1,), threadgroup=(16,))
+    if p_timeline:
+        p.signal(p.timeline, v)
+        q.wait(p.timeline, v)
+    q.copy(x, y, 64).signal(q.timeline, v)
+    return queues(p, q) if first == "p" else queues(q, p)
+
+
+def _read_event(program: object) -> str:
+    read = program.timeline_read  # type: ignore[attr-defined]
+    assert read is not None
+    return next(o.name for o in read.objects.values() if o.kind == "event")
+
+
+@pytest.mark.parametrize("first", ["p", "q"])
+def test_the_timeline_of_named_queues_is_the_first_queues_own_never_a_shared_event(first: str) -> None:
+    """A Program of named queues only waited on whichever event link listed first: the shared event ``aaa`` (and
+    register order is not the SINK's order). Now: the first queue's own timeline, in the SINK's order."""
+    import mtlir.runtime as runtime
+    from mtlir.passes.timeline import queue_order, timeline_event
+    graph = _named_queues(first)
+    lowered = lower(graph, target="arm64")  # type: ignore[arg-type]
+    program = lowered.program
+    assert queue_order(graph) == [first, "q" if first == "p" else "p"]  # type: ignore[arg-type]
+    assert timeline_event(graph, program) == f"event:{first}" == _read_event(program)  # type: ignore[arg-type]
+    assert sorted(queue_order(lowered.stages[1][1])) == ["p", "q"]  # type: ignore[arg-type]
+    with runtime.Session(program, runtime.RecordingBridge(target="arm64")) as s:
+        assert s.event == s.linked.handles[f"event:{first}"] != s.linked.handles["event:aaa"]
+        assert s.timeline_reader == "program"
+    with runtime.Session(dataclasses.replace(program, timeline_read=None),
+                         runtime.RecordingBridge(target="arm64")) as s:  # by hand: a queue's timeline, not aaa
+        assert s.event in (s.linked.handles["event:p"], s.linked.handles["event:q"])
+
+
+def test_the_default_queues_timeline_wins_and_a_queue_without_its_timeline_is_skipped() -> None:
+    from mtlir.passes.timeline import timeline_event
+    graph = _named_queues("p", p_timeline=False)  # p signals only the shared event: q's timeline is the first
+    program = lower(graph, target="arm64").program  # type: ignore[arg-type]
+    assert timeline_event(graph, program) == "event:q" == _read_event(program)  # type: ignore[arg-type]
+    assert _read_event(lower(small_queue(DEV), target="arm64").program) == "event"
