@@ -74,7 +74,7 @@ def uses_timeline(program: Program) -> bool:
     return any(o.kind == "event" and o.name == "event" for o in program.objects.values())
 
 
-def queue_order(graph: UOp) -> list[str]:
+def queue_order(graph: UOp) -> list[str | None]:
     """The queues of ``graph`` in the order of its SINK (``queues(p, q)``: p, then q), each once, as queue names
     (``None`` for the default queue): a queue graph's SUBMITs by their tag. A graph after encode no longer keeps
     that order (its SINK may hold one chain reaching every queue): there, the queue placeholders (``queue``,
