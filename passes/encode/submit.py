@@ -37,9 +37,9 @@ _BUFFER_VIEW, _SIGNAL, _WAIT, _CONST, _COPY, _FILL = Ops.BUFFER_VIEW, Ops.SIGNAL
 _U64 = dtypes.uint64
 _new = tuple.__new__  # builds a NamedTuple at C speed (its generated __new__ is Python code): per-command records
 
-# an argument's ICB binding as check_bind finds it: (placeholder name, byte offset, index, part), ``part`` the id of
-# (placeholder name, extent) in ``SubmitReader.parts`` (what a command's kind holds of that argument)
-Quad = tuple[str, int, int, int]
+# an argument's ICB binding as check_bind finds it: (byte offset, part), ``part`` the id of (placeholder name, extent)
+# in ``SubmitReader.parts`` (what a command's kind holds of that argument; the index is its parameter's)
+Pair = tuple[int, int]
 
 
 @dataclass
@@ -65,7 +65,7 @@ class SubmitReader:
     binds: dict[UOp, Binding] = field(default_factory=dict)    # BUFFER / buffer variable -> Binding (views: binding())
     base_names: dict[UOp, str | None] = field(default_factory=dict)   # BUFFER / buffer variable -> placeholder
     pids: dict[tuple[int, int | DType, int], int] = field(default_factory=dict)  # parameter (KernelLayout.pids): id
-    memos: list[dict[UOp, Quad]] = field(default_factory=list)  # per pid: node -> ICB binding (``Quad``)
+    memos: list[dict[UOp, Pair]] = field(default_factory=list)  # per pid: node -> ICB binding (``Pair``)
     param_of: dict[int, tuple[int, int | DType, int]] = field(default_factory=dict)
     buffers: dict[str, UOp] = field(default_factory=dict)      # placeholder name -> OBJECT, first-use order
     inputs: dict[UOp, int] = field(default_factory=dict)       # buffer variable -> position
@@ -111,12 +111,12 @@ class SubmitReader:
                 if k is not None and len(src) == k.nsrc:
                     grid, tg = grids.get(src[1]), tgs.get(src[2])
                     if grid is not None and tg is not None:
-                        i = len(cmds)
-                        binds = [memos[p].get(b) or check(b, p, i, k) for b, p in zip(src[3:], k.pids)]
-                        shape = shapes.get((src[0], src[1], src[2], *[t[3] for t in binds]))
+                        binds = [memos[p].get(b) or check(b, p, k) for b, p in zip(src[3:], k.pids)]
+                        offsets, parts = zip(*binds) if binds else ((), ())  # the columns, at C speed
+                        shape = shapes.get((src[0], src[1], src[2], parts))
                         if shape is None:
                             shape = self.new_shape(src, k, grid, tg, binds)
-                        cmds.append(_new(IcbCommand, (shape, *[t[1] for t in binds])))
+                        cmds.append(_new(IcbCommand, (shape,) + offsets))
                         execs.append(op)
                         continue
                 self.read_exec(op, len(cmds))
@@ -216,14 +216,14 @@ class SubmitReader:
             except QueueError as e:
                 raise EncodeError(str(e)) from None
 
-    def new_shape(self, src: tuple[UOp, ...], k: KernelLayout, grid: Size, tg: Size, binds: list[Quad]) -> IcbShape:
+    def new_shape(self, src: tuple[UOp, ...], k: KernelLayout, grid: Size, tg: Size, binds: list[Pair]) -> IcbShape:
         """The kind of a command (``IcbShape``) of kernel ``k``, sizes ``grid`` and ``tg`` and bindings ``binds``,
-        made once per distinct ``(KERNEL, grid, threadgroup, *parts)`` of the EXEC's sources ``src``."""
-        parts = self.part_list
-        shape = IcbShape(k.pipeline.arg.name, tuple([t[0] for t in binds]), tuple([t[2] for t in binds]), grid.link,
-                         tg.link, True, grid.symbolic or tg.symbolic, k.var_names, (),
-                         tuple([parts[t[3]][1] for t in binds]))
-        self.shapes[(src[0], src[1], src[2], *[t[3] for t in binds])] = shape
+        made once per distinct ``(KERNEL, grid, threadgroup, parts)`` of the EXEC's sources ``src``."""
+        parts = [self.part_list[t[1]] for t in binds]
+        indices = tuple([index for index, _ in k.buffers] + [index for index, _ in k.vars])
+        shape = IcbShape(k.pipeline.arg.name, tuple([name for name, _ in parts]), indices, grid.link, tg.link, True,
+                         grid.symbolic or tg.symbolic, k.var_names, (), tuple([extent for _, extent in parts]))
+        self.shapes[(src[0], src[1], src[2], tuple([t[1] for t in binds]))] = shape
         self.kinds[id(shape)] = (k, grid, tg)
         return shape
 
@@ -259,17 +259,18 @@ class SubmitReader:
                               f"{len(k.vars)} variables, the EXEC has {len(src) - 3} buffer and variable sources")
         grid = self.grids.get(src[1]) or self.read_size(src[1], f"command {i} ({k.kernel.key})", "grid")
         tg = self.tgs.get(src[2]) or self.read_size(src[2], f"command {i} ({k.kernel.key})", "threadgroup")
-        binds = [self.memos[p].get(b) or self.check_bind(b, p, i, k) for b, p in zip(src[3:], k.pids)]
-        shape = self.shapes.get((src[0], src[1], src[2], *[t[3] for t in binds]))
+        binds = [self.memos[p].get(b) or self.check_bind(b, p, k) for b, p in zip(src[3:], k.pids)]
+        shape = self.shapes.get((src[0], src[1], src[2], tuple([t[1] for t in binds])))
         if shape is None:
             shape = self.new_shape(src, k, grid, tg, binds)
-        self.cmds.append(_new(IcbCommand, (shape, *[t[1] for t in binds])))
+        self.cmds.append(_new(IcbCommand, (shape, *[t[0] for t in binds])))
         self.execs.append(op)
 
-    def check_bind(self, b: UOp, pid: int, i: int, k: KernelLayout) -> Quad:
-        """The ICB binding of argument ``b`` for parameter ``pid`` (an id of (index, element size, bytes the
-        parameter needs) or (index, variable dtype, 0)) as a ``Quad``, read and checked once per (node, parameter);
-        an offset too far for an ICB is checked again at every use."""
+    def check_bind(self, b: UOp, pid: int, k: KernelLayout) -> Pair:
+        """The ICB binding of argument ``b`` of the next command (kernel ``k``) for parameter ``pid`` (an id of
+        (index, element size, bytes the parameter needs) or (index, variable dtype, 0)) as a ``Pair``, read and
+        checked once per (node, parameter); an offset too far for an ICB is checked again at every use."""
+        i = len(self.cmds)
         index, kind, need = self.param_of[pid]
         if b.op is _BUFFER_VIEW and type(kind) is int and len(b.src) == 1 and type(arg := b.arg) is tuple \
                 and len(arg) == 2:  # a view on a BUFFER read before: often one per command, so not memoized
@@ -281,13 +282,13 @@ class SubmitReader:
                 part = self.parts.get((pname, nbytes))
                 if part is None:
                     part = self.part(pname, nbytes)
-                return (pname, offset, index, part)  # every check of the general path below passed
+                return (offset, part)  # every check of the general path below passed
         if isinstance(kind, DType):
             slot = self.slots.get((b, kind))
             if slot is None:
                 slot = self.read_var(b, kind, where(i, k, index, "variable"))
-            quad = self.memos[pid][b] = ("varbuf", slot * VAR_SLOT, index, self.part("varbuf", 0))
-            return quad
+            pair = self.memos[pid][b] = (slot * VAR_SLOT, self.part("varbuf", 0))
+            return pair
         bind = self.binds.get(b) or self.read_buffer(b, (i, k, index, "buffer"))
         if need:
             have = b.arg[1] if b.op in (Ops.BUFFER, Ops.BUFFER_VIEW) else None
@@ -301,19 +302,19 @@ class SubmitReader:
                 self.too_far = (f"{where(i, k, index, 'buffer')} binds a buffer variable at byte offset "
                                 f"{expr_text(offset)}, up to {hi}, above 0xFFFFFFFF, which an ICB command cannot hold "
                                 "(METAL.md §3 rule 8)")
-            return ("", 0, index, self.part("", _extent(b)))
+            return (0, self.part("", _extent(b)))
         if offset % kind:
             raise EncodeError(f"{where(i, k, index, 'buffer')} is bound at byte offset {offset}, not a multiple of its "
                               f"element size {kind} (METAL.md §1)")
-        quad = (bind.name or "", offset, index, self.part(bind.name or "", _extent(b)))
+        pair = (offset, self.part(bind.name or "", _extent(b)))
         if offset > MAX_ICB_OFFSET:
             if not self.too_far:
                 self.too_far = (f"{where(i, k, index, 'buffer')} binds {bind.name or 'a buffer variable'} at byte "
                                 f"offset {offset}, above 0xFFFFFFFF, which an ICB command cannot hold (METAL.md §3 "
                                 "rule 8)")
         else:
-            self.memos[pid][b] = quad
-        return quad
+            self.memos[pid][b] = pair
+        return pair
 
     def read_kernel(self, node: UOp, i: int) -> KernelLayout:
         """A KERNEL node's pipeline placeholder and parameter layout, checked once."""
