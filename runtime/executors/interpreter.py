@@ -10,7 +10,7 @@ import ctypes
 import functools
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mtlir.program.instructions import Alu, Bitcast, Call, Cast, End, Gep, Index, Instr, Load, Range, Store, Struct
@@ -29,9 +29,11 @@ __all__ = ["Interpreter"]
 #   _MSG proto, args | _CALL fn, proto, args | _STORE dtype, addr, value | _LOAD dtype, addr |
 #   _INDEX itemsize, base, index | _ALU fn, srcs | _STRUCT fields | _GEP field, src | _CAST fn, src |
 #   _RANGE bound, end_pc | _END counter, range_pc, bound
-#   _NATIVE fn, getter, result kind: a message as a bare ctypes call (a native MetalBridge, every value proven
-#   to fit: mtlir.runtime.executors.native), its arguments ``getter(regs)`` (constants converted once, kept in
-#   registers past nregs), the result converted as msg_send does (_PLAIN, _PTR, _BOOL) |
+#   _NATIVE fn, getter, result kind, constants: a message as a bare ctypes call (a native MetalBridge, every value
+#   proven to fit: mtlir.runtime.executors.native), its arguments ``getter(regs)`` (constants converted once, kept
+#   in registers past nregs), the result converted as msg_send does (_PLAIN, _PTR, _BOOL); ``constants``: the
+#   argument tuple when every argument is a constant (a block's op then reads that tuple from one register), else
+#   None |
 #   _CELL cell, value: a store at a constant host address through a ctypes cell (same conditions) |
 #   _SIZE fields, MTLSizeStruct: a STRUCT built as the MTLSize that only direct calls read (native.size_structs) |
 #   _KNOWN: a pure instruction whose result _fold computed (native only): its register holds it from the start |
@@ -39,9 +41,12 @@ __all__ = ["Interpreter"]
 #   ``regs[dst] = fn(*getter(regs))`` (_FUSED kinds; a _KNOWN one is left out; a loop of known bound whose body
 #   is all of them unrolled, its counter set by an op per iteration), as
 #   (fn, getter, dst) tuples run by one tight loop; ``pcs``: each op's instruction. The instructions
-#   after the first keep their own forms (never reached: no jump lands inside a run, jumps go to a RANGE or END)
-#   _ARRAY getitem, index: a load at a constant host table's entry ``index`` (bounded), ``getitem`` of a ctypes
-#   array over the table (native.NativeCalls.array); the INDEX that only such loads read becomes _KNOWN
+#   after the first keep their own forms (never reached: no jump lands inside a run, jumps go to a RANGE or END).
+#   A getter builds no tuple where it need not: an op without operands reads a register holding (), one of
+#   constant operands a register holding their tuple, a ctypes cell's store is ``value.__set__(cell, v)``
+#   _ARRAY getitem, index, array: a load at a constant host table's entry ``index`` (bounded), ``getitem`` of a
+#   ctypes array over the table (native.NativeCalls.array; in an unrolled loop, the entry's cell read at its
+#   address); the INDEX that only such loads read becomes _KNOWN
 #   _ARRAYSET setitem, index, value: a store into such a table entry (the value proven to fit)
 _CALL, _MSG, _STORE, _LOAD, _INDEX, _ALU, _STRUCT, _GEP, _CAST, _RANGE, _END, _NATIVE, _CELL, _BLOCK, _SIZE, _KNOWN, \
     _ARRAY, _ARRAYSET = range(18)
@@ -54,7 +59,12 @@ _UNSET = object()
 _POINTERS = ("ptr", "id", "sel")  # parameter kinds ctypes passes as c_void_p (None is NULL)
 
 
-_NONE = operator.itemgetter(slice(0, 0))  # the getter of an op without operands
+_VALUE = operator.attrgetter("value")  # a ctypes cell's value: the op reading a table entry at a known index
+
+
+def _entry(arr: Any, i: int) -> Any:
+    """Entry ``i`` of the ctypes array ``arr`` as a ctypes cell at its address."""
+    return arr._type_.from_address(ctypes.addressof(arr) + i * ctypes.sizeof(arr._type_))
 
 
 def _dst(d: int, scratch: int) -> int:
@@ -125,6 +135,8 @@ class Interpreter(Executor):
         self._blocks()
         self._results = operator.itemgetter(*self.results) if len(self.results) > 1 else None
         self._vars = tuple((name, r, lo, hi) for name, (r, lo, hi) in program.variables.items())
+        if self.code and self.code[0][0] == _BLOCK and self.code[0][3] == len(self.code):
+            self.run = self._straight()  # the whole Program is one block: run is its loop alone
 
     def _blocks(self) -> None:
         """On a native MetalBridge, fuse each run of instructions of ``_FUSED`` kinds with two or more ops into a
@@ -133,8 +145,8 @@ class Interpreter(Executor):
         if self.native is None:
             return
         self._raw = self._raw_results()
-        self._scratch = len(self.registers)  # where an op without a result writes its None
-        self.registers.append(None)
+        self._scratch = self._hold(None)  # where an op without a result writes its None
+        self._nothing = operator.itemgetter(self._hold(()))  # the getter of an op without operands: no list made
         code, pc = self.code, 0
         while pc < len(code):
             end, ops = pc, []
@@ -153,6 +165,11 @@ class Interpreter(Executor):
                 code[pc] = (_BLOCK, -1, tuple(op for op, _ in ops), end, tuple(i for _, i in ops))
             pc = max(end, pc + 1)
 
+    def _hold(self, value: Any) -> int:
+        """A register past the Program's holding ``value`` from the start (for the ops of blocks)."""
+        self.registers.append(value)
+        return len(self.registers) - 1
+
     def _unrolled(self, pc: int) -> list[tuple[tuple[Any, Any, int], int]] | None:
         """The ops of the loop whose RANGE is at ``pc`` unrolled (with each op's pc), when its bound is known
         before the run (at most ``_UNROLL`` iterations) and its body is all of ``_FUSED`` kinds; else None. The
@@ -165,33 +182,38 @@ class Interpreter(Executor):
         if bound * len(body) > _UNROLL or not all(self.code[i][0] in _FUSED for i in body):
             return None
         body_ops = [(self._op(self.code[i]), i) for i in body if self.code[i][0] != _KNOWN]
-        empty = operator.itemgetter(slice(0, 0))
+        empty = self._nothing
         ops: list[tuple[tuple[Any, Any, int], int]] = []
         pcs = {id(ins): q for q, ins in enumerate(self.program.instrs)}
         needed = any(self.code[pcs[id(r)]][0] != _KNOWN for r in self._readers.get(counter, ()) if type(r) is not End)
         for i in range(max(bound, 0)):
             if needed:  # an op of the body reads the counter (not only the INDEX of a table entry read directly)
                 ops.append(((itertools.repeat(i).__next__, empty, counter), pc))
-            for op, at in body_ops:  # a table entry the counter indexes: that iteration's entry, read directly
+            for op, at in body_ops:  # a table entry the counter indexes: that iteration's entry, as a cell
                 c = self.code[at]
-                ops.append(((functools.partial(c[2], i), empty, c[1]), at) if c[0] == _ARRAY and c[3] == counter
-                           else (op, at))
+                ops.append(((_VALUE, operator.itemgetter(self._hold((_entry(c[4], i),))), c[1]), at)
+                           if c[0] == _ARRAY and c[3] == counter and i < len(c[4]) else (op, at))
         ops.append(((itertools.repeat(max(bound, 0)).__next__, empty, counter), end_pc))
         return ops
 
     def _raw_results(self) -> set[int]:
         """Pointer results of direct calls that may stay as ctypes returns them (None for NULL) inside a block:
-        written once, not a result, read only by direct calls, at pointer parameters (None is NULL there)."""
+        written once, not a result, read only by direct calls at pointer parameters (None is NULL there) and by
+        stores at a constant address of a pointer's size, whose cell becomes a ``c_void_p`` (None stores 0)."""
         writes: dict[int, int] = {}
         for ins in self.program.instrs:
             writes[ins.dst] = writes.get(ins.dst, 0) + 1
         raw = {c[1] for c in self.code if c[0] == _NATIVE and c[1] >= 0 and c[4] == _PTR and writes[c[1]] == 1}
         raw -= set(self.results)
         for pc, ins in enumerate(self.program.instrs):
-            reads = raw.intersection(ins.reads())
-            if reads and not (self.code[pc][0] == _NATIVE and type(ins) is Call and all(
-                    dt.kind in _POINTERS for dt, a in zip(ins.proto.args, ins.args) if a in reads)):
+            reads, c = raw.intersection(ins.reads()), self.code[pc]
+            if reads and not (c[0] == _NATIVE and type(ins) is Call and all(
+                    dt.kind in _POINTERS for dt, a in zip(ins.proto.args, ins.args) if a in reads)) and not (
+                    c[0] == _CELL and NativeCalls.pointer_cell(c[2]) is not None):
                 raw -= reads
+        for pc, c in enumerate(self.code):  # a raw value stored at a constant address: a pointer cell (None is 0)
+            if c[0] == _CELL and c[3] in raw:
+                self.code[pc] = (_CELL, -1, NativeCalls.pointer_cell(c[2]), c[3])
         return raw
 
     def _op(self, c: tuple[Any, ...]) -> tuple[Any, Any, int]:
@@ -202,17 +224,16 @@ class Interpreter(Executor):
         k = c[0]
         if k == _NATIVE:
             fn, dst, kind = c[2], c[1], c[4]
+            args = c[3] if c[5] is None else operator.itemgetter(self._hold(c[5]))  # constants: the tuple itself
             if dst < 0:
-                return fn, c[3], self._scratch
+                return fn, args, self._scratch
             if kind == _PTR and dst not in self._raw:
                 fn = functools.partial(_ptr_result, fn)
             elif kind == _BOOL:
                 fn = functools.partial(_bool_result, fn)
-            return fn, c[3], dst
-        if k == _CELL:  # the cell as an array of one, assigned by setitem
-            cell = c[2]
-            return (functools.partial(operator.setitem, (type(cell) * 1).from_address(ctypes.addressof(cell)), 0),
-                    get([c[3]]), self._scratch)
+            return fn, args, dst
+        if k == _CELL:  # cell.value = v as the descriptor's __set__(cell, v)
+            return type(c[2]).value.__set__, operator.itemgetter(self._hold(c[2]), c[3]), self._scratch
         if k == _SIZE:
             return c[3], get(c[2]), c[1]
         if k == _ARRAY:
@@ -220,10 +241,11 @@ class Interpreter(Executor):
         if k == _ARRAYSET:
             return c[2], operator.itemgetter(c[3], c[4]), self._scratch
         msg_send, c_call, load, store = self._bridge_calls
+        nothing = self._nothing
         if k == _MSG:  # through msg_send and its checks, as the loop sends it
-            return functools.partial(_send, msg_send, c[2]), get(c[3]) if c[3] else _NONE, _dst(c[1], self._scratch)
+            return functools.partial(_send, msg_send, c[2]), get(c[3]) if c[3] else nothing, _dst(c[1], self._scratch)
         if k == _CALL:
-            return (functools.partial(_send, functools.partial(c_call, c[2]), c[3]), get(c[4]) if c[4] else _NONE,
+            return (functools.partial(_send, functools.partial(c_call, c[2]), c[3]), get(c[4]) if c[4] else nothing,
                     _dst(c[1], self._scratch))
         if k == _STORE:
             return functools.partial(_store, store, c[2]), operator.itemgetter(c[3], c[4]), self._scratch
@@ -232,7 +254,7 @@ class Interpreter(Executor):
         if k == _INDEX:
             return functools.partial(_index, c[2]), operator.itemgetter(c[3], c[4]), c[1]
         if k == _STRUCT:
-            return _tuple, get(c[2]) if c[2] else _NONE, c[1]
+            return _tuple, get(c[2]) if c[2] else nothing, c[1]
         if k == _GEP:
             return operator.itemgetter(c[2]), get([c[3]]), c[1]
         if k == _CAST:
@@ -260,7 +282,8 @@ class Interpreter(Executor):
             return (_SIZE, ins.dst, tuple(ins.fields), MTLSizeStruct)
         if type(ins) is Load:
             arr, at = self._array(ins), self._defs.get(ins.addr)
-            return None if arr is None or type(at) is not Index else (_ARRAY, ins.dst, arr.__getitem__, at.index)
+            return None if arr is None or type(at) is not Index else (_ARRAY, ins.dst, arr.__getitem__, at.index,
+                                                                      arr)
         if type(ins) is Index and ins.dst not in self.results and self._readers.get(ins.dst) and all(
                 (type(r) is Load or (type(r) is Store and r.addr == ins.dst and r.value != ins.dst))
                 and self._native(r) is not None for r in self._readers[ins.dst]):
@@ -277,7 +300,9 @@ class Interpreter(Executor):
             else:
                 slots.append(self.program.nregs + len(self._constants))
                 self._constants.append(v)
-        return (_NATIVE, ins.dst, plan[0], operator.itemgetter(*slots), _RESULT_KINDS[ret_kind(ins.proto.ret)])
+        constants = tuple(v for _, v in plan[1]) if all(const for const, _ in plan[1]) else None
+        return (_NATIVE, ins.dst, plan[0], operator.itemgetter(*slots), _RESULT_KINDS[ret_kind(ins.proto.ret)],
+                constants)
 
     def _array(self, ins: Load | Store) -> Any:
         """The ctypes array a load at ``base + index * itemsize`` reads through (a constant host table, a bounded
@@ -353,9 +378,47 @@ class Interpreter(Executor):
             raise ProgramError(f"instruction {format_instr(self.program, pc)}: {e}") from None
         raise ProgramError(f"instruction {format_instr(self.program, pc)}: not an instruction")
 
-    def run(self, program: Program | None = None, /, **values: Any) -> tuple[Any, ...]:
-        """Execute the Program once with ``values`` (variables by name); returns the ``results`` registers.
-        Raises ``ValueError``/``TypeError`` for a missing, unknown or out-of-bounds variable and whatever the
+    def _straight(self) -> Callable[..., tuple[Any, ...]]:
+        """``run`` for a Program that is one ``_BLOCK`` (a native MetalBridge; a loop of known bound unrolled):
+        plain in-bounds integers bound by name, then the block's ops, nothing else per run (no dispatch, no
+        attribute read). Anything else (another Program named, a value to convert or to refuse, a missing or
+        unknown name) goes to ``_run``, which binds through ``bind_variables`` and raises its errors."""
+        regs, ops, pcs, program = self.registers, self.code[0][2], self.code[0][4], self.program
+        variables, nvars, results, name = self._vars, len(self._vars), self.results, self.name
+        get_results = self._results
+        general = self._run
+
+        def run(program_: Program | None = None, /, **values: Any) -> tuple[Any, ...]:
+            if program_ is not None or len(values) != nvars:
+                return general(program_, **values)
+            bound = True
+            try:
+                for var, r, lo, hi in variables:
+                    v = values[var]
+                    if type(v) is not int or not lo <= v <= hi:
+                        bound = False
+                        break
+                    regs[r] = v
+            except KeyError:  # an unknown name in place of a known one
+                bound = False
+            if not bound:
+                return general(**values)
+            try:
+                for fn, get, d in ops:
+                    regs[d] = fn(*get(regs))
+            except Exception as e:  # the instruction of the op that raised (each op is its own object)
+                if not getattr(e, "deferred", False):  # a deferred device error: GPU work before, not this op
+                    pc = pcs[ops.index((fn, get, d))]
+                    e.add_note(f"while running instruction {format_instr(program, pc)} ({name})")
+                raise
+            if get_results is not None:
+                return get_results(regs)  # type: ignore[no-any-return]
+            return (regs[results[0]],) if results else ()
+        return run
+
+    def _run(self, program: Program | None = None, /, **values: Any) -> tuple[Any, ...]:
+        """``run``: execute the Program once with ``values`` (variables by name); returns the ``results``
+        registers. Raises ``ValueError``/``TypeError`` for a missing, unknown or out-of-bounds variable and whatever the
         Bridge raises, noted with the instruction that was running. ``program``: see ``Executor``."""
         if program is not None and program is not self.program:
             return self._other(program).run(**values)

@@ -161,6 +161,15 @@ class NativeCalls:
             return None
         return ct.from_address(addr)
 
+    @staticmethod
+    def pointer_cell(cell: Any) -> Any:
+        """The ctypes ``c_void_p`` over the same memory as ``cell`` (a ``cell`` of a pointer's size), or None: a
+        store of a pointer result as ctypes returns it (None for NULL) writes the same word as ``cell`` would
+        write the converted result (0 for NULL)."""
+        if cell is None or ctypes.sizeof(cell) != ctypes.sizeof(ctypes.c_void_p):
+            return None
+        return ctypes.c_void_p.from_address(ctypes.addressof(cell))
+
 
 Arg = tuple[bool, Any]  # (True, a constant as the ctypes call takes it) or (False, the register to read)
 

@@ -107,7 +107,7 @@ class CompiledReplay(Executor):
         b = bridge
         self._replay: Callable[..., tuple[Any, ...]] = self.namespace["make"](b.msg_send, b.c_call, b.load, b.store)
         if self._keywords:  # the generated function takes run's arguments itself: run(program=None, /, **values)
-            setattr(self, "run", self._replay)
+            self.run = self._replay
 
     def _const(self, prefix: str, value: Any, key: Any = None) -> str:
         """A global name of the generated code holding ``value`` (one name per distinct ``key``, or value)."""
@@ -379,13 +379,17 @@ class CompiledReplay(Executor):
     def _raw_results(self) -> set[int]:
         """Pointer results of messages on a native MetalBridge that may stay as ctypes returns them (None for
         NULL): written once, not a result, read only as arguments of messages (``_direct`` passes them to a
-        pointer parameter as they are; anywhere else they are read as ``(r or 0)``)."""
+        pointer parameter as they are; anywhere else they are read as ``(r or 0)``) or stored at a constant
+        address of a pointer's size (``_cell``: through a ``c_void_p``, which stores None as 0)."""
         if self.native is None:
             return set()
         raw = {ins.dst for ins in self.program.instrs if type(ins) is Call and ins.fn == "objc_msgSend"
                and ins.dst >= 0 and self.writes.get(ins.dst) == 1 and ret_kind(ins.proto.ret) == "ptr"}
         raw -= set(self.results)
         for ins in self.program.instrs:
+            if type(ins) is Store and self._fixed(ins.addr) and fits(self.bounds.get(ins.value), ins.dtype) and \
+                    NativeCalls.pointer_cell(NativeCalls.cell(self._fixed_value(ins.addr), ins.dtype)) is not None:
+                continue  # stored at a constant address through a c_void_p cell (_cell): None stores 0
             if type(ins) is not Call or ins.fn != "objc_msgSend":
                 raw -= set(ins.reads())
         return raw
@@ -402,6 +406,9 @@ class CompiledReplay(Executor):
         elif not fits(self.bounds.get(value), dtype):
             return None
         cell = NativeCalls.cell(self._fixed_value(addr), dtype)
+        if value in self.raw:  # a pointer result as ctypes returns it (None for NULL)
+            cell = NativeCalls.pointer_cell(cell)
+            return None if cell is None else self._const("M", cell, key=("pointer", self._fixed_value(addr)))
         return None if cell is None else self._const("M", cell, key=("cell", self._fixed_value(addr), dtype))
 
     def _slow(self, program: Program | None, /, **values: Any) -> tuple[Any, ...]:
@@ -425,10 +432,10 @@ class CompiledReplay(Executor):
         if pc is not None and not getattr(e, "deferred", False):
             e.add_note(f"while running instruction {format_instr(self.program, pc)} ({self.name})")
 
-    def run(self, program: Program | None = None, /, **values: Any) -> tuple[Any, ...]:
-        """Execute the Program once through the generated function; same contract as ``Interpreter.run``
-        (``program``: see ``Executor``). Where the variables bind by keyword, ``run`` is the generated function
-        itself (set per instance at construction: one Python call less per submit)."""
+    def _run(self, program: Program | None = None, /, **values: Any) -> tuple[Any, ...]:
+        """``run`` where the variables do not bind by keyword: execute the Program once through the generated
+        function; same contract as the Interpreter's (``program``: see ``Executor``). Where they do, ``run`` is
+        the generated function itself (set per instance at construction: one Python call less per submit)."""
         if program is not None and program is not self.program:
             return self._other(program).run(**values)
         if self._keywords:

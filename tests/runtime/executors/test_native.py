@@ -88,7 +88,8 @@ def test_direct_calls_send_what_msg_send_sends(standin: Any, trace: str, icb: bo
     reference.run(**values)
     interp.run(**values)
     addresses = {ins.dst for ins in program.instrs if type(ins) is Index}  # a table entry's: read as an array
-    got = [(v.width, v.height, v.depth) if isinstance(v, MTLSizeStruct) else v
+    # a pointer result kept as ctypes returns it holds None for NULL (msg_send converts it to 0)
+    got = [(v.width, v.height, v.depth) if isinstance(v, MTLSizeStruct) else 0 if v is None and r in interp._raw else v
            for r, v in enumerate(interp.registers[:program.nregs]) if r not in addresses]
     assert got == [v for r, v in enumerate(reference.registers[:program.nregs]) if r not in addresses]
 
@@ -185,7 +186,7 @@ def test_loops_over_host_tables(standin: Any, icb: bool, stamps: bool) -> None:
             after = _calls(lib)
             counts.append((after[0] - before[0], after[1] - before[1]))
             if cls is Interpreter:
-                files.append([(v.width, v.height, v.depth) if isinstance(v, MTLSizeStruct) else v
+                files.append([(v.width, v.height, v.depth) if isinstance(v, MTLSizeStruct) else 0 if v is None else v
                               for r, v in enumerate(ex.registers[:program.nregs]) if r not in addresses])
     assert len(set(counts)) == 1 and counts[0][0] > 10, counts
     assert files[0] == files[1]
@@ -195,3 +196,55 @@ def test_loops_over_host_tables(standin: Any, icb: bool, stamps: bool) -> None:
     ranges = [pc for pc, ins in enumerate(program.instrs) if type(ins).__name__ == "Range"]
     blocks = [(start, c[3]) for start, c in enumerate(interp.code) if c[0] == 13]  # _BLOCK: (first pc, next pc)
     assert ranges and all(any(a <= pc < b for a, b in blocks) for pc in ranges)  # each loop unrolled into a block
+
+
+@needs_x86_64
+def test_a_nil_pointer_result_stored_at_a_constant_address_writes_zero(standin: Any) -> None:
+    """A pointer result that only a store at a constant address reads stays as ctypes returns it (None for NULL)
+    and is stored through a c_void_p cell: the word written is 0, as msg_send's converted result writes."""
+    from mtlir.metal import abi_prototype
+    from mtlir.program.instructions import Call, Store
+    from mtlir.program.program import Program
+    _, native, checked, _ = standin
+    word = ctypes.c_uint64()
+    program = Program([Call(2, "objc_msgSend", abi_prototype("commandBuffer", "x86_64"), (0, 1)),
+                       Store(dtypes.uint64, 3, 2)], 4, {0: 0, 3: ctypes.addressof(word)},
+                      selectors={1: "commandBuffer"}, target="x86_64")  # a message to nil: NULL
+    compiled = CompiledReplay(program, native)
+    assert "or 0" not in compiled.source and ".value = r2" in compiled.source
+    interp = Interpreter(program, native)
+    assert 2 in interp._raw
+    for ex in (interp, compiled, Interpreter(program, checked), CompiledReplay(program, checked)):
+        word.value = 0xDEADBEEF
+        assert ex.run() == ()
+        assert word.value == 0
+
+
+@needs_x86_64
+def test_a_one_block_program_runs_its_own_loop_and_checks_as_run_does(standin: Any) -> None:
+    """A Program that is one block on a native bridge (every submit of the shipped traces) runs through the
+    Interpreter's own loop for it; a value to convert still binds, a bad one is refused by name, and an error
+    inside the block names the instruction."""
+    import numpy as np
+    mod, native, _, _ = standin
+    tr = load_trace(ROOT / "examples" / "traces" / "symbolic_kv.apple7.json")
+    program = lower(tr.queue(tr.device()), target="x86_64", keep_stages=False).program
+    regs = mod.standin_registers(program, native)
+    interp = Interpreter(program, native, regs)
+    assert interp.code[0][0] == 13 and interp.code[0][3] == len(interp.code)  # _BLOCK: the whole Program
+    assert getattr(interp.run, "__self__", None) is None  # its own loop, not the general _run
+    assert interp.run(start_pos=5, timeline=1) == ()
+    assert interp.run(program, start_pos=np.int64(5), timeline=1) == ()
+    with pytest.raises(ValueError, match=r"'start_pos' has no value"):
+        interp.run(timeline=1)
+    with pytest.raises(ValueError, match=r"unknown variable.*'start'"):
+        interp.run(start=5, timeline=1)
+    with pytest.raises(ValueError, match=r"'start_pos' = 0 is outside its bounds"):
+        interp.run(start_pos=0, timeline=1)
+    with pytest.raises(TypeError, match="not an integer"):
+        interp.run(start_pos=True, timeline=1)
+    fn, get, _ = interp.code[0][2][0]  # the first op: a store through a ctypes cell (the cell, the value)
+    interp.registers[get.__reduce__()[1][0]] = ("not a cell",)
+    with pytest.raises(TypeError) as e:
+        interp.run(start_pos=5, timeline=1)
+    assert f"while running instruction {interp.code[0][4][0]}: STORE" in "\n".join(e.value.__notes__)
