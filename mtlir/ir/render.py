@@ -21,7 +21,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import enum
+import keyword
 import math
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -170,10 +172,12 @@ class _Evaluator:
     def __init__(self) -> None:
         self.env: dict[str, UOp] = {}
         self.names = namespace()
+        self.offset = 0  # lines of the text above the piece being evaluated (its ast counts from 1)
 
     def fail(self, node: ast.AST, what: str) -> ParseError:
-        return ParseError(f"line {getattr(node, 'lineno', '?')}, column {getattr(node, 'col_offset', -1) + 1}: "
-                          f"{what}")
+        line = getattr(node, "lineno", None)
+        return ParseError(f"line {'?' if line is None else line + self.offset}, column "
+                          f"{getattr(node, 'col_offset', -1) + 1}: {what}")
 
     def expr(self, node: ast.expr) -> Any:
         if isinstance(node, ast.Constant):
@@ -264,45 +268,115 @@ def parse(text: str, *, verify: bool = True) -> UOp:
     ``mtlir.ir.spec``'s rules (an ALU node's sources and dtypes, a CONST's value, a DEFINE_VAR's bounds) unless
     ``verify`` is False (to read back the text of any graph, e.g. one a verifier refused). Raises
     ``ParseError`` naming the line for anything else (a syntax error, an unknown name, a call of something that is
-    not a constructor, a name assigned twice, a node that breaks those rules)."""
+    not a constructor, a name assigned twice, a node that breaks those rules).
+
+    Read line by line, building each node as its line is read (no syntax tree of the whole text is kept): a line
+    of ``render``'s plain shape (``x3 = UOp(Ops.ADD, dtypes.int32, (x1, x2))``, an int, simple str, bool or None
+    arg) is read by one regular expression; any other line through ``ast``, alone; from the first line that is not
+    a statement alone (one spanning lines) the rest of the text is parsed at once."""
     if not isinstance(text, str):
         raise TypeError(f"parse: expected a str, got {type(text).__name__}")
+    ev = _Evaluator()
+    last: UOp | None = None
+    env, fast = ev.env, _fast_line
+    pos, lineno, n = 0, 0, len(text)
     try:
         with warnings.catch_warnings():  # an invalid escape in a string is the text's problem, not a warning
             warnings.simplefilter("ignore")
-            tree = ast.parse(text, mode="exec")
-    except SyntaxError as e:
-        raise ParseError(f"line {e.lineno}: not valid Python: {e.msg}") from None
-    except (MemoryError, RecursionError, ValueError) as e:  # the parser's stack overflowed (a long run of signs), ...
-        raise ParseError(f"not valid Python: {e or type(e).__name__}") from None
-    ev = _Evaluator()
-    last: UOp | None = None
-    lines: dict[str, int] = {}  # each assigned name's line
-    try:
-        for stmt in tree.body:
-            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
-                raise ev.fail(stmt, f"only assignments 'name = UOp(...)' are allowed, not {type(stmt).__name__}")
-            target = stmt.targets[0].id
-            if target in ev.names or target in ("float", "frozenset"):
-                raise ev.fail(stmt, f"{target!r} is a constructor name and cannot be assigned")
-            if target in lines:
-                raise ev.fail(stmt, f"{target!r} is assigned twice (first on line {lines[target]}): each name is one "
-                                    "node")
-            lines[target] = stmt.lineno
-            value = stmt.value
-            if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "UOp"):
-                raise ev.fail(stmt, f"the value assigned to {target!r} must be UOp(...)")
-            node = ev.expr(value)
-            problem = value_problem(node) if verify else None  # mtlir/ir/spec.py: what UOp(...) does not check
-            if problem is not None:
-                raise ev.fail(stmt, f"{target}: {problem}")
-            ev.env[target] = node
-            last = node
+            while pos < n:
+                end = text.find("\n", pos)
+                end = n if end < 0 else end
+                line, lineno, after = text[pos:end], lineno + 1, end + 1
+                got = fast(ev, line, verify)
+                if got is not None:
+                    env[got[0]] = last = got[1]
+                    pos = after
+                    continue
+                stmts = _statements(line, lineno, alone=True)
+                if stmts is None:  # a statement that goes on past this line: the rest at once
+                    stmts, after = _statements(text[pos:], lineno, alone=False) or [], n
+                ev.offset = lineno - 1
+                for stmt in stmts:
+                    last = _assign(ev, stmt, verify, text)
+                pos = after
     except RecursionError:
         raise ParseError("the text nests too deeply") from None
     if last is None:
         raise ParseError("the text holds no assignment: nothing to parse")
     return last
+
+
+# render's plain line: a name, an op, a named dtype, sources by name, no arg or a simple literal one, no tag
+_PLAIN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*) = UOp\(Ops\.([A-Z][A-Z0-9_]*), dtypes\.([A-Za-z][A-Za-z0-9_]*), "
+                    r"\(((?:[A-Za-z_][A-Za-z0-9_]*, )+[A-Za-z_][A-Za-z0-9_]*,?|[A-Za-z_][A-Za-z0-9_]*,)?\)"
+                    r"(?:, (-?(?:0|[1-9][0-9]*)|'[^'\\\r\n\x00]*'|None|True|False))?\)\r?")
+_LITERALS = {"None": None, "True": True, "False": False}
+
+
+def _fast_line(ev: _Evaluator, line: str, verify: bool) -> tuple[str, UOp] | None:
+    """(name, node) of a line of render's plain shape (``_PLAIN``) that builds a well-formed node; None for any
+    other line, or one with anything to refuse (``ast`` then reads it again and says what, with the column)."""
+    m = _PLAIN.fullmatch(line)
+    if m is None:
+        return None
+    target, op, dt, srcs, arg = m.groups()
+    op_ = Ops.__members__.get(op)
+    dtype = getattr(dtypes, dt, None)
+    env = ev.env
+    if (op_ is None or not isinstance(dtype, DType) or target in env or target in ev.names
+            or target in ("float", "frozenset") or keyword.iskeyword(target)):
+        return None
+    names = srcs.rstrip(",").split(", ") if srcs else []  # "(x1,)": one source; "(x1)" is no tuple: not plain
+    if not all(s in env for s in names):
+        return None
+    value: Any = None
+    if arg is not None:
+        value = arg[1:-1] if arg[0] == "'" else _LITERALS[arg] if arg in _LITERALS else int(arg)
+    try:
+        node = UOp(op_, dtype, tuple(env[s] for s in names), value)
+    except (TypeError, ValueError):
+        return None
+    if verify and value_problem(node) is not None:
+        return None
+    return target, node
+
+
+def _statements(text: str, lineno: int, *, alone: bool) -> list[ast.stmt] | None:
+    """The statements of ``text``, which starts at line ``lineno``. ``alone`` (one line): None when the line is not
+    a statement by itself (the caller then parses the rest at once); else raises ``ParseError`` naming the line."""
+    try:
+        return ast.parse(text, mode="exec").body
+    except SyntaxError as e:
+        if alone:
+            return None
+        raise ParseError(f"line {(e.lineno or 1) + lineno - 1}: not valid Python: {e.msg}") from None
+    except (MemoryError, RecursionError, ValueError) as e:  # the parser's stack overflowed (a long run of signs), ...
+        if alone:
+            return None
+        raise ParseError(f"not valid Python: {e or type(e).__name__}") from None
+
+
+def _assign(ev: _Evaluator, stmt: ast.stmt, verify: bool, text: str) -> UOp:
+    """Evaluate one statement ``name = UOp(...)`` into ``ev.env``; the node. Raises ``ParseError`` naming the line
+    (``ev.offset`` added) for anything else."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+        raise ev.fail(stmt, f"only assignments 'name = UOp(...)' are allowed, not {type(stmt).__name__}")
+    target = stmt.targets[0].id
+    if target in ev.names or target in ("float", "frozenset"):
+        raise ev.fail(stmt, f"{target!r} is a constructor name and cannot be assigned")
+    if target in ev.env:
+        first = re.search(rf"^[ \t]*{re.escape(target)}[ \t]*=", text, re.M)
+        on = f"line {text.count(chr(10), 0, first.start()) + 1}" if first else "an earlier line"
+        raise ev.fail(stmt, f"{target!r} is assigned twice (first on {on}): each name is one node")
+    value = stmt.value
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "UOp"):
+        raise ev.fail(stmt, f"the value assigned to {target!r} must be UOp(...)")
+    node: UOp = ev.expr(value)
+    problem = value_problem(node) if verify else None  # mtlir/ir/spec.py: what UOp(...) does not check
+    if problem is not None:
+        raise ev.fail(stmt, f"{target}: {problem}")
+    ev.env[target] = node
+    return node
 
 
 # ---- listing

@@ -251,3 +251,56 @@ def test_parse_accepts_well_formed_value_graphs() -> None:
     n = UOp.variable("n", 1, 1024)
     g = ((n + 1) * 2).cast(dtypes.int64).__lt__(UOp.const(dtypes.int64, 7)).where(n, n - 1)
     assert parse(render(g)) is g
+
+
+# ---- parse reads line by line (session 6, finding 10): the same graphs and errors, no syntax tree of the text
+
+_PLAIN_LINE = "x0 = UOp(Ops.CONST, dtypes.int32, (), 1)\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    (_PLAIN_LINE + "x1 = UOp(Ops.ADD, dtypes.int32, (x0))\n", "line 2, column 6: UOp(...)"),  # (x0) is no tuple
+    (_PLAIN_LINE + "None = UOp(Ops.CONST, dtypes.int32, (), 2)\n", "line 2: not valid Python"),
+    (_PLAIN_LINE + "x1 = UOp(Ops.CONST, dtypes.int32, (), 007)\n", "line 2: not valid Python"),
+    (_PLAIN_LINE + "x1 = UOp(Ops.ADD, dtypes.int32,\n    (x0, x0))\nx2 = UOp(Ops.ADD, dtypes.int32, (x1, x9))\n",
+     "line 4, column"),  # after a statement of two lines, the lines are still counted from the top
+    (_PLAIN_LINE + "x1 = UOp(Ops.ADD, dtypes.int32, (x0, x0))\nx2 = UOp(Ops.ADD, dtypes.int32, (x0,\n",
+     "line 3: not valid Python"),
+    ("\n\n" + _PLAIN_LINE + "x1 = UOp(Ops.ADD, dtypes.int32, (x0, x0))\n" + _PLAIN_LINE,
+     "line 5, column 1: 'x0' is assigned twice (first on line 3)"),
+    (_PLAIN_LINE + "x1 = UOp(Ops.ADD, dtypes.int32, (x0, x0), 'a')\nx2 = UOp(Ops.CONST, dtypes.int8, (), 300)\n",
+     "line 3, column 1: x2: CONST<int8> 300 does not fit its dtype"),
+])
+def test_parse_line_by_line_keeps_pythons_rules_and_the_line_numbers(text: str, message: str) -> None:
+    with pytest.raises(ParseError) as e:
+        parse(text)
+    assert message in str(e.value), str(e.value)
+
+
+def test_parse_reads_statements_over_several_lines_crlf_and_semicolons() -> None:
+    x = UOp.const(dtypes.int32, 1)
+    g = UOp(Ops.NOOP, dtypes.void, (x + x,), "a\nb", tag=("t", 1))
+    text = render(g)
+    assert parse(text.replace("\n", "\r\n")) is g
+    assert parse(text.replace(", (x1,)", ",\n  (x1,)\n ")) is g  # a statement over three lines
+    assert parse(text.replace("\n", ";", 1)) is g  # two statements on a line
+    assert parse(_PLAIN_LINE + "x1 = UOp(Ops.ADD, dtypes.int32, (x0, x0,))\n") is x + x  # a trailing comma
+    assert parse(_PLAIN_LINE + "x1 = UOp(Ops.NOOP, dtypes.void, (x0,), '''a\nb''')\n").arg == "a\nb"
+
+
+def test_parse_holds_no_syntax_tree_of_the_whole_text() -> None:
+    """100,000 lines took 10 s and ~1 GB (a syntax tree of the whole text, ~10 KB per line, kept while the graph
+    was built); line by line the peak is the graph itself and one line."""
+    import tracemalloc
+    c = UOp.variable("n", 0, 10)
+    for _ in range(4000):
+        c = c + 1
+    text = render(c)
+    tracemalloc.start()
+    try:
+        got = parse(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got is c
+    assert peak < 4000 * 1500, f"{peak / 4000:.0f} bytes per line"  # the whole text's tree was ~10,000 per line
