@@ -112,8 +112,9 @@ class UOp(_Slots):
                 per = src_keys.get(op)
                 key = per.get(dtype) if per is not None else None
                 if key is None:
-                    key = src_table(op, dtype)
-                tbl, probe = key[2], src
+                    key = src_table(op, dtype)  # () for a bad op or dtype: the full key below, whose checks raise
+                if key:
+                    tbl, probe = key[2], src
             else:
                 key = ()
             if not key:

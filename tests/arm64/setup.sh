@@ -48,7 +48,7 @@ fi
 
 # the wheels: mtlir's runtime dependencies (pyproject.toml's, less pyopencl: kernels run in the x86_64 server); the
 # stamp holds the list, so a dependency added later downloads again
-PACKAGES="numpy networkx graphviz tqdm"
+PACKAGES="numpy networkx graphviz tqdm ml_dtypes"
 if [ "$(cat "$SITE/.complete" 2>/dev/null)" != "$PACKAGES" ]; then
   mkdir -p "$WHEELS" "$SITE"
   timeout 900 "$PY" -m pip download -q --dest "$WHEELS" --platform manylinux2014_aarch64 --platform manylinux_2_28_aarch64 \
