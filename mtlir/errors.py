@@ -8,7 +8,7 @@ line's exit codes come from the roots (``mtlir.cli.report.exit_code``):
   (``KernelSignatureError``), IR text (``ParseError``), a pass pipeline (``PipelineError``),
   a graph a pass refuses (``LoweringError``: ``VerifyError``, ``EncodeError``, ``AbiError``, ``LinearizeError``),
   MSL that does not compile (``KernelCompileError``; ``InvalidMslError`` where OpenCL's compiler says why at a place
-  of the MSL), Graphviz's ``dot`` (``GraphvizNotFoundError``), an argument of
+  of the MSL), Graphviz's ``dot`` missing or failing (``GraphvizNotFoundError``, ``GraphvizError``), an argument of
   the Python API out of its range (``ArgumentError``: a variable's value, a timeline value no submit signals), a
   call the object's state refuses (``StateError``: a closed Session; ``DeviceClosedError``: a closed device).
 - ``LinkError`` (exit 2): link could not make a device object (Metal answered nil, a function is missing, the
@@ -19,7 +19,7 @@ line's exit codes come from the roots (``mtlir.cli.report.exit_code``):
   validation layer (``MetalValidationError``), a wait past its timeout (``WaitTimeoutError``), a fault of the
   simulated GPU (``GPUFault``, ``KernelAccessError``).
 - ``UnsupportedError`` (exit 4): something valid that mtlir cannot do yet (``UnsupportedKernelError``,
-  ``KernelBuildError``).
+  ``KernelBuildError``, ``GraphvizTimeoutError``: a picture ``dot`` cannot lay out within its timeout).
 
 The others derive from ``MtlirError`` directly and say a bug, of mtlir or of the code calling it (exit 5): a
 malformed Program (``ProgramError``), a rule set that is wrong (``RuleError``) or never ends
