@@ -293,6 +293,7 @@ class SessionWaits:
                 break
             time.sleep(delay)
             delay = min(delay * 2 or 1e-5, 1e-3)
+        queues = {slot: self._queue_text(cb) for slot, cb in live}  # before the release: " (queue 'copy')"
         errors = {slot: self._error_of(cb) for slot, cb in live if statuses[slot] == MTL.StatusError}
         which = min(errors)
         code, name, desc = errors[which]
@@ -302,11 +303,25 @@ class SessionWaits:
         self._release(rec)
         self._drop(rec)
         val = f" (timeline value {rec.value})" if rec.value is not None else ""
-        after = [f"command buffer {slot} {text} ({_ran(text)})" for slot, text in final.items() if slot > which]
+        after = [f"command buffer {slot}{queues[slot]} {text} ({_ran(text)})" for slot, text in final.items()
+                 if slot > which]
         after_text = f"after it: {', '.join(after)}" if after else "no command buffer of the submit comes after it"
-        raise GPUExecutionError(f"submit {rec.index}{val}: command buffer {which} failed with status Error, "
-                                f"MTLCommandBufferError {code} ({name}); {after_text}: {desc}", code, name,
+        raise GPUExecutionError(f"submit {rec.index}{val}: command buffer {which}{queues[which]} failed with status "
+                                f"Error, MTLCommandBufferError {code} ({name}); {after_text}: {desc}", code, name,
                                 submit=rec.index, command_buffer=which, command_buffers=final)
+
+    def _queue_text(self, cb: int) -> str:
+        """`` (queue 'copy')``: the queue of a Program with several queues that made command buffer ``cb``, when
+        the bridge can tell (``SimDevice.queue_of``; real Metal's command buffers are not asked); "" otherwise."""
+        queue_of = getattr(self.bridge, "queue_of", None)
+        queues = [name for name in self.linked.handles if name == "queue" or name.startswith("queue:")]
+        if queue_of is None or len(queues) < 2:
+            return ""
+        handle = queue_of(cb)
+        name = next((n for n in queues if self.linked.handles[n] == handle), None)
+        if name is None:
+            return ""
+        return " (the default queue)" if name == "queue" else f" (queue {name.partition(':')[2]!r})"
 
     def _error_of(self, cb: int) -> tuple[int, str, str]:
         """The failed command buffer ``cb``'s NSError: (code, the code's name, localizedDescription)."""
@@ -327,7 +342,7 @@ class SessionWaits:
                 st = int(self.messenger.send(cb, "status"))
                 text = MTL.STATUS_NAMES[st] if 0 <= st < 6 else str(st)
                 what = blocked_on(cb) if blocked_on is not None and cb and st < MTL.StatusCompleted else None
-                sts.append(f"{text} (command buffer {slot} waits for {what})" if what else text)
+                sts.append(f"{text} (command buffer {slot}{self._queue_text(cb)} waits for {what})" if what else text)
             parts.append(f"submit {rec.index} (value {rec.value}): {', '.join(sts) or 'no command buffers'}")
         more = f" and {len(pending) - 4} more" if len(pending) > 4 else ""
         return (f"timed out after {timeout:g} s waiting for timeline value {target} "

@@ -591,6 +591,13 @@ class SimDevice(DeviceHooks, DeviceWaits):
         names it when a wait times out (real Metal cannot tell which kernel runs)."""
         return self.gpu.running
 
+    def queue_of(self, handle: int) -> int | None:
+        """The handle of the command queue that made the command buffer ``handle`` (None: not a live command buffer
+        of this device). A Session names the queue of a failed or pending command buffer with it."""
+        with self._lock:
+            cb = self._objects.get(handle)
+            return cb.queue.handle if isinstance(cb, CommandBuffer) else None
+
     def blocked_on(self, handle: int) -> str | None:
         """What the command buffer ``handle`` waits for on the simulated GPU now (``the updateFence: of ...``,
         ``MTLSharedEvent ... to reach 3 (encodeWaitForEvent:value:)``); None when it is not waiting (or not a

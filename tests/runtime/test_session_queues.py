@@ -62,9 +62,10 @@ def test_the_host_signals_a_shared_event_the_copy_queue_waits_for() -> None:
                                                    r"is 0\)"):
             s.wait_event("event", 1, timeout_s=0.1)
         # a wait's timeout names what a pending command buffer waits for (the simulated GPU can tell)
-        with pytest.raises(WaitTimeoutError, match=r"submit 0 \(value 1\): Scheduled \(command buffer 0 waits for "
-                                                   r"MTLSharedEvent 0x[0-9a-f]+ \(event:go\) to reach 1 "
-                                                   r"\(encodeWaitForEvent:value:\)\)"):
+        with pytest.raises(WaitTimeoutError, match=r"submit 0 \(value 1\): Scheduled \(command buffer 0 \(queue "
+                                                   r"'copy'\) waits for MTLSharedEvent 0x[0-9a-f]+ \(event:go\) to "
+                                                   r"reach 1 \(encodeWaitForEvent:value:\)\), Scheduled \(command "
+                                                   r"buffer 1 \(the default queue\) waits for .*\(event:copy\)"):
             s.wait(timeout_s=0.1)
         threading.Timer(0.05, s.signal_event, ("event:go", 1)).start()
         s.wait_event("event", 1, timeout_s=5)
@@ -154,8 +155,9 @@ def test_an_injected_fault_on_a_command_buffer_without_kernels_skips_its_signals
                                                                                timeout_s=10) as s:
         dev.inject("0:PageFault")
         s.submit()
-        with pytest.raises(GPUExecutionError, match=r"command buffer 0 failed with status Error, MTLCommandBufferError "
-                                                     r"3 \(PageFault\)") as e:
+        with pytest.raises(GPUExecutionError, match=r"command buffer 0 \(queue 'copy'\) failed with status Error, "
+                                                     r"MTLCommandBufferError 3 \(PageFault\); after it: command buffer "
+                                                     r"1 \(the default queue\) Error") as e:
             s.wait(timeout_s=10)
         where = "at copyFromBuffer:" if work == "copy" else "at the start of a command buffer without GPU work"
         assert where in str(e.value)
