@@ -188,8 +188,12 @@ class Queue:
         return gnode, tnode
 
     def _where(self, kernel: object) -> str:
-        """How errors name the command being appended."""
-        return f"command {self.ncommands} ({getattr(kernel, 'key', '?')})"
+        """How errors name the command being appended (and its queue, when named)."""
+        return f"command {self.ncommands}{self._of()} ({getattr(kernel, 'key', '?')})"
+
+    def _of(self) -> str:
+        """`` of queue 'copy'`` for a named queue (several queues: encode's errors name it so too), else ""."""
+        return "" if self.name is None else f" of queue {self.name!r}"
 
     def _kernel_info(self, kernel: Kernel) -> tuple[UOp, tuple[KernelParam, ...], tuple[KernelParam, ...],
                                                     tuple[DType, ...], bool]:
@@ -242,13 +246,13 @@ class Queue:
         if type(event) is not UOp or event not in self._events:
             if type(event) is not UOp or event.op is not _OBJECT or not isinstance(event.arg, Obj) \
                     or event.arg.kind != "event":
-                raise QueueError(f"{what} after command {self.ncommands}: the event must be an event placeholder (a "
-                                 f"queue's timeline or a shared_event), got {event!r}")
+                raise QueueError(f"{what} after command {self.ncommands}{self._of()}: the event must be an event "
+                                 f"placeholder (a queue's timeline or a shared_event), got {event!r}")
             self._events.add(event)
         if type(value) is int and 0 <= value <= MAX_HANDLE:  # the usual case: a constant value
             val = _node(_CONST, _U64, (), value, value)
         else:
-            val = self._event_value(value, f"{what} after command {self.ncommands}")
+            val = self._event_value(value, f"{what} after command {self.ncommands}{self._of()}")
         self.ops.append(_node(op, _VOID, (event, val), None, NONE_KEY))
         return self
 
@@ -321,7 +325,7 @@ class Queue:
         and for a copy within one buffer whose source and destination ranges overlap (for some value of the variables,
         their bounds taken independently): Metal leaves its result undefined (Metal Programming Guide, "Copying Data
         Between Two Buffers")."""
-        where = f"copy after command {self.ncommands}"
+        where = f"copy after command {self.ncommands}{self._of()}"
         s_buf, s_off, n = self._blit_target(src, src_offset, nbytes, f"{where}: source")
         d_buf, d_off, _ = self._blit_target(dst, dst_offset, nbytes if nbytes is not None else n,
                                             f"{where}: destination")
@@ -333,7 +337,7 @@ class Queue:
     def fill(self, buf: UOp, value: int, nbytes: UOp | int | None = None, offset: UOp | int = 0) -> Queue:
         """Set ``nbytes`` bytes (default: the rest of ``buf``) of ``buf`` from ``offset`` to the byte ``value``
         (0..255) with a blit encoder's ``fillBuffer:range:value:`` (multiples of 4 on macOS)."""
-        where = f"fill after command {self.ncommands}"
+        where = f"fill after command {self.ncommands}{self._of()}"
         if type(value) is not int or not 0 <= value <= 255:
             raise QueueError(f"{where}: the value is a byte (an int in [0, 255]), got {value!r}")
         base, off, n = self._blit_target(buf, offset, nbytes, where)
@@ -347,10 +351,11 @@ class Queue:
         per queue: a second ``timestamp`` with the same slot raises ``QueueError`` naming both (the first time
         would be lost)."""
         if type(slot) is not int or slot < 0:
-            raise QueueError(f"timestamp after command {self.ncommands}: slot must be an int >= 0, got {slot!r}")
+            raise QueueError(f"timestamp after command {self.ncommands}{self._of()}: slot must be an int >= 0, got "
+                             f"{slot!r}")
         if slot in self._stamped:
-            raise QueueError(f"timestamp after command {self.ncommands}: slot {slot} is already taken by the "
-                             f"timestamp after command {self._stamped_after(slot)}; each slot records one time per "
+            raise QueueError(f"timestamp after command {self.ncommands}{self._of()}: slot {slot} is already taken by "
+                             f"the timestamp after command {self._stamped_after(slot)}; each slot records one time per "
                              f"submit (the first would be lost): give this one another slot")
         self._stamped.add(slot)
         self.ops.append(_node(_TIMESTAMP, _VOID, (), slot, slot))  # an int arg is its own key

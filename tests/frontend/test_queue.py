@@ -321,3 +321,10 @@ def test_named_queues_have_their_own_placeholders_and_join_in_order() -> None:
         shared_event("no spaces")
     with pytest.raises(QueueError, match="two default queues"):
         queues(Queue(dev), Queue(dev))
+    # a named queue's builder errors name it (encode's do: "... of queue 'copy'"; the builder's did not)
+    with pytest.raises(QueueError, match=r"^copy after command 0 of queue 'copy': "):
+        copy.copy(x, x, -4)
+    with pytest.raises(QueueError, match=r"^command 0 of queue 'copy' \(scale\): kernel takes 2 buffers, got 1"):
+        copy.exec(SCALE, [x])
+    with pytest.raises(QueueError, match=r"^signal after command 0 of queue 'copy': the event must be"):
+        copy.signal(x, 1)
