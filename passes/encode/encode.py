@@ -112,9 +112,10 @@ class _Builder:
         the counter (``table:pipelines:F``, ``table:pipelines:F:k`` for k > 0), or the pipeline itself when every
         iteration has the same."""
         zero = UOp.struct(dtypes.MTLSize, 0, 0, 0)
-        cmds, kinds, w = self.e.cmds, self.e.kinds, span.width
+        cmds, w = self.e.cmds, span.width
         if w == 1:  # a profiled loop: each command's own pipeline (one list, not a list per command: 72 bytes each)
-            columns = [[kinds[id(c[0])][0].pipeline for c in cmds[span.first:span.first + span.ncmds]]]
+            by_name = self.e.pipes  # IcbShape.pipeline (a name) -> the placeholder
+            columns = [[by_name[c[0].pipeline] for c in cmds[span.first:span.first + span.ncmds]]]
         else:
             per = [self.pipelines(j, w) for j in range(span.first, span.first + span.ncmds, w)]
             columns = [[p[k] for p in per] for k in range(len(per[0]))]
@@ -220,7 +221,8 @@ class _Builder:
             table = placeholder("table", f"table:direct-{name}:{first}", TableEntries(values), dtype.ptr())
             return table.index(counter).load()
         k0, grid0, tg0 = kinds[id(cmds[0][0])]
-        enc.send("setComputePipelineState:", per("pipeline", [kinds[id(c[0])][0].pipeline.arg for c in cmds],
+        pipes = e.pipes  # IcbShape.pipeline (a name) -> the placeholder
+        enc.send("setComputePipelineState:", per("pipeline", [pipes[c[0].pipeline].arg for c in cmds],
                                                  k0.pipeline, dtypes.id))
         nb = len(k0.buffers)
         for j, index in enumerate(cmds[0][0].indices):
@@ -422,9 +424,8 @@ def span_key(first: int, count: int) -> int:
 
 def _pipelines(e: SubmitReader, first: int, count: int) -> list[UOp]:
     """The distinct pipelines of commands ``first .. first+count-1`` in first-use order."""
-    kinds = e.kinds
-    shapes = dict.fromkeys([id(c[0]) for c in e.cmds[first:first + count]])  # by kind first: fewer lookups
-    return list(dict.fromkeys([kinds[s][0].pipeline for s in shapes]))
+    pipes = e.pipes  # IcbShape.pipeline (a name) -> the placeholder
+    return [pipes[name] for name in dict.fromkeys([c[0].pipeline for c in e.cmds[first:first + count]])]
 
 
 def _encoders(span: CommandBufferSpan) -> list[CommandBufferSpan | tuple[Blit, ...]]:

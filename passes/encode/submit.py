@@ -54,6 +54,7 @@ class SubmitReader:
     execs: list[UOp] = field(default_factory=list)             # per command: its EXEC node
     shapes: dict[tuple[object, ...], IcbShape] = field(default_factory=dict)  # (KERNEL, grid, tg, *parts) -> kind
     kinds: dict[int, tuple[KernelLayout, Size, Size]] = field(default_factory=dict)  # id(IcbShape) -> its records
+    pipes: dict[str, UOp] = field(default_factory=dict)        # IcbShape.pipeline -> the pipeline placeholder
     parts: dict[tuple[str, int], int] = field(default_factory=dict)  # (placeholder name, extent) -> part id
     part_list: list[tuple[str, int]] = field(default_factory=list)   # part id -> (placeholder name, extent)
     kernels: dict[UOp, KernelLayout] = field(default_factory=dict)
@@ -335,6 +336,7 @@ class SubmitReader:
         if any(p.index >= MTL.MAX_BUFFER_BIND for p in kernel.params):
             raise EncodeError(f"command {i} ({kernel.key}): buffer indices go up to {MTL.MAX_BUFFER_BIND - 1}")
         pipe = placeholder("pipeline", f"pipeline:{kernel.key}", (kernel,))
+        self.pipes[pipe.arg.name] = pipe
         names = tuple((p.var or "", p.index) for p in kernel.var_params)
         pids = tuple(self.pids.setdefault(p, len(self.pids)) for p in needs + var_keys)
         self.memos += [{} for _ in range(len(self.pids) - len(self.memos))]
