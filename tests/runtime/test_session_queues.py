@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from mtlir.errors import GPUExecutionError, WaitTimeoutError
+from mtlir.errors import GPUExecutionError, MetalValidationError, WaitTimeoutError
 from mtlir.frontend.nodes import buffer, shared_event, timeline_value
 from mtlir.frontend.queue import Queue, queues
 from mtlir.metal import DeviceSpec, Kernel, KernelParam
@@ -124,6 +124,9 @@ def test_a_submit_that_completes_without_its_timeline_value_is_reported_at_once(
     q.exec(ADD1, [b, a], grid=(1,), threadgroup=(N,)).signal(q.timeline, v - 1)
     program = lower(q.submit(), target="x86_64").program
     with SimDevice("x86_64", family="Apple9") as dev, Session(program, dev, timeout_s=20) as s:
+        with pytest.raises(MetalValidationError, match=r"value:0 .*0 is not above 0"):  # strict: a signal of 0
+            s.submit()  # does nothing (Metal ignores a value not above the event's), refused at once
+    with SimDevice("x86_64", family="Apple9", strict=False) as dev, Session(program, dev, timeout_s=20) as s:
         t0 = time.monotonic()
         s.submit()
         with pytest.raises(ValueError, match=r"submit 0 \(timeline value 1\) completed, but the timeline is at 0: "

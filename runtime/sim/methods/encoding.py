@@ -108,7 +108,7 @@ def _encode_signal(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: in
     if cb.open_encoder is not None:
         raise assertion(Rule.NO_OPEN_ENCODER, call, "encodeSignalEvent:value: with uncommitted encoder")
     highest = max(ev.value, ev.highest_encoded)
-    if dev.strict and highest > 0 and value <= highest:
+    if dev.strict and value <= highest:
         relation = "below" if value < highest else "not above"
         raise violation(Rule.EVENT_ONLY_INCREASES, call,
                         f"{value} is {relation} {highest}, a value {ev.describe()} already has or was "
