@@ -13,7 +13,8 @@ from typing import Any, NamedTuple
 
 from mtlir.metal import Obj
 
-__all__ = ["IcbSpec", "IcbCommand", "IcbShape", "CommandList", "Stamp", "StampList", "MessageList", "CallList", "TableEntries"]
+__all__ = ["IcbSpec", "IcbCommand", "IcbShape", "CommandList", "Stamp", "StampList", "MessageList", "CallList",
+           "TableEntries"]
 
 
 class IcbShape(NamedTuple):

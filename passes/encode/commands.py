@@ -1,7 +1,7 @@
 """What ``encode`` keeps of a SUBMIT's commands: the records ``SubmitReader`` builds (``KernelLayout`` per KERNEL
 node, ``Size`` per grid or threadgroup, ``Binding`` per buffer argument, ``Command`` per EXEC on request, ``Blit``
-per COPY or FILL, ``QueueRange`` per queue), the OBJECT placeholders they point to, the variables buffer's slot size, and
-``EncodeError``, which every problem raises naming the command.
+per COPY or FILL, ``QueueRange`` per queue), the OBJECT placeholders they point to, the variables buffer's slot
+size, and ``EncodeError``, which every problem raises naming the command.
 """
 from __future__ import annotations
 
