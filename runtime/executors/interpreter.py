@@ -366,6 +366,9 @@ class Interpreter(Executor):
                     return (_STRUCT, dst, tuple(fields))
                 case Gep(dst=dst, field=field, src=src):
                     return (_GEP, dst, field, src)
+                case Cast(dst=dst, dtype=dtype, src=src) if dtype.is_word and dtype.kind != "bool" and fits(
+                        self.bounds.get(src), dtype):  # an int proven to fit (native only): the cast keeps it
+                    return (_CAST, dst, operator.index, src)
                 case Cast(dst=dst, dtype=dtype, src=src):
                     return (_CAST, dst, cast_fn(dtype), src)
                 case Bitcast(dst=dst, dtype=dtype, src=src):

@@ -282,7 +282,8 @@ class CompiledReplay(Executor):
                 case Gep(field=field, src=src):
                     line = f"{lhs}{self._ref(src)}[{field}]"
                 case Cast(dtype=dtype, src=src) if src in self.ints and dtype.is_word and dtype.kind != "bool":
-                    line = lhs + self._wrap(dtype, self._ref(src))  # int -> int: just the wrap
+                    ref = self._ref(src)  # int -> int: just the wrap, or nothing where the value is proven to fit
+                    line = lhs + (ref if fits(self.bounds.get(src), dtype) else self._wrap(dtype, ref))
                 case Cast(dtype=dtype, src=src) | Bitcast(dtype=dtype, src=src):
                     conv = (cast_fn if type(ins) is Cast else bitcast_fn)(dtype)
                     line = f"{lhs}{self._const('C', conv, key=(ins.opcode, dtype))}({self._ref(src)})"

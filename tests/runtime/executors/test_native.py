@@ -248,3 +248,24 @@ def test_a_one_block_program_runs_its_own_loop_and_checks_as_run_does(standin: A
     with pytest.raises(TypeError) as e:
         interp.run(start_pos=5, timeline=1)
     assert f"while running instruction {interp.code[0][4][0]}: STORE" in "\n".join(e.value.__notes__)
+
+
+@needs_x86_64
+def test_an_integer_cast_is_nothing_only_where_the_value_is_proven_to_fit(standin: Any) -> None:
+    """On a native bridge a cast of an int whose bounds fit the target keeps the value as it is (no wrap); one
+    that may not fit still wraps as C does: the same results as on a RecordingBridge."""
+    import operator
+    from mtlir.program.instructions import Cast
+    from mtlir.program.program import Program
+    _, native, _, _ = standin
+    program = Program([Cast(2, dtypes.uint32, 0), Cast(3, dtypes.uint64, 1)], 4,
+                      variables={"n": (0, 0, 5), "d": (1, -5, 5)}, target="x86_64")
+    interp = Interpreter(program, native, results=(2, 3))
+    fns = [fn for fn, _, _ in interp.code[0][2]]  # one block of two ops
+    assert fns[0] is operator.index and fns[1] is not operator.index
+    compiled = CompiledReplay(program, native, results=(2, 3))
+    assert "r2 = r0\n" in compiled.source and "r3 = r1\n" not in compiled.source
+    for ex in (interp, compiled, Interpreter(program, RecordingBridge(target="x86_64"), results=(2, 3)),
+               CompiledReplay(program, RecordingBridge(target="x86_64"), results=(2, 3))):
+        assert ex.run(n=5, d=-1) == (5, 2**64 - 1)
+        assert ex.run(n=0, d=4) == (0, 4)
