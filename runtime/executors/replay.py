@@ -13,7 +13,7 @@ source of a function for the Program (``source``) and compiles it:
 
 On a native ``MetalBridge`` a message whose every value is proven to fit is a bare ctypes call and a store at a
 constant address a ctypes cell (``mtlir.runtime.executors.native``), so a submit costs what the same calls written
-by hand cost (``python -m benchmarks --only replay``: 0.95-1.06x). Where the variables bind by keyword, ``run`` is
+by hand cost (``python -m benchmarks --only replay``: 0.93-1.06x). Where the variables bind by keyword, ``run`` is
 the generated function itself. An exception raised by the Bridge during a run carries a note naming the
 instruction (from the generated line).
 """
