@@ -84,8 +84,9 @@ def test_nodes_without_an_arg_key_by_their_sources() -> None:
     gc.collect()
     before = live_nodes()
     x = UOp.variable("interning_src", 0, 100)
-    sums = [x + i for i in range(50)]
-    assert all(x + i is s for i, s in enumerate(sums)) and sums[3]._key[3] is NONE_KEY
+    # constants no other test keeps alive (0..49 may be: then fewer than 100 nodes would be new in a full run)
+    sums = [x + (7_000_000 + i) for i in range(50)]
+    assert all(x + (7_000_000 + i) is s for i, s in enumerate(sums)) and sums[3]._key[3] is NONE_KEY
     assert sums[3]._key is sums[4]._key  # one shared key per (op, dtype)
     sub = src_keys[Ops.ADD][dtypes.int32][2]
     assert sub[sums[3].src]() is sums[3] and sums[3]._key[2] is sub
