@@ -54,7 +54,7 @@ from mtlir.passes.pipeline import Pass, PassContext, register
 from mtlir.passes.encode.messages import MessageBatch, msg, u64
 from mtlir.passes.encode.placeholders import SubmitPlaceholders
 from mtlir.passes.encode.commands import VAR_SLOT, Blit, EncodeError, KernelLayout, placeholder
-from mtlir.passes.encode.events import check_events
+from mtlir.passes.encode.events import check_events, replay_notes
 from mtlir.passes.encode.spans import (MIN_LOOP, CommandBufferSpan, command_buffers, fold_signal_runs,
                                        queue_command_buffers)
 from mtlir.passes.encode.spans import stamps as stamps_of
@@ -464,6 +464,7 @@ def encode_queues(ctx: _EncodeCtx, submits: tuple[UOp, ...]) -> UOp:
     if len(set(names)) != len(names):
         raise EncodeError(f"two queues of the program are named {next(n for n in names if names.count(n) > 1)!r}")
     check_events(e)
+    ctx.pass_ctx.diagnostics.extend(replay_notes(e))
     foreign = any(kind == "wait" or ev is not e.timeline for q in e.queues for _, kind, _, ev in q.marks)
     if e.stamps_at and (len(e.queues) > 1 or foreign):
         raise EncodeError("TIMESTAMPs (a profiled submit) are supported in a program of one queue that signals "

@@ -1,5 +1,6 @@
 """Checking a read SUBMIT's events once every queue is read: waits that can never complete (on a queue of the
-program's timeline, or a queue's own timeline) and signals whose value does not go up (METAL.md §3 rule 12).
+program's timeline, or a queue's own timeline) and signals whose value does not go up (METAL.md §3 rule 12); and
+the notes on signals only a Program's first submit can make (``replay_notes``: a constant value).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from mtlir.passes.symbolic import simplify
 if TYPE_CHECKING:
     from mtlir.passes.encode.submit import SubmitReader
 
-__all__ = ["check_events"]
+__all__ = ["check_events", "replay_notes"]
 
 
 def _of(name: str | None) -> str:
@@ -94,6 +95,24 @@ def check_events(reader: SubmitReader) -> None:
                                   "can never complete")
     for qname, pos, value, ev, nbefore in reader.own_waits:
         _check_own_wait(reader, qname, pos, value, ev, nbefore, signaled.get(ev, []))
+
+
+def replay_notes(reader: SubmitReader) -> list[str]:
+    """The lowering's notes on signals only the first submit of the Program can make: a signal of a constant value
+    (one per queue and event, the first), which every submit sends again and Metal ignores from the second submit
+    on (the event already has that value, METAL.md §3 rule 12), so a wait for it passes at once and orders nothing
+    (strict mode refuses it at the second submit; faithful mode runs on, as Metal does)."""
+    notes = []
+    for q in reader.queues:
+        seen: set[UOp] = set()
+        for pos, kind, value, ev in q.marks:
+            if kind == "signal" and value.op is Ops.CONST and ev not in seen:
+                seen.add(ev)
+                notes.append(f"encode: signal after command {pos - q.first}{_of(q.name)}: {ev.arg.name} gets the "
+                             f"constant {value.arg} at every submit; from the second submit on Metal ignores it (the "
+                             "event has that value already, METAL.md §3 rule 12) and a wait for it passes at once: "
+                             "signal a value that grows per submit (timeline_value(), or an expression of it)")
+    return notes
 
 
 def _check_own_wait(reader: SubmitReader, qname: str | None, pos: int, value: UOp, ev: UOp, nbefore: int,

@@ -55,6 +55,25 @@ def test_one_queue_lowers_as_before_when_named_default() -> None:
     assert message_lines(lower(queues(q)).program) == message_lines(lower(q.submit()).program)
 
 
+def test_a_constant_signal_only_the_first_submit_can_make_is_noted() -> None:
+    """A Program replays every signal: a constant one is ignored by Metal from the second submit on, and a wait for
+    it passes at once (a user's faithful run gave a wrong answer from submit 2, silently). The lowering notes it,
+    once per queue and event; a signal of the timeline value is not noted."""
+    copy, compute = two_queues()
+    assert not [d for d in lower(queues(copy, compute)).diagnostics if "constant" in d]
+    x, y = buffer("x", 64), buffer("y", 64)
+    v = timeline_value()
+    go = shared_event("go")
+    a, b = Queue(DEV, name="a"), Queue(DEV)
+    a.exec(SCALE, [x, y]).signal(go, 1).signal(go, 2).signal(a.timeline, v)
+    b.wait(go, 1).exec(SCALE, [y, x]).signal(b.timeline, v)
+    notes = [d for d in lower(queues(a, b)).diagnostics if "constant" in d]
+    assert notes == ["encode: signal after command 1 of queue 'a': event:go gets the constant 1 at every submit; from "
+                     "the second submit on Metal ignores it (the event has that value already, METAL.md §3 rule 12) "
+                     "and a wait for it passes at once: signal a value that grows per submit (timeline_value(), or "
+                     "an expression of it)"]
+
+
 def test_signal_of_a_shared_event_and_a_wait_the_host_may_end() -> None:
     x = buffer("x", 64)
     ready = shared_event("ready")
