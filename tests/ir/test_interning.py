@@ -107,3 +107,16 @@ def test_a_stale_finalizer_of_a_node_keyed_by_src_spares_the_live_node() -> None
     stale._key, stale.src = node._key, node.src
     UOp.__del__(stale)  # type: ignore[arg-type]
     assert node._key[2][node.src]() is node and x + 1 is node
+
+
+def test_a_bad_op_or_dtype_with_sources_gets_the_node_s_own_type_error() -> None:
+    """The src-keyed table is looked up by (op, dtype) before the fields are checked: a bad op or dtype falls back
+    to the full key, whose checks name the problem (no bare IndexError, no table made for the bad value)."""
+    import pytest
+    from mtlir.ir.interning import src_keys
+    x = UOp.variable("interning_bad", 0, 3)
+    with pytest.raises(TypeError, match="not an Ops member"):
+        UOp("ADD", dtypes.int32, (x, x))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not a DType"):
+        UOp(Ops.ADD, "int32", (x, x))  # type: ignore[arg-type]
+    assert "ADD" not in src_keys and all("int32" not in per for per in src_keys.values())
