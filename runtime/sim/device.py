@@ -34,7 +34,7 @@ from mtlir.runtime.sim.injection import Fault, FaultPlan
 from mtlir.runtime.sim.lifetime import dealloc
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 from mtlir.runtime.bridge.memory import HostMemory
-from mtlir.runtime.sim.objects import Buffer, ClassObject, CommandBuffer, Device, NSError, NSString, SimObject
+from mtlir.runtime.sim.objects import Buffer, ClassObject, Device, NSError, NSString, SimObject
 from mtlir.runtime.sim.methods.resources import CLASSES
 
 __all__ = ["SimDevice", "METHODS"]
@@ -583,29 +583,6 @@ class SimDevice(DeviceHooks, DeviceWaits):
         output (the CLI does)."""
         runner = self._runner
         return self.gpu.in_kernel or (isinstance(runner, KernelRunner) and runner.stuck is not None)
-
-    @property
-    def running_kernel(self) -> tuple[str, str, int] | None:
-        """The kernel running on the simulated GPU now: (its function's name, the dispatch, e.g. ``ICB command 0 of
-        MTLIndirectCommandBuffer 0x... (k)``, the handle of its command buffer); None when none runs. A Session
-        names it when a wait times out (real Metal cannot tell which kernel runs)."""
-        return self.gpu.running
-
-    def queue_of(self, handle: int) -> int | None:
-        """The handle of the command queue that made the command buffer ``handle`` (None: not a live command buffer
-        of this device). A Session names the queue of a failed or pending command buffer with it."""
-        with self._lock:
-            cb = self._objects.get(handle)
-            return cb.queue.handle if isinstance(cb, CommandBuffer) else None
-
-    def blocked_on(self, handle: int) -> str | None:
-        """What the command buffer ``handle`` waits for on the simulated GPU now (``the updateFence: of ...``,
-        ``MTLSharedEvent ... to reach 3 (encodeWaitForEvent:value:)``); None when it is not waiting (or not a
-        command buffer of this device). A Session names it when a wait times out (real Metal cannot tell)."""
-        with self._lock:
-            cb = self._objects.get(handle)
-            gate = getattr(cb, "gate", None) if isinstance(cb, CommandBuffer) else None
-            return None if gate is None else str(gate.what)
 
     def __enter__(self) -> SimDevice:
         return self

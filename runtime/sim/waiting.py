@@ -1,7 +1,9 @@
 """How a host thread waits for the simulated GPU (``DeviceWaits``, a base class of ``SimDevice``): a Metal call that
 blocks with the device lock held (``wait_for``: ``waitUntilCompleted``, a full queue's ``commandBuffer``), and a
 wait for command buffers to end (``wait_command_buffers``, what ``Session.wait`` uses), where the waiting thread may
-run the GPU's steps itself instead of blocking (``GPU.drive``; docs/simulator.md, "Who runs the GPU")."""
+run the GPU's steps itself instead of blocking (``GPU.drive``; docs/simulator.md, "Who runs the GPU"); and what a
+waited-for command buffer is doing, which a Session's errors name (``running_kernel``, ``blocked_on``, ``queue_of``:
+real Metal cannot tell)."""
 from __future__ import annotations
 
 import threading
@@ -92,3 +94,28 @@ class DeviceWaits:
         return (self.autorun and gpu.napping and timeout_s >= self.kernel_timeout_s and not self.checked
                 and (runner is None or type(runner) is KernelRunner) and gpu.injected_fault is None
                 and not gpu.faulty and gpu.thread is not threading.current_thread())
+
+    # ---- what a waited-for command buffer is doing (a Session names it in a timeout or a GPU error)
+
+    @property
+    def running_kernel(self) -> tuple[str, str, int] | None:
+        """The kernel running on the simulated GPU now: (its function's name, the dispatch, e.g. ``ICB command 0 of
+        MTLIndirectCommandBuffer 0x... (k)``, the handle of its command buffer); None when none runs. A Session
+        names it when a wait times out (real Metal cannot tell which kernel runs)."""
+        return self.gpu.running
+
+    def queue_of(self, handle: int) -> int | None:
+        """The handle of the command queue that made the command buffer ``handle`` (None: not a live command buffer
+        of this device). A Session names the queue of a failed or pending command buffer with it."""
+        with self._lock:
+            cb = self._objects.get(handle)
+            return cb.queue.handle if isinstance(cb, CommandBuffer) else None
+
+    def blocked_on(self, handle: int) -> str | None:
+        """What the command buffer ``handle`` waits for on the simulated GPU now (``the updateFence: of ...``,
+        ``MTLSharedEvent ... to reach 3 (encodeWaitForEvent:value:)``); None when it is not waiting (or not a
+        command buffer of this device). A Session names it when a wait times out (real Metal cannot tell)."""
+        with self._lock:
+            cb = self._objects.get(handle)
+            gate = getattr(cb, "gate", None) if isinstance(cb, CommandBuffer) else None
+            return None if gate is None else str(gate.what)
