@@ -156,9 +156,9 @@ def to_dot(graph: UOp | Program, name: str = "mtlir", highlight: Iterable[UOp] =
 
     A ``Program``: its instructions as a chain of boxes (a loop's end points back to its start; past ``max_nodes``
     instructions one box says how many more there are), the table of each ICB it builds (its first ``max_nodes //
-    10`` commands, then a row saying how many more), and ``setup`` (its first ``max_nodes // 10`` lines likewise) (lines of the messages link sends once, e.g. ``mtlir lower --setup``'s
-    listing) as a box of its own. ``name`` is the picture's title (any text). Raises ``TypeError`` when ``graph``
-    is neither a UOp nor a Program."""
+    10`` commands, then a row saying how many more), and ``setup`` (its first ``max_nodes // 10`` lines likewise)
+    (lines of the messages link sends once, e.g. ``mtlir lower --setup``'s listing) as a box of its own. ``name`` is
+    the picture's title (any text). Raises ``TypeError`` when ``graph`` is neither a UOp nor a Program."""
     import graphviz  # imported here: only drawing needs the graphviz package
 
     if isinstance(graph, Program):

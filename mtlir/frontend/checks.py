@@ -148,9 +148,10 @@ def int_expression(f: UOp, where: str, what: str) -> tuple[int, int]:
 
     Raises ``QueueError`` naming ``where`` for another node, a non-integer node (a float variable), a DEFINE_VAR
     whose declared bounds do not fit its own dtype, a node that breaks ``mtlir.ir.spec``'s rules (an ADD with one
-    source or of two dtypes, a DEFINE_VAR with min > max: a node built with ``UOp(...)`` by hand), or a node whose value can leave its dtype (``m * 65536`` of an
-    int32 ``m`` in ``[1, 65536]``: the kernel would get the wrapped value), with the expression, the node, its range
-    without wrapping and the variables' bounds, suggesting a wider dtype."""
+    source or of two dtypes, a DEFINE_VAR with min > max: a node built with ``UOp(...)`` by hand), or a node whose
+    value can leave its dtype (``m * 65536`` of an int32 ``m`` in ``[1, 65536]``: the kernel would get the wrapped
+    value), with the expression, the node, its range without wrapping and the variables' bounds, suggesting a wider
+    dtype."""
     for u in f.toposort():
         if u.op not in SIZE_OPS:
             raise QueueError(f"{where}: {what} must be an expression of run-time variables, found {node_text(u)}")

@@ -11,8 +11,8 @@ pass, so it does not look at what the fields say. These rules do, once per node,
 - a comparison is bool and compares two integers or two floats; WHERE's condition is bool and its branches have
   its dtype;
 - a CONST's arg is of its dtype's Python type (int for an integer, not bool; float or int for a float; bool for
-  bool) and an integer fits its dtype (a SEL's is its selector's name, an id's or pointer's may be a placeholder) (``UOp.const`` converts and wraps as C does; a CONST built
-  with ``UOp(Ops.CONST, ...)`` is taken as written);
+  bool) and an integer fits its dtype (a SEL's is its selector's name, an id's or pointer's may be a placeholder;
+  ``UOp.const`` converts and wraps as C does, a CONST built with ``UOp(Ops.CONST, ...)`` is taken as written);
 - a DEFINE_VAR's arg is ``(name, min, max)``: a non-empty str, two ints, ``min <= max``, inside an integer dtype;
 - a CAST has one source.
 """
