@@ -124,7 +124,8 @@ class SessionWaits:
                 reached = rec.value is None or current is None or current >= rec.value
                 if not reached or any(st != MTL.StatusCompleted for st in statuses):
                     running = [cb for cb, st in zip(live, statuses) if st < MTL.StatusCompleted]
-                    if not running and not reached and self._hopeless(rec, pending):
+                    if (not running and not reached and (value is None or current is None or current < value)
+                            and self._hopeless(rec, pending)):  # (a value the timeline reached ends the wait below)
                         self._unsignaled(rec, current)
                     break
                 self._finish(rec)

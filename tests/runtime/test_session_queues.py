@@ -167,3 +167,20 @@ def test_an_injected_fault_on_a_command_buffer_without_kernels_skips_its_signals
         assert s.event_value("event:copy") == 0  # the failed copy's signal was skipped
         assert e.value.command_buffers[1].startswith("Error")  # the consumer did not run
         assert not np.frombuffer(s.read("buffer:c"), np.float32).any()
+
+
+def test_a_wait_for_a_value_reached_returns_though_a_submit_never_signals_its_own() -> None:
+    """wait(v) for a value the timeline has reached returns, though the submit that should signal more never will
+    (it signaled ``timeline - 1``); a wait for everything then reports that submit (faithful mode: strict refuses
+    the signal of 0 at the first submit)."""
+    a, b = buffer("a", 4 * N), buffer("b", 4 * N)
+    v = timeline_value()
+    q = Queue(DEV)
+    q.exec(ADD1, [b, a], grid=(1,), threadgroup=(N,)).signal(q.timeline, v - 1)
+    program = lower(q.submit(), target="x86_64").program
+    with SimDevice("x86_64", family="Apple9", strict=False) as dev, Session(program, dev, timeout_s=20) as s:
+        s.submit(timeline=3)  # signals 2
+        s.wait_event("event", 2, timeout_s=20)
+        assert s.wait(2, timeout_s=20) == [] and len(s.inflight) == 1  # 2 is reached: nothing to report yet
+        with pytest.raises(ValueError, match=r"submit 0 \(timeline value 3\) completed, but the timeline is at 2"):
+            s.wait(timeout_s=20)
