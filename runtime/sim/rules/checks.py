@@ -231,8 +231,10 @@ def _dry_run(dev: SimDevice, icb: ICB, group: list[int], call: object) -> None:
         try:
             for i, s in order:
                 assert s.pipeline is not None and s.grid is not None
-                bound = {bb for bb, _ in s.bindings.values() if bb in copies}
-                before = {bb: copies[bb].copy() for bb in bound} if first else {}
+                writes = _writable(s.pipeline)
+                bound = {bb for idx, (bb, _) in s.bindings.items()
+                         if bb in copies and (writes is None or idx in writes)}
+                before = {bb: copies[bb].copy() for bb in bound} if first else {}  # what it may write, as it was
                 bindings = {idx: (copies[b], off) for idx, (b, off) in s.bindings.items() if b in copies}
                 dev.gpu.run_kernel_now(s.pipeline, bindings, s.grid, s.threadgroup)
                 for bb, old in before.items():
@@ -251,6 +253,16 @@ def _dry_run(dev: SimDevice, icb: ICB, group: list[int], call: object) -> None:
                             f"ICB commands {names} of {icb.describe()} run concurrently (no setBarrier "
                             f"between them) and touch overlapping bytes of {buf.describe()}: byte {byte} "
                             "ends different when they run in the other order (a data race)")
+
+
+def _writable(p: Pipeline) -> frozenset[int] | None:
+    """The buffer indices ``p``'s kernel may write through (the translation's ``ParamBinding.writable``: not a
+    ``const`` or ``constant`` pointer); None when the kernel does not say (every bound buffer then counts)."""
+    info = getattr(getattr(p, "kernel", None), "info", None)
+    bindings = getattr(info, "bindings", None)
+    if bindings is None:
+        return None
+    return frozenset(b.arg.index for b in bindings if b.writable)
 
 
 def _note_writes(writer: dict[Buffer, np.ndarray], buf: Buffer, changed: np.ndarray, i: int, icb: ICB,
