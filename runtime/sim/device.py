@@ -27,7 +27,7 @@ from mtlir.runtime.sim.methods import encoding, icb, resources
 from mtlir.runtime.sim.msgsend import (ArgumentDecoder, Method, MethodTable, check_prototype, compile_call,
                                       decode_word, result_value)
 from mtlir.runtime.sim.rules.checks import check_buffer_write
-from mtlir.runtime.sim.gpu import GPU
+from mtlir.runtime.sim.gpu import GPU, OVERLAP_S
 from mtlir.runtime.sim.hooks import DeviceHooks
 from mtlir.runtime.sim.waiting import DeviceWaits
 from mtlir.runtime.sim.injection import Fault, FaultPlan
@@ -95,7 +95,8 @@ class SimDevice(DeviceHooks, DeviceWaits):
     mtlir's bounds checks on Oclgrind, which reports out-of-bounds accesses and data races as ``KernelCheckError``
     (``mtlir.runtime.sim.kernels.oclgrind``; the ``opencl_device`` is then Oclgrind's).
     ``faults``: faults to inject, armed at once (``inject``: ``"0:PageFault"``, ``"1:hang"``, ``"alloc:buffer"``,
-    or ``Fault`` values; docs/reliability.md).
+    or ``Fault`` values; docs/reliability.md). ``overlap_s``: a pipelining host's commits wake the worker thread at
+    once only while the recent kernel batches ran at least this long (seconds; ``GPU.lazy``, docs/simulator.md).
 
     ``bridge`` is the device itself. Raises ``ValueError`` for an unknown target or family, ``ArgumentError``
     for both ``kernel_runner`` and ``opencl_device``.
@@ -107,7 +108,7 @@ class SimDevice(DeviceHooks, DeviceWaits):
                  opencl_device: str | int | None = None,
                  order_seed: int | None = None, checked: bool = False,
                  constant_align: int = MTL.CONSTANT_OFFSET_ALIGN, max_buffer_length: int = 1 << 32,
-                 faults: Iterable[str | Fault] = ()) -> None:
+                 faults: Iterable[str | Fault] = (), overlap_s: float = OVERLAP_S) -> None:
         target = (host_target() or "x86_64") if target is None else target
         if target not in TARGETS:
             raise ArgumentError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
@@ -149,6 +150,7 @@ class SimDevice(DeviceHooks, DeviceWaits):
         self._deferred: Exception | None = None
         self.faults = FaultPlan()
         self.gpu = GPU(self)
+        self.gpu.overlap_s = float(overlap_s)
         self.device = self._register(Device())
         self.inject(*faults)
 
@@ -437,7 +439,7 @@ class SimDevice(DeviceHooks, DeviceWaits):
             if route is not None and id(proto) in route.decoder.seen and len(args) == route.decoder.nargs:
                 method = route.method
                 if method.lockless:
-                    if self.gpu.unwoken:  # a host reading a status or a time may be polling: the GPU starts now
+                    if self.gpu.unwoken and self.gpu.polling(obj):  # a host may be polling: the GPU starts now
                         with self._lock:
                             self.gpu.wake()
                     return result_value(route.ret, method.fn(self, obj))
@@ -480,7 +482,7 @@ class SimDevice(DeviceHooks, DeviceWaits):
             method = METHODS.lookup(type(seen), name)
             if method is not None and method.lockless:
                 self._route(sel, seen, method, decoder, name)
-                if self.gpu.unwoken:
+                if self.gpu.unwoken and self.gpu.polling(seen):
                     with self._lock:
                         self.gpu.wake()
                 return result_value(expected.ret, method.fn(self, seen))
@@ -540,6 +542,12 @@ class SimDevice(DeviceHooks, DeviceWaits):
         (rule 15); faithful mode lets the race happen."""
         self._check_cpu_write(addr, len(data), "write")
         self.memory.write(addr, data)
+
+    def host_view(self, addr: int, nbytes: int) -> memoryview | None:
+        """A writable view of ``nbytes`` bytes of ``malloc`` memory at ``addr`` (``HostMemory.view``; None for a
+        buffer's contents, where rule 15 checks every CPU write): what ``read`` and ``write`` there do, without
+        their look-up per call (a Session reads its cbslots table at every submit). Valid until ``free``."""
+        return self.memory.view(addr, nbytes)
 
     def load(self, addr: int, dtype: DType) -> Any:
         """One ``dtype`` value at ``addr`` (a struct loads as a tuple)."""

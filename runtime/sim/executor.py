@@ -440,6 +440,7 @@ class Executor:
         lock = self.dev._lock
         self.gpu.unsynced = True
         lock.release()
+        t0 = clock()
         try:
             with self.gpu.kernel_lock:
                 self.gpu.in_kernel = True
@@ -448,7 +449,9 @@ class Executor:
                 finally:
                     self.gpu.in_kernel = False
         finally:
+            ran = clock() - t0  # not counting the wait for the lock below
             lock.acquire()
+            self.gpu.kernels_ran(ran)
 
 
 def forget_fence_history(enc: Encoder) -> None:

@@ -48,6 +48,9 @@ _IDLE_EXIT_S = 1.0  # the worker thread ends after this long without work and re
 # the longest the idle worker naps: a command buffer committed without waking it (``submit``) starts within this
 # when no host thread waits for it
 _START_S = 0.01
+# what a kernel batch (seconds, a recent average) must take for a pipelining host's commits to wake the worker at once
+# (``GPU.overlap_s``, ``SimDevice(overlap_s=...)``): below it the hand-offs cost more than the overlap saves
+OVERLAP_S = 0.0005
 
 
 class GPU:
@@ -94,6 +97,10 @@ class GPU:
         # runs (``drive``) would wake it at each, at a cost to both threads; ``wake`` and ``stop`` set it
         self._nudge = threading.Event()
         self.napping = False  # the worker thread is idle, napping on ``_nudge`` (a host's wait may then ``drive``)
+        # the recent kernel batches' wall time (seconds, a running average: ``kernels_ran``) and the least of it for
+        # which committed work wakes the worker at once (``lazy``)
+        self.batch_s = 0.0
+        self.overlap_s = OVERLAP_S
 
     @property
     def running(self) -> tuple[str, str, int] | None:
@@ -128,11 +135,12 @@ class GPU:
         cb.queue.pending.append(cb)
         self.fresh = cb
         if self.dev.autorun and self.thread is not None and self.thread.is_alive():
-            if idle and self.waits_next:
-                # a host that waited for its last commit at once (the eager pattern: submit, then wait): the worker
-                # is not woken now (waking a thread costs ~15 µs of the committing thread's CPU here), the host's
-                # wait runs the command buffer itself (``drive``); else its next message or blocking call wakes the
-                # worker (``wake``), or the worker finds it at its nap's end (``_START_S``)
+            if idle and self.waits_next or self.lazy:
+                # a host that waited for its last commit at once (the eager pattern: submit, then wait), or work of
+                # short kernels (``lazy``): the worker is not woken now (waking a thread costs ~15 µs of the
+                # committing thread's CPU here), the host's next wait runs the command buffer itself (``drive``);
+                # else a blocking call wakes the worker (``wake``), or the worker finds it at its nap's end
+                # (``_START_S``)
                 self.unwoken = True
             else:  # work in flight already, or a host that goes on encoding after a commit (a pipelining host: its
                 # GPU work overlaps its Python): the worker runs it meanwhile, as it runs the earlier ones
@@ -141,6 +149,32 @@ class GPU:
         self.dev._cv.notify_all()
         if self.dev.autorun:
             self._ensure_worker()
+
+    @property
+    def lazy(self) -> bool:
+        """Whether committed work is left to the host's next wait (or the worker's nap end, ``_START_S``) instead of
+        waking the worker at once: while the recent kernel batches ran shorter than ``overlap_s`` seconds. Their
+        overlap with the host's Python is then worth less than the thread hand-offs it costs (on two cores with the
+        GIL, a TinyJit loop of 8 short kernels ran ~10-15% more CPU per call with the worker woken at each commit);
+        a batch as long as ``overlap_s`` switches a pipelining host back to the overlap (docs/simulator.md, "Who
+        runs the GPU")."""
+        return self.batch_s < self.overlap_s
+
+    def polling(self, obj: object) -> bool:
+        """Whether a host reading a one-field getter of ``obj`` (``status``, ``signaledValue``, ``contents``:
+        lockless messages) with committed work ``unwoken`` may be polling for it, which should then start (``wake``):
+        never for an ended command buffer (a host reading the status and times of what it waited for); while the GPU
+        is ``lazy``, only for a command buffer that has not ended (a Session reads its timeline event's value
+        before each wait; a host spinning on an event's value sees the work start at the worker's nap end).
+        Otherwise yes."""
+        if type(obj) is CommandBuffer:
+            return obj.status < MTL.StatusCompleted
+        return not self.lazy
+
+    def kernels_ran(self, seconds: float) -> None:
+        """A batch of kernels ran ``seconds`` (wall time, the device lock released): the running average ``lazy``
+        reads (each batch weighs a quarter)."""
+        self.batch_s += (seconds - self.batch_s) * 0.25
 
     def wake(self) -> None:
         """Wake the worker thread for work ``submit`` left without waking it (the lock held): called by a wait that
@@ -162,7 +196,8 @@ class GPU:
         commits wake the worker from now on, and the worker starts now on what the commit left it."""
         self.fresh = None
         self.waits_next = False
-        self.wake()
+        if not self.lazy:
+            self.wake()
 
     def _rouse(self) -> None:
         """End the worker's nap. It counts as awake from now on (``napping``), before it has run: a host that waits
@@ -333,8 +368,11 @@ class GPU:
                     cv.wait(min(left, 0.005))  # the heads wait on gates: a signal or an end notifies
         finally:
             self.drivers -= 1
-            if self.pending():  # later work (a pipelining host's next submit): the worker runs it meanwhile
-                self._rouse()
+            if self.pending():  # later work (a pipelining host's next submit): the worker runs it meanwhile, or
+                if self.lazy:  # the host's next wait (short kernels: ``lazy``)
+                    self.unwoken = True
+                else:
+                    self._rouse()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the worker thread (called without the lock held): it ends after the operation it is running. When

@@ -84,14 +84,15 @@ class DeviceWaits:
     def _may_drive(self, timeout_s: float) -> bool:
         """Whether a host thread waiting ``timeout_s`` seconds for command buffers runs the GPU's steps itself
         (``GPU.drive``): with autorun, while the worker thread naps (a worker at work, a pipelining host's, goes on
-        with it: a host taking turns with it costs both more hand-offs), when the wait is at least the kernel watchdog
+        with it: a host taking turns with it costs both more hand-offs) or while the GPU is ``lazy`` (short kernels:
+        the host runs what the worker is not running at the moment), when the wait is at least the kernel watchdog
         (``kernel_timeout_s``: a step is not cut short, and a kernel that does not end is ended by the watchdog
         within it; a batch of kernels that each end in time can still take this thread past the deadline, by at
         most that batch), and only on the OpenCL kernel runner without Oclgrind's checks and with no fault armed
         (a test's kernel runner may block on the host; checked and injected runs keep the worker's timing)."""
         runner = self._runner
         gpu = self.gpu
-        return (self.autorun and gpu.napping and timeout_s >= self.kernel_timeout_s and not self.checked
+        return (self.autorun and (gpu.napping or gpu.lazy) and timeout_s >= self.kernel_timeout_s and not self.checked
                 and (runner is None or type(runner) is KernelRunner) and gpu.injected_fault is None
                 and not gpu.faulty and gpu.thread is not threading.current_thread())
 

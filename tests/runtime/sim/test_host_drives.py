@@ -18,9 +18,9 @@ from mtlir.runtime.sim.device import SimDevice
 from mtlir.runtime.sim.objects import CommandBuffer
 
 
-def _device(kernel_timeout_s: float) -> tuple[SimDevice, list[tuple[int, str]]]:
+def _device(kernel_timeout_s: float, **kw: float) -> tuple[SimDevice, list[tuple[int, str]]]:
     """A SimDevice whose GPU records (command buffer handle, thread name) at every step it advances."""
-    dev = SimDevice("x86_64", family="Apple7", kernel_timeout_s=kernel_timeout_s)
+    dev = SimDevice("x86_64", family="Apple7", kernel_timeout_s=kernel_timeout_s, **kw)
     steps: list[tuple[int, str]] = []
     advance = dev.gpu._advance
 
@@ -82,9 +82,10 @@ def test_work_nobody_waits_for_starts_on_its_own(program: Program) -> None:
 
 
 def test_a_pipelining_host_leaves_its_command_buffers_to_the_worker(program: Program) -> None:
-    """A commit behind work in flight wakes the worker, and a wait while it is awake blocks instead of taking turns
-    with it: both command buffers run on the worker thread."""
-    dev, steps = _device(kernel_timeout_s=5.0)
+    """Kernels that run long enough to overlap (``overlap_s`` 0: any): a commit behind work in flight wakes the
+    worker, and a wait while it is awake blocks instead of taking turns with it: both command buffers run on the
+    worker thread."""
+    dev, steps = _device(kernel_timeout_s=5.0, overlap_s=0.0)
     with dev, Session(program, dev, timeout_s=5.0) as a, Session(program, dev, timeout_s=5.0) as b:
         a.submit(n=8)
         a.wait()  # the worker thread is running from here on
@@ -95,6 +96,68 @@ def test_a_pipelining_host_leaves_its_command_buffers_to_the_worker(program: Pro
         b.wait()
         for sub in (first, second):
             assert {name for h, name in steps if h == sub.cbs[0]} == {"mtlir-sim-gpu"}
+
+
+def _pipelined(dev: SimDevice, steps: list[tuple[int, str]], program: Program,
+               batch_s: float) -> tuple[set[str], bytes]:
+    """Two Sessions' commits in a row (a pipelining host), the recent kernel batches said to take ``batch_s``
+    seconds, then a wait for both: the threads that ran them, and the results."""
+    with dev, Session(program, dev, timeout_s=5.0) as a, Session(program, dev, timeout_s=5.0) as b:
+        a.submit(n=8)
+        a.wait()  # the worker thread is running from here on (the first batch built the kernel: a long one)
+        time.sleep(0.02)  # and napping
+        dev.gpu.batch_s = batch_s
+        steps.clear()
+        first = a.submit(n=16)
+        second = b.submit(n=16)
+        assert dev.gpu.lazy == (batch_s < dev.gpu.overlap_s)
+        a.wait()
+        b.wait()
+        return {name for h, name in steps if h in (first.cbs[0], second.cbs[0])}, a.read("buffer:0")
+
+
+def test_short_kernels_run_on_the_host_that_waits_long_ones_on_the_worker(program: Program) -> None:
+    """The GPU is ``lazy`` while its recent kernel batches ran shorter than ``overlap_s``: a pipelining host's
+    commits then leave the worker asleep and its next wait runs them (no hand-off per commit); batches as long as
+    ``overlap_s`` wake the worker at each commit (their kernels overlap the host's Python). Same results."""
+    dev, steps = _device(kernel_timeout_s=5.0)
+    threads, got = _pipelined(dev, steps, program, batch_s=0.0)
+    assert threads == {threading.current_thread().name}
+    dev, steps = _device(kernel_timeout_s=5.0)
+    threads, ref = _pipelined(dev, steps, program, batch_s=1.0)
+    assert threads == {"mtlir-sim-gpu"} and ref == got
+
+
+def test_the_gpu_learns_how_long_its_kernel_batches_run() -> None:
+    dev = SimDevice("x86_64", family="Apple7", overlap_s=0.001)
+    with dev:
+        assert dev.gpu.lazy  # nothing ran yet
+        for _ in range(8):
+            dev.gpu.kernels_ran(0.01)
+        assert not dev.gpu.lazy and dev.gpu.batch_s > 0.001
+        for _ in range(16):
+            dev.gpu.kernels_ran(0.0001)
+        assert dev.gpu.lazy
+
+
+def test_lazy_work_nobody_waits_for_still_starts_for_a_host_polling_an_event(program: Program) -> None:
+    """A lazy GPU's committed work starts without any wait: a host spinning on the timeline event's value (a
+    lockless getter that does not wake the worker) sees it reach the value within the worker's nap."""
+    dev, steps = _device(kernel_timeout_s=5.0)
+    with dev, Session(program, dev, timeout_s=5.0) as s:
+        s.submit(n=8)
+        s.wait()
+        time.sleep(0.02)
+        dev.gpu.batch_s = 0.0
+        s.submit(n=8)
+        sub = s.submit(n=8)  # (after a wait for the first: a Session rewrites its variables) lazy: no wake
+        assert dev.gpu.unwoken and sub.value is not None
+        deadline = time.monotonic() + 5.0
+        while s.event_value("event") < sub.value and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert s.event_value("event") == sub.value
+        assert {name for h, name in steps if h == sub.cbs[0]} == {"mtlir-sim-gpu"}
+        s.wait()
 
 
 def test_an_interrupted_step_ends_its_command_buffer_in_error(program: Program) -> None:
