@@ -145,9 +145,11 @@ def _value(fig: dict[str, Any], key: str) -> tuple[float | None, str]:
         "sim_overhead_us_per_dispatch": lambda: f"on {fig['sim_device']}",
         "long_over_pyopencl": lambda: ", ".join(f"{t.split('.json')[0]} {r:.2f}" for t, r in fig["long_traces"].items()),
         "kernel_path_over_pyopencl": lambda: "the kernel path alone (launches prepared once), worst trace",
-        "tinygrad_eager_over_raw": lambda: "{tinygrad_eager_us:.0f} vs {tinygrad_raw_us:.0f} us".format(**fig),
+        "tinygrad_eager_over_raw": lambda: "{tinygrad_eager_us:.0f} vs {tinygrad_raw_us:.0f} us; paired "
+                                           "{tinygrad_eager_over_raw_paired:.2f}".format(**fig),
         "tinygrad_jit_us_per_dispatch": lambda: "{tinygrad_jit_us_per_call:.0f} vs {tinygrad_jit_raw_us_per_call:.0f} "
-                                                "us per call of {tinygrad_jit_kernels} kernels".format(**fig),
+                                                "us per call of {tinygrad_jit_kernels} kernels; paired "
+                                                "{tinygrad_jit_us_per_dispatch_paired:.1f}".format(**fig),
         "simdgroup_over_scalar": lambda: ", ".join(f"N={n}: {r['ms_simdgroup']:.2f} vs {r['ms_scalar']:.2f} ms"
                                                    for n, r in fig["simdgroup"].items()),
     }.get(key)

@@ -18,6 +18,8 @@ two paths of each pair alternating round by round, medians over ``rounds`` round
   (taken from the ICB's commands: the same kernels, buffers and sizes) as one ``run_batch`` and a ``sync`` per
   call; ``jit_us_per_dispatch`` = their difference divided by the kernels: what a dispatch in a replayed batch
   costs on top of its kernel (issue 11's target: at most 30 us).
+- ``*_paired``: the same figures from each round's own pair (the median of the rounds' ratios, or differences per
+  dispatch), which a burst of load on a shared machine moves less than the figures from two medians taken apart.
 """
 from __future__ import annotations
 
@@ -30,16 +32,31 @@ from typing import Any
 import numpy as np
 
 
-def _median_pair(a: Any, b: Any, rounds: int) -> tuple[float, float]:
-    ta, tb = [], []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        a()
-        ta.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        b()
-        tb.append(time.perf_counter() - t0)
-    return statistics.median(ta), statistics.median(tb)
+class Pair:
+    """Two paths timed round by round, alternating (``a`` then ``b`` in each round): seconds per round."""
+
+    def __init__(self, a: Any, b: Any, rounds: int) -> None:
+        self.a: list[float] = []
+        self.b: list[float] = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            a()
+            self.a.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            b()
+            self.b.append(time.perf_counter() - t0)
+
+    def medians(self) -> tuple[float, float]:
+        return statistics.median(self.a), statistics.median(self.b)
+
+    def paired_ratio(self) -> float:
+        """The median of the rounds' own ratios a/b: a burst of load on the machine moves both paths of a round,
+        so it moves this less than the ratio of the two medians."""
+        return statistics.median(x / y for x, y in zip(self.a, self.b))
+
+    def paired_difference(self) -> float:
+        """The median of the rounds' own differences a - b (seconds)."""
+        return statistics.median(x - y for x, y in zip(self.a, self.b))
 
 
 def _launches(dev: Any, session: Any) -> list[Any]:
@@ -82,7 +99,8 @@ def measure(rounds: int = 9, calls: int = 20, kernels: int = 8) -> dict[str, Any
         runner.sync()
 
     raw()
-    eager_s, raw_s = _median_pair(eager, raw, rounds)
+    single = Pair(eager, raw, rounds)
+    eager_s, raw_s = single.medians()
 
     def stream() -> None:  # tinygrad's usual call: no wait (the ring of two Sessions alternates)
         for _ in range(calls):
@@ -94,7 +112,8 @@ def measure(rounds: int = 9, calls: int = 20, kernels: int = 8) -> dict[str, Any
             raw()
 
     stream()
-    stream_s, raw_stream_s = _median_pair(stream, raw_stream, rounds)
+    streamed = Pair(stream, raw_stream, rounds)
+    stream_s, raw_stream_s = streamed.medians()
 
     x = Tensor(np.arange(256, dtype=np.float32)).realize()
 
@@ -124,12 +143,16 @@ def measure(rounds: int = 9, calls: int = 20, kernels: int = 8) -> dict[str, Any
             runner.run_batch(launches, 30.0, keep=True, write_back=True)
             runner.sync()
 
-    jit_s, raw_chain_s = _median_pair(jit, raw_chain, rounds)
+    jitted = Pair(jit, raw_chain, rounds)
+    jit_s, raw_chain_s = jitted.medians()
     return {"eager_us": eager_s * 1e6, "raw_us": raw_s * 1e6, "eager_over_raw": eager_s / raw_s,
+            "eager_over_raw_paired": single.paired_ratio(),
             "eager_stream_us_per_call": stream_s / calls * 1e6,
             "eager_stream_over_raw": stream_s / raw_stream_s,
+            "eager_stream_over_raw_paired": streamed.paired_ratio(),
             "jit_us_per_call": jit_s / calls * 1e6, "jit_raw_us_per_call": raw_chain_s / calls * 1e6,
             "jit_kernels": kernels, "jit_us_per_dispatch": (jit_s - raw_chain_s) / (calls * kernels) * 1e6,
+            "jit_us_per_dispatch_paired": jitted.paired_difference() / (calls * kernels) * 1e6,
             "rounds": rounds}
 
 
