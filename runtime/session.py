@@ -105,11 +105,17 @@ class Session(SessionWaits):
         if len(slots) > 1:
             raise ValueError(f"a Program with {len(slots)} cbslots tables: one is supported")
         self._slots = None
+        self._slot_view: memoryview | None = None  # the table's bytes, where the bridge lends a view of them
         self.stamps: tuple[Any, ...] = ()
         if slots:
             payload = self.linked.objects[slots[0]].payload
             self._slots = (self.linked.handles[slots[0]], int(payload[0]))
+            self._slot_zeros = bytes(8 * self._slots[1])
+            self._slot_struct = struct.Struct(f"<{self._slots[1]}Q")
             self.stamps = tuple(payload[1]) if len(payload) > 1 else ()
+            host_view = getattr(bridge, "host_view", None)  # a SimDevice: no look-up per read and write
+            if host_view is not None:
+                self._slot_view = host_view(*self._slots[:1], 8 * self._slots[1])
         self.inflight: collections.deque[Submission] = collections.deque()
         self.completed: collections.deque[Submission] = collections.deque(maxlen=keep_completed)
         self.last_value = 0  # the timeline value of the last submit recorded
@@ -197,7 +203,11 @@ class Session(SessionWaits):
         t0 = time.perf_counter()
         slots = self._slots
         if slots is not None:
-            b.write(slots[0], bytes(8 * slots[1]))
+            view = self._slot_view
+            if view is not None:
+                view[:] = self._slot_zeros
+            else:
+                b.write(slots[0], self._slot_zeros)
         try:
             pool = self.messenger.push()
         except BaseException as e:  # nothing of this submit ran: an error the device deferred, a closed device
@@ -217,7 +227,10 @@ class Session(SessionWaits):
         slots = self._slots
         if slots is None:
             return ()
-        return struct.unpack(f"<{slots[1]}Q", self.bridge.read(slots[0], 8 * slots[1]))
+        view = self._slot_view
+        if view is not None:
+            return self._slot_struct.unpack(view)  # type: ignore[no-any-return]
+        return self._slot_struct.unpack(self.bridge.read(slots[0], 8 * slots[1]))  # type: ignore[no-any-return]
 
     def _record(self, value: int | None, cbs: tuple[int, ...], t0: float) -> Submission:
         dt = time.perf_counter() - t0
@@ -324,6 +337,7 @@ class Session(SessionWaits):
                 self._release_linked()  # what the first close had to keep alive
             return
         self.closed = True
+        self._slot_view = None  # the table is freed with the link below
         if closed_bridge:
             self.inflight.clear()
             self.linked.cleanup.clear()

@@ -137,6 +137,18 @@ class HostMemory:
         reg.data[off:off + n] = np.frombuffer(data, dtype=np.uint8)
         return reg
 
+    def view(self, addr: int, nbytes: int) -> memoryview | None:
+        """A writable view (format ``B``) of the ``nbytes`` bytes at ``addr`` when they lie in a ``malloc`` block
+        (``owner`` None: plain host memory, where a write is only a copy), for a host that reads and writes a small
+        table at every submit (a Session's ``cbslots``); None inside an object's memory (a buffer's ``contents``:
+        the device checks each CPU write there, METAL.md §3 rule 15). Valid until the block is freed: a view kept
+        past ``free`` reads and writes a detached copy, so its holder drops it with the block. Raises
+        ``BridgeError`` as ``find``."""
+        reg, off = self.find(addr, nbytes)
+        if reg.owner is not None:
+            return None
+        return memoryview(reg.data)[off:off + nbytes]
+
     def load(self, addr: int, dtype: DType) -> Any:
         """One value of ``dtype`` at ``addr`` (a struct dtype loads as a tuple of ints)."""
         reg, off = self.find(addr, dtype.itemsize)

@@ -23,9 +23,11 @@ import keyword
 import linecache
 import math
 import re
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+from mtlir.errors import MtlirError
 from mtlir.ir.dtypes import DType, dtypes
 from mtlir.ir.evaluate import c_idiv, c_mod
 from mtlir.ir.ops import GroupOp, Ops
@@ -51,6 +53,9 @@ _EXPR = {
 
 
 _MISSING = object()
+# the range of a plain int each integer struct code packs (``_view_store``)
+_INT_BOUNDS = {fmt: ((0, (1 << (8 * n)) - 1) if fmt.isupper() else (-(1 << (8 * n - 1)), (1 << (8 * n - 1)) - 1))
+               for fmt, n in (("B", 1), ("b", 1), ("H", 2), ("h", 2), ("I", 4), ("i", 4), ("Q", 8), ("q", 8))}
 _UNROLL = 512  # the most instructions a loop of constant bound becomes when unrolled (native MetalBridge)
 _POINTERS = ("ptr", "id", "sel")  # argument kinds ctypes passes as c_void_p (None is NULL)
 _RESERVED = re.compile(r"[rPDWFCKVSNMA]\d+|msg_send|c_call|load|store|idiv|cmod|max|min|range|bool|type|int|replay|make"
@@ -259,6 +264,8 @@ class CompiledReplay(Executor):
                     p = self._const("P", proto)
                     line = (f"{lhs}msg_send({p}, {tup})" if fn == "objc_msgSend"
                             else f"{lhs}c_call({fn!r}, {p}, {tup})")
+                case Store(dtype=dtype, addr=addr, value=value) if self._view_store(dtype, addr, value) is not None:
+                    line = self._view_store(dtype, addr, value)  # type: ignore[assignment]
                 case Store(dtype=dtype, addr=addr, value=value):
                     line = f"store({self._ref(addr)}, {self._const('D', dtype)}, {self._ref(value)})"
                 case Load(dtype=dtype, addr=addr) if self._cell_load(dtype, addr) is not None:
@@ -411,6 +418,33 @@ class CompiledReplay(Executor):
             cell = NativeCalls.pointer_cell(cell)
             return None if cell is None else self._const("M", cell, key=("pointer", self._fixed_value(addr)))
         return None if cell is None else self._const("M", cell, key=("cell", self._fixed_value(addr), dtype))
+
+    def _view_store(self, dtype: DType, addr: int, value: int) -> str | None:
+        """On a bridge that lends views of its plain host memory (``host_view``: a SimDevice's ``malloc`` blocks,
+        where a store is only a copy), an integer store at a constant address as a ``pack_into`` on the view: the
+        line, a plain int in the dtype's range packed, anything else (a value that does not fit, not an int)
+        through ``store``, which converts or refuses it as before. None where the bridge lends no view (a
+        buffer's contents, whose CPU writes the device checks: rule 15) or on a native bridge (``_cell``)."""
+        host_view = getattr(self.bridge, "host_view", None)
+        if host_view is None or self.native is not None or not self._fixed(addr) or dtype.kind == "float" \
+                or dtype.fmt not in _INT_BOUNDS or type(self._fixed_value(addr)) is not int:
+            return None
+        target = self._fixed_value(addr)
+        key = ("view", target, dtype)
+        cell = self._names.get(("M", key))
+        if cell is None:
+            try:
+                view = host_view(target, dtype.itemsize)
+            except MtlirError:  # unmapped or freed: ``store`` raises it at run time, as before
+                return None
+            if view is None:
+                return None
+            cell = self._const("M", view, key=key)
+        pack = self._const("W", struct.Struct("<" + dtype.fmt).pack_into, key=("pack", dtype.fmt))
+        lo, hi = _INT_BOUNDS[dtype.fmt]
+        v = self._ref(value)
+        return (f"{pack}({cell}, 0, {v}) if type({v}) is int and {lo} <= {v} <= {hi} "
+                f"else store({self._ref(addr)}, {self._const('D', dtype)}, {v})")
 
     def _slow(self, program: Program | None, /, **values: Any) -> tuple[Any, ...]:
         """The slow path of a keyword-bound replay: another Program named (``Executor``), a value that is not a
