@@ -34,7 +34,7 @@ from mtlir.runtime.sim.injection import Fault, FaultPlan
 from mtlir.runtime.sim.lifetime import dealloc
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 from mtlir.runtime.bridge.memory import HostMemory
-from mtlir.runtime.sim.objects import Buffer, ClassObject, Device, NSError, NSString, SimObject
+from mtlir.runtime.sim.objects import Buffer, ClassObject, Device, NSError, NSString, SimObject, zombie_text
 from mtlir.runtime.sim.methods.resources import CLASSES
 
 __all__ = ["SimDevice", "METHODS"]
@@ -127,7 +127,7 @@ class SimDevice(DeviceHooks, DeviceWaits):
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._objects: dict[int, SimObject] = {}
-        self._zombies: OrderedDict[int, str] = OrderedDict()
+        self._zombies: OrderedDict[int, str | tuple[str, int, str, str]] = OrderedDict()
         self.number = next(_devices_made)  # this process's SimDevices in order of making: #0, #1, ...
         self._next_handle = _HANDLE_BASE + (self.number % _DEVICE_BLOCKS) * _DEVICE_BLOCK
         self._sel_ids: dict[str, int] = {}
@@ -254,7 +254,7 @@ class SimDevice(DeviceHooks, DeviceWaits):
             raise BridgeError(f"{where}: {handle!r} is not an object handle (an integer)")
         dead = self._zombies.get(handle)
         if dead is not None:
-            raise BridgeError(f"{where}: message sent to deallocated instance {dead}")
+            raise BridgeError(f"{where}: message sent to deallocated instance {zombie_text(dead)}")
         block, mine = divmod(handle - _HANDLE_BASE, _DEVICE_BLOCK)[0], self.number % _DEVICE_BLOCKS
         if 0 <= block < _DEVICE_BLOCKS and block != mine:
             raise BridgeError(f"{where}: {handle:#x} is a handle of another SimDevice (#{block} of this process, "
@@ -288,7 +288,7 @@ class SimDevice(DeviceHooks, DeviceWaits):
         """Take a deallocated ``obj`` out of the object table; its handle stays known as a zombie (the last
         ``_ZOMBIES`` of them), so a message to it is refused as "sent to deallocated instance"."""
         del self._objects[obj.handle]
-        self._zombies[obj.handle] = obj.describe()
+        self._zombies[obj.handle] = obj.zombie()  # formatted when a message names it (zombie_text)
         if len(self._zombies) > _ZOMBIES:
             self._zombies.popitem(last=False)
 

@@ -21,7 +21,7 @@ __all__ = ["SimObject", "ClassObject", "NSString", "NSError", "Device", "Command
            "Encoder", "Fence", "SharedEvent", "Buffer", "Library", "Function", "CompileOptions",
            "PipelineDescriptor", "Pipeline", "ICBDescriptor", "ICB", "ICBSlot", "ICBSlots", "ICBCommand",
            "ResidencySetDescriptor", "ResidencySet", "Dispatch", "Execute", "SignalStep", "WaitStep", "Gate",
-           "Binding", "clock"]
+           "Binding", "clock", "zombie_text"]
 
 Binding = tuple["Buffer", int]   # (buffer, byte offset) bound at a Metal buffer index
 clock = time.perf_counter  # the GPU's clock: monotonic, seconds (CommandBuffer.start_time/end_time, GPUStartTime)
@@ -45,6 +45,24 @@ class SimObject:
         """``"MTLBuffer 0x6000000010a0 'label' (buffer:7)"`` for messages."""
         return (f"{self.objc_class} {self.handle:#x}" + (f" {self.label!r}" if self.label else "")
                 + (f" ({self.link_name})" if self.link_name else ""))
+
+    def zombie(self) -> str | tuple[str, int, str, str]:
+        """What the device remembers of this object once it is deallocated (``SimDevice.retire``): the parts of
+        ``describe()``, formatted only when a message names the dead object (``zombie_text``): a command buffer
+        and its encoder die at every submit, and almost none is ever named again. A class with a ``describe`` of
+        its own gives its text at once."""
+        if type(self).describe is not SimObject.describe:
+            return self.describe()
+        return (self.objc_class, self.handle, self.label, self.link_name)
+
+
+def zombie_text(zombie: str | tuple[str, int, str, str]) -> str:
+    """A deallocated object's ``describe()`` text from what ``SimObject.zombie`` kept of it."""
+    if isinstance(zombie, str):
+        return zombie
+    objc_class, handle, label, link_name = zombie
+    return (f"{objc_class} {handle:#x}" + (f" {label!r}" if label else "")
+            + (f" ({link_name})" if link_name else ""))
 
 
 class ClassObject(SimObject):
