@@ -87,6 +87,10 @@ class Session(SessionWaits):
         self.executor_kind = executor
         self.executor: Executor = make_executor(executor, program, bridge, self.linked.registers)
         self.messenger = self.linked.messenger  # the bookkeeping messages (pool, status, release, errors)
+        # the messages a wait sends for every command buffer, resolved once (``Messenger.getter``)
+        m = self.messenger
+        self._status, self._release_cb = m.getter("status"), m.getter("release")
+        self._gpu_start, self._gpu_end = m.getter("GPUStartTime"), m.getter("GPUEndTime")
         # the Program's timeline is the event its timeline read reads (chosen by passes/timeline.py: the default
         # queue's, else the first queue's own in the SINK's order, never a shared event); a Program without a read
         # (built by hand, or naming an event not linked here): "event", else the first "event:<q>" of a queue

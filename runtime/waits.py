@@ -10,6 +10,7 @@ import itertools
 import math
 import operator
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mtlir.errors import (ArgumentError, DeviceClosedError, GPUExecutionError, MtlirError, StateError,
@@ -47,6 +48,10 @@ class SessionWaits:
     stamps: tuple[Any, ...]
     closed: bool
     _read_timeline: Executor | None
+    _status: Callable[[int], Any]
+    _release_cb: Callable[[int], Any]
+    _gpu_start: Callable[[int], Any]
+    _gpu_end: Callable[[int], Any]
 
     def _read_value(self) -> int:
         """The timeline's value now: the Program's own read of it, or a ``signaledValue`` message."""
@@ -82,7 +87,12 @@ class SessionWaits:
     def _wait(self, value: int | None, timeout_s: float | None) -> list[Submission]:
         """``wait`` without the checks of a closed Session; an error the device deferred is accounted for
         (``_deferred_fault``) before it is raised."""
-        timeout = self.timeout_s if timeout_s is None else seconds_arg(timeout_s, "wait(timeout_s=...)")
+        if timeout_s is None:
+            timeout = self.timeout_s
+        elif type(timeout_s) is float and 0.0 <= timeout_s < math.inf:  # the usual: seconds_arg's answer at once
+            timeout = timeout_s
+        else:
+            timeout = seconds_arg(timeout_s, "wait(timeout_s=...)")
         deadline = time.monotonic() + timeout
         try:
             return self._wait_until(value, timeout, deadline)
@@ -118,7 +128,8 @@ class SessionWaits:
             while pending:
                 rec = pending[0]
                 live = [cb for cb in rec.cbs if cb]
-                statuses = [int(self.messenger.send(cb, "status")) for cb in live]
+                status = self._status
+                statuses = [int(status(cb)) for cb in live]
                 if MTL.StatusError in statuses:
                     self._fail(rec, deadline)
                 reached = rec.value is None or current is None or current >= rec.value
@@ -254,9 +265,8 @@ class SessionWaits:
     def _finish(self, rec: Submission) -> None:
         """Read the GPU times of a completed submit (``gpu_times``, ``spans``, ``timestamps``), release its command
         buffers and move it to ``completed``."""
-        m = self.messenger
-        rec.gpu_times = [(gpu_seconds(m.send(cb, "GPUStartTime")), gpu_seconds(m.send(cb, "GPUEndTime"))) if cb
-                         else (None, None) for cb in rec.cbs]
+        start, end = self._gpu_start, self._gpu_end
+        rec.gpu_times = [(gpu_seconds(start(cb)), gpu_seconds(end(cb))) if cb else (None, None) for cb in rec.cbs]
         rec.spans = [GpuSpan(slot, seconds_to_ns(start), seconds_to_ns(end))
                      for slot, (cb, (start, end)) in enumerate(zip(rec.cbs, rec.gpu_times)) if cb]
         for st in self.stamps:  # Stamp(slot, cb, which): slot <- GPUStartTime/GPUEndTime of cbslots[cb]
@@ -269,9 +279,10 @@ class SessionWaits:
 
     def _release(self, rec: Submission) -> None:
         """Release the command buffers the Program retained when it stored them into cbslots."""
+        release = self._release_cb
         for cb in rec.cbs:
             if cb:
-                self.messenger.send(cb, "release")
+                release(cb)
 
     def _drop(self, rec: Submission) -> None:
         if self.inflight and self.inflight[0] is rec:  # the oldest: O(1)

@@ -14,6 +14,7 @@ queue = m.send(dev, "newCommandQueueWithMaxCommandBufferCount:", 4)
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mtlir.ir.dtypes import DType, dtypes
@@ -61,12 +62,26 @@ class Messenger:
         """``objc_msgSend(receiver, selector, *args)`` through ``abi_prototype(selector, target)``; ``args`` as
         ``marshal`` takes them. Raises ``AbiError`` for a selector missing from mtlir.metal.SELECTORS, ``ValueError``
         for a wrong argument count, and what the Bridge raises."""
-        proto, sel, structs = self._plan(selector)
+        plan = self._plans.get(selector)
+        proto, sel, structs = plan if plan is not None else self._plan(selector)
         if structs is None:
             if len(args) != len(proto.args) - 2:
                 raise ValueError(f"{selector} takes {len(proto.args) - 2} arguments, got {len(args)}")
             return self.bridge.msg_send(proto, (receiver, sel, *args))
         return self.bridge.msg_send(proto, (receiver, sel, *self.marshal(selector, args)))
+
+    def getter(self, selector: str) -> Callable[[int], Any]:
+        """``send(receiver, selector)`` for a selector without arguments (``status``, ``release``), resolved once:
+        a function of the receiver that sends the message straight to the Bridge (what a Session's wait sends for
+        every submit). Raises ``ValueError`` for a selector that takes arguments, ``AbiError`` as ``send``."""
+        proto, sel, _ = self._plan(selector)
+        if len(proto.args) != 2:
+            raise ValueError(f"{selector} takes {len(proto.args) - 2} arguments: getter is for none")
+        bridge = self.bridge
+
+        def get(receiver: int) -> Any:
+            return bridge.msg_send(proto, (receiver, sel))  # looked up per call, as send does
+        return get
 
     def marshal(self, selector: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """``args`` in Metal's terms (NSRange and MTLSize as tuples) laid out for ``abi_prototype``; on arm64 the
