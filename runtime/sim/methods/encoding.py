@@ -134,7 +134,8 @@ def _commit(dev: SimDevice, cb: CommandBuffer) -> None:
         raise assertion(Rule.NOTHING_AFTER_COMMIT, call, "commit an already committed command buffer")
     if cb.open_encoder is not None:
         raise assertion(Rule.NO_OPEN_ENCODER, call, "commit command buffer with uncommitted encoder")
-    cb.resident = frozenset().union(*(rs.committed for rs in cb.queue.residency_sets))
+    sets = cb.queue.residency_sets  # one set (a DeviceContext's): its committed frozenset as it is, no copy
+    cb.resident = sets[0].committed if len(sets) == 1 else frozenset().union(*(rs.committed for rs in sets))
     if dev.strict:
         check_commit(dev, cb, call)
     cb.status = MTL.StatusCommitted
