@@ -254,24 +254,36 @@ def expected_device() -> str:
 
 
 # the trace format's element type of each tinygrad dtype, by its struct format character (tinygrad's names are C's:
-# "unsigned char"); the fp8 types have none (no mtlir dtype); bfloat16 has one but is not recorded yet (below)
+# "unsigned char"); bfloat16 has none (below); the fp8 types have no mtlir dtype
 _TRACE_DTYPES = {"?": "bool", "b": "int8", "B": "uint8", "h": "int16", "H": "uint16", "i": "int32", "I": "uint32",
                  "q": "int64", "Q": "uint64", "e": "float16", "f": "float32", "d": "float64"}
 
 
 def trace_dtype(dt: Any) -> str:
-    """The trace's ``output.dtype`` (``"dtypes.uint8"``, ``"dtypes.float32"``) of tinygrad's DType ``dt``.
-    Raises ``RecordError`` for a dtype the trace format has no element type for (fp8) and for bfloat16 (not
-    recorded yet)."""
+    """The trace's ``output.dtype`` (``"dtypes.uint8"``, ``"dtypes.float32"``, ``"dtypes.bfloat16"``) of tinygrad's
+    DType ``dt``. Raises ``RecordError`` for a dtype the trace format has no element type for (the fp8 types)."""
     name = _TRACE_DTYPES.get(getattr(dt, "fmt", None) or "")
-    if name is None and str(dt) == "dtypes.bfloat16":  # tinygrad names it "__bf16"
-        raise RecordError("main()'s output is bfloat16: `mtlir record` does not record a bfloat16 output yet (its "
-                          "expected output would come from tinygrad's CPU device, which compiles no bfloat16 here): "
-                          "cast the output to float32 (the kernels before it may use bfloat16)")
+    if name is None and _is_bfloat16(dt):  # tinygrad names it "__bf16" and gives it no struct format
+        name = "bfloat16"
     if name is None:
         raise RecordError(f"main()'s output is {dt}: the trace format has no such element type (bool, int8..uint64, "
-                          "float16, float32): cast the output")
+                          "float16, bfloat16, float32): cast the output")
     return f"dtypes.{name}"
+
+
+def _is_bfloat16(dt: Any) -> bool:
+    return str(dt) == "dtypes.bfloat16"
+
+
+def _output_bytes(t: Any, device: str) -> bytes:
+    """The bytes of the realized Tensor ``t`` as they lie in its buffer (a bfloat16 Tensor's through a bitcast to
+    uint16: tinygrad's ``numpy()`` gives float32 for it), read on ``device`` (CPU for METAL and CPU: tinygrad's
+    own copy; PYTHON reads itself)."""
+    from tinygrad.dtype import dtypes as tdt
+    if _is_bfloat16(t.dtype):
+        t = t.bitcast(tdt.uint16)
+    data: bytes = t.to(device).numpy().tobytes()
+    return data
 
 
 def _plain_output(out: Any, script: Path) -> Any:
@@ -370,7 +382,12 @@ def _check_agree(path: Path, out: Any, expected: bytes, exp_dev: str) -> None:
     the inputs usually differ between the two runs (an unseeded ``Tensor.rand``)."""
     import numpy as np
     from mtlir.cli.compare import compare_output
-    got = out.numpy().reshape(-1)  # flat: a 0-d output (a scalar) compares as one element
+    from mtlir.ir.dtypes import dtypes
+    if _is_bfloat16(out.dtype):  # compared as bfloat16 (ml_dtypes), as ``mtlir run`` compares the replay
+        bf16 = dtypes.to_numpy(dtypes.bfloat16)
+        got = np.frombuffer(_output_bytes(out, "CPU"), dtype=bf16)
+    else:
+        got = out.numpy().reshape(-1)  # flat: a 0-d output (a scalar) compares as one element
     cmp = compare_output(got, np.frombuffer(expected, dtype=got.dtype))
     if cmp.match:
         return
@@ -466,10 +483,20 @@ def record_trace(script: str | Path, args: Sequence[str] = (), *, family: str | 
         dtype = trace_dtype(out.dtype)
     except RecordError as e:
         raise RecordError(f"{path}: {e}") from None
-    exp_dev = expected or expected_device()
+    # a bfloat16 output's expected values come from the PYTHON device unless told otherwise: tinygrad's CPU device
+    # compiles bfloat16 kernels only with a clang that has __bf16 arithmetic (Debian 12's has not)
+    exp_dev = expected or ("PYTHON" if _is_bfloat16(out.dtype) else expected_device())
     with _context(DEV=exp_dev, JIT=0):
-        ref = _run_main(path, args)
-    expected_bytes = ref.to("CPU" if exp_dev != "PYTHON" else exp_dev).numpy().tobytes()
+        try:
+            ref = _run_main(path, args)
+            expected_bytes = _output_bytes(ref, "CPU" if exp_dev != "PYTHON" else exp_dev)
+        except Exception as e:
+            if not _is_bfloat16(out.dtype) or exp_dev == "PYTHON":
+                raise
+            why = (str(e).splitlines()[0] if str(e) else type(e).__name__).removeprefix(f"{path}: ")
+            raise RecordError(f"{path}: the expected output of a bfloat16 main() on tinygrad's {exp_dev} device "
+                              f"failed ({why}): its compiler may have no bfloat16 arithmetic; try --expected python "
+                              "(the default for a bfloat16 output)") from None
     if len(expected_bytes) != mb.size:
         raise RecordError(f"{path}: the output on {exp_dev} has {len(expected_bytes)} bytes, on METAL {mb.size}")
     _check_agree(path, out, expected_bytes, exp_dev)

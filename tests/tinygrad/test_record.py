@@ -162,15 +162,68 @@ _TG_DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "in
 
 def test_every_tinygrad_dtype_has_the_trace_name_load_trace_reads() -> None:
     """tinygrad names its dtypes as C does ("unsigned char"): the trace's are mtlir's, and load_trace's reader
-    takes each; bfloat16 (the trace format has it, record does not yet) is refused, naming it."""
+    takes each (bfloat16 too: tinygrad gives it no struct format); the fp8 types have none, refused naming it."""
     from tinygrad import dtypes as tg
     from mtlir.frontend.checks import param_dtype
-    for name in _TG_DTYPES:
+    for name in [*_TG_DTYPES, "bfloat16"]:
         assert trace_dtype(getattr(tg, name)) == f"dtypes.{name}"
         assert param_dtype(trace_dtype(getattr(tg, name))).name == name
-    with pytest.raises(RecordError, match="output is bfloat16: `mtlir record` does not record a bfloat16 output yet"):
-        trace_dtype(tg.bfloat16)
-    assert param_dtype("dtypes.bfloat16").name == "bfloat16"  # load_trace reads it (a trace written by hand)
+    with pytest.raises(RecordError, match="output is dtypes.fp8e4m3: the trace format has no such element type"):
+        trace_dtype(tg.fp8e4m3)
+
+
+_BF16_SCRIPT = """from tinygrad import Tensor, dtypes
+def main():
+    a = Tensor([1.5, 2.25, 3.0, -7.125, 100.5, 0.0078125], dtype=dtypes.bfloat16)
+    return (a * 2 + 1) / 3 + a.exp2() * 0.5
+"""
+
+
+def test_record_a_bfloat16_output_and_replay_it(tmp_path: Path) -> None:
+    """A bfloat16 output: its expected values come from tinygrad's PYTHON device (its CPU device's clang here has no
+    bfloat16 arithmetic); the trace keeps them as bfloat16 bytes and ``mtlir run`` replays it to a match."""
+    import numpy as np
+    from mtlir.ir.dtypes import dtypes
+    script = tmp_path / "bf16.py"
+    script.write_text(_BF16_SCRIPT)
+    out = tmp_path / "bf16.json"
+    trace_dict = record(script, (), out)
+    assert "expected output from tinygrad's PYTHON device" in trace_dict["made_with"]
+    trace = load_trace(out)
+    assert trace.output.dtype.name == "bfloat16" and trace.output.shape == (6,)
+    got = trace.output.expected_array().astype(np.float32)
+    a = np.array([1.5, 2.25, 3.0, -7.125, 100.5, 0.0078125], dtype=np.float32)
+    assert np.allclose(got, (a * 2 + 1) / 3 + np.exp2(a) * 0.5, rtol=2 ** -6)  # bfloat16: 8 significant bits
+    assert trace.output.expected_array().dtype == dtypes.to_numpy(dtypes.bfloat16)
+    done = subprocess.run([sys.executable, "-m", "mtlir", "run", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "result: match" in done.stdout
+
+
+def test_a_bfloat16_expected_output_the_cpu_device_fails_names_the_way_out(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """--expected cpu for a bfloat16 output whose CPU run fails (a clang without bfloat16 arithmetic): a RecordError
+    saying so and suggesting --expected python, not the compiler's exception."""
+    import importlib
+    rec = importlib.import_module("mtlir.tinygrad.record")  # the module (the package exports its record function)
+    script = tmp_path / "bf16.py"
+    script.write_text(_BF16_SCRIPT)
+    run_main = rec._run_main
+    calls: list[str] = []
+
+    def failing_on_cpu(path: Path, args: object) -> object:
+        from tinygrad import Device
+        calls.append(Device.DEFAULT)
+        if Device.DEFAULT == "CPU":
+            raise RuntimeError("clang: error: __bf16 is not supported on this target")
+        return run_main(path, args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rec, "_run_main", failing_on_cpu)
+    with pytest.raises(RecordError, match=r"bfloat16 main\(\) on tinygrad's CPU device failed \(clang: error: __bf16 "
+                                          r"is not supported on this target\).*try --expected python"):
+        record_trace(script, expected="cpu")
+    assert calls == ["METAL", "CPU"]
 
 
 @pytest.mark.parametrize("dtype", [d for d in _TG_DTYPES if d != "float32"])
