@@ -27,6 +27,7 @@ from mtlir.runtime.sim.objects import (ICB, BlitCopy, BlitEncoder, BlitFill, Buf
                                        Execute, Gate, ICBSlot, Pipeline, SharedEvent, SignalStep, WaitStep, clock)
 from mtlir.runtime.sim.ranges import RangeBatch, Recording, build_range
 from mtlir.runtime.sim.rules.rule import Rule
+from mtlir.runtime.sim.waiting import notify_waiters
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.gpu import GPU
@@ -138,7 +139,7 @@ class Executor:
                 yield None
         enc.done = True  # updates act at the encoder's end
         forget_fence_history(enc)
-        self.dev._cv.notify_all()
+        notify_waiters(self.dev._cv)
 
     def _blit(self, blit: BlitCopy | BlitFill) -> None:
         """One blit command on the buffers' bytes (what kernels wrote reaches them first: ``sync``); a buffer

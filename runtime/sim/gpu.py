@@ -39,6 +39,7 @@ from mtlir.runtime.sim.lifetime import release_references
 from mtlir.runtime.sim.objects import CommandBuffer, CommandQueue, Encoder, Pipeline, SharedEvent, SignalStep, clock
 from mtlir.runtime.sim.rules.deadlock import find_deadlock
 from mtlir.runtime.sim.rules.rule import Rule
+from mtlir.runtime.sim.waiting import notify_waiters
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
@@ -424,7 +425,7 @@ class GPU:
         self.sync()
         if value > ev.value:
             ev.value = value
-            self.dev._cv.notify_all()
+            notify_waiters(self.dev._cv)
 
     def run_kernel_now(self, p: Pipeline, bindings: dict[int, tuple[np.ndarray, int]], grid: tuple[int, int, int],
                        threadgroup: tuple[int, int, int]) -> None:
@@ -460,6 +461,6 @@ class GPU:
             buf.readers.pop(cb, None)
         for icb, _, _ in cb.icb_reads:
             icb.readers.pop(cb, None)
-        self.dev._cv.notify_all()
+        notify_waiters(self.dev._cv)
         release_references(self.dev, cb)  # retainedReferences: what was encoded into it lives until now
         self.dev._release_internal(cb)

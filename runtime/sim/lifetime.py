@@ -14,6 +14,7 @@ from mtlir.metal import MTL
 from mtlir.runtime.sim.objects import Buffer, CommandBuffer, Encoder, NSError, NSString, Pipeline, SignalStep, SimObject
 from mtlir.runtime.sim.rules.checks import check_release
 from mtlir.runtime.sim.rules.rule import Rule, assertion
+from mtlir.runtime.sim.waiting import notify_waiters
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.device import SimDevice
@@ -50,7 +51,7 @@ def dealloc(dev: SimDevice, obj: SimObject, call: str, at_host: bool = True) -> 
             obj.queue.live.discard(obj)
             _discard_uncommitted(obj)
             release_references(dev, obj)
-            dev._cv.notify_all()
+            notify_waiters(dev._cv)
         if obj.error is not None:
             dev._release_internal(obj.error)
     elif isinstance(obj, Buffer):

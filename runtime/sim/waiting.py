@@ -18,7 +18,18 @@ from mtlir.runtime.sim.objects import CommandBuffer, SimObject, clock
 if TYPE_CHECKING:
     from mtlir.runtime.sim.gpu import GPU
 
-__all__ = ["DeviceWaits"]
+__all__ = ["DeviceWaits", "notify_waiters"]
+
+
+def notify_waiters(cv: threading.Condition) -> None:
+    """``cv.notify_all()`` (the device lock held), skipped when no thread waits on ``cv``: the GPU notifies at every
+    encoder's end, event signal and command buffer end, and most of those find nobody waiting (a host that runs
+    the steps it waits for, ``GPU.drive``, waits on nothing meanwhile), where ``Condition.notify_all`` still costs
+    a few Python calls (its ownership check and a copy of the waiter list). The waiter list is CPython's
+    ``threading.Condition._waiters`` (a waiter joins it before it lets go of the lock, so a check made with the
+    lock held sees it); where there is none, it notifies."""
+    if getattr(cv, "_waiters", True):
+        cv.notify_all()
 
 
 class DeviceWaits:
