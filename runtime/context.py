@@ -432,7 +432,11 @@ class SessionRing:
             else:  # the one after the last: its submit is the oldest
                 s = self.sessions[(self.sessions.index(s) + 1) % len(self.sessions)]
         self.last = s
-        return self.ctx.submit(s, **values)
+        ctx = self.ctx  # DeviceContext.submit, inline: one copy of the values less per submit
+        ctx._open("submit")
+        if s.inflight:
+            s.wait(timeout_s=ctx.timeout_s)
+        return s.submit(**values)
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Wait for every submit of the ring's Sessions (``Session.wait``)."""

@@ -79,10 +79,15 @@ class Submission:
     def gpu_ns(self) -> int | None:
         """The GPU time of the submit in nanoseconds: the sum of its command buffers' spans (``GpuSpan.ns``); None
         before completion, without command buffers, or when one span's time is not available."""
-        durations = [span.ns for span in self.spans]
-        if not durations or any(d is None for d in durations):
+        if not self.spans:
             return None
-        return sum(d for d in durations if d is not None)
+        total = 0
+        for span in self.spans:
+            ns = span.ns
+            if ns is None:
+                return None
+            total += ns
+        return total
 
 
 class TimelineValues:

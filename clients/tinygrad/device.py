@@ -143,6 +143,8 @@ class MetalProgram(Program["MetalDevice"]):
         key = (tuple([b.size for b in bufs]), local)
         s = self.sessions.get(key)
         if s is None:
+            if prod(local) > self.max_total_threads:  # checked once per threadgroup size: it is in the key
+                raise RuntimeError(f"local size {local} bigger than {self.max_total_threads}")
             nvars = len(self.kernel.params) - self.nbufs
             batch = Batch([self.dispatch(bufs, local, [f"b{i}" for i in range(len(bufs))],
                                          [f"v{i}" for i in range(nvars)], ("gx", "gy", "gz"))],
@@ -155,8 +157,6 @@ class MetalProgram(Program["MetalDevice"]):
                  local_size: tuple[int, ...] | None = (1, 1, 1), vals: tuple[int | None, ...] = (),
                  wait: bool = False, **kw: Any) -> float | None:
         local = tuple(local_size or (1, 1, 1))
-        if prod(local) > self.max_total_threads:
-            raise RuntimeError(f"local size {local} bigger than {self.max_total_threads}")
         s = self._session(bufs, (int(local[0]), int(local[1]), int(local[2])))
         gx, gy, gz = global_size
         grid = (int(gx), int(gy), int(gz))
