@@ -44,8 +44,8 @@ def _command_buffer(dev: SimDevice, q: CommandQueue) -> CommandBuffer:
     each waits for work only this thread could encode, ``rules.deadlock``); faithful mode blocks, the GPU watchdog
     ends the deadlocked command buffers with the same description; a block that outlives the device's
     ``timeout_s`` raises ``TimeoutError``."""
-    call = Call("commandBuffer", q)
     if len(q.live) >= q.max_count:
+        call = Call("commandBuffer", q)
         committed = any(cb.status >= MTL.StatusCommitted for cb in q.live)
         if dev.strict and (not committed or not dev.autorun):
             why = "none of them is committed" if not committed else "the GPU is held (autorun=False)"
@@ -70,19 +70,21 @@ def _command_buffer(dev: SimDevice, q: CommandQueue) -> CommandBuffer:
 
 
 # ---------------------------------------------------------------------------- MTLCommandBuffer
-def _not_committed(cb: CommandBuffer, selector: str, call: Call) -> None:
+def _not_committed(cb: CommandBuffer, selector: str, *args: object) -> None:
+    """Rule 4: nothing is encoded after commit (``selector`` and ``args``: the call, made into a ``Call`` only for
+    the error)."""
     if cb.status >= MTL.StatusCommitted:
-        raise assertion(Rule.NOTHING_AFTER_COMMIT, call,
+        raise assertion(Rule.NOTHING_AFTER_COMMIT, Call(selector, cb, *args),
                         f"{selector} after commit (the command buffer is {MTL.STATUS_NAMES[cb.status]})")
 
 
 def _open_encoder(dev: SimDevice, cb: CommandBuffer, selector: str, enc: Encoder) -> Encoder:
     """``enc``, new and autoreleased (+0), as ``cb``'s open encoder and next step (rules 1 and 4: not after commit,
     one open encoder at a time)."""
-    call = Call(selector, cb)
-    _not_committed(cb, selector, call)
+    _not_committed(cb, selector)
     if cb.open_encoder is not None:
-        raise assertion(Rule.ONE_OPEN_ENCODER, call, "A command encoder is already encoding to this command buffer")
+        raise assertion(Rule.ONE_OPEN_ENCODER, Call(selector, cb),
+                        "A command encoder is already encoding to this command buffer")
     dev.new_autoreleased(enc)
     cb.open_encoder = enc
     cb.steps.append(enc)
@@ -103,14 +105,14 @@ def _blit_encoder(dev: SimDevice, cb: CommandBuffer) -> Encoder:
 
 @METHODS.method(CommandBuffer, "encodeSignalEvent:value:", SharedEvent)
 def _encode_signal(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: int) -> None:
-    call = Call("encodeSignalEvent:value:", cb, ev, value)
-    _not_committed(cb, "encodeSignalEvent:value:", call)
+    _not_committed(cb, "encodeSignalEvent:value:", ev, value)
     if cb.open_encoder is not None:
-        raise assertion(Rule.NO_OPEN_ENCODER, call, "encodeSignalEvent:value: with uncommitted encoder")
+        raise assertion(Rule.NO_OPEN_ENCODER, Call("encodeSignalEvent:value:", cb, ev, value),
+                        "encodeSignalEvent:value: with uncommitted encoder")
     highest = max(ev.value, ev.highest_encoded)
     if dev.strict and value <= highest:
         relation = "below" if value < highest else "not above"
-        raise violation(Rule.EVENT_ONLY_INCREASES, call,
+        raise violation(Rule.EVENT_ONLY_INCREASES, Call("encodeSignalEvent:value:", cb, ev, value),
                         f"{value} is {relation} {highest}, a value {ev.describe()} already has or was "
                         "given by an earlier signal: an event's value only increases, Metal ignores a "
                         "value that is not above it")
@@ -120,10 +122,10 @@ def _encode_signal(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: in
 
 @METHODS.method(CommandBuffer, "encodeWaitForEvent:value:", SharedEvent)
 def _encode_wait(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: int) -> None:
-    call = Call("encodeWaitForEvent:value:", cb, ev, value)
-    _not_committed(cb, "encodeWaitForEvent:value:", call)
+    _not_committed(cb, "encodeWaitForEvent:value:", ev, value)
     if cb.open_encoder is not None:
-        raise assertion(Rule.NO_OPEN_ENCODER, call, "encodeWaitForEvent:value: with uncommitted encoder")
+        raise assertion(Rule.NO_OPEN_ENCODER, Call("encodeWaitForEvent:value:", cb, ev, value),
+                        "encodeWaitForEvent:value: with uncommitted encoder")
     cb.steps.append(WaitStep(ev, value))
 
 
@@ -191,23 +193,24 @@ def _hold(dev: SimDevice, enc: Encoder, obj: SimObject) -> None:
         dev.retain(obj)
 
 
-def _open(dev: SimDevice, enc: Encoder, call: Call) -> bool:
-    """True when ``enc`` still encodes. After endEncoding strict mode raises; faithful mode drops the call."""
+def _open(dev: SimDevice, enc: Encoder, call: Call | str, *args: object) -> bool:
+    """True when ``enc`` still encodes. After endEncoding strict mode raises; faithful mode drops the call.
+    ``call``: the ``Call``, or its selector and ``args`` (the ``Call`` is then made only for the error: the
+    messages of every submit pass here)."""
     if not enc.ended:
         return True
     if dev.strict:
-        raise violation(Rule.API_VALIDATION, call,
+        raise violation(Rule.API_VALIDATION, Call(call, enc, *args) if isinstance(call, str) else call,
                         f"{enc.describe()} has already ended (endEncoding); encode on a new encoder")
     return False
 
 
 @METHODS.method(Encoder, "waitForFence:", Fence)
 def _wait_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
-    call = Call("waitForFence:", enc, fence)
-    if not _open(dev, enc, call):
+    if not _open(dev, enc, "waitForFence:", fence):
         return
     if dev.strict and fence in enc.fence_updates:
-        raise violation(Rule.FENCE_ORDER, call,
+        raise violation(Rule.FENCE_ORDER, Call("waitForFence:", enc, fence),
                         f"{fence.describe()} was updated earlier in this encoder: waits act at the "
                         "encoder's start and updates at its end, so it would wait for itself (deadlock)")
     if fence.last_update is not None:
@@ -216,7 +219,7 @@ def _wait_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
 
 @METHODS.method(Encoder, "updateFence:", Fence)
 def _update_fence(dev: SimDevice, enc: Encoder, fence: Fence) -> None:
-    if _open(dev, enc, Call("updateFence:", enc, fence)):
+    if _open(dev, enc, "updateFence:", fence):
         enc.fence_updates.append(fence)
         enc.fence_prev.setdefault(fence, fence.last_update)
         fence.last_update = enc
@@ -250,7 +253,7 @@ def _use_resources(dev: SimDevice, enc: Encoder, array: int, count: int, usage: 
 
 @METHODS.method(Encoder, "setComputePipelineState:", Pipeline)
 def _set_pipeline(dev: SimDevice, enc: Encoder, p: Pipeline) -> None:
-    if _open(dev, enc, Call("setComputePipelineState:", enc, p)):
+    if _open(dev, enc, "setComputePipelineState:", p):
         enc.pipeline = p
         enc.bound_pipelines.add(p)
         _hold(dev, enc, p)
@@ -381,7 +384,7 @@ for _selector in ("useResources:count:usage:", "setComputePipelineState:", "setB
 
 @METHODS.method(Encoder, "endEncoding")
 def _end_encoding(dev: SimDevice, enc: Encoder) -> None:
-    if _open(dev, enc, Call("endEncoding", enc)):
+    if _open(dev, enc, "endEncoding"):
         enc.ended = True
         if enc.cb.open_encoder is enc:
             enc.cb.open_encoder = None

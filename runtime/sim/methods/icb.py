@@ -90,15 +90,18 @@ def _command_at(dev: SimDevice, icb: ICB, index: int) -> ICBCommand:
 
 
 # ---------------------------------------------------------------------------- the compute command
-def _slot(dev: SimDevice, cmd: ICBCommand, call: Call) -> ICBSlot | None:
+def _slot(dev: SimDevice, cmd: ICBCommand, selector: str, *args: object) -> ICBSlot | None:
     """The slot a setter writes (None: out of range, lost), after the rule-15 check of strict mode. A setter that
     changes the slot bumps the ICB's version (``_changed``); one that writes what is there already leaves it, so
     what is cached per version (the range analysis, the kept launches) stays valid: a Session patches its
-    commands with the values they had at every submit."""
-    if not cmd.icb.alive:
-        raise BridgeError(f"{call}: the ICB of this command was deallocated ({cmd.icb.describe()})")
-    if dev.strict:
-        check_icb_write(dev, cmd, call)
+    commands with the values they had at every submit. ``selector`` and ``args``: the call, for the errors (its
+    ``Call`` is made only for one: a Session's submit sends several setters)."""
+    icb = cmd.icb
+    if not icb.alive:
+        raise BridgeError(f"{Call(selector, cmd, *args)}: the ICB of this command was deallocated "
+                          f"({icb.describe()})")
+    if dev.strict and icb.readers:  # rule 15 needs a command buffer in flight that reads the ICB
+        check_icb_write(dev, cmd, Call(selector, cmd, *args))
     if cmd.index is None:
         return None
     return cmd.icb.slots[cmd.index]
@@ -125,7 +128,7 @@ def _cmd_pipeline(dev: SimDevice, cmd: ICBCommand, p: Pipeline) -> None:
         raise violation(Rule.API_VALIDATION, call,
                         f"{p.describe()} was made without supportIndirectCommandBuffers = YES: pipelines "
                         "an ICB uses need it (METAL.md §1)")
-    slot = _slot(dev, cmd, call)
+    slot = _slot(dev, cmd, "setComputePipelineState:", p)
     if slot is not None:
         _check_sizes(dev, slot.grid, slot.threadgroup, p, call)
         if slot.pipeline is not p:
@@ -133,24 +136,27 @@ def _cmd_pipeline(dev: SimDevice, cmd: ICBCommand, p: Pipeline) -> None:
             _changed(cmd)
 
 
-@METHODS.method(ICBCommand, "setKernelBuffer:offset:atIndex:", (Buffer, NIL))
+_SET_BUFFER = "setKernelBuffer:offset:atIndex:"
+
+
+@METHODS.method(ICBCommand, _SET_BUFFER, (Buffer, NIL))
 def _cmd_buffer(dev: SimDevice, cmd: ICBCommand, buf: Buffer | None, offset: int, index: int) -> None:
-    call = Call("setKernelBuffer:offset:atIndex:", cmd, buf, offset, index)
     if index >= cmd.icb.max_bind:
         if dev.strict:
-            raise violation(Rule.ICB_LIMITS, call,
+            raise violation(Rule.ICB_LIMITS, Call(_SET_BUFFER, cmd, buf, offset, index),
                             f"index {index} is not below maxKernelBufferBindCount {cmd.icb.max_bind}")
-        _slot(dev, cmd, call)
+        _slot(dev, cmd, _SET_BUFFER, buf, offset, index)
         return  # the ICB has no slot for it: the binding is lost
     if offset > 0xFFFFFFFF:
         if dev.strict:
-            raise violation(Rule.ICB_LIMITS, call,
+            raise violation(Rule.ICB_LIMITS, Call(_SET_BUFFER, cmd, buf, offset, index),
                             f"offset {offset:#x} does not fit the 32 bits an ICB command stores it in "
                             "(tinygrad PR #15129): the kernel would read at the wrong place")
         offset &= 0xFFFFFFFF
     if dev.strict and buf is not None and offset >= buf.length:
-        raise violation(Rule.API_VALIDATION, call, f"offset({offset}) must be < [buffer length]({buf.length})")
-    slot = _slot(dev, cmd, call)
+        raise violation(Rule.API_VALIDATION, Call(_SET_BUFFER, cmd, buf, offset, index),
+                        f"offset({offset}) must be < [buffer length]({buf.length})")
+    slot = _slot(dev, cmd, _SET_BUFFER, buf, offset, index)
     if slot is None:
         return
     old = slot.bindings.get(index)
@@ -163,15 +169,17 @@ def _cmd_buffer(dev: SimDevice, cmd: ICBCommand, buf: Buffer | None, offset: int
         _changed(cmd)
 
 
-@METHODS.method(ICBCommand, "concurrentDispatchThreadgroups:threadsPerThreadgroup:")
+_DISPATCH = "concurrentDispatchThreadgroups:threadsPerThreadgroup:"
+
+
+@METHODS.method(ICBCommand, _DISPATCH)
 def _cmd_dispatch(dev: SimDevice, cmd: ICBCommand, grid: tuple[int, int, int], tg: tuple[int, int, int]) -> None:
-    call = Call("concurrentDispatchThreadgroups:threadsPerThreadgroup:", cmd, grid, tg)
-    slot = _slot(dev, cmd, call)
+    slot = _slot(dev, cmd, _DISPATCH, grid, tg)
     if slot is not None:
         p = slot.pipeline
         checked = (grid, tg, p, p.max_threads if p is not None else None)
         if slot.sizes_ok != checked:  # a Session patches each command with the sizes it had at every submit
-            _check_sizes(dev, grid, tg, p, call)
+            _check_sizes(dev, grid, tg, p, Call(_DISPATCH, cmd, grid, tg))
             slot.sizes_ok = checked if dev.strict else None
         if slot.grid != grid or slot.threadgroup != tg:
             slot.grid, slot.threadgroup = grid, tg
@@ -180,7 +188,7 @@ def _cmd_dispatch(dev: SimDevice, cmd: ICBCommand, grid: tuple[int, int, int], t
 
 @METHODS.method(ICBCommand, "setBarrier")
 def _cmd_barrier(dev: SimDevice, cmd: ICBCommand) -> None:
-    slot = _slot(dev, cmd, Call("setBarrier", cmd))
+    slot = _slot(dev, cmd, "setBarrier")
     if slot is not None and not slot.barrier:
         slot.barrier = True
         _changed(cmd)
