@@ -233,8 +233,8 @@ class Session(SessionWaits):
             return ()
         view = self._slot_view
         if view is not None:
-            return self._slot_struct.unpack(view)  # type: ignore[no-any-return]
-        return self._slot_struct.unpack(self.bridge.read(slots[0], 8 * slots[1]))  # type: ignore[no-any-return]
+            return self._slot_struct.unpack(view)
+        return self._slot_struct.unpack(self.bridge.read(slots[0], 8 * slots[1]))
 
     def _record(self, value: int | None, cbs: tuple[int, ...], t0: float) -> Submission:
         dt = time.perf_counter() - t0

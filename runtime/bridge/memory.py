@@ -147,7 +147,7 @@ class HostMemory:
         reg, off = self.find(addr, nbytes)
         if reg.owner is not None:
             return None
-        return memoryview(reg.data)[off:off + nbytes]
+        return reg.data.data[off:off + nbytes]
 
     def load(self, addr: int, dtype: DType) -> Any:
         """One value of ``dtype`` at ``addr`` (a struct dtype loads as a tuple of ints)."""
