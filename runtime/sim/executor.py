@@ -94,7 +94,8 @@ class Executor:
         wait for; raises ``GPUFault`` when a fault ends it."""
         cb.status = MTL.StatusScheduled
         cb.start_time = clock()
-        self.gpu.sync()  # what the host wrote before the commit
+        if self.gpu.unsynced:
+            self.gpu.sync()  # what the host wrote before the commit
         yield None
         if self.gpu.faulty:
             fault_at_start(self.gpu, cb)  # an injected fault on a command buffer without GPU work
@@ -125,7 +126,8 @@ class Executor:
                     self._flush()
                     yield None
             else:
-                self._flush()
+                if self._batch:
+                    self._flush()
                 yield from self._execute_icb(cb, enc, command)
         if self._batch:
             self._flush(write_back=True)
@@ -138,7 +140,8 @@ class Executor:
                 self._blit(blit)
                 yield None
         enc.done = True  # updates act at the encoder's end
-        forget_fence_history(enc)
+        if enc.fence_waits or enc.fence_prev:
+            forget_fence_history(enc)
         notify_waiters(self.dev._cv)
 
     def _blit(self, blit: BlitCopy | BlitFill) -> None:
@@ -224,14 +227,15 @@ class Executor:
         yield None
 
     def _run_range(self, kept: RangeBatch) -> Iterator[Gate | None]:
-        """Run a kept range (``ranges.RangeBatch``): its launches MAX_BATCH at a time, as the full path would."""
+        """Run a kept range (``ranges.RangeBatch``): its launches MAX_BATCH at a time, as the full path would (its
+        ``chunks``: the batches and their launches made when it was kept)."""
         self.gpu.kernels_run += kept.dispatches
-        items = kept.items
-        for start in range(0, len(items), MAX_BATCH):
-            self._batch = items[start:start + MAX_BATCH]
-            last = start + MAX_BATCH >= len(items)
-            self._flush(write_back=last)
-            if not last:
+        chunks = kept.chunks
+        last = len(chunks) - 1
+        for i, (items, launches) in enumerate(chunks):
+            self._batch = items
+            self._flush(i == last, launches)
+            if i != last:
                 yield None
         yield None
 
@@ -365,25 +369,39 @@ class Executor:
             s.launch = (icb.version, p, kept[2], kept[3], kept[4])
         return _NOTHING if kept[2] is None else kept[2]
 
-    def _flush(self, write_back: bool = False) -> None:
+    def _flush(self, write_back: bool = False, launches: list[Launch] | None = None) -> None:
         """Run the batched dispatches: enqueued at once, one wait (``KernelRunner.run_batch``), the device lock
         released meanwhile; ``write_back`` at the end of an ICB range or an encoder (where a sync usually follows:
-        the copies back of what kernels wrote ride on the batch's wait). A kernel access outside its buffers raises
-        ``GPUFault`` PageFault naming its dispatch (strict mode also defers a ``MetalValidationError``); a runner
-        error (a timeout, OpenCL refusing) raises ``GPUFault`` Internal."""
+        the copies back of what kernels wrote ride on the batch's wait); ``launches``: the batch's launches when the
+        caller has them (a kept range's). A kernel access outside its buffers raises ``GPUFault`` PageFault naming
+        its dispatch (strict mode also defers a ``MetalValidationError``); a runner error (a timeout, OpenCL
+        refusing) raises ``GPUFault`` Internal. What ``_kernels_running`` does is written out here (this runs once
+        per batch: a generator's context manager costs a few Python calls more)."""
         batch, self._batch = self._batch, []
         if not batch:
             return
         runner = batch[0][0].ck._runner
-        cb = self.gpu.advancing
+        gpu = self.gpu
+        cb = gpu.advancing
+        lock = self.dev._lock
         try:
-            with self._kernels_running():
-                self.in_flight = (batch, cb.handle if cb is not None else 0)
-                try:
-                    fault = runner.run_batch([b[0] for b in batch], self.dev.kernel_timeout_s, keep=True,
-                                             write_back=write_back)
-                finally:
-                    self.in_flight = None
+            gpu.unsynced = True
+            lock.release()
+            t0 = clock()
+            try:
+                with gpu.kernel_lock:
+                    gpu.in_kernel = True
+                    self.in_flight = (batch, cb.handle if cb is not None else 0)
+                    try:
+                        fault = runner.run_batch([b[0] for b in batch] if launches is None else launches,
+                                                 self.dev.kernel_timeout_s, keep=True, write_back=write_back)
+                    finally:
+                        self.in_flight = None
+                        gpu.in_kernel = False
+            finally:
+                ran = clock() - t0  # not counting the wait for the lock below
+                lock.acquire()
+                gpu.kernels_ran(ran)
         except WaitTimeoutError as e:
             raise self._watchdog(e) from e
         except Exception as e:  # a kernel that crashes the runner fails its command buffer, never the worker
@@ -437,7 +455,7 @@ class Executor:
         """Kernels run on this thread meanwhile: the device lock released (the host goes on sending messages), the
         kernel lock held, ``in_kernel`` set; the device lock taken back at the end however it ends (the caller
         turns an error into the command buffer's fault with the lock held). Results stay on the OpenCL device
-        until the next sync (``unsynced``)."""
+        until the next sync (``unsynced``). ``_flush`` does the same written out."""
         lock = self.dev._lock
         self.gpu.unsynced = True
         lock.release()

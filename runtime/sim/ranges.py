@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mtlir.runtime.sim.kernels.launch import MAX_BATCH
 from mtlir.runtime.sim.objects import ICB, Buffer, CommandBuffer, Encoder, Execute, Pipeline
 
 __all__ = ["RangeBatch", "Recording", "build_range"]
@@ -32,14 +33,17 @@ class RangeBatch:
     """One ICB range's batch as it last ran: ``items`` (what ``Executor._run`` added to the batch, in the GPU's
     order: (launch, pipeline, what)), ``dispatches`` (the dispatches that ran, a zero-size or dropped one not
     counted), the ICB ``version`` it holds for, the ``pipelines`` with the thread limit they had and the
-    ``buffers`` the commands bind."""
+    ``buffers`` the commands bind. ``chunks``: the items cut into the batches the kernel runner gets (at most
+    ``batch`` each), with each batch's launches, made once here instead of at every run."""
 
-    __slots__ = ("version", "items", "dispatches", "pipelines", "buffers")
+    __slots__ = ("version", "items", "dispatches", "pipelines", "buffers", "chunks")
 
     def __init__(self, version: int, items: list[tuple[Any, Pipeline, str]], dispatches: int,
-                 pipelines: dict[Pipeline, int], buffers: tuple[Buffer, ...]) -> None:
+                 pipelines: dict[Pipeline, int], buffers: tuple[Buffer, ...], batch: int = MAX_BATCH) -> None:
         self.version, self.items, self.dispatches = version, items, dispatches
         self.pipelines, self.buffers = pipelines, buffers
+        self.chunks = [(items[i:i + batch], [item[0] for item in items[i:i + batch]])
+                       for i in range(0, len(items), batch)]
 
     def usable(self, icb: ICB, ex: Execute, enc: Encoder, cb: CommandBuffer, warmup: bool) -> bool:
         """Whether the range may run as kept (the module docstring's conditions); False sends it through the
