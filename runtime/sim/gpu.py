@@ -434,7 +434,8 @@ class GPU:
             p.kernel.run(bindings, grid, threadgroup)
 
     def _finish(self, cb: CommandBuffer, fault: GPUFault | None) -> None:
-        self.sync()  # the command buffer's results reach the host before its status says completed
+        if self.unsynced:
+            self.sync()  # the command buffer's results reach the host before its status says completed
         if self.faulty:
             fault = unfired_fault(self, cb, fault)
         if fault is None and cb.late_fault is not None:
