@@ -322,9 +322,10 @@ class DeviceContext:
     def _open(self, what: str) -> None:
         if self.closed:
             raise ContextError(f"{what} on device {self.name}, which is closed")
-        closed = device_closed(self.bridge, f"{what} on DeviceContext {self.name}")
-        if closed is not None:
-            raise closed
+        if getattr(self.bridge, "closed", False):  # the error's text is made only then (every submit passes here)
+            closed = device_closed(self.bridge, f"{what} on DeviceContext {self.name}")
+            if closed is not None:
+                raise closed
 
     def close(self, timeout_s: float | None = None) -> None:
         """Wait at most ``timeout_s`` seconds (default: the context's) for the work in flight, close every Session

@@ -217,9 +217,10 @@ class SessionWaits:
         is (``closed``: ``SimDevice.close()``): nothing sent to it would answer, a wait would sit out its timeout."""
         if self.closed:
             raise StateError(f"{what} on a closed Session (its close() was called)")
-        closed = device_closed(self.bridge, f"{what} on a Session")
-        if closed is not None:
-            raise closed
+        if getattr(self.bridge, "closed", False):  # the error's text is made only then (every submit passes here)
+            closed = device_closed(self.bridge, f"{what} on a Session")
+            if closed is not None:
+                raise closed
 
     def _deferred_fault(self, error: BaseException, deadline: float) -> None:
         """When ``error`` is one the device deferred (``deferred``: strict mode's out-of-bounds access, a buffer
