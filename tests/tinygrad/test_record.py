@@ -450,10 +450,11 @@ def test_a_half_output_one_ulp_off_on_the_expected_device_records(tmp_path: Path
 
 
 class _Out:
-    """What ``_check_agree`` reads of the METAL output: ``numpy()``."""
+    """What ``_check_agree`` reads of the METAL output: ``dtype`` (not bfloat16 here) and ``numpy()``."""
 
     def __init__(self, values: Any) -> None:
         self.values = values
+        self.dtype = f"dtypes.{values.dtype}"
 
     def numpy(self) -> Any:
         return self.values
