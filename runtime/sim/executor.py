@@ -128,7 +128,22 @@ class Executor:
             else:
                 if self._batch:
                     self._flush()
-                yield from self._execute_icb(cb, enc, command)
+                kept = self._kept_range(cb, enc, command)
+                if kept is None:
+                    yield from self._execute_icb(cb, enc, command)
+                    continue
+                # a kept range (``ranges.RangeBatch``) runs here, not in a generator of its own (one level less
+                # to pass through at every step): its launches MAX_BATCH at a time, as the full path would (its
+                # ``chunks``: the batches and their launches made when it was kept)
+                self.gpu.kernels_run += kept.dispatches
+                chunks = kept.chunks
+                last = len(chunks) - 1
+                for i, (items, launches) in enumerate(chunks):
+                    self._batch = items
+                    self._flush(i == last, launches)
+                    if i != last:
+                        yield None
+                yield None
         if self._batch:
             self._flush(write_back=True)
             yield None
@@ -183,20 +198,28 @@ class Executor:
                 if other is not obj and other in by_object:
                     by_object[other].discard(key)
 
-    def _execute_icb(self, cb: CommandBuffer, enc: Encoder, ex: Execute) -> Iterator[Gate | None]:
+    def _kept_range(self, cb: CommandBuffer, enc: Encoder, ex: Execute) -> RangeBatch | None:
+        """The batch kept for the ICB range ``ex`` runs when it may (``RangeBatch.usable``): None sends the range
+        through the full checks (``_execute_icb``). Raises ``GPUFault`` for a range past the ICB (rule 8)."""
         icb = ex.icb  # alive: the command buffer retains it (and a direct dispatch's pipeline and buffers)
         if ex.first + ex.count > icb.max_count:
             raise GPUFault(MTL.ErrorPageFault, f"executeCommandsInBuffer:withRange: ({ex.first}, {ex.count}) reads "
                                                f"past the {icb.max_count} commands of {icb.describe()}",
                            Rule.ICB_LIMITS)
+        if self.dev._order_seed is not None or self.gpu.injected_fault is not None or self.gpu.faulty:
+            return None
+        kept: RangeBatch | None = icb.ranges.get((ex.first, min(ex.count, MTL.MAX_ICB_RANGE)))
+        if kept is not None and kept.usable(icb, ex, enc, cb, self.dev.spec.needs_warmup):
+            return kept
+        return None
+
+    def _execute_icb(self, cb: CommandBuffer, enc: Encoder, ex: Execute) -> Iterator[Gate | None]:
+        """An ICB range through the full checks (``_kept_range`` checked its bounds and found no usable kept
+        batch), recorded as the range's kept batch when it runs without a fault."""
+        icb = ex.icb
         count = min(ex.count, MTL.MAX_ICB_RANGE)  # commands past 16,384 are not run (rule 8)
         key = (ex.first, count)
         keep = self.dev._order_seed is None and self.gpu.injected_fault is None and not self.gpu.faulty
-        if keep:
-            kept = icb.ranges.get(key)
-            if kept is not None and kept.usable(icb, ex, enc, cb, self.dev.spec.needs_warmup):
-                yield from self._run_range(kept)
-                return
         # The range's commands are enqueued MAX_BATCH at a time, in the order the GPU runs them, with one wait each
         # (``_flush``): the in-order OpenCL queue runs them one after the other, as the order says. What they add
         # to the batch is recorded (``_run``) and kept for the next run of the range (``ranges``).
@@ -224,19 +247,6 @@ class Executor:
                     icb.ranges[key] = kept
         finally:
             self._recording = None
-        yield None
-
-    def _run_range(self, kept: RangeBatch) -> Iterator[Gate | None]:
-        """Run a kept range (``ranges.RangeBatch``): its launches MAX_BATCH at a time, as the full path would (its
-        ``chunks``: the batches and their launches made when it was kept)."""
-        self.gpu.kernels_run += kept.dispatches
-        chunks = kept.chunks
-        last = len(chunks) - 1
-        for i, (items, launches) in enumerate(chunks):
-            self._batch = items
-            self._flush(i == last, launches)
-            if i != last:
-                yield None
         yield None
 
     def _batched(self, add: Callable[..., None], *args: Any) -> None:

@@ -274,7 +274,8 @@ class GPU:
             gate = next(run)
             if self.dev.autorun and (gate is None or gate.ready()):
                 until = clock() + _BATCH_S
-                while self._alone(cb) and clock() < until:
+                queues = self.queues
+                while (len(queues) == 1 or self._alone(cb)) and clock() < until:
                     gate = next(run)
                     if gate is not None and not gate.ready():
                         break
@@ -300,11 +301,8 @@ class GPU:
 
     def _alone(self, cb: CommandBuffer) -> bool:
         """Whether ``cb``'s queue is the only one with committed work (``_advance`` runs on)."""
-        queues = self.queues
-        if len(queues) == 1:
-            return True
         mine = cb.queue
-        for q in queues:
+        for q in self.queues:
             if q.pending and q is not mine:
                 return False
         return True
