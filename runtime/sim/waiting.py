@@ -76,8 +76,12 @@ class DeviceWaits:
             raise self._closed_error("wait_command_buffers")
         deadline = clock() + timeout_s
         with self._lock:
-            targets = [obj for obj in (self._objects.get(h) if type(h) is int else None for h in handles)
-                       if isinstance(obj, CommandBuffer) and obj.status < MTL.StatusCompleted]
+            objects = self._objects
+            targets: list[CommandBuffer] = []
+            for h in handles:
+                obj = objects.get(h) if type(h) is int else None
+                if isinstance(obj, CommandBuffer) and obj.status < MTL.StatusCompleted:
+                    targets.append(obj)
             if not targets:
                 return True
             self.gpu.waited(targets)
@@ -103,9 +107,10 @@ class DeviceWaits:
         (a test's kernel runner may block on the host; checked and injected runs keep the worker's timing)."""
         runner = self._runner
         gpu = self.gpu
+        worker = gpu.thread
         return (self.autorun and (gpu.napping or gpu.lazy) and timeout_s >= self.kernel_timeout_s and not self.checked
                 and (runner is None or type(runner) is KernelRunner) and gpu.injected_fault is None
-                and not gpu.faulty and gpu.thread is not threading.current_thread())
+                and not gpu.faulty and (worker is None or worker.ident != threading.get_ident()))
 
     # ---- what a waited-for command buffer is doing (a Session names it in a timeout or a GPU error)
 
