@@ -299,7 +299,11 @@ class SharedEvent(SimObject):
     @property
     def highest_encoded(self) -> int:
         """The largest value encoded in a signal of a committed command buffer or of a live uncommitted one."""
-        return max(self.committed_highest, max(self.uncommitted, default=0))
+        highest = self.committed_highest  # (no max(): it parses keywords, and every signal encoded asks this)
+        for value in self.uncommitted:
+            if value > highest:
+                highest = value
+        return highest
 
     def encoded(self, value: int) -> None:
         """A signal of ``value`` was encoded in an uncommitted command buffer."""
@@ -313,7 +317,8 @@ class SharedEvent(SimObject):
         else:
             self.uncommitted.pop(value, None)
         if committed:
-            self.committed_highest = max(self.committed_highest, value)
+            if value > self.committed_highest:
+                self.committed_highest = value
 
 
 class Buffer(SimObject):

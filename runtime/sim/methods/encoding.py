@@ -109,7 +109,9 @@ def _encode_signal(dev: SimDevice, cb: CommandBuffer, ev: SharedEvent, value: in
     if cb.open_encoder is not None:
         raise assertion(Rule.NO_OPEN_ENCODER, Call("encodeSignalEvent:value:", cb, ev, value),
                         "encodeSignalEvent:value: with uncommitted encoder")
-    highest = max(ev.value, ev.highest_encoded)
+    highest = ev.highest_encoded
+    if ev.value > highest:
+        highest = ev.value
     if dev.strict and value <= highest:
         relation = "below" if value < highest else "not above"
         raise violation(Rule.EVENT_ONLY_INCREASES, Call("encodeSignalEvent:value:", cb, ev, value),
