@@ -39,7 +39,10 @@ class MtlirGraph(GraphRunner):
 
     def __init__(self, linear: Any, input_uops: tuple[UOp, ...] = ()) -> None:
         super().__init__(linear, input_uops)
-        self.dev = cast(MetalDevice, Device[self.device])
+        # the device of the batch's buffers: tinygrad's GraphRunner.device drops the ":N" of METAL:N, so
+        # Device[self.device] is METAL's for a METAL:1 batch (on a Mac both are the one GPU; here each METAL:N is
+        # its own DeviceContext, and METAL's does not know METAL:1's buffers)
+        self.dev = cast(MetalDevice, Device[self.calls[0][2][0].device])
         self.sessions: dict[tuple[Any, ...], SessionRing] = {}
         self.submits = 0
         # per call only the values change: the inputs' indices and the variables' names are made once

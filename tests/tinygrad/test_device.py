@@ -2,7 +2,7 @@
 symbolic JIT, and the DeviceContext under it (shared objects, handles that name their device)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -125,6 +125,29 @@ def test_symbolic_jit_rebinds_the_variable_per_call() -> None:
         v = Variable("n", 1, 16).bind(n)
         got = head(v).numpy()
         np.testing.assert_allclose(got, np.arange(64, dtype=np.float32).reshape(16, 4)[:n].sum(axis=0))
+
+
+def test_a_jit_batch_on_metal_1_runs_on_metal_1s_context() -> None:
+    # tinygrad's GraphRunner names a METAL:1 batch's device "METAL" (it drops the ":1"); the graph used METAL's
+    # DeviceContext, which knows none of METAL:1's buffers (ContextError at the first capture). Found by tinygrad's
+    # own test_jit.py (TestJitGraphSplit.test_jit_multidev) run on mtlir.
+    other = f"{Device.DEFAULT}:1"
+
+    @TinyJit
+    def twice(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        x = ((a + 1).contiguous().realize() * 2).contiguous().realize()
+        y = ((b - 1).contiguous().realize() * 3).contiguous().realize()
+        return x, y
+
+    rng = np.random.default_rng(7)
+    for _ in range(4):
+        an, bn = (rng.standard_normal((6, 5)).astype(np.float32) for _ in range(2))
+        x, y = twice(Tensor(an).realize(), Tensor(bn, device=other).realize())
+        np.testing.assert_allclose(x.numpy(), (an + 1) * 2, rtol=1e-6)
+        np.testing.assert_allclose(y.numpy(), (bn - 1) * 3, rtol=1e-6)
+    graphs = [si for si in twice.captured.linear.src]
+    assert len(graphs) == 2  # one batch per device, each replayed as one ICB submit
+    assert cast(MetalDevice, Device[other]).ctx is not cast(MetalDevice, Device[Device.DEFAULT]).ctx
 
 
 def test_bfloat16_tensors_run_with_metals_rounding() -> None:
