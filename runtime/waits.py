@@ -133,7 +133,7 @@ class SessionWaits:
                 if MTL.StatusError in statuses:
                     self._fail(rec, deadline)
                 reached = rec.value is None or current is None or current >= rec.value
-                if not reached or any(st != MTL.StatusCompleted for st in statuses):
+                if not reached or statuses.count(MTL.StatusCompleted) != len(statuses):  # one not completed
                     running = [cb for cb, st in zip(live, statuses) if st < MTL.StatusCompleted]
                     if (not running and not reached and (value is None or current is None or current < value)
                             and self._hopeless(rec, pending)):  # (a value the timeline reached ends the wait below)
