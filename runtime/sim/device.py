@@ -546,7 +546,9 @@ class SimDevice(DeviceHooks, DeviceWaits):
     def host_view(self, addr: int, nbytes: int) -> memoryview | None:
         """A writable view of ``nbytes`` bytes of ``malloc`` memory at ``addr`` (``HostMemory.view``; None for a
         buffer's contents, where rule 15 checks every CPU write): what ``read`` and ``write`` there do, without
-        their look-up per call (a Session reads its cbslots table at every submit). Valid until ``free``."""
+        their look-up per call (a Session reads its cbslots table at every submit). Valid until ``free``. The
+        compiled replay then stores there without calling ``store``: a subclass that does more in ``store`` or
+        ``write`` returns None here."""
         return self.memory.view(addr, nbytes)
 
     def load(self, addr: int, dtype: DType) -> Any:
