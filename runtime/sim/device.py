@@ -369,19 +369,23 @@ class SimDevice(DeviceHooks, DeviceWaits):
             raise BridgeError(f"{fn}: prototype {proto!r} differs from the C function's {expected!r}")
         if len(args) != len(expected.args):
             raise BridgeError(f"{fn}: takes {len(expected.args)} arguments, got {len(args)}")
-        if fn == "MTLCreateSystemDefaultDevice":
-            with self._lock:
-                return self.retain(self.device).handle
-        if fn in ("sel_registerName", "objc_getClass"):
-            name = self.read_cstring(decode_word(fn, 1, dtypes.voidptr, args[0]))
-            return self.sel_registerName(name) if fn == "sel_registerName" else self.objc_getClass(name)
-        if fn == "objc_autoreleasePoolPush":
+        if fn == "objc_autoreleasePoolPush":  # the pool's two first: every submit calls them
             with self._lock:
                 token = self._next_pool
                 self._next_pool += 0x10
-                self._pools_of.setdefault(threading.get_ident(), []).append((token, []))
+                me = threading.get_ident()
+                pools = self._pools_of.get(me)
+                if pools is None:
+                    pools = self._pools_of[me] = []
+                pools.append((token, []))
                 return token
-        return self.pool_pop(args[0])
+        if fn == "objc_autoreleasePoolPop":
+            return self.pool_pop(args[0])
+        if fn == "MTLCreateSystemDefaultDevice":
+            with self._lock:
+                return self.retain(self.device).handle
+        name = self.read_cstring(decode_word(fn, 1, dtypes.voidptr, args[0]))  # sel_registerName, objc_getClass
+        return self.sel_registerName(name) if fn == "sel_registerName" else self.objc_getClass(name)
 
     def pool_pop(self, token: int) -> None:
         """objc_autoreleasePoolPop: drain the pool ``token`` and every pool the calling thread pushed after it,
@@ -390,6 +394,10 @@ class SimDevice(DeviceHooks, DeviceWaits):
         with self._lock:
             me = threading.get_ident()
             pools = self._pools_of.get(me, [])
+            if len(pools) == 1 and pools[0][0] == token:  # the thread's only pool (a submit's): no slices
+                del self._pools_of[me]
+                self._drain(pools[0][1])
+                return
             if pools and pools[-1][0] == token:  # the innermost pool: the usual pop
                 at: int | None = len(pools) - 1
             else:
@@ -404,19 +412,23 @@ class SimDevice(DeviceHooks, DeviceWaits):
             del pools[at:]
             if not pools:
                 self._pools_of.pop(me, None)
-            first: Exception | None = None
-            for _, objs in reversed(drained):
-                for obj in reversed(objs):
-                    if not obj.alive:
-                        first = first or BridgeError(f"objc_autoreleasePoolPop: over-release of deallocated "
-                                                     f"{obj.describe()}")
-                        continue
-                    try:
-                        self.release(obj, "objc_autoreleasePoolPop")
-                    except Exception as e:
-                        first = first or e
-            if first is not None:
-                raise first
+            self._drain([obj for _, objs in drained for obj in objs])
+
+    def _drain(self, objs: list[SimObject]) -> None:
+        """Release the objects of drained pools, newest first (``objs`` in the order they were autoreleased); the
+        first error (rule 2, 14, an over-release) is raised after the drain. Called with the lock held."""
+        first: Exception | None = None
+        for obj in reversed(objs):
+            if not obj.alive:
+                first = first or BridgeError(f"objc_autoreleasePoolPop: over-release of deallocated "
+                                             f"{obj.describe()}")
+                continue
+            try:
+                self.release(obj, "objc_autoreleasePoolPop")
+            except Exception as e:
+                first = first or e
+        if first is not None:
+            raise first
 
     # ------------------------------------------------------------------ Bridge: objc_msgSend
     def msg_send(self, proto: Prototype, args: tuple[Any, ...]) -> Any:
