@@ -66,12 +66,14 @@ class RangeInfo:
     """What commands ``[first, first + count)`` of an ICB bind: ``buffers`` (buffer -> (lowest byte offset, first
     command binding it)), ``pipelines``, ``problems`` ((rule, message) a strict device refuses at
     executeCommandsInBuffer:withRange:) and ``shared_groups`` (groups of concurrent commands, no setBarrier between
-    them, that bind a common buffer: rule 9 candidates)."""
+    them, that bind a common buffer: rule 9 candidates); ``reads``: ``buffers`` as (buffer, lowest byte offset)
+    pairs, what a command buffer executing the range reads (``collect_reads``, at every commit)."""
 
     buffers: dict[Buffer, tuple[int, int]] = field(default_factory=dict)
     pipelines: dict[Pipeline, int] = field(default_factory=dict)  # pipeline -> first command using it, in order
     problems: list[tuple[Rule, str]] = field(default_factory=list)
     shared_groups: list[list[int]] = field(default_factory=list)
+    reads: list[tuple[Buffer, int]] = field(default_factory=list)
 
 
 def slot_problems(dev: SimDevice, icb: ICB, i: int) -> list[tuple[Rule, str]]:
@@ -141,6 +143,7 @@ def analyze_range(dev: SimDevice, icb: ICB, first: int, count: int) -> RangeInfo
                 seen |= bufs
             if shared:
                 info.shared_groups.append(g)
+    info.reads = [(buf, lo) for buf, (lo, _) in info.buffers.items()]
     if len(icb.analysis) > 64:
         icb.analysis.clear()
     icb.analysis[key] = (icb.version, info)
@@ -179,8 +182,7 @@ def collect_reads(dev: SimDevice, cb: CommandBuffer) -> None:
                 pairs = [b for b in command.bindings.values() if not isinstance(b, bytes)]
             else:
                 cb.icb_reads.append((command.icb, command.first, command.count))
-                info = analyze_range(dev, command.icb, command.first, command.count)
-                pairs = [(buf, lo) for buf, (lo, _) in info.buffers.items()]
+                pairs = analyze_range(dev, command.icb, command.first, command.count).reads
             for buf, off in pairs:
                 if off < reads.get(buf, off + 1):
                     reads[buf] = off
