@@ -96,7 +96,8 @@ class SimDevice(DeviceHooks, DeviceWaits):
     (``mtlir.runtime.sim.kernels.oclgrind``; the ``opencl_device`` is then Oclgrind's).
     ``faults``: faults to inject, armed at once (``inject``: ``"0:PageFault"``, ``"1:hang"``, ``"alloc:buffer"``,
     or ``Fault`` values; docs/reliability.md). ``overlap_s``: a pipelining host's commits wake the worker thread at
-    once only while the recent kernel batches ran at least this long (seconds; ``GPU.lazy``, docs/simulator.md).
+    once only while the recent kernel batches ran at least this long (seconds >= 0, inf: never; ``GPU.lazy``,
+    docs/simulator.md; ``TypeError``/``ArgumentError`` for anything else).
 
     ``bridge`` is the device itself. Raises ``ValueError`` for an unknown target or family, ``ArgumentError``
     for both ``kernel_runner`` and ``opencl_device``.
@@ -150,7 +151,7 @@ class SimDevice(DeviceHooks, DeviceWaits):
         self._deferred: Exception | None = None
         self.faults = FaultPlan()
         self.gpu = GPU(self)
-        self.gpu.overlap_s = float(overlap_s)
+        self.gpu.overlap_s = overlap_s
         self.device = self._register(Device())
         self.inject(*faults)
 

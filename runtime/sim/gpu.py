@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mtlir.errors import ArgumentError
 from mtlir.metal import MTL
 from mtlir.runtime.sim.executor import Executor, forget_fence_history
 from mtlir.runtime.sim.faults import GPUFault
@@ -103,7 +104,7 @@ class GPU:
         # the recent kernel batches' wall time (seconds, a running average: ``kernels_ran``) and the least of it for
         # which committed work wakes the worker at once (``lazy``)
         self.batch_s = 0.0
-        self.overlap_s = OVERLAP_S
+        self._overlap_s = OVERLAP_S
 
     @property
     def running(self) -> tuple[str, str, int] | None:
@@ -152,6 +153,21 @@ class GPU:
         self.dev._cv.notify_all()
         if self.dev.autorun:
             self._ensure_worker()
+
+    @property
+    def overlap_s(self) -> float:
+        """The least recent kernel batch time (seconds) for which committed work wakes the worker at once
+        (``lazy``; ``SimDevice(overlap_s=...)``): a number >= 0, ``inf`` for always lazy, 0 for never. Setting
+        anything else raises ``TypeError`` (not a number) or ``ArgumentError`` (negative, NaN)."""
+        return self._overlap_s
+
+    @overlap_s.setter
+    def overlap_s(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"overlap_s: seconds are a number, got {type(value).__name__} {value!r}")
+        if not value >= 0:  # NaN too
+            raise ArgumentError(f"overlap_s: {value!r} seconds: a number >= 0 is needed (inf: always lazy)")
+        self._overlap_s = float(value)
 
     @property
     def lazy(self) -> bool:

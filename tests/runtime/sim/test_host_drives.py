@@ -140,6 +140,18 @@ def test_the_gpu_learns_how_long_its_kernel_batches_run() -> None:
         assert dev.gpu.lazy
 
 
+def test_overlap_s_is_seconds() -> None:
+    from mtlir.errors import ArgumentError
+    with SimDevice("x86_64", overlap_s=float("inf")) as dev:
+        dev.gpu.kernels_ran(100.0)
+        assert dev.gpu.lazy  # inf: always lazy
+        dev.gpu.overlap_s = 0
+        assert not dev.gpu.lazy and dev.gpu.overlap_s == 0.0
+    for bad, error in ((-1.0, ArgumentError), (float("nan"), ArgumentError), ("0.5", TypeError), (True, TypeError)):
+        with pytest.raises(error, match="overlap_s"):
+            SimDevice("x86_64", overlap_s=bad)  # type: ignore[arg-type]
+
+
 def test_lazy_work_nobody_waits_for_still_starts_for_a_host_polling_an_event(program: Program) -> None:
     """A lazy GPU's committed work starts without any wait: a host spinning on the timeline event's value (a
     lockless getter that does not wake the worker) sees it reach the value within the worker's nap."""
