@@ -223,3 +223,28 @@ def test_a_closed_context_leaves_no_object_on_the_device() -> None:
         assert len(ctx.pipelines) == 3 and "NSString" not in sim.live_objects()
         ctx.close()
         assert sim.live_objects() == {}
+
+
+def test_a_buffer_taken_out_of_the_residency_set_after_commits_that_passed_fails_rule_10() -> None:
+    """The commit's rule-10 check is done once per (ICB range, residency set's commit) (checks.RangeInfo.resident_in):
+    a buffer that leaves the set later is refused at the next commit, and a buffer named only by useResources or
+    never resident still is at the first."""
+    sim = SimDevice("x86_64")
+    ctx = DeviceContext(sim, name="R", spec=DeviceSpec("Apple9"))
+    try:
+        s = ctx.session(_program())
+        y = ctx.alloc(64)
+        for _ in range(3):
+            ctx.submit(s, y=y.handle)
+            s.wait()
+        m = ctx._ls.messenger
+        m.send(ctx.residency_set, "removeAllocation:", y.handle)
+        m.send(ctx.residency_set, "commit")
+        with pytest.raises(MetalValidationError, match=r"binds MTLBuffer .* which is neither in a residency set"):
+            ctx.submit(s, y=y.handle)
+        m.send(ctx.residency_set, "addAllocation:", y.handle)
+        m.send(ctx.residency_set, "commit")
+        ctx.synchronize()
+    finally:
+        ctx.close()
+        sim.close()

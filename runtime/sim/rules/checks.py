@@ -74,6 +74,7 @@ class RangeInfo:
     problems: list[tuple[Rule, str]] = field(default_factory=list)
     shared_groups: list[list[int]] = field(default_factory=list)
     reads: list[tuple[Buffer, int]] = field(default_factory=list)
+    resident_in: frozenset[SimObject] | None = None  # a resident set found to hold all of ``buffers`` (rule 10)
 
 
 def slot_problems(dev: SimDevice, icb: ICB, i: int) -> list[tuple[Rule, str]]:
@@ -203,15 +204,32 @@ def check_commit(dev: SimDevice, cb: CommandBuffer, call: object) -> None:
             if not isinstance(command, Execute):
                 continue
             info = analyze_range(dev, command.icb, command.first, command.count)
-            for buf, (_, i) in info.buffers.items():
-                if buf not in step.used and buf not in cb.resident:
-                    raise violation(Rule.RESIDENCY, call,
-                                    f"ICB command {i} of {command.icb.describe()} binds {buf.describe()}, "
-                                    "which is neither in a residency set committed and added to the "
-                                    "queue nor named in useResources:count:usage: on its encoder: the "
-                                    "GPU faults (kIOGPUCommandBufferCallbackErrorInvalidResource)")
+            # rule 10 once per (range, residency set's commit): a set's committed frozenset is shared by the
+            # command buffers committed while it stands (encoding._commit), and a range's buffers are fixed per
+            # ICB version (a new version is a new RangeInfo)
+            if info.resident_in is not cb.resident:
+                _check_resident(info, step, cb, command, call)
             for group in info.shared_groups:
                 _dry_run(dev, command.icb, group, call)
+
+
+def _check_resident(info: RangeInfo, step: Encoder, cb: CommandBuffer, command: Execute, call: object) -> None:
+    """Rule 10 at commit: every buffer the range binds is in a residency set of the queue (committed and added)
+    or named in useResources:count:usage: on its encoder. Notes on ``info`` when the resident set alone holds
+    them all (the next commit under the same set needs no look)."""
+    in_set = True
+    for buf, (_, i) in info.buffers.items():
+        if buf in cb.resident:
+            continue
+        in_set = False
+        if buf not in step.used:
+            raise violation(Rule.RESIDENCY, call,
+                            f"ICB command {i} of {command.icb.describe()} binds {buf.describe()}, "
+                            "which is neither in a residency set committed and added to the "
+                            "queue nor named in useResources:count:usage: on its encoder: the "
+                            "GPU faults (kIOGPUCommandBufferCallbackErrorInvalidResource)")
+    if in_set:
+        info.resident_in = cb.resident
 
 
 def _dry_run(dev: SimDevice, icb: ICB, group: list[int], call: object) -> None:
