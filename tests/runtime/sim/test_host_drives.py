@@ -14,6 +14,7 @@ from progbuild import submit_program
 from mtlir.metal import MTL
 from mtlir.program.program import Program
 from mtlir.runtime.session import Session
+from mtlir.runtime.sim import gpu as gpu_module
 from mtlir.runtime.sim.device import SimDevice
 from mtlir.runtime.sim.objects import CommandBuffer
 
@@ -101,11 +102,13 @@ def test_a_pipelining_host_leaves_its_command_buffers_to_the_worker(program: Pro
 def _pipelined(dev: SimDevice, steps: list[tuple[int, str]], program: Program,
                batch_s: float) -> tuple[set[str], bytes]:
     """Two Sessions' commits in a row (a pipelining host), the recent kernel batches said to take ``batch_s``
-    seconds, then a wait for both: the threads that ran them, and the results."""
+    seconds, then a wait for both: the threads that ran them, and the results. The worker's naps last 5 s from the
+    first one on (``_START_S``): on a loaded machine a 10 ms nap could end between a commit and the wait and take
+    the work, which is allowed but not what is tested here."""
     with dev, Session(program, dev, timeout_s=5.0) as a, Session(program, dev, timeout_s=5.0) as b:
         a.submit(n=8)
         a.wait()  # the worker thread is running from here on (the first batch built the kernel: a long one)
-        time.sleep(0.02)  # and napping
+        time.sleep(0.05)  # its 10 ms nap ends with nothing to do: it naps again, for 5 s
         dev.gpu.batch_s = batch_s
         steps.clear()
         first = a.submit(n=16)
@@ -116,10 +119,12 @@ def _pipelined(dev: SimDevice, steps: list[tuple[int, str]], program: Program,
         return {name for h, name in steps if h in (first.cbs[0], second.cbs[0])}, a.read("buffer:0")
 
 
-def test_short_kernels_run_on_the_host_that_waits_long_ones_on_the_worker(program: Program) -> None:
+def test_short_kernels_run_on_the_host_that_waits_long_ones_on_the_worker(program: Program,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU is ``lazy`` while its recent kernel batches ran shorter than ``overlap_s``: a pipelining host's
     commits then leave the worker asleep and its next wait runs them (no hand-off per commit); batches as long as
     ``overlap_s`` wake the worker at each commit (their kernels overlap the host's Python). Same results."""
+    monkeypatch.setattr(gpu_module, "_START_S", 5.0)
     dev, steps = _device(kernel_timeout_s=5.0)
     threads, got = _pipelined(dev, steps, program, batch_s=0.0)
     assert threads == {threading.current_thread().name}
