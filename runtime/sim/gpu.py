@@ -309,8 +309,11 @@ class GPU:
             raise
         else:
             if gate is not None and not gate.ready():
-                self.sync()  # the host may be what the gate waits for: it sees the results so far
-                cb.gate, cb.blocked_since = gate, clock()
+                lost = self._synced()  # the host may be what the gate waits for: it sees the results so far
+                if lost is not None:
+                    self._finish(cb, lost)
+                else:
+                    cb.gate, cb.blocked_since = gate, clock()
         finally:
             self.busy = False
             self.advancing = None
@@ -447,9 +450,23 @@ class GPU:
         with self.kernel_lock:
             p.kernel.run(bindings, grid, threadgroup)
 
+    def _synced(self) -> GPUFault | None:
+        """``sync``, with a kernel runner that fails to bring the results back (OpenCL's context lost after a
+        device fault: ``CL_INVALID_COMMAND_QUEUE``) turned into the command buffer's fault, Internal, naming the
+        error: the thread running the step (the worker, or a host driving its wait) goes on, and the command buffer
+        ends in Error instead of being left half-finished."""
+        try:
+            self.sync()
+        except Exception as e:
+            self.last_exception = e
+            return GPUFault(MTL.ErrorInternal, f"the kernels' results could not be brought back to the host: "
+                                               f"{type(e).__name__}: {e}")
+        return None
+
     def _finish(self, cb: CommandBuffer, fault: GPUFault | None) -> None:
-        if self.unsynced:
-            self.sync()  # the command buffer's results reach the host before its status says completed
+        if self.unsynced:  # the command buffer's results reach the host before its status says completed
+            lost = self._synced()
+            fault = fault or lost
         if self.faulty:
             fault = unfired_fault(self, cb, fault)
         if fault is None and cb.late_fault is not None:

@@ -191,6 +191,29 @@ def test_kernel_exception_fails_the_command_buffer_not_the_device(s: Scene) -> N
     assert isinstance(s.dev.gpu.last_exception, ZeroDivisionError)
 
 
+def test_a_kernel_runner_that_cannot_bring_results_back_fails_the_command_buffer_not_the_gpu(s: Scene) -> None:
+    """The runner's sync failing at a command buffer's end (OpenCL's context lost after a device fault, as on
+    NVIDIA: CL_INVALID_COMMAND_QUEUE) ends that command buffer in Error, Internal, naming the error; the GPU goes on
+    and runs the next one (the runner healthy again)."""
+    icb, _, out = fill_setup(s, (1,))
+    runner = s.dev._runner
+    healthy = runner.sync
+
+    def lost() -> None:
+        raise RuntimeError("OpenCL could not copy the kernels' results back to the host: clFinish failed: "
+                           "INVALID_COMMAND_QUEUE")
+
+    runner.sync = lost
+    cb = s.submit_icb(icb, 0, 1)
+    s.dev.run_until_idle()
+    assert s.status(cb) == MTL.StatusError and s.error_code(cb) == MTL.ErrorInternal
+    assert "could not be brought back to the host" in s.error_text(cb) and "INVALID_COMMAND_QUEUE" in s.error_text(cb)
+    runner.sync = healthy
+    cb = s.submit_icb(icb, 0, 1)
+    s.dev.run_until_idle()
+    assert s.status(cb) == MTL.StatusCompleted
+
+
 def test_encoders_and_signals_run_in_encoding_order(s: Scene) -> None:
     icb, _, out = fill_setup(s, (1, 2))
     cb = s.send(s.queue, "commandBuffer")
