@@ -293,20 +293,32 @@ def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[P
         lines.append(f"{ptr}{fixed} {name} = ({ptr})({base} + {off});")
         if ctx.guard is not None:
             ctx.guard.ptrs[p.name.text] = bound
+            if storage_type(elem) in VECTORS:
+                ctx.guard.vectors[p.name.text] = storage_type(elem)
     elif not known and ctx.guard is not None:
         read = render(guarded_access([tok(f"({ptr})({base} + {off})", RAW)], bound, False, ctx)).strip()
         lines.append(f"const {SCALARS.get(elem, elem)} {name} = {read};")
     elif is_soft(elem):  # a constant half/bfloat: its 16 bits, widened to the float standing for it (softfloat)
         widen = "__mtl_h2f" if VECTORS.get(elem, (elem,))[0] == "half" else "__mtl_b2f"
         n = VECTORS[elem][1] if elem in VECTORS else 1
-        lines.append(f"const float{n if n > 1 else ''} {name} = {widen}(*(({ptr})({base} + {off})));")
+        lines.append(f"const float{n if n > 1 else ''} {name} = {widen}({_load(cl_elem, ptr, base, off)});")
     else:
-        lines.append(f"const {SCALARS.get(elem, elem)} {name} = *(({ptr})({base} + {off}));")
+        lines.append(f"const {SCALARS.get(elem, elem)} {name} = {_load(cl_elem, ptr, base, off)};")
     arg = KernelArg(p.name.text, "buffer" if pointer else "constant", index, dtype_name(elem))
     nbytes = 0 if pointer or not known else _value_size(elem)
     size = _value_size(elem) if known and elem != "void" else 0
     return (ParamBinding(arg, base, off, writable, scalar_size(elem), nbytes, size, position),
             [f"__global {const}uchar* {base}"], lines)
+
+
+def _load(cl_elem: str, ptr: str, base: str, off: str) -> str:
+    """The read of a ``constant T&`` parameter's value at ``base + off``: a vector by ``vloadN`` (a bound offset
+    need only be a multiple of the element size; docs/kernels.md, "Vector loads and stores at any offset")."""
+    vector = cl_elem.removeprefix("__mtl_").removesuffix("_u")
+    if vector in VECTORS:
+        elem, n = VECTORS[vector]
+        return f"vload{n}(0, (__global const {elem}*)({base} + {off}))"
+    return f"*(({ptr})({base} + {off}))"
 
 
 def _value_size(msl_type: str) -> int:

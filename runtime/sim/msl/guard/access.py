@@ -6,10 +6,10 @@ their calls), and refuse what they cannot follow.
 from __future__ import annotations
 
 from mtlir.runtime.sim.msl.guard.bound import _HOW, _SPACES, FAULT_PARAM, Bound
-from mtlir.runtime.sim.msl.guard.scan import (_expression_end, _is_cast, _is_write, _literal, _member, _operand_end,
-                                              _pointer_names, _split_args, _unary)
+from mtlir.runtime.sim.msl.guard.scan import (_ASSIGN, _expression_end, _is_cast, _is_write, _literal, _member,
+                                              _operand_end, _pointee_vector, _pointer_names, _split_args, _unary)
 from mtlir.runtime.sim.msl.lex import ID, NUM, PUNCT, RAW, Token
-from mtlir.runtime.sim.msl.names import SCALARS, VECTORS, cl_name
+from mtlir.runtime.sim.msl.names import SCALARS, VECTORS, cl_name, storage_type
 from mtlir.runtime.sim.msl.rewrite import Ctx, TokenMatch, at, group_end, refuse, rewrite, tok, type_end
 
 __all__ = ["guarded_access", "deref", "guard_name", "pointer_declaration", "helper_bound_params", "device_cast",
@@ -34,9 +34,9 @@ def _bound_of(ts: list[Token], names: list[int], ctx: Ctx, where: Token, what: s
     return b
 
 
-def guarded_access(pointer: list[Token], bound: Bound, write: bool, ctx: Ctx) -> list[Token]:
-    """The tokens of a checked access: the lvalue ``*pointer`` where ``pointer`` (OpenCL tokens) is evaluated once,
-    checked against ``bound``, and replaced by the scratch area when out of range (``__mtl_chk``)."""
+def _checked(bound: Bound, write: bool, ctx: Ctx) -> tuple[str, str]:
+    """A new temporary's name and the check of it against ``bound`` (``__MTL_CHK(a, ...)``: the pointer itself, or
+    the scratch area when out of range)."""
     assert ctx.guard is not None
     n = ctx.guard.counter
     ctx.guard.counter += 1
@@ -47,9 +47,62 @@ def guarded_access(pointer: list[Token], bound: Bound, write: bool, ctx: Ctx) ->
     macro = {"global": "__MTL_CHK", "local": "__MTL_CHK_L", "private": "__MTL_CHK_P"}[bound.space]
     if bound.space != "global":
         ctx.guard.scratch.add(bound.space)
-    head = tok(f"(*({{ __auto_type {a} = (", RAW)
-    tail = tok(f"); {macro}({a}, {bound.start}, {bound.length}, {code}); }}))", RAW)
-    return [head, *pointer, tail]
+    return a, f"{macro}({a}, {bound.start}, {bound.length}, {code})"
+
+
+_COMPONENTS = {c: k for k, c in enumerate("xyzw")} | {c: k for k, c in enumerate("rgba")}
+
+
+def guarded_access(pointer: list[Token], bound: Bound, write: bool, ctx: Ctx, vector: str | None = None,
+                   component: int | None = None) -> list[Token]:
+    """The tokens of a checked access: the lvalue ``*pointer`` where ``pointer`` (OpenCL tokens) is evaluated once,
+    checked against ``bound``, and replaced by the scratch area when out of range (``__mtl_chk``). A read of a
+    device vector (``vector``: its OpenCL type, ``float4``) is ``vload4(0, (const __global float*)checked)``
+    instead, an rvalue that needs only the element's alignment (OpenCL C §6.15.10): Metal lets a ``float4`` sit at
+    any element offset, and NVIDIA's OpenCL faults on a misaligned ``float4`` dereference even through the
+    element-aligned alias (docs/kernels.md, "Vector loads and stores at any offset"). One ``component`` of a device
+    vector (``p->y``, ``p[i].y``) is the lvalue of that element, ``(*((__global float*)checked + 1))``."""
+    a, check = _checked(bound, write, ctx)
+    tail = tok(f"); {check}; }}))", RAW)
+    if vector is not None and bound.space == "global":
+        elem, n = VECTORS[vector]
+        if component is not None:
+            head = tok(f"(*((__global {elem}*)({{ __auto_type {a} = (", RAW)
+            return [head, *pointer, tok(f"); {check}; }}) + {component}))", RAW)]
+        if not write:
+            return [tok(f"vload{n}(0, (const __global {elem}*)({{ __auto_type {a} = (", RAW), *pointer, tail]
+    return [tok(f"(*({{ __auto_type {a} = (", RAW), *pointer, tail]
+
+
+def _component(ts: list[Token], j: int, vector: str | None) -> int | None:
+    """The element a member access at ``j`` (``.y``, ``->y``) of a vector names (1), when one letter names it."""
+    if vector is None or at(ts, j).text not in (".", "->") or at(ts, j + 1).kind != ID:
+        return None
+    k = _COMPONENTS.get(at(ts, j + 1).text)
+    return k if k is not None and k < VECTORS[vector][1] else None
+
+
+def _vector_store(ts: list[Token], pointer: list[Token], bound: Bound, vector: str | None, after: int,
+                  ctx: Ctx) -> tuple[int, list[Token]] | None:
+    """A store of a device vector through ``pointer`` (OpenCL tokens) when an assignment operator follows the access
+    at ``after``: ``*p = e`` -> ``({ checked p; float4 v = (e); vstore4(v, 0, p); v; })`` and ``*p += e`` ->
+    ``... v = vload4(0, p) + (e) ...`` (the address evaluated once; the value of the expression is the stored
+    vector, as C's assignment gives it). Returns the index past the right-hand side and the tokens; None when this
+    is no such store (a scalar, threadgroup or thread memory, ``(*p).x = e``, ``++*p``: they keep the dereference of
+    the element-aligned alias)."""
+    op = at(ts, after)
+    if vector is None or bound.space != "global" or op.kind != PUNCT or op.text not in _ASSIGN:
+        return None
+    end = _expression_end(ts, after + 1)
+    rhs = rewrite(ts, ctx, after + 1, end)
+    a, check = _checked(bound, True, ctx)
+    elem, n = VECTORS[vector]
+    p, v = a.replace("_a", "_p"), a.replace("_a", "_v")
+    value = "" if op.text == "=" else f"vload{n}(0, {p}) {op.text[:-1]} "
+    head = tok(f"({{ __auto_type {a} = (", RAW)
+    mid = tok(f"); __global {elem}* {p} = (__global {elem}*){check}; {vector} {v} = {value}(", RAW)
+    tail = tok(f"); vstore{n}({v}, 0, {p}); {v}; }})", RAW)
+    return end, [head, *pointer, mid, *rhs, tail]
 
 
 def _array_declaration(ts: list[Token], i: int, ctx: Ctx) -> None:
@@ -111,8 +164,12 @@ def deref(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     ctx.guard.allow([ts[j] for j in names])
     if bound.space != "global" and _constant_element(ts, i + 1, end, ctx):
         return None  # in bounds by the translator's own check: the tokens pass as they are
+    vector = _pointee_vector(ts, i + 1, end, ctx)
     pointer = rewrite(ts, ctx, i + 1, end)
-    return end - i, guarded_access(pointer, bound, _is_write(ts, i, end), ctx)
+    store = _vector_store(ts, pointer, bound, vector, end, ctx)
+    if store is not None:
+        return store[0] - i, store[1]
+    return end - i, guarded_access(pointer, bound, _is_write(ts, i, end), ctx, vector)
 
 
 def guard_name(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
@@ -147,8 +204,20 @@ def guard_name(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
             close = group_end(ts, i + 1)
             index = rewrite(ts, ctx, i + 2, close)
             pointer = [out, tok("+", PUNCT, " "), tok("(", PUNCT, " "), *index, tok(")")]
-            return close + 1 - i, guarded_access(pointer, bound, _is_write(ts, i, close + 1), ctx)
-        return 2, [*guarded_access([out], bound, False, ctx), tok(".")]
+            vector = g.vectors.get(name)
+            store = _vector_store(ts, pointer, bound, vector, close + 1, ctx)
+            if store is not None:
+                return store[0] - i, store[1]
+            k = _component(ts, close + 1, vector)
+            if k is not None and bound.space == "global":  # p[i].y: that element
+                return close + 3 - i, guarded_access(pointer, bound, _is_write(ts, i, close + 3), ctx, vector, k)
+            return close + 1 - i, guarded_access(pointer, bound, _is_write(ts, i, close + 1), ctx, vector)
+        vector = g.vectors.get(name)
+        k = _component(ts, i + 1, vector)
+        if k is not None and bound.space == "global":  # p->y: that element
+            return 3, guarded_access([out], bound, _is_write(ts, i, i + 3), ctx, vector, k)
+        member_write = _is_write(ts, i, i + 3)  # p->xy = e: a store into a swizzle keeps the dereference
+        return 2, [*guarded_access([out], bound, member_write, ctx, vector), tok(".")]
     if nxt == "=":
         end = _expression_end(ts, i + 2)
         names = _pointer_names(ts, i + 2, end, ctx)
@@ -250,6 +319,11 @@ def pointer_declaration(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
         refuse(name, name.text, "declare one device pointer per declaration so the translator can track which "
                                 "buffer it points into")
     ctx.guard.ptrs[name.text] = None
+    vectors = [storage_type(t.text) for t in ts[i + 1:j] if t.kind == ID and t.text in VECTORS]
+    if vectors:
+        ctx.guard.vectors[name.text] = vectors[0]
+    else:
+        ctx.guard.vectors.pop(name.text, None)
     if after == ";":
         ctx.guard.allow([name])
     return None
@@ -269,6 +343,9 @@ def helper_bound_params(ts: list[Token], params: list[tuple[int, int]], ctx: Ctx
             refuse(name, name.text, "a device pointer parameter needs a name")
         cl = cl_name(name.text)
         ctx.guard.ptrs[name.text] = Bound(f"__mtl_s_{cl}", f"__mtl_n_{cl}", f"__mtl_k_{cl}")
+        vectors = [storage_type(w.text) for w in words if w.text in VECTORS]
+        if vectors:
+            ctx.guard.vectors[name.text] = vectors[0]
         ctx.guard.allow([name])
         extra[n] = f", ulong __mtl_s_{cl}, ulong __mtl_n_{cl}, uint __mtl_k_{cl}"
     return extra

@@ -42,7 +42,8 @@ class Guard:
     a counter for the names of the generated temporaries; ``fault``: the function has the fault record parameter
     (a kernel, a helper taking buffer pointers). A kernel's fixed-size threadgroup and thread arrays are tracked
     too (``arrays``, in declaration order: their fault codes follow the bindings', from ``first_array_code``);
-    ``scratch`` says which spaces' scratch areas their checks need."""
+    ``scratch`` says which spaces' scratch areas their checks need; ``vectors``, which tracked pointers point to
+    vectors (their accesses are ``vloadN``/``vstoreN``: ``pointee_vector``)."""
 
     ptrs: dict[str, Bound | None] = field(default_factory=dict)
     allowed: dict[int, Token] = field(default_factory=dict)
@@ -52,6 +53,7 @@ class Guard:
     counts: dict[str, int] = field(default_factory=dict)  # array name -> its element count, when a literal
     first_array_code: int = 0  # fault codes of arrays follow the kernel's bindings
     scratch: set[str] = field(default_factory=set)  # spaces whose scratch area the kernel must declare
+    vectors: dict[str, str] = field(default_factory=dict)  # pointer name -> the OpenCL vector type it points to
 
     def allow(self, tokens: list[Token]) -> None:
         """Let these tracked-name tokens pass as plain pointer values."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from mtlir.runtime.sim.msl.guard.bound import _HOW
 from mtlir.runtime.sim.msl.lex import ID, NUM, PUNCT, STR, Token
-from mtlir.runtime.sim.msl.names import SCALARS, VECTORS
+from mtlir.runtime.sim.msl.names import SCALARS, VECTORS, storage_type
 from mtlir.runtime.sim.msl.rewrite import QUALIFIERS, Ctx, at, group_end, refuse
 
 __all__ = ["group_start"]
@@ -204,3 +204,22 @@ def _split_args(ts: list[Token], open_: int, close: int) -> list[tuple[int, int]
     """The ``(start, end)`` spans of the comma-separated arguments between the brackets at ``open_`` and
     ``close`` (none for empty brackets)."""
     return [] if close == open_ + 1 else _split_on(ts, open_, close, ",")
+
+
+def _pointee_vector(ts: list[Token], a: int, b: int, ctx: Ctx) -> str | None:
+    """The OpenCL vector type (its storage type: ``half4`` -> ``ushort4``) the pointer expression ``ts[a:b]``
+    points to, when it is one: a cast to a vector pointer, ``(device float4*)(in + 1)``, or a tracked pointer to
+    vectors (``guard.vectors``), each possibly followed by ``+ n``/``- n``; None otherwise (a scalar or struct
+    pointer, or an expression the translator does not type, such as ``n + p``)."""
+    while b - a >= 2 and ts[a].text == "(" and group_end(ts, a) == b - 1:
+        a, b = a + 1, b - 1
+    t = at(ts, a)
+    if t.kind == PUNCT and t.text == "(" and _is_cast(ts, a, ctx):
+        inner = ts[a + 1:group_end(ts, a)]
+        names = [x.text for x in inner if x.kind == ID and x.text in VECTORS]
+        if len(names) != 1 or sum(x.text == "*" for x in inner) != 1:
+            return None
+        return storage_type(names[0])
+    if t.kind == ID and ctx.guard is not None:
+        return ctx.guard.vectors.get(t.text)
+    return None

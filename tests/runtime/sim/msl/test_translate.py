@@ -547,8 +547,11 @@ def test_each_access_form_is_checked() -> None:
     # a threadgroup array: checked against its own bytes, code 2 * (2 bindings + array 1) + 2 for a write
     assert ("(*({ __auto_type __mtl_a1 = (t + (i)); __MTL_CHK_L(__mtl_a1, (ulong)t, sizeof(t), 8u); })) = "
             "(*({ __auto_type __mtl_a2 = ((b + i)); __MTL_CHK(__mtl_a2, __mtl_s_b, __mtl_n_b, 3u); }));") in src
-    assert ("(*({ __auto_type __mtl_a3 = (((__global __mtl_float2_u*)(a + 2 * i))); __MTL_CHK(__mtl_a3, __mtl_s_a, "
-            "__mtl_n_a, 2u); })) = ") in src  # a store through a vector cast: code 2 * 0 + 2
+    # a store through a vector cast: vstore2 (any element offset), code 2 * 0 + 2; its value, a vload2 of b
+    assert ("({ __auto_type __mtl_a4 = (((__global __mtl_float2_u*)(a + 2 * i))); __global float* __mtl_p4 = "
+            "(__global float*)__MTL_CHK(__mtl_a4, __mtl_s_a, __mtl_n_a, 2u); float2 __mtl_v4 = ( vload2(0, "
+            "(const __global float*)({ __auto_type __mtl_a3 = (((__global const __mtl_float2_u*)((b + i)))); "
+            "__MTL_CHK(__mtl_a3, __mtl_s_b, __mtl_n_b, 3u); }))); vstore2(__mtl_v4, 0, __mtl_p4); __mtl_v4; })") in src
     assert ("+= buf0[0] + t[0] + (*({ __auto_type __mtl_a6 = (buf0 + (i)); __MTL_CHK_P(__mtl_a6, (ulong)buf0, "
             "sizeof(buf0), 5u); }));") in src  # a private array at a run-time index: checked
     assert "const ulong __mtl_s_a = (ulong)a_base - __mtl_args[1], __mtl_n_a = __mtl_args[2];" in src
