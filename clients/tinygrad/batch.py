@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 
 from mtlir.frontend.nodes import QueueError, buffer, buffer_variable, timeline_value, view
 from mtlir.frontend.queue import Queue
-from mtlir.ir.dtypes import dtypes
+from mtlir.ir.dtypes import DType, dtypes
 from mtlir.ir.uop import UOp
-from mtlir.metal import DeviceSpec, Kernel, KernelParam
+from mtlir.metal import DeviceSpec, Kernel, KernelParam, element_dtype
 from mtlir.msl import kernel_signature
 from mtlir.passes import lower
 from mtlir.program.program import Program
 
-__all__ = ["Arg", "Dispatch", "Batch", "kernel_of", "Size", "MAX_OFFSET"]
+__all__ = ["Arg", "Dispatch", "Batch", "kernel_of", "variable_bounds", "Size", "MAX_OFFSET"]
 
 Size = int | str  # a constant size or value, or the name of a run-time variable
 MAX_OFFSET = 0xFFFFFFFF  # a variable byte offset's upper bound: what an ICB command holds (METAL.md §3 rule 8)
@@ -97,7 +97,7 @@ class Batch:
                 return v
             if v not in variables:
                 lo, hi = self.bounds[v]
-                variables[v] = UOp.variable(v, lo, hi, dtypes.int32 if hi < 2**31 else dtypes.uint32)
+                variables[v] = UOp.variable(v, lo, hi, _variable_dtype(lo, hi))
             return variables[v]
 
         bufs: dict[str, UOp] = {}
@@ -132,3 +132,24 @@ class Batch:
 
 def _buffer_name(a: Arg) -> str:
     return f"h{a.handle:x}"
+
+
+def _variable_dtype(lo: int, hi: int) -> DType:
+    """The narrowest of int32, uint32, int64, uint64 holding every value in [lo, hi]: a run-time variable's dtype
+    (cast to each parameter's type where it is used; a ``constant long&`` takes values beyond 32 bits)."""
+    for dt in (dtypes.int32, dtypes.uint32, dtypes.int64):
+        if dtypes.min(dt) <= lo and hi <= dtypes.max(dt):
+            return dt
+    return dtypes.uint64
+
+
+def variable_bounds(kernel: Kernel) -> tuple[tuple[int, int], ...]:
+    """The bounds of each ``constant`` parameter of ``kernel`` (in order): its type's range (``constant int&``: the
+    int32 range, ``constant long&``: int64's, ...). tinygrad's Metal runtime gives each value in its parameter's
+    width (``setBytes`` of the dtype's itemsize), so a ``long`` variable holds 64-bit values."""
+    out = []
+    for p in kernel.params:
+        if p.var is not None:
+            dt = element_dtype(p.dtype)
+            out.append((dtypes.min(dt), dtypes.max(dt)))
+    return tuple(out)

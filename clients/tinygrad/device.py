@@ -27,7 +27,7 @@ from mtlir.errors import MtlirError
 from mtlir.metal import DeviceSpec, Kernel
 from mtlir.runtime.bridge.bridge import Bridge
 from mtlir.runtime.context import DeviceBuffer, DeviceContext, SessionRing
-from mtlir.tinygrad.batch import Arg, Batch, Dispatch, kernel_of
+from mtlir.tinygrad.batch import Arg, Batch, Dispatch, kernel_of, variable_bounds
 from mtlir.tinygrad.settings import SETTINGS
 
 __all__ = ["MetalDevice", "MetalAllocator", "MetalCompiler", "MetalProgram", "MetalBuffer", "CompileError"]
@@ -49,7 +49,6 @@ class Recorder(Protocol):
 
 RECORDERS: list[Recorder] = []
 
-_INT32 = (-2**31, 2**31 - 1)
 _MAX_THREADS = 2**32 - 1  # MSL thread positions are 32-bit: grid x threadgroup per axis stays below
 
 
@@ -148,7 +147,7 @@ class MetalProgram(Program["MetalDevice"]):
             nvars = len(self.kernel.params) - self.nbufs
             batch = Batch([self.dispatch(bufs, local, [f"b{i}" for i in range(len(bufs))],
                                          [f"v{i}" for i in range(nvars)], ("gx", "gy", "gz"))],
-                          {**{f"v{i}": _INT32 for i in range(nvars)},
+                          {**{f"v{i}": b for i, b in enumerate(variable_bounds(self.kernel))},
                            **{g: (1, _MAX_THREADS // t) for g, t in zip(("gx", "gy", "gz"), local)}})
             s = self.sessions[key] = self.dev.ctx.ring(batch.lower(self.dev.spec, self.dev.target), 2)
         return s

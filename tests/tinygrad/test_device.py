@@ -6,7 +6,7 @@ from typing import Any, cast
 
 import numpy as np
 import pytest
-from tinygrad import Device, Tensor, TinyJit, Variable
+from tinygrad import Device, Tensor, TinyJit, Variable, dtypes
 
 from mtlir.errors import MtlirError
 from mtlir.runtime.context import ContextError, DeviceContext
@@ -125,6 +125,28 @@ def test_symbolic_jit_rebinds_the_variable_per_call() -> None:
         v = Variable("n", 1, 16).bind(n)
         got = head(v).numpy()
         np.testing.assert_allclose(got, np.arange(64, dtype=np.float32).reshape(16, 4)[:n].sum(axis=0))
+
+
+def test_a_long_variable_holds_values_beyond_32_bits() -> None:
+    # tinygrad renders a long Variable as a `constant long&` parameter and its Metal runtime gives the value in 8
+    # bytes: the eager call must take 2**35 (it was bounded to int32 and refused), negative ones too
+    for value in (2**35 + 7, -(2**33) - 1, 5):
+        v = Variable("big", -(2**40), 2**40, dtype=dtypes.long).bind(value)
+        assert Tensor(v).clone("METAL").item() == value
+
+
+def test_a_long_variable_in_a_jit_batch_is_rebound_per_call() -> None:
+    @TinyJit
+    def f(a: Variable, b: Variable) -> Tensor:
+        x = (Tensor(a + b).clone("METAL") * 2).contiguous()
+        return (x + 1).realize()
+
+    lowered = MtlirGraph.lowered
+    for i in range(5):
+        a = Variable("a", 0, 2**10, dtype=dtypes.int).bind(i)
+        b = Variable("b", 0, 2**40, dtype=dtypes.long).bind(2**35)
+        assert f(a, b).item() == (2**35 + i) * 2 + 1
+    assert MtlirGraph.lowered > lowered  # the batch ran as an MtlirGraph
 
 
 def test_a_jit_batch_on_metal_1_runs_on_metal_1s_context() -> None:
