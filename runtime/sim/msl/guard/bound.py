@@ -43,7 +43,7 @@ class Guard:
     (a kernel, a helper taking buffer pointers). A kernel's fixed-size threadgroup and thread arrays are tracked
     too (``arrays``, in declaration order: their fault codes follow the bindings', from ``first_array_code``);
     ``scratch`` says which spaces' scratch areas their checks need; ``vectors``, which tracked pointers point to
-    vectors (their accesses are ``vloadN``/``vstoreN``: ``pointee_vector``)."""
+    vectors (their accesses are ``vloadN``/``vstoreN``: ``scan._pointee_vector``)."""
 
     ptrs: dict[str, Bound | None] = field(default_factory=dict)
     allowed: dict[int, Token] = field(default_factory=dict)
