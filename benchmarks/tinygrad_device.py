@@ -156,10 +156,17 @@ def measure(rounds: int = 9, calls: int = 20, kernels: int = 8) -> dict[str, Any
             "rounds": rounds}
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text}: at least 1")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--rounds", type=_positive, default=9, help="interleaved rounds per pair (>= 1)")
+    ap.add_argument("--calls", type=_positive, default=20, help="calls per round of the streamed and JIT pairs (>= 1)")
     args = ap.parse_args(argv)
     print(json.dumps(measure(args.rounds, args.calls), indent=1))
     return 0

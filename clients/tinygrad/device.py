@@ -144,6 +144,8 @@ class MetalProgram(Program["MetalDevice"]):
         if s is None:
             if prod(local) > self.max_total_threads:  # checked once per threadgroup size: it is in the key
                 raise RuntimeError(f"local size {local} bigger than {self.max_total_threads}")
+            if min(local) < 1:
+                raise RuntimeError(f"local size {local}: a threadgroup has at least 1 thread on each axis")
             nvars = len(self.kernel.params) - self.nbufs
             batch = Batch([self.dispatch(bufs, local, [f"b{i}" for i in range(len(bufs))],
                                          [f"v{i}" for i in range(nvars)], ("gx", "gy", "gz"))],

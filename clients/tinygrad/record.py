@@ -373,7 +373,7 @@ def _script_modules(names: set[str], folder: Path, path: list[str]) -> list[str]
     return mine
 
 
-def _check_agree(path: Path, out: Any, expected: bytes, exp_dev: str) -> None:
+def _check_agree(path: Path, out: Any, expected: bytes, exp_dev: str, bfloat_kernels: bool = False) -> None:
     """Refuses a recording whose METAL output differs from the expected device's beyond the tolerance of its dtype
     (``mtlir run``'s comparison, ``mtlir.cli.compare.compare_output``: a few ulp for half, rtol 1e-4 for float32,
     exact for integers): the replay would report a mismatch. Raises ``RecordError`` naming the largest error in
@@ -395,6 +395,12 @@ def _check_agree(path: Path, out: Any, expected: bytes, exp_dev: str) -> None:
     head = (f"{path}: the output on METAL differs from the one on {exp_dev} in {cmp.mismatches} of {got.size} "
             f"elements (max error {cmp.max_abs_err:g}{ulps}; tolerance {cmp.describe_tolerance()}): ")
     other = "PYTHON" if exp_dev.upper() == "CPU" else "CPU"
+    if bfloat_kernels and exp_dev.upper() == "PYTHON":
+        raise RecordError(head + "the recorded kernels compute in bfloat16, which tinygrad's PYTHON device does not "
+                          "round after every operation as Metal does (mtlir does: docs/tinygrad.md), so a chain of "
+                          "bfloat16 operations drifts apart; return a float32 output (.cast(dtypes.float32)) and "
+                          "record it with --expected cpu, whose kernels compute bfloat16 as Metal does (only a "
+                          "bfloat16 output is beyond its compiler here), or keep the bfloat16 chain short")
     if cmp.rtol and cmp.max_ulp_err * cmp.epsilon <= _ROUNDING_FACTOR * cmp.rtol:
         raise RecordError(head + "a rounding difference between the two devices (a math function computed to "
                           f"another precision); try --expected {other.lower()}")
@@ -484,7 +490,8 @@ def record_trace(script: str | Path, args: Sequence[str] = (), *, family: str | 
     except RecordError as e:
         raise RecordError(f"{path}: {e}") from None
     # a bfloat16 output's expected values come from the PYTHON device unless told otherwise: tinygrad's CPU device
-    # compiles bfloat16 kernels only with a clang that has __bf16 arithmetic (Debian 12's has not)
+    # cannot compile a kernel storing bfloat16 with Debian 12's clang (one computing in bfloat16 and storing float32
+    # compiles)
     exp_dev = expected or ("PYTHON" if _is_bfloat16(out.dtype) else expected_device())
     with _context(DEV=exp_dev, JIT=0):
         try:
@@ -495,11 +502,12 @@ def record_trace(script: str | Path, args: Sequence[str] = (), *, family: str | 
                 raise
             why = (str(e).splitlines()[0] if str(e) else type(e).__name__).removeprefix(f"{path}: ")
             raise RecordError(f"{path}: the expected output of a bfloat16 main() on tinygrad's {exp_dev} device "
-                              f"failed ({why}): its compiler may have no bfloat16 arithmetic; try --expected python "
+                              f"failed ({why}): its compiler may not store bfloat16; try --expected python "
                               "(the default for a bfloat16 output)") from None
     if len(expected_bytes) != mb.size:
         raise RecordError(f"{path}: the output on {exp_dev} has {len(expected_bytes)} bytes, on METAL {mb.size}")
-    _check_agree(path, out, expected_bytes, exp_dev)
+    _check_agree(path, out, expected_bytes, exp_dev,
+                 bfloat_kernels=any("bfloat" in p.msl for p in rec.programs.values()))
     trace: dict[str, Any] = {
         "workload": workload or path.stem,
         "arch": family,

@@ -25,6 +25,8 @@ buffer are released so later work does not hang (a modelling choice: Metal recov
 """
 from __future__ import annotations
 
+import math
+import numbers
 import random
 import threading
 from typing import TYPE_CHECKING
@@ -163,11 +165,15 @@ class GPU:
 
     @overlap_s.setter
     def overlap_s(self, value: float) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"overlap_s: seconds are a number, got {type(value).__name__} {value!r}")
-        if not value >= 0:  # NaN too
+        try:
+            seconds = float(value) + 0.0  # (-0.0 becomes 0.0)
+        except OverflowError:
+            seconds = math.inf if value > 0 else -math.inf
+        if not seconds >= 0:  # NaN too
             raise ArgumentError(f"overlap_s: {value!r} seconds: a number >= 0 is needed (inf: always lazy)")
-        self._overlap_s = float(value)
+        self._overlap_s = seconds
 
     @property
     def lazy(self) -> bool:

@@ -31,6 +31,14 @@ def test_eager_calls_replay_one_lowering_per_program() -> None:
     assert dev.eager_calls > before
 
 
+def test_a_threadgroup_of_no_thread_is_refused_naming_it() -> None:
+    from tinygrad.engine.realize import runtime_cache
+    (Tensor([1.0, 2.0, 3.0]) * 7).realize()
+    prg = cast(MetalProgram, list(runtime_cache.values())[-1])
+    with pytest.raises(RuntimeError, match=r"local size \(0, 1, 1\): a threadgroup has at least 1 thread"):
+        prg(global_size=(1, 1, 1), local_size=(0, 1, 1), wait=True)
+
+
 def test_views_at_byte_offsets() -> None:
     base = Tensor(np.arange(32, dtype=np.float32)).realize()
     got = (base[8:16] + base[16:24]).numpy()

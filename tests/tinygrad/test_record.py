@@ -201,6 +201,18 @@ def test_record_a_bfloat16_output_and_replay_it(tmp_path: Path) -> None:
     assert "result: match" in done.stdout
 
 
+def test_a_bfloat16_chain_that_drifts_on_the_python_device_says_why(tmp_path: Path) -> None:
+    """tinygrad's PYTHON device does not round every bfloat16 operation as Metal does: a chain of them drifts
+    apart, and the refusal says that (not "a math function" nor the RNG), with the way out."""
+    script = tmp_path / "chain.py"
+    script.write_text("import numpy as np\nfrom tinygrad import Tensor, dtypes\ndef main():\n"
+                      "    x = Tensor(np.linspace(0.5, 2, 16).astype(np.float32)).cast(dtypes.bfloat16)\n"
+                      "    for _ in range(30):\n        x = x * 1.01 + 0.003\n    return x\n")
+    with pytest.raises(RecordError, match=r"compute in bfloat16, which tinygrad's PYTHON device does not round after "
+                                          r"every operation as Metal does.*\.cast\(dtypes\.float32\)"):
+        record_trace(script)
+
+
 def test_a_bfloat16_expected_output_the_cpu_device_fails_names_the_way_out(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """--expected cpu for a bfloat16 output whose CPU run fails (a clang without bfloat16 arithmetic): a RecordError

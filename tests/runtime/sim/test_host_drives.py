@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 from progbuild import submit_program
 
@@ -125,10 +126,12 @@ def test_short_kernels_run_on_the_host_that_waits_long_ones_on_the_worker(progra
     commits then leave the worker asleep and its next wait runs them (no hand-off per commit); batches as long as
     ``overlap_s`` wake the worker at each commit (their kernels overlap the host's Python). Same results."""
     monkeypatch.setattr(gpu_module, "_START_S", 5.0)
-    dev, steps = _device(kernel_timeout_s=5.0)
+    # the policy pinned by overlap_s (inf: always lazy, 0: never), so that one batch slowed by a loaded machine
+    # during the wait (the running average moves by a quarter of it) cannot switch it half-way
+    dev, steps = _device(kernel_timeout_s=5.0, overlap_s=float("inf"))
     threads, got = _pipelined(dev, steps, program, batch_s=0.0)
     assert threads == {threading.current_thread().name}
-    dev, steps = _device(kernel_timeout_s=5.0)
+    dev, steps = _device(kernel_timeout_s=5.0, overlap_s=0.0)
     threads, ref = _pipelined(dev, steps, program, batch_s=1.0)
     assert threads == {"mtlir-sim-gpu"} and ref == got
 
@@ -152,7 +155,14 @@ def test_overlap_s_is_seconds() -> None:
         assert dev.gpu.lazy  # inf: always lazy
         dev.gpu.overlap_s = 0
         assert not dev.gpu.lazy and dev.gpu.overlap_s == 0.0
-    for bad, error in ((-1.0, ArgumentError), (float("nan"), ArgumentError), ("0.5", TypeError), (True, TypeError)):
+    with SimDevice("x86_64", overlap_s=np.float32(0.001)) as dev:  # numpy's numbers too
+        assert dev.gpu.overlap_s == pytest.approx(0.001)
+        dev.gpu.overlap_s = 10 ** 400  # beyond a float: inf
+        assert dev.gpu.overlap_s == float("inf")
+        dev.gpu.overlap_s = -0.0
+        assert str(dev.gpu.overlap_s) == "0.0"
+    for bad, error in ((-1.0, ArgumentError), (float("nan"), ArgumentError), ("0.5", TypeError), (True, TypeError),
+                       (-10 ** 400, ArgumentError), (None, TypeError)):
         with pytest.raises(error, match="overlap_s"):
             SimDevice("x86_64", overlap_s=bad)  # type: ignore[arg-type]
 
