@@ -303,3 +303,28 @@ def test_bfloat_binary_operations_conversions_and_matrices(runner: KernelRunner)
     ma, mb = (to_bfloat(rng.integers(-8, 9, 64).astype(np.float32)) for _ in range(2))
     d = run(runner, msl, np.zeros(64, np.float32), ma, mb, threads=32)
     np.testing.assert_array_equal(d.reshape(8, 8), from_bfloat(ma).reshape(8, 8) @ from_bfloat(mb).reshape(8, 8))
+
+
+@pytest.mark.parametrize("elem", ["half", "bfloat"])
+def test_a_moved_16_bit_float_keeps_its_bits_signaling_nans_too(runner: KernelRunner, elem: str) -> None:
+    # a load then a store is a move on a GPU: every one of the 65,536 patterns comes out as it went in; the float in
+    # between used to make each NaN quiet (0x7d01 -> 0x7f01, 0x7c01 -> 0x7e01: tinygrad's slice copies of half)
+    msl = (f"kernel void k(device {elem}* out, device const {elem}* in, uint i [[thread_position_in_grid]]) {{\n"
+           f"  {elem} v = in[i];\n  out[i] = v;\n}}\n")
+    bits = np.arange(65536, dtype=np.uint16)
+    got = run(runner, msl, np.zeros(65536, np.uint16), bits, threads=65536)
+    diff = got != bits
+    assert not diff.any(), f"{diff.sum()} patterns changed, first {bits[diff][:4]} -> {got[diff][:4]}"
+
+
+def test_a_nan_from_float_stays_a_nan_in_half_and_bfloat(runner: KernelRunner) -> None:
+    # a float NaN whose payload lies below the 16-bit type's bits must not become infinity: it gets the quiet bit
+    msl = ("kernel void k(device half* h, device bfloat* b, device const uint* in, uint i [[thread_position_in_grid]])"
+           " {\n  float f = as_type<float>(in[i]);\n  h[i] = half(f);\n  b[i] = bfloat(f);\n}\n")
+    nans = np.array([0x7f800001, 0xff800001, 0x7fc00000, 0x7fa00000, 0x7f801fff], np.uint32)
+    storages = [np.zeros(5 * 2, np.uint8), np.zeros(5 * 2, np.uint8), np.frombuffer(nans.tobytes(), np.uint8).copy()]
+    runner.compile(HEAD + msl, "k").run({i: (s, 0) for i, s in enumerate(storages)}, (1, 1, 1), (5, 1, 1))
+    h, b = storages[0].view(np.uint16), storages[1].view(np.uint16)
+    assert np.isnan(h.view(np.float16)).all(), [hex(x) for x in h]
+    assert ((b & 0x7f80) == 0x7f80).all() and ((b & 0x7f) != 0).all(), [hex(x) for x in b]
+    assert h[3] == 0x7d00 and b[3] == 0x7fa0  # a signaling payload in the top bits is kept
