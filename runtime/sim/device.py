@@ -19,22 +19,22 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from mtlir.ir.dtypes import DType, dtypes
+from mtlir.ir.dtypes import dtypes
 from mtlir.metal import C_FUNCTIONS, MTL, SELECTORS, TARGETS, DeviceSpec, Prototype, abi_prototype
 from mtlir.errors import ArgumentError, BridgeError, DeviceClosedError
 from mtlir.runtime.metal.bridge import host_target
 from mtlir.runtime.sim.methods import encoding, icb, resources
 from mtlir.runtime.sim.msgsend import (ArgumentDecoder, Method, MethodTable, check_prototype, compile_call,
                                       decode_word, result_value)
-from mtlir.runtime.sim.rules.checks import check_buffer_write
 from mtlir.runtime.sim.gpu import GPU, OVERLAP_S
 from mtlir.runtime.sim.hooks import DeviceHooks
+from mtlir.runtime.sim.host_memory import HostCalls
 from mtlir.runtime.sim.waiting import DeviceWaits
 from mtlir.runtime.sim.injection import Fault, FaultPlan
 from mtlir.runtime.sim.lifetime import dealloc
 from mtlir.runtime.sim.kernels.runner import KernelRunner
 from mtlir.runtime.bridge.memory import HostMemory
-from mtlir.runtime.sim.objects import Buffer, ClassObject, Device, NSError, NSString, SimObject, zombie_text
+from mtlir.runtime.sim.objects import ClassObject, Device, NSError, NSString, SimObject, zombie_text
 from mtlir.runtime.sim.methods.resources import CLASSES
 
 __all__ = ["SimDevice", "METHODS"]
@@ -70,7 +70,7 @@ class _Route:
         self.call = compile_call(name, method, decoder, dev._objects, dev._lookup, dev.memory)
 
 
-class SimDevice(DeviceHooks, DeviceWaits):
+class SimDevice(HostCalls, DeviceHooks, DeviceWaits):
     """A simulated Metal device and its Bridge.
 
     ``target``: the ABI ``msg_send`` decodes (``"arm64"``, ``"x86_64"``; default: this machine's,
@@ -526,52 +526,6 @@ class SimDevice(DeviceHooks, DeviceWaits):
         if len(self._routes) >= _ROUTES:
             self._routes.clear()
         self._routes[(sel, type(obj))] = _Route(method, decoder, name, self)
-
-    # ------------------------------------------------------------------ Bridge: host memory
-    def malloc(self, nbytes: int) -> int:
-        """Zeroed host memory of ``nbytes`` bytes, page aligned, at an address >= 2**32."""
-        n = decode_word("malloc", 1, dtypes.uint64, nbytes)
-        with self._lock:
-            return self.memory.alloc(n).base
-
-    def free(self, addr: int) -> None:
-        """Free a ``malloc`` block; ``BridgeError`` for anything else (double free, a buffer's contents)."""
-        with self._lock:
-            self.memory.free(addr)
-
-    def read(self, addr: int, nbytes: int) -> bytes:
-        """``nbytes`` bytes at ``addr`` (``BridgeError``: unmapped, freed, past the end of its block)."""
-        return self.memory.read(addr, nbytes)
-
-    def _check_cpu_write(self, addr: int, nbytes: int, call: str) -> None:
-        reg, off = self.memory.find(addr, nbytes)
-        owner = reg.owner
-        if self.strict and isinstance(owner, Buffer) and owner.readers:
-            with self._lock:
-                check_buffer_write(self, owner, off, nbytes, f"{call} at {addr:#x}")
-
-    def write(self, addr: int, data: bytes) -> None:
-        """Copy ``data`` to ``addr``. Strict mode refuses a write into bytes an in-flight command buffer reads
-        (rule 15); faithful mode lets the race happen."""
-        self._check_cpu_write(addr, len(data), "write")
-        self.memory.write(addr, data)
-
-    def host_view(self, addr: int, nbytes: int) -> memoryview | None:
-        """A writable view of ``nbytes`` bytes of ``malloc`` memory at ``addr`` (``HostMemory.view``; None for a
-        buffer's contents, where rule 15 checks every CPU write): what ``read`` and ``write`` there do, without
-        their look-up per call (a Session reads its cbslots table at every submit). Valid until ``free``. The
-        compiled replay then stores there without calling ``store``: a subclass that does more in ``store`` or
-        ``write`` returns None here."""
-        return self.memory.view(addr, nbytes)
-
-    def load(self, addr: int, dtype: DType) -> Any:
-        """One ``dtype`` value at ``addr`` (a struct loads as a tuple)."""
-        return self.memory.load(addr, dtype)
-
-    def store(self, addr: int, dtype: DType, value: Any) -> None:
-        """Write one ``dtype`` value at ``addr`` (rule 15 as ``write``; ``BridgeError`` when it does not fit)."""
-        self._check_cpu_write(addr, dtype.itemsize, "store")
-        self.memory.store(addr, dtype, value)
 
     def make_string(self, s: str) -> int:
         """An NSString (+0, autoreleased) holding ``s``."""
