@@ -180,7 +180,7 @@ class GPU:
         """Whether committed work is left to the host's next wait (or the worker's nap end, ``_START_S``) instead of
         waking the worker at once: while the recent kernel batches ran shorter than ``overlap_s`` seconds. Their
         overlap with the host's Python is then worth less than the thread hand-offs it costs (on two cores with the
-        GIL, a TinyJit loop of 8 short kernels ran ~10-15% more CPU per call with the worker woken at each commit);
+        GIL, a TinyJit loop of 8 short kernels ran ~5-10% more CPU per call with the worker woken at each commit);
         a batch as long as ``overlap_s`` switches a pipelining host back to the overlap (docs/simulator.md, "Who
         runs the GPU")."""
         return self.batch_s < self.overlap_s
