@@ -434,6 +434,8 @@ class GPU:
             thread = self.thread
             self.dev._cv.notify_all()
             self._nudge.set()
+            for ended in self.end_waiters.values():  # host threads blocked until a command buffer ends: they go
+                ended.set()  # on now, and their next call to the device names it closed (not their timeout)
         if thread is not None and thread is not threading.current_thread():
             deadline = clock() + timeout_s
             while thread.is_alive() and clock() < deadline:

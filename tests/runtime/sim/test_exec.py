@@ -269,3 +269,43 @@ def test_a_kernel_that_does_not_end_delays_neither_the_error_nor_close(monkeypat
     while dev.kernel_running and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not dev.kernel_running
+
+
+def test_a_host_blocked_in_a_wait_goes_on_when_another_thread_closes_the_device() -> None:
+    """A thread waiting for a command buffer without running the GPU's steps itself (a wait shorter than the kernel
+    watchdog) is woken by close() on another thread and gets DeviceClosedError at once, not after its timeout."""
+    from progbuild import submit_program
+
+    from mtlir.errors import DeviceClosedError
+    from mtlir.runtime.session import Session
+    from mtlir.runtime.sim.device import SimDevice
+    from mtlir.runtime.sim.kernels.pyrunner import PyKernel, PyKernelArg, PyKernelRunner
+
+    release = threading.Event()
+    params = (PyKernelArg("out", "buffer", 0), PyKernelArg("inp", "buffer", 1),
+              PyKernelArg("n", "constant", 2, "int32"))
+    runner = PyKernelRunner([PyKernel("add1", params, lambda a, g, t: release.wait(30))])
+    dev = SimDevice("x86_64", family="Apple7", kernel_runner=runner, kernel_timeout_s=60.0)
+    s = Session(submit_program("x86_64"), dev, timeout_s=20.0)
+    got: list[BaseException] = []
+    waited: list[float] = []
+
+    def wait() -> None:
+        t0 = time.monotonic()
+        try:
+            s.wait()
+        except BaseException as e:
+            got.append(e)
+        waited.append(time.monotonic() - t0)
+
+    try:
+        s.submit(n=4)
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.2)  # blocked on the command buffer's end (the kernel holds it)
+        dev.close()
+        waiter.join(10)
+        assert not waiter.is_alive() and waited and waited[0] < 5.0
+        assert got and isinstance(got[0], DeviceClosedError)
+    finally:
+        release.set()
