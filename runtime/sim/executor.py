@@ -10,9 +10,8 @@ buffer's error (docs/simulator.md).
 """
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -31,6 +30,8 @@ from mtlir.runtime.sim.waiting import notify_waiters
 
 if TYPE_CHECKING:
     from mtlir.runtime.sim.gpu import GPU
+
+_T = TypeVar("_T")
 
 __all__ = ["Executor", "forget_fence_history"]
 
@@ -385,33 +386,19 @@ class Executor:
         the copies back of what kernels wrote ride on the batch's wait); ``launches``: the batch's launches when the
         caller has them (a kept range's). A kernel access outside its buffers raises ``GPUFault`` PageFault naming
         its dispatch (strict mode also defers a ``MetalValidationError``); a runner error (a timeout, OpenCL
-        refusing) raises ``GPUFault`` Internal. What ``_kernels_running`` does is written out here (this runs once
-        per batch: a generator's context manager costs a few Python calls more)."""
+        refusing) raises ``GPUFault`` Internal."""
         batch, self._batch = self._batch, []
         if not batch:
             return
         runner = batch[0][0].ck._runner
-        gpu = self.gpu
-        cb = gpu.advancing
-        lock = self.dev._lock
+        cb = self.gpu.advancing
         try:
-            gpu.unsynced = True
-            lock.release()
-            t0 = clock()
+            self.in_flight = (batch, cb.handle if cb is not None else 0)
             try:
-                with gpu.kernel_lock:
-                    gpu.in_kernel = True
-                    self.in_flight = (batch, cb.handle if cb is not None else 0)
-                    try:
-                        fault = runner.run_batch([b[0] for b in batch] if launches is None else launches,
-                                                 self.dev.kernel_timeout_s, keep=True, write_back=write_back)
-                    finally:
-                        self.in_flight = None
-                        gpu.in_kernel = False
+                fault = self._unlocked(runner.run_batch, [b[0] for b in batch] if launches is None else launches,
+                                       self.dev.kernel_timeout_s, True, write_back)
             finally:
-                ran = clock() - t0  # not counting the wait for the lock below
-                lock.acquire()
-                gpu.kernels_ran(ran)
+                self.in_flight = None
         except WaitTimeoutError as e:
             raise self._watchdog(e) from e
         except Exception as e:  # a kernel that crashes the runner fails its command buffer, never the worker
@@ -445,13 +432,12 @@ class Executor:
         """Run one kernel that has no prepared launches (``kernel.run``), the device lock released meanwhile."""
         cb = self.gpu.advancing
         try:
-            with self._kernels_running():
-                self.gpu.running = (p.label, what, cb.handle if cb is not None else 0)
-                try:
-                    # results stay on the device until sync
-                    p.kernel.run(bindings, grid, threadgroup, timeout_s=self.dev.kernel_timeout_s, keep=True)
-                finally:
-                    self.gpu.running = None
+            self.gpu.running = (p.label, what, cb.handle if cb is not None else 0)
+            try:  # results stay on the device until sync
+                self._unlocked(p.kernel.run, bindings, grid, threadgroup, timeout_s=self.dev.kernel_timeout_s,
+                               keep=True)
+            finally:
+                self.gpu.running = None
         except WaitTimeoutError as e:
             raise self._watchdog(e) from e
         except KernelAccessError as e:
@@ -460,28 +446,28 @@ class Executor:
             self.gpu.last_exception = e
             raise GPUFault(MTL.ErrorInternal, f"{what}: kernel {p.label} raised {type(e).__name__}: {e}") from e
 
-    @contextlib.contextmanager
-    def _kernels_running(self) -> Iterator[None]:
-        """Kernels run on this thread meanwhile: the device lock released (the host goes on sending messages), the
-        kernel lock held, ``in_kernel`` set; the device lock taken back at the end however it ends (the caller
-        turns an error into the command buffer's fault with the lock held). Results stay on the OpenCL device
-        until the next sync (``unsynced``). ``_flush`` does the same written out."""
+    def _unlocked(self, run: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """``run(*args, **kwargs)`` (kernels) on this thread with the device lock released (the host goes on sending
+        messages), the kernel lock held and ``in_kernel`` set; the device lock taken back at the end however it
+        ends (the caller turns an error into the command buffer's fault with the lock held), and the kernels' wall
+        time, without that wait for the lock, given to ``GPU.kernels_ran``. Results stay on the OpenCL device
+        until the next sync (``unsynced``). A plain call, not a context manager: it runs once per batch."""
+        gpu = self.gpu
         lock = self.dev._lock
-        self.gpu.unsynced = True
+        gpu.unsynced = True
         lock.release()
         t0 = clock()
         try:
-            with self.gpu.kernel_lock:
-                self.gpu.in_kernel = True
+            with gpu.kernel_lock:
+                gpu.in_kernel = True
                 try:
-                    yield
+                    return run(*args, **kwargs)
                 finally:
-                    self.gpu.in_kernel = False
+                    gpu.in_kernel = False
         finally:
-            ran = clock() - t0  # not counting the wait for the lock below
+            ran = clock() - t0
             lock.acquire()
-            self.gpu.kernels_ran(ran)
-
+            gpu.kernels_ran(ran)
 
 def forget_fence_history(enc: Encoder) -> None:
     """A finished encoder no longer needs the encoders it waited for (its waits were met at its start) nor the
