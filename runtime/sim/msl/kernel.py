@@ -143,7 +143,7 @@ def translate_kernel(ts: list[Token], start: int, end: int, ctx: Ctx) -> tuple[K
     cl_params: list[str] = []
     prologue: list[str] = []
     indices: dict[int, str] = {}
-    ctx.guard = Guard() if ctx.checks else None
+    ctx.guard = Guard(fault=ctx.checks, checked=ctx.checks)  # without checks: only the vector accesses' typing
     for p in params:
         if p.attr in POSITIONS or p.attr in _LINEAR_POSITIONS:
             prologue.append(_position_local(p, ctx))
@@ -165,7 +165,7 @@ def translate_kernel(ts: list[Token], start: int, end: int, ctx: Ctx) -> tuple[K
         prologue += [f"__local uchar* {SIMD_PARAM} = (__local uchar*){SIMD_PARAM}_words;", SIMD_BEGIN]
     ctx.scope, ctx.depth, ctx.uses_barrier, ctx.threadgroup_vars = "kernel", 1, simd, []
     ctx.simd_scratch = simd
-    guard = ctx.guard
+    guard = ctx.guard if ctx.checks else None
     if guard is not None:
         guard.first_array_code = len(bindings)
     try:
@@ -287,7 +287,7 @@ def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[P
     known = elem in SCALARS or elem in VECTORS
     bound = Bound(f"__mtl_s_{name}", f"__mtl_n_{name}", str(position))
     lines: list[str] = []
-    if (pointer or not known) and ctx.guard is not None:
+    if (pointer or not known) and ctx.checks:
         lines.append(f"const ulong {bound.start} = (ulong){base} - {before}, {bound.length} = {length};")
     if pointer:
         lines.append(f"{ptr}{fixed} {name} = ({ptr})({base} + {off});")
@@ -295,7 +295,7 @@ def _buffer_param(p: _Param, position: int, used: set[str], ctx: Ctx) -> tuple[P
             ctx.guard.ptrs[p.name.text] = bound
             if storage_type(elem) in VECTORS:
                 ctx.guard.vectors[p.name.text] = storage_type(elem)
-    elif not known and ctx.guard is not None:
+    elif not known and ctx.checks:
         read = render(guarded_access([tok(f"({ptr})({base} + {off})", RAW)], bound, False, ctx)).strip()
         lines.append(f"const {SCALARS.get(elem, elem)} {name} = {read};")
     elif is_soft(elem):  # a constant half/bfloat: its 16 bits, widened to the float standing for it (softfloat)

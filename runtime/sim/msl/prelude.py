@@ -3,10 +3,10 @@
 ``Prelude`` collects what the translation rules asked for while they ran and renders the definitions:
 
 - an under-aligned alias per vector type used through a pointer, ``typedef float4 __mtl_float4_u
-  __attribute__((aligned(4)));``: OpenCL requires a ``float4*`` dereference to be 16-byte aligned (OpenCL C
-  §6.1.5), Metal buffer offsets need only be a multiple of the element size, and an alias with the element's
-  alignment makes the compiler emit unaligned loads and stores (Clang: ``aligned`` on a typedef may lower the
-  alignment), whatever the offset;
+  __attribute__((aligned(4)));``, the type of those pointers: OpenCL requires a ``float4*`` to be 16-byte
+  aligned (OpenCL C §6.1.5), Metal buffer offsets need only be a multiple of the element size. The pointers are
+  never dereferenced (NVIDIA's OpenCL ignores the lowered alignment): every access through them is a
+  ``vloadN``/``vstoreN`` or an element access (``guard.vector``);
 - ``__mtl_make_float4``-style overload sets for one-argument vector constructors: MSL's ``float4(x)`` broadcasts a
   scalar and converts a vector of another element type, OpenCL's ``(float4)(x)`` only broadcasts (a vector of
   another type needs ``convert_float4``); the overloads pick the right one by the argument's type;

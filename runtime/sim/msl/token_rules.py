@@ -3,16 +3,16 @@
 A key is a token's text, or ``"<kind>"`` for every token of that kind (``<id>``, ``<num>``, ``<pp>``); ``rewrite``
 tries the rules of the text, then those of the kind, and the first that matches wins. The bounds checks' rules
 (``guard``) come first on their tokens: ``pointer_declaration`` ahead of the address-space rules (it records a
-pointer variable, then declines), ``deref`` on ``*``, ``device_cast`` on ``(``, ``loop_guard`` on ``for`` and
-``while``; they decline outside a guarded function. The SIMD-group rules (``simd``) run on their names, and
-``simd_helper_call`` before ``call`` on every identifier. The translator passes the table in its ``Ctx``.
+pointer variable, then declines), ``deref`` on ``*``, ``prefix_increment`` on ``++``/``--``, ``device_cast`` on
+``(``, ``loop_guard`` on ``for`` and ``while``; they decline outside a function. The SIMD-group rules (``simd``)
+run on their names, and ``simd_helper_call`` before ``call`` on every identifier. The translator passes the table in its ``Ctx``.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from mtlir.runtime.sim.msl.guard.access import deref, device_cast, pointer_declaration
+from mtlir.runtime.sim.msl.guard.access import deref, device_cast, pointer_declaration, prefix_increment
 from mtlir.runtime.sim.msl.guard.bound import _SPACES
 from mtlir.runtime.sim.msl.guard.loops import loop_guard
 from mtlir.runtime.sim.msl.lex import ID, NUM, PP
@@ -32,7 +32,8 @@ _ENTRIES: tuple[tuple[TokenRule, tuple[str, ...]], ...] = (
     (deref, ("*",)),
     (device_cast, ("(",)),
     (loop_guard, ("for", "while")),
-    (pointer_declaration, tuple(sorted(_SPACES))),
+    (prefix_increment, ("++", "--")),
+    (pointer_declaration, (*sorted(_SPACES), "threadgroup", "thread")),
     (drop_namespace, ("metal", "precise", "fast")),
     (scope_operator, ("::",)),
     (threadgroup_barrier, ("threadgroup_barrier", "simdgroup_barrier")),

@@ -82,7 +82,8 @@ def translate(msl: str, *, bounds_checks: bool = True) -> Translation:
     ``half`` and ``bfloat`` are computed in software (``softfloat``) on any OpenCL device. ``bounds_checks``: every
     access through a buffer pointer, and to a kernel's own fixed-size arrays, is checked against its memory
     (``guard``; the kernel runner always translates with them); False gives the same kernels without the
-    checks, for reading a translation only. Raises ``UnsupportedKernelError`` (``.construct`` names the first
+    checks (their vector accesses still ``vloadN``/``vstoreN``: ``guard.vector``), for reading a translation, the
+    Oclgrind check and the fuzzing's reference. Raises ``UnsupportedKernelError`` (``.construct`` names the first
     construct it cannot translate, with its line and column in the message; also a buffer pointer the checks
     cannot follow), ``MslSyntaxError`` (a ``KernelCompileError``) for source that is not MSL at the token level, and
     ``KernelCompileError`` for a kernel signature Metal would reject (duplicate or out-of-range buffer index),
@@ -178,16 +179,14 @@ def _translate_function(ts: list[Token], start: int, end: int, ctx: Ctx) -> list
     scratch = [tok(f"{', ' if close > open_ + 1 else ''}__local uchar* {SIMD_PARAM}", RAW)] if ctx.simd_scratch else []
     name = ts[open_ - 1]  # kept as it is: the rule calling a helper with the scratch must not see a call here
     try:
-        if not ctx.checks:
-            return _head(ts, ctx, start, open_, close) + scratch + rewrite(ts, ctx, close, end)
-        ctx.guard = Guard(fault=False)
+        ctx.guard = Guard(fault=False, checked=ctx.checks)  # without checks: only the vector accesses' typing
         head = [t for t in ts[start:open_] if t.kind in (ID, PUNCT)]
-        if any(t.text in ("device", "constant") for t in head) and any(t.text == "*" for t in head):
+        if ctx.checks and any(t.text in ("device", "constant") for t in head) and any(t.text == "*" for t in head):
             refuse(ts[open_ - 1], f"{ts[open_ - 1].text}()", "a function returning a device or constant pointer: "
                    "the accesses made through it could not be bounds-checked")
         spans = argument_spans(ts, open_, close)
         extra = helper_bound_params(ts, spans, ctx)
-        if not extra:
+        if not extra or not ctx.checks:
             return _head(ts, ctx, start, open_, close) + scratch + rewrite(ts, ctx, close, end)
         ctx.guard.fault = True
         out = _head(ts, ctx, start, open_, open_ + 1)

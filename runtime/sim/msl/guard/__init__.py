@@ -34,7 +34,13 @@ bounded by their own bytes (``__MTL_CHK_L``/``__MTL_CHK_P`` with scratch areas o
 element the translator can check itself (``*(buf0+0)``) stays plain. Once an access has been skipped, every loop
 without a barrier also ends (``loop_guard``), so a runaway loop does not keep the dispatch busy.
 
+Vectors: every access to a vector through a pointer (in device, threadgroup or thread memory) is a
+``vloadN``/``vstoreN`` or an access to its elements (``vector``), never a dereference of a vector pointer, which
+NVIDIA's OpenCL faults on when the vector is not aligned to its size. The translation without checks
+(``translate(bounds_checks=False)``) runs the same rules with a ``Guard`` whose ``checked`` is False: they type the
+vector accesses and emit no check; scalar accesses stay as written and nothing is refused for the checks' sake.
+
 The pieces, one idea each: ``bound`` (``Bound``, ``Guard``, the names and sizes the translated kernel and the runner
-share), ``scan`` (reading the tokens around an access), ``access`` (the checked accesses) and ``loops`` (the loops
-that end after a fault). Their token rules run from the translator's table (``msl.token_rules.TOKEN_RULES``).
+share), ``scan`` (reading the tokens around an access), ``access`` (the checked accesses), ``vector`` (the forms of
+a vector access) and ``loops`` (the loops that end after a fault). Their token rules run from the translator's table (``msl.token_rules.TOKEN_RULES``).
 """

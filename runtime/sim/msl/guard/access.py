@@ -1,19 +1,21 @@
 """The checked accesses (``guard``): the rules that rewrite each access through a tracked buffer pointer or
-array into a bounds-checked one (``deref``, ``guard_name``), track pointer variables (``pointer_declaration``)
-and casts to device pointers (``device_cast``), pass the bounds to helper functions (``helper_bound_params`` and
-their calls), and refuse what they cannot follow.
+array into a bounds-checked one (``deref``, ``guard_name``; a vector's by ``vector``, also ``prefix_increment``),
+track pointer variables (``pointer_declaration``; threadgroup and thread pointers to vectors too) and casts to
+device pointers (``device_cast``), pass the bounds to helper functions (``helper_bound_params`` and their calls),
+and refuse what they cannot follow.
 """
 from __future__ import annotations
 
 from mtlir.runtime.sim.msl.guard.bound import _HOW, _SPACES, FAULT_PARAM, Bound
-from mtlir.runtime.sim.msl.guard.scan import (_ASSIGN, _expression_end, _is_cast, _is_write, _literal, _member,
-                                              _operand_end, _pointee_vector, _pointer_names, _split_args, _unary)
+from mtlir.runtime.sim.msl.guard.scan import (_SPACE_OF, _expression_end, _is_cast, _is_write, _literal, _member,
+                                              _operand_end, _pointee, _pointer_names, _split_args, _unary)
+from mtlir.runtime.sim.msl.guard.vector import VectorAccess, checked, vector_access, vector_increment
 from mtlir.runtime.sim.msl.lex import ID, NUM, PUNCT, RAW, Token
 from mtlir.runtime.sim.msl.names import SCALARS, VECTORS, cl_name, storage_type
 from mtlir.runtime.sim.msl.rewrite import Ctx, TokenMatch, at, group_end, refuse, rewrite, tok, type_end
 
 __all__ = ["guarded_access", "deref", "guard_name", "pointer_declaration", "helper_bound_params", "device_cast",
-           "pointer_argument"]
+           "pointer_argument", "prefix_increment"]
 
 
 def _bound_of(ts: list[Token], names: list[int], ctx: Ctx, where: Token, what: str) -> Bound:
@@ -34,75 +36,18 @@ def _bound_of(ts: list[Token], names: list[int], ctx: Ctx, where: Token, what: s
     return b
 
 
-def _checked(bound: Bound, write: bool, ctx: Ctx) -> tuple[str, str]:
-    """A new temporary's name and the check of it against ``bound`` (``__MTL_CHK(a, ...)``: the pointer itself, or
-    the scratch area when out of range)."""
-    assert ctx.guard is not None
-    n = ctx.guard.counter
-    ctx.guard.counter += 1
-    ctx.prelude.need_bounds_check()
-    a = f"__mtl_a{n}"
-    code = (f"{2 * int(bound.code) + 1 + int(write)}u" if bound.code.isdigit()
-            else f"{bound.code} * 2u + {int(write) + 1}u")
-    macro = {"global": "__MTL_CHK", "local": "__MTL_CHK_L", "private": "__MTL_CHK_P"}[bound.space]
-    if bound.space != "global":
-        ctx.guard.scratch.add(bound.space)
-    return a, f"{macro}({a}, {bound.start}, {bound.length}, {code})"
+def guarded_access(pointer: list[Token], bound: Bound, write: bool, ctx: Ctx) -> list[Token]:
+    """The tokens of a checked access to a scalar or struct: the lvalue ``*pointer`` where ``pointer`` (OpenCL
+    tokens) is evaluated once, checked against ``bound``, and replaced by the scratch area when out of range
+    (``__mtl_chk``); the plain ``(*(pointer))`` in a translation without checks. Vectors are ``vector``'s."""
+    if not _checking(ctx):
+        return [tok("(*", RAW), *pointer, tok(")", RAW)]
+    a, check = checked(bound, write, ctx)
+    return [tok(f"(*({{ __auto_type {a} = (", RAW), *pointer, tok(f"); {check}; }}))", RAW)]
 
 
-_COMPONENTS = {c: k for k, c in enumerate("xyzw")} | {c: k for k, c in enumerate("rgba")}
-
-
-def guarded_access(pointer: list[Token], bound: Bound, write: bool, ctx: Ctx, vector: str | None = None,
-                   component: int | None = None) -> list[Token]:
-    """The tokens of a checked access: the lvalue ``*pointer`` where ``pointer`` (OpenCL tokens) is evaluated once,
-    checked against ``bound``, and replaced by the scratch area when out of range (``__mtl_chk``). A read of a
-    device vector (``vector``: its OpenCL type, ``float4``) is ``vload4(0, (const __global float*)checked)``
-    instead, an rvalue that needs only the element's alignment (OpenCL C §6.15.10): Metal lets a ``float4`` sit at
-    any element offset, and NVIDIA's OpenCL faults on a misaligned ``float4`` dereference even through the
-    element-aligned alias (docs/kernels.md, "Vector loads and stores at any offset"). One ``component`` of a device
-    vector (``p->y``, ``p[i].y``) is the lvalue of that element, ``(*((__global float*)checked + 1))``."""
-    a, check = _checked(bound, write, ctx)
-    tail = tok(f"); {check}; }}))", RAW)
-    if vector is not None and bound.space == "global":
-        elem, n = VECTORS[vector]
-        if component is not None:
-            head = tok(f"(*((__global {elem}*)({{ __auto_type {a} = (", RAW)
-            return [head, *pointer, tok(f"); {check}; }}) + {component}))", RAW)]
-        if not write:
-            return [tok(f"vload{n}(0, (const __global {elem}*)({{ __auto_type {a} = (", RAW), *pointer, tail]
-    return [tok(f"(*({{ __auto_type {a} = (", RAW), *pointer, tail]
-
-
-def _component(ts: list[Token], j: int, vector: str | None) -> int | None:
-    """The element a member access at ``j`` (``.y``, ``->y``) of a vector names (1), when one letter names it."""
-    if vector is None or at(ts, j).text not in (".", "->") or at(ts, j + 1).kind != ID:
-        return None
-    k = _COMPONENTS.get(at(ts, j + 1).text)
-    return k if k is not None and k < VECTORS[vector][1] else None
-
-
-def _vector_store(ts: list[Token], pointer: list[Token], bound: Bound, vector: str | None, after: int,
-                  ctx: Ctx) -> tuple[int, list[Token]] | None:
-    """A store of a device vector through ``pointer`` (OpenCL tokens) when an assignment operator follows the access
-    at ``after``: ``*p = e`` -> ``({ checked p; float4 v = (e); vstore4(v, 0, p); v; })`` and ``*p += e`` ->
-    ``... v = vload4(0, p) + (e) ...`` (the address evaluated once; the value of the expression is the stored
-    vector, as C's assignment gives it). Returns the index past the right-hand side and the tokens; None when this
-    is no such store (a scalar, threadgroup or thread memory, ``(*p).x = e``, ``++*p``: they keep the dereference of
-    the element-aligned alias)."""
-    op = at(ts, after)
-    if vector is None or bound.space != "global" or op.kind != PUNCT or op.text not in _ASSIGN:
-        return None
-    end = _expression_end(ts, after + 1)
-    rhs = rewrite(ts, ctx, after + 1, end)
-    a, check = _checked(bound, True, ctx)
-    elem, n = VECTORS[vector]
-    p, v = a.replace("_a", "_p"), a.replace("_a", "_v")
-    value = "" if op.text == "=" else f"vload{n}(0, {p}) {op.text[:-1]} "
-    head = tok(f"({{ __auto_type {a} = (", RAW)
-    mid = tok(f"); __global {elem}* {p} = (__global {elem}*){check}; {vector} {v} = {value}(", RAW)
-    tail = tok(f"); vstore{n}({v}, 0, {p}); {v}; }})", RAW)
-    return end, [head, *pointer, mid, *rhs, tail]
+def _checking(ctx: Ctx) -> bool:
+    return ctx.guard is not None and ctx.guard.checked
 
 
 def _array_declaration(ts: list[Token], i: int, ctx: Ctx) -> None:
@@ -145,38 +90,112 @@ def _constant_element(ts: list[Token], a: int, b: int, ctx: Ctx) -> bool:
     return False
 
 
+def _deref_parts(ts: list[Token], i: int, ctx: Ctx) -> tuple[int, list[int], Bound | None, str | None, str] | None:
+    """What the unary ``*`` at ``i`` reaches: its operand's end, the tracked names the pointer comes from, their
+    ``Bound``, the vector it points to (None: a scalar or struct) and its memory; None when the dereference stays
+    as it is (a pointer from no buffer that is no vector, an element of a literal-size array). Refuses a device
+    pointer from no buffer (a translation with checks) and a pointer mixing buffers."""
+    assert ctx.guard is not None
+    end = _operand_end(ts, i + 1, ctx)
+    names = _pointer_names(ts, i + 1, end, ctx)
+    got = _pointee(ts, i + 1, end, ctx)
+    if not names:
+        if _checking(ctx) and any(t.kind == ID and t.text in _SPACES for t in ts[i + 1:end]):
+            refuse(ts[i], "*", "a dereference of a device or constant pointer that does not come from a buffer "
+                               f"parameter: the simulated device cannot bounds-check it ({_HOW})")
+        if got is None or got[1] is None:
+            return None
+        return end, [], None, got[0], got[1]  # a threadgroup or thread vector pointer: unchecked, but a vload
+    bound = _bound_of(ts, names, ctx, ts[i], "this dereference")
+    if bound.space != "global" and _constant_element(ts, i + 1, end, ctx):
+        ctx.guard.allow([ts[j] for j in names])
+        return None  # in bounds by the translator's own check: the tokens pass as they are
+    return end, names, bound, None if got is None else got[0], bound.space
+
+
+def _indexed(ts: list[Token], i: int, ctx: Ctx) -> tuple[list[Token], int]:
+    """The pointer an access through the name at ``i`` reaches, as OpenCL tokens, and the index past the access:
+    ``p[e]`` -> ``p + (e)``; ``p`` (before ``->``) -> ``p``."""
+    out = tok(cl_name(ts[i].text), ID)
+    if at(ts, i + 1).text != "[":
+        return [out], i + 1
+    close = group_end(ts, i + 1)
+    index = rewrite(ts, ctx, i + 2, close)
+    return [out, tok("+", PUNCT, " "), tok("(", PUNCT, " "), *index, tok(")")], close + 1
+
+
 # --- the rules (``rewrite`` calls guard_name for identifiers when a Guard is active) ---
 
 def deref(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
-    """A unary ``*`` whose operand's pointer comes from one tracked buffer pointer -> the checked access. A
-    dereference of a pointer from no buffer (private or threadgroup memory) is left as it is, unless the operand
-    casts to a ``device``/``constant`` pointer (a pointer into device memory from nowhere: refused)."""
+    """A unary ``*`` whose operand's pointer comes from one tracked buffer pointer -> the checked access; to a
+    vector, a ``vloadN``/``vstoreN`` (``vector.vector_access``, also for a threadgroup or thread vector pointer,
+    unchecked). Another dereference of a pointer from no buffer (private or threadgroup memory) is left as it is;
+    one whose operand casts to a ``device``/``constant`` pointer (device memory from nowhere) is refused."""
     if ctx.guard is None or not _unary(ts, i, ctx):
         return None
-    end = _operand_end(ts, i + 1, ctx)
-    names = _pointer_names(ts, i + 1, end, ctx)
-    if not names:
-        if any(t.kind == ID and t.text in _SPACES for t in ts[i + 1:end]):
-            refuse(ts[i], "*", "a dereference of a device or constant pointer that does not come from a buffer "
-                               f"parameter: the simulated device cannot bounds-check it ({_HOW})")
+    parts = _deref_parts(ts, i, ctx)
+    if parts is None:
         return None
-    bound = _bound_of(ts, names, ctx, ts[i], "this dereference")
+    end, names, bound, vector, space = parts
     ctx.guard.allow([ts[j] for j in names])
-    if bound.space != "global" and _constant_element(ts, i + 1, end, ctx):
-        return None  # in bounds by the translator's own check: the tokens pass as they are
-    vector = _pointee_vector(ts, i + 1, end, ctx)
+    if vector is None and not ctx.guard.checked:
+        return None  # without checks a scalar access stays as it is written
     pointer = rewrite(ts, ctx, i + 1, end)
-    store = _vector_store(ts, pointer, bound, vector, end, ctx)
-    if store is not None:
-        return store[0] - i, store[1]
-    return end - i, guarded_access(pointer, bound, _is_write(ts, i, end), ctx, vector)
+    if vector is None:
+        assert bound is not None
+        return end - i, guarded_access(pointer, bound, _is_write(ts, i, end), ctx)
+    k, out = vector_access(ts, i, end, VectorAccess(tuple(pointer), vector, space, bound), ctx)
+    return k - i, out
+
+
+def prefix_increment(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
+    """A prefix ``++``/``--`` on a whole vector through a pointer (``++*p``, ``--(*p)``, ``++p[i]``): load, add or
+    subtract one, store (``vector.vector_increment``); the value is the new vector. Declines anything else (a
+    scalar, an element ``++p->x``: the other rules translate it)."""
+    g = ctx.guard
+    if g is None or not _unary(ts, i, ctx):
+        return None
+    after = _operand_end(ts, i + 1, ctx)
+    a, b = i + 1, after
+    while b - a >= 2 and ts[a].text == "(" and group_end(ts, a) == b - 1:
+        a, b = a + 1, b - 1
+    t = at(ts, a)
+    if t.kind == PUNCT and t.text == "*" and _unary(ts, a, ctx) and _operand_end(ts, a + 1, ctx) == b:
+        parts = _deref_parts(ts, a, ctx)
+        if parts is None or parts[3] is None:
+            return None
+        end, names, bound, pointee, space = parts
+        vector = pointee or ""
+        g.allow([ts[j] for j in names])
+        pointer = rewrite(ts, ctx, a + 1, end)
+    elif (t.kind == ID and at(ts, a + 1).text == "[" and group_end(ts, a + 1) + 1 == b and not _member(ts, a)
+          and t.text in g.vectors and (t.text in g.ptrs or t.text in g.spaces)):
+        bound = g.ptrs.get(t.text)
+        if t.text in g.ptrs and bound is None:
+            refuse(t, t.text, f"the pointer variable `{t.text}` is used before it is initialised or assigned from "
+                              f"a buffer, so its accesses cannot be bounds-checked ({_HOW})")
+        vector, space = g.vectors[t.text], bound.space if bound is not None else g.spaces[t.text]
+        pointer = _indexed(ts, a, ctx)[0]
+    else:
+        return None
+    return after - i, vector_increment(VectorAccess(tuple(pointer), vector, space, bound), None, ts[i].text, True, ctx)
+
+
+def _vector_name_access(ts: list[Token], i: int, ctx: Ctx, bound: Bound | None, vector: str,
+                        space: str) -> TokenMatch:
+    """``p[e]``, ``p->M`` and ``p[e].M`` of a pointer ``p`` to vectors (``vector.vector_access``)."""
+    pointer, end = _indexed(ts, i, ctx)
+    member = end if at(ts, end).text == "->" else None
+    k, out = vector_access(ts, i, end, VectorAccess(tuple(pointer), vector, space, bound), ctx, member)
+    return k - i, out
 
 
 def guard_name(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """An identifier while a Guard is active: a call of a helper that takes buffer pointers (its bounds are
-    appended to the arguments), or a tracked buffer pointer: ``p[e]`` and ``p->f`` become checked accesses; a
-    pointer value an enclosing rule accounted for passes; ``q = <pointer>`` sets or checks ``q``'s buffer;
-    ``q += n``, ``q++`` keep it; any other use is refused (the translator could not follow it)."""
+    appended to the arguments), or a tracked buffer pointer: ``p[e]`` and ``p->f`` become checked accesses (to a
+    vector, ``vloadN``/``vstoreN``, as for a threadgroup or thread vector pointer); a pointer value an enclosing
+    rule accounted for passes; ``q = <pointer>`` sets or checks ``q``'s buffer; ``q += n``, ``q++`` keep it; any
+    other use is refused (the translator could not follow it)."""
     g = ctx.guard
     assert g is not None
     t = ts[i]
@@ -188,6 +207,8 @@ def guard_name(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
             and at(ts, i + 2).text == "["):
         _array_declaration(ts, i, ctx)
         return None
+    if name in g.spaces and name not in g.ptrs and nxt in ("[", "->") and not _member(ts, i):
+        return _vector_name_access(ts, i, ctx, None, g.vectors[name], g.spaces[name])
     if name not in g.ptrs or _member(ts, i):
         return None
     out = tok(cl_name(name), ID)
@@ -200,24 +221,15 @@ def guard_name(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
                             f"buffer, so its accesses cannot be bounds-checked ({_HOW})")
         if nxt == "[" and bound.space != "global" and _constant_element(ts, i, group_end(ts, i + 1) + 1, ctx):
             return 1, [out]  # name[K] within a literal-size array: checked here, the tokens pass as they are
-        if nxt == "[":
-            close = group_end(ts, i + 1)
-            index = rewrite(ts, ctx, i + 2, close)
-            pointer = [out, tok("+", PUNCT, " "), tok("(", PUNCT, " "), *index, tok(")")]
-            vector = g.vectors.get(name)
-            store = _vector_store(ts, pointer, bound, vector, close + 1, ctx)
-            if store is not None:
-                return store[0] - i, store[1]
-            k = _component(ts, close + 1, vector)
-            if k is not None and bound.space == "global":  # p[i].y: that element
-                return close + 3 - i, guarded_access(pointer, bound, _is_write(ts, i, close + 3), ctx, vector, k)
-            return close + 1 - i, guarded_access(pointer, bound, _is_write(ts, i, close + 1), ctx, vector)
         vector = g.vectors.get(name)
-        k = _component(ts, i + 1, vector)
-        if k is not None and bound.space == "global":  # p->y: that element
-            return 3, guarded_access([out], bound, _is_write(ts, i, i + 3), ctx, vector, k)
-        member_write = _is_write(ts, i, i + 3)  # p->xy = e: a store into a swizzle keeps the dereference
-        return 2, [*guarded_access([out], bound, member_write, ctx, vector), tok(".")]
+        if vector is not None:
+            return _vector_name_access(ts, i, ctx, bound, vector, bound.space)
+        if not g.checked:
+            return 1, [out]  # without checks a scalar access stays as it is written
+        pointer, end = _indexed(ts, i, ctx)
+        if nxt == "[":
+            return end - i, guarded_access(pointer, bound, _is_write(ts, i, end), ctx)
+        return 2, [*guarded_access(pointer, bound, _is_write(ts, i, i + 3), ctx), tok(".")]
     if nxt == "=":
         end = _expression_end(ts, i + 2)
         names = _pointer_names(ts, i + 2, end, ctx)
@@ -234,8 +246,8 @@ def guard_name(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
         return 1, [out]
     if nxt in ("+=", "-=", "++", "--") or (i > 0 and ts[i - 1].text in ("++", "--")):
         return 1, [out]
-    if bound is not None and bound.space != "global":
-        return 1, [out]  # a threadgroup or thread array as a pointer (passed on, ...): its accesses are not checked
+    if bound is not None and bound.space != "global" or not g.checked:
+        return 1, [out]  # a threadgroup or thread array as a pointer (passed on, ...), or no checks: passed as it is
     refuse(t, name, f"the simulated device bounds-checks every access to a buffer and cannot follow this use of the "
                     f"buffer pointer `{name}` ({_HOW})")
 
@@ -286,7 +298,7 @@ def pointer_argument(ts: list[Token], a: int, b: int, ctx: Ctx, write: bool, wha
     bound = _bound_of(ts, names, ctx, ts[a], what)
     ctx.guard.allow([ts[j] for j in names])
     pointer = rewrite(ts, ctx, a, b)
-    if bound.space != "global":
+    if bound.space != "global" or not ctx.guard.checked:
         return pointer, ""
     code = (f"{2 * int(bound.code) + 1 + int(write)}u" if bound.code.isdigit()
             else f"{bound.code} * 2u + {int(write) + 1}u")
@@ -297,8 +309,13 @@ def pointer_argument(ts: list[Token], a: int, b: int, ctx: Ctx, write: bool, wha
 def pointer_declaration(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """``device``/``constant`` at ``i`` starting a declaration of a pointer variable (``device float* q = ...;``):
     ``q`` becomes a tracked pointer (its buffer is set by its initialiser or first assignment). Outside a function
-    (structs, prototypes) a ``device`` pointer is refused: its accesses could not be checked. Returns None: the
-    address-space rules translate the tokens."""
+    (structs, prototypes) a ``device`` pointer is refused: its accesses could not be checked. ``threadgroup`` or
+    ``thread`` at ``i`` declaring a pointer to vectors (``threadgroup float4* t = ...;``): ``t``'s accesses are
+    ``vloadN``/``vstoreN`` (``Guard.spaces``), unchecked. Returns None: the address-space rules translate the
+    tokens."""
+    if ctx.guard is not None and ts[i].text in ("threadgroup", "thread"):
+        _vector_pointer_variable(ts, i, ctx)
+        return None
     if ctx.guard is None:
         if ctx.checks and ctx.scope == "program" and ts[i].text == "device" and at(ts, type_end(ts, i + 1)).text == "*":
             refuse(ts[i], "device T*", "device pointers outside a function's parameters and body (struct members, "
@@ -329,6 +346,28 @@ def pointer_declaration(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     return None
 
 
+def _vector_pointer_variable(ts: list[Token], i: int, ctx: Ctx) -> None:
+    """``threadgroup float4* t = ...;`` / ``thread half2* t;`` (the address space at ``i``; also a helper's
+    parameter, ``name_at`` its name): ``t`` points to vectors in that memory (``Guard.vectors``, ``Guard.spaces``);
+    any other pointer declared so stops being one."""
+    g = ctx.guard
+    assert g is not None
+    j = type_end(ts, i + 1)
+    if at(ts, j).text != "*":
+        return
+    j += 1
+    while at(ts, j).kind == ID and at(ts, j).text in ("const", "volatile", "restrict", "__restrict", "__restrict__"):
+        j += 1
+    name = at(ts, j)
+    if name.kind != ID or name.text in g.ptrs or at(ts, j + 1).text not in ("=", ";", ",", ")"):
+        return
+    vectors = [storage_type(t.text) for t in ts[i + 1:j] if t.kind == ID and t.text in VECTORS]
+    if vectors:
+        g.vectors[name.text], g.spaces[name.text] = vectors[0], _SPACE_OF[ts[i].text]
+    elif name.text in g.spaces:
+        del g.vectors[name.text], g.spaces[name.text]
+
+
 def helper_bound_params(ts: list[Token], params: list[tuple[int, int]], ctx: Ctx) -> dict[int, str]:
     """For a helper function's parameter spans: position -> the extra OpenCL parameters carrying the bounds of each
     ``device``/``constant`` pointer parameter (which become tracked pointers of the helper's Guard)."""
@@ -336,6 +375,8 @@ def helper_bound_params(ts: list[Token], params: list[tuple[int, int]], ctx: Ctx
     extra: dict[int, str] = {}
     for n, (a, b) in enumerate(params):
         words = [t for t in ts[a:b] if t.kind == ID]
+        if words and words[0].text in ("threadgroup", "thread"):  # a threadgroup or thread pointer to vectors
+            _vector_pointer_variable(ts, a, ctx)
         if not words or not any(w.text in _SPACES for w in words) or not any(t.text == "*" for t in ts[a:b]):
             continue
         name = words[-1]
@@ -355,7 +396,7 @@ def device_cast(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
     """A cast to a ``device``/``constant`` pointer type, ``(device float4*)x``: ``x`` must come from a tracked
     buffer pointer (a pointer made from an integer could reach anything: refused). Declines in every case; the
     other rules translate the tokens."""
-    if ctx.guard is None or not _is_cast(ts, i, ctx):
+    if not _checking(ctx) or not _is_cast(ts, i, ctx):
         return None
     close = group_end(ts, i)
     inner = ts[i + 1:close]

@@ -43,7 +43,10 @@ class Guard:
     (a kernel, a helper taking buffer pointers). A kernel's fixed-size threadgroup and thread arrays are tracked
     too (``arrays``, in declaration order: their fault codes follow the bindings', from ``first_array_code``);
     ``scratch`` says which spaces' scratch areas their checks need; ``vectors``, which tracked pointers point to
-    vectors (their accesses are ``vloadN``/``vstoreN``: ``scan._pointee_vector``)."""
+    vectors (their accesses are ``vloadN``/``vstoreN``: ``scan._pointee_vector``), and ``spaces`` the memory of
+    the threadgroup and thread pointers to vectors it types without tracking them (``local``, ``private``: their
+    accesses are not checked, but are ``vloadN``/``vstoreN`` too). ``checked``: False in a translation without
+    bounds checks, where the same rules type the vector accesses and emit no check (``vector.checked``)."""
 
     ptrs: dict[str, Bound | None] = field(default_factory=dict)
     allowed: dict[int, Token] = field(default_factory=dict)
@@ -54,6 +57,8 @@ class Guard:
     first_array_code: int = 0  # fault codes of arrays follow the kernel's bindings
     scratch: set[str] = field(default_factory=set)  # spaces whose scratch area the kernel must declare
     vectors: dict[str, str] = field(default_factory=dict)  # pointer name -> the OpenCL vector type it points to
+    spaces: dict[str, str] = field(default_factory=dict)  # untracked vector pointer name -> "local" / "private"
+    checked: bool = True
 
     def allow(self, tokens: list[Token]) -> None:
         """Let these tracked-name tokens pass as plain pointer values."""

@@ -206,11 +206,23 @@ def _split_args(ts: list[Token], open_: int, close: int) -> list[tuple[int, int]
     return [] if close == open_ + 1 else _split_on(ts, open_, close, ",")
 
 
+_SPACE_OF = {"device": "global", "constant": "global", "threadgroup": "local", "thread": "private"}
+
+
 def _pointee_vector(ts: list[Token], a: int, b: int, ctx: Ctx) -> str | None:
     """The OpenCL vector type (its storage type: ``half4`` -> ``ushort4``) the pointer expression ``ts[a:b]``
-    points to, when it is one: a cast to a vector pointer, ``(device float4*)(in + 1)``, or a tracked pointer to
-    vectors (``guard.vectors``), each possibly followed by ``+ n``/``- n``; None otherwise (a scalar or struct
-    pointer, or an expression the translator does not type, such as ``n + p``)."""
+    points to, when it is one (``_pointee``); None otherwise (a scalar or struct pointer, an expression the
+    translator does not type)."""
+    got = _pointee(ts, a, b, ctx)
+    return None if got is None else got[0]
+
+
+def _pointee(ts: list[Token], a: int, b: int, ctx: Ctx) -> tuple[str, str | None] | None:
+    """The vector type the pointer expression ``ts[a:b]`` points to and the memory it is in, when the translator can
+    tell: a cast to a vector pointer, ``(device float4*)(in + 1)`` (its memory from the cast's address space:
+    ``global``, ``local``, ``private``), or a pointer variable to vectors (``guard.vectors``; its memory from
+    ``guard.spaces``, None for a tracked buffer pointer, whose ``Bound`` says it), as the first term of a sum
+    (``p + n``, ``p - n``) or any other term of it that is the pointer alone (``n + p``, ``4 * i + (p)``)."""
     while b - a >= 2 and ts[a].text == "(" and group_end(ts, a) == b - 1:
         a, b = a + 1, b - 1
     t = at(ts, a)
@@ -219,7 +231,37 @@ def _pointee_vector(ts: list[Token], a: int, b: int, ctx: Ctx) -> str | None:
         names = [x.text for x in inner if x.kind == ID and x.text in VECTORS]
         if len(names) != 1 or sum(x.text == "*" for x in inner) != 1:
             return None
-        return storage_type(names[0])
-    if t.kind == ID and ctx.guard is not None:
-        return ctx.guard.vectors.get(t.text)
+        spaces = [_SPACE_OF[x.text] for x in inner if x.kind == ID and x.text in _SPACE_OF]
+        return storage_type(names[0]), spaces[0] if spaces else None
+    g = ctx.guard
+    if g is None:
+        return None
+    if t.kind == ID and t.text in g.vectors:
+        return g.vectors[t.text], g.spaces.get(t.text)
+    for s, e in _terms(ts, a, b)[1:]:
+        while e - s >= 2 and ts[s].text == "(" and group_end(ts, s) == e - 1:
+            s, e = s + 1, e - 1
+        if e - s == 1 and ts[s].kind == ID and ts[s].text in g.vectors:
+            return g.vectors[ts[s].text], g.spaces.get(ts[s].text)
+        if ts[s].text == "(" and _is_cast(ts, s, ctx):
+            return _pointee(ts, s, e, ctx)
     return None
+
+
+def _terms(ts: list[Token], a: int, b: int) -> list[tuple[int, int]]:
+    """The spans of the top-level terms of the sum ``ts[a:b]`` (split at binary ``+`` and ``-``)."""
+    spans: list[tuple[int, int]] = []
+    j = s = a
+    while j < b:
+        t = ts[j]
+        if t.kind == PUNCT and t.text in ("(", "["):
+            j = group_end(ts, j) + 1
+            continue
+        if t.kind == PUNCT and t.text in ("+", "-") and j > s:
+            p = ts[j - 1]
+            if p.kind in (ID, NUM) or p.text in (")", "]"):
+                spans.append((s, j))
+                s = j + 1
+        j += 1
+    spans.append((s, b))
+    return spans

@@ -251,9 +251,11 @@ def test_vector_loads_and_stores_through_pointer_casts_at_any_element_offset(run
       float2 p = *((device float2*)((in + 1)));
       *((device float2*)(out + 1)) += p;
     }"""
-    src = translate(HEAD + msl, bounds_checks=False).source
-    assert "typedef float4 __mtl_float4_u __attribute__((aligned(4)));" in src
-    assert "*((__global __mtl_float4_u*)(in + 1 + 4 * i))" in src
+    src = translate(HEAD + msl, bounds_checks=False).source  # without checks too: vload/vstore, no check
+    assert "typedef float4 __mtl_float4_u __attribute__((aligned(4)));" in src  # the pointer types' alias
+    assert "vload4(0, (const __global float*)({ __auto_type __mtl_a0 = (((__global __mtl_float4_u*)(in + 1 + 4 * i" \
+           "))); __mtl_a0; }))" in src
+    assert src.count("vstore") == 2 and "__MTL_CHK" not in src and "(*({" not in src
     x = np.arange(1, 18, dtype=np.float32)  # float4 at in + 1 + 4 i: 4-byte aligned, not 16
     out, _ = launch(runner, msl, "v4", [np.zeros(20, np.float32), x], (1, 1, 1), (1, 1, 1))
     want = np.zeros(20, np.float32)

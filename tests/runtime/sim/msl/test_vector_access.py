@@ -1,7 +1,11 @@
-"""Vector loads and stores through device pointers at any element offset: every form the translator accepts is a
-``vloadN``/``vstoreN`` (OpenCL C §6.15.10: they need only the element's alignment), so a ``float4`` at a 4-byte
-offset runs on any OpenCL device (NVIDIA's faults on a misaligned ``float4`` dereference; docs/kernels.md)."""
+"""Vector loads and stores through pointers at any element offset: every form the translator accepts is a
+``vloadN``/``vstoreN`` or an access to the vector's elements (OpenCL C §6.15.10: they need only the element's
+alignment), so a ``float4`` at a 4-byte offset runs on any OpenCL device (NVIDIA's faults on a misaligned ``float4``
+dereference, even through the element-aligned typedef; docs/kernels.md), with and without the bounds checks, in
+device, threadgroup and thread memory."""
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -27,91 +31,208 @@ def run(runner: KernelRunner, msl: str, arrays: list[np.ndarray], offsets: tuple
     return [s.view(a.dtype).reshape(a.shape) for s, a in zip(storages, arrays)]
 
 
-def test_a_cast_read_store_and_compound_store_at_element_offsets(runner: KernelRunner) -> None:
-    msl = """kernel void k(device float* out, device const float* in, uint i [[thread_position_in_grid]]) {
-      float4 v = *((device const float4*)(in + 1 + 4 * i));
-      *((device float4*)(out + 3 + 4 * i)) = v * 2.0f;
-      *((device float2*)(out + 1 + 4 * i)) += *((device const float2*)(in + 2 + 4 * i));
-      *((device float4*)(out + 11 + 4 * i)) -= 1.0f;
-    }"""
-    src = translate(HEAD + msl).source
-    assert src.count("vload4(0, (const __global float*)") == 1 and src.count("vstore4(") == 2
-    assert "__mtl_v3 = vload2(0, __mtl_p3) + (" in src and "vstore2(__mtl_v3, 0, __mtl_p3)" in src
-    assert "(*({" not in src  # no vector dereference is left
-    x = np.arange(1, 10, dtype=np.float32)
-    out, _ = run(runner, msl, [np.full(16, 10, np.float32), x])
-    want = np.full(16, 10, np.float32)
-    want[1:3] += x[2:4]
-    want[3:7] = x[1:5] * 2
-    want[11:15] -= 1
-    np.testing.assert_array_equal(out, want)
+def run_unchecked(runner: KernelRunner, msl: str, arrays: list[np.ndarray], offsets: tuple[int, ...] = (),
+                  threads: int = 1) -> list[np.ndarray]:
+    """``run`` for the translation without bounds checks (``translate(bounds_checks=False)``, what the Oclgrind
+    check and the fuzzing's reference run), built and launched here with pyopencl on the runner's device: kernel
+    ``k`` whose parameters are the buffers at indices 0.. (array n at byte offset ``offsets[n]``) then the
+    threads' positions. The source is built ``strict``: it must dereference no vector pointer."""
+    cl = runner.cl
+    t = translate(HEAD + msl, bounds_checks=False)
+    program = cl.Program(runner.context, strict(t.source)).build()  # it dereferences no vector (strict)
+    mf = cl.mem_flags
+    bufs = [cl.Buffer(runner.context, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))
+            for a in arrays]
+    block = np.zeros(3 * len(arrays), np.uint64)
+    for n, a in enumerate(arrays):
+        off = offsets[n] if n < len(offsets) else 0
+        block[3 * n:3 * n + 3] = (off, off, a.nbytes - off)
+    args = cl.Buffer(runner.context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=block)
+    fault = cl.Buffer(runner.context, mf.READ_WRITE, 1 << 16)
+    kernel = getattr(program, t.kernels["k"].opencl_function)
+    kernel(runner.queue, (threads,), (1,), *bufs, args, fault)
+    out = [np.empty_like(a) for a in arrays]
+    for host, buf in zip(out, bufs):
+        cl.enqueue_copy(runner.queue, host, buf)
+    runner.queue.finish()
+    return out
 
 
-def test_the_address_of_a_compound_store_is_evaluated_once(runner: KernelRunner) -> None:
-    msl = """kernel void k(device float* out, uint i [[thread_position_in_grid]]) {
-      int j = 1;
-      *((device float2*)(out + j++)) += float2(5.0f, 7.0f);
-      out[7] = float(j);
-    }"""
-    assert "vstore2(" in translate(HEAD + msl).source
-    out, = run(runner, msl, [np.ones(8, np.float32)])
-    np.testing.assert_array_equal(out, [1, 6, 8, 1, 1, 1, 1, 2])
+_ALIAS = re.compile(r"typedef ([a-z]+?)([234]) (__mtl_\w+_u) __attribute__\(\(aligned\(\d+\)\)\);")
 
 
-def test_a_vector_pointer_variable_indexed_and_through_arrow(runner: KernelRunner) -> None:
+def strict(src: str) -> str:
+    """``src`` with each element-aligned vector alias (``typedef float4 __mtl_float4_u ...``) made a struct of the
+    vector's size, ``typedef struct { float e[4]; } __mtl_float4_u;``: pointer arithmetic and ``vloadN`` through a
+    cast still compile, but any dereference of a vector pointer gives a struct, which no vector expression accepts,
+    so the source compiles only when no vector is dereferenced."""
+    def struct(m: re.Match[str]) -> str:
+        n = 4 if m[2] == "3" else int(m[2])
+        return f"typedef struct {{ {m[1]} e[{n}]; }} {m[3]};"
+    out, n = _ALIAS.subn(struct, src)
+    assert n, "no vector alias in the source"
+    return out
+
+
+def assert_no_vector_dereference(runner: KernelRunner, src: str) -> None:
+    """The translated ``src`` compiles with the vector aliases made structs (``strict``)."""
+    runner.cl.Program(runner.context, strict(src)).build()
+
+
+RUNS = [pytest.param(run, id="checked"), pytest.param(run_unchecked, id="unchecked")]
+
+
+@pytest.mark.parametrize("run_k", RUNS)
+def test_stores_into_swizzles_through_pointers(runner: KernelRunner, run_k) -> None:  # type: ignore[no-untyped-def]
     msl = """kernel void k(device float* out, uint i [[thread_position_in_grid]]) {
       device float4* q = (device float4*)(out + 1);
-      q[1] = q[0] + float4(1.0f, 2.0f, 3.0f, 4.0f);
-      q[2] *= 3.0f;
-      out[17] = q->y + q[1].w;
-      *(q + 3) = *q;
-      q->x = 9.0f;
-      q[4].z += 0.5f;
+      q->xy = float2(1.0f, 2.0f);
+      (*q).w = 3.0f;
+      (*(q + 1)).zw += float2(10.0f, 20.0f);
+      q[2].yx -= float2(5.0f, 6.0f);
+      (*((device float4*)(out + 13))).z = 4.0f;
+      float2 r = ((*((device float4*)(out + 17))).xz = float2(7.0f, 8.0f));
+      out[23] = r.y + (*q).y;
     }"""
-    src = translate(HEAD + msl).source
-    assert src.count("vstore4(") == 3 and src.count("vload4(") == 3
-    assert src.count("(*({") == 1  # out[17]; q->y, q[1].w, q->x = e, q[4].z += e: the element, a float pointer
-    assert src.count("(*((__global float*)({ __auto_type") == 4
-    x = np.arange(21, dtype=np.float32)
-    out, = run(runner, msl, [x])
+    for checks in (True, False):
+        src = translate(HEAD + msl, bounds_checks=checks).source
+        assert "__mtl_p0[0] = __mtl_v0.s0; __mtl_p0[1] = __mtl_v0.s1;" in src  # q->xy: x and y alone
+        assert "__mtl_v3 = ((float2)(__mtl_p3[1], __mtl_p3[0])) - (" in src  # q[2].yx -= e
+        assert src.count("vstore") == 0
+        assert_no_vector_dereference(runner, src)
+    x = np.arange(24, dtype=np.float32)
+    out, = run_k(runner, msl, [x])
     want = x.copy()
-    want[5:9] = x[1:5] + [1, 2, 3, 4]
-    want[9:13] = x[9:13] * 3
-    want[17] = x[2] + want[8]
-    want[13:17] = x[1:5]  # *(q + 3) = *q comes before q->x = 9
-    want[1] = 9
-    want[19] += 0.5
+    want[1:3] = [1, 2]
+    want[4] = 3
+    want[7:9] += [10, 20]
+    want[9:11] -= [6, 5]
+    want[15] = 4
+    want[17], want[19] = 7, 8
+    want[23] = 8 + 2
     np.testing.assert_array_equal(out, want)
 
 
-def test_vector_buffer_parameters_and_constant_vectors_at_a_4_byte_offset(runner: KernelRunner) -> None:
-    msl = """kernel void k(device float4* v, device const half4* h, constant float4& c,
-                       uint i [[thread_position_in_grid]]) {
-      v[i] = v[i] * c + float4(h[i]);
+@pytest.mark.parametrize("run_k", RUNS)
+def test_increments_of_vectors_through_pointers(runner: KernelRunner, run_k) -> None:  # type: ignore[no-untyped-def]
+    msl = """kernel void k(device float* out, uint i [[thread_position_in_grid]]) {
+      device float4* q = (device float4*)(out + 1);
+      float4 a = ++*q;
+      float4 b = (*(q + 1))++;
+      --q[2];
+      q[3]--;
+      ++(*((device float2*)(out + 17)));
+      q->zw++;
+      *((device float4*)(out + 20)) = a + b;
     }"""
-    src = translate(HEAD + msl).source
-    assert "vload4(0, (__global const float*)(c_base + " in src and "vload4(0, (const __global ushort*)" in src
-    assert "vstore4(" in src and "(*({" not in src
-    v = np.arange(1, 10, dtype=np.float32)  # bound at byte 4: v[0] is elements 1..4
-    h = np.arange(9, dtype=np.float16) / 4
-    c = np.float32([0, 2, 0, 0.5, -1])
-    out, _, _ = run(runner, msl, [v, h, c], offsets=(4, 2, 4), threads=2)
+    for checks in (True, False):
+        src = translate(HEAD + msl, bounds_checks=checks).source
+        assert src.count("vstore4(") == 5 and src.count("vstore2(") == 1
+        assert_no_vector_dereference(runner, src)
+        assert "__mtl_v0 = __mtl_o0 + (float4)(1); vstore4(__mtl_v0, 0, __mtl_p0); __mtl_v0; })" in src
+    x = np.arange(24, dtype=np.float32)
+    out, = run_k(runner, msl, [x])
+    want = x.copy()
+    want[1:5] += 1
+    want[5:9] += 1
+    want[9:13] -= 1
+    want[13:17] -= 1
+    want[17:19] += 1
+    want[3:5] += 1
+    want[20:24] = (x[1:5] + 1) + x[5:9]
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("run_k", RUNS)
+def test_pointers_the_checks_did_not_type_before(runner: KernelRunner, run_k) -> None:  # type: ignore[no-untyped-def]
+    msl = """kernel void k(device float* out, uint i [[thread_position_in_grid]]) {
+      device float4* q = (device float4*)(out + 1);
+      int n = 1;
+      *(n + q) = *(2 * n + q) + 1.0f;
+      *(2 + (device float2*)(out + 13)) += float2(100.0f, 200.0f);
+    }"""
+    for checks in (True, False):
+        src = translate(HEAD + msl, bounds_checks=checks).source
+        assert src.count("vstore4(") == 1 and src.count("vload4(") == 1 and src.count("vstore2(") == 1
+        assert_no_vector_dereference(runner, src)
+    x = np.arange(20, dtype=np.float32)
+    out, = run_k(runner, msl, [x])
+    want = x.copy()
+    want[5:9] = x[9:13] + 1
+    want[17:19] += [100, 200]
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("run_k", RUNS)
+def test_threadgroup_and_thread_vectors_through_pointers(runner: KernelRunner, run_k) -> None:  # type: ignore[no-untyped-def]
+    msl = """kernel void k(device float* out, device const float* in, uint i [[thread_position_in_grid]]) {
+      threadgroup float tg[16];
+      thread float acc[12];
+      for (int j = 0; j < 16; j++) { tg[j] = in[j]; }
+      for (int j = 0; j < 12; j++) { acc[j] = 0.0f; }
+      *((threadgroup float4*)(tg + 1)) += 1.0f;
+      threadgroup float4* t = (threadgroup float4*)(tg + 5);
+      t[1] = t[0] * 2.0f;
+      t->yz = float2(-1.0f, -2.0f);
+      ++*t;
+      thread float4* a = (thread float4*)(acc + 1);
+      *a = *((threadgroup float4*)(tg + 1));
+      a[1].xw = float2(3.0f, 4.0f);
+      (*(a + 1)).y += 5.0f;
+      for (int j = 0; j < 16; j++) { out[j] = tg[j]; }
+      for (int j = 0; j < 12; j++) { out[16 + j] = acc[j]; }
+    }"""
+    for checks in (True, False):
+        src = translate(HEAD + msl, bounds_checks=checks).source
+        assert "vload4(0, (const __local float*)" in src and "vstore4(" in src
+        assert "(const __private float*)" not in src  # *a = ...: a store, no load
+        assert "__private float* __mtl_p" in src and "__local float* __mtl_p" in src
+        assert_no_vector_dereference(runner, src)
+    x = np.arange(16, dtype=np.float32)
+    out, _ = run_k(runner, msl, [np.zeros(28, np.float32), x])
+    tg = x.copy()
+    tg[1:5] += 1
+    tg[9:13] = tg[5:9] * 2
+    tg[6:8] = [-1, -2]
+    tg[5:9] += 1
+    acc = np.zeros(12, np.float32)
+    acc[1:5] = tg[1:5]
+    acc[5], acc[8] = 3, 4
+    acc[6] += 5
+    np.testing.assert_array_equal(out, np.concatenate([tg, acc]))
+
+
+@pytest.mark.parametrize("run_k", RUNS)
+def test_vector_parameters_and_helpers_at_a_4_byte_offset(runner: KernelRunner, run_k) -> None:  # type: ignore[no-untyped-def]
+    msl = """void bump(device float4* p, threadgroup float4* s, int n) { p[n] += s[0]; p[n + 1].zy = s->xy; }
+    kernel void k(device float4* v, device const half4* h, uint i [[thread_position_in_grid]]) {
+      threadgroup float s[5];
+      *((threadgroup float4*)(s + 1)) = float4(h[0]);
+      bump(v, (threadgroup float4*)(s + 1), 0);
+      v[2]++;
+    }"""
+    for checks in (True, False):
+        src = translate(HEAD + msl, bounds_checks=checks).source
+        assert_no_vector_dereference(runner, src) and "vload4(0, (const __global ushort*)" in src
+    v = np.arange(13, dtype=np.float32)  # bound at byte 4: v[0] is elements 1..4
+    h = np.arange(5, dtype=np.float16) / 4
+    out, _ = run_k(runner, msl, [v, h], offsets=(4, 2))
     want = v.copy()
-    want[1:9] = v[1:9] * np.tile(c[1:5], 2) + h[1:9].astype(np.float32)
+    want[1:5] += h[1:5].astype(np.float32)
+    want[7], want[6] = h[1], h[2]
+    want[9:13] += 1
     np.testing.assert_array_equal(out, want)
 
 
-def test_half_vectors_through_casts_at_element_offsets(runner: KernelRunner) -> None:
-    msl = """kernel void k(device half* out, device const half* in, uint i [[thread_position_in_grid]]) {
-      half4 a = *((device const half4*)(in + 1));
-      *((device half4*)(out + 3)) = a + half4(1.0h);
-      *((device half2*)(out + 1)) = *((device const half2*)(in + 5));
-    }"""
-    src = translate(HEAD + msl).source
-    assert "vload4(0, (const __global ushort*)" in src and "vstore4(" in src and "vstore2(" in src
-    x = np.arange(8, dtype=np.float16) / 2
-    out, _ = run(runner, msl, [np.ones(8, np.float16), x])
-    want = np.ones(8, np.float16)
-    want[3:7] = x[1:5] + np.float16(1)
-    want[1:3] = x[5:7]
-    np.testing.assert_array_equal(out, want)
+def test_a_prefix_increment_of_a_swizzle_through_a_pointer_is_refused() -> None:
+    from mtlir.errors import UnsupportedKernelError
+    with pytest.raises(UnsupportedKernelError, match=r"\+\+->xy.*prefix increment"):
+        translate(HEAD + "kernel void k(device float4* p) { ++p->xy; }")
+
+
+def test_the_strict_build_refuses_a_vector_dereference(runner: KernelRunner) -> None:
+    src = translate(HEAD + "kernel void k(device float4* p) { p[0] = p[1]; }").source
+    runner.cl.Program(runner.context, strict(src)).build()
+    bad = src.replace("vload4(0, (const __global float*)", "*((__global __mtl_float4_u*)", 1)
+    with pytest.raises(runner.cl.RuntimeError):
+        runner.cl.Program(runner.context, strict(bad)).build()
