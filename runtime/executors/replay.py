@@ -262,7 +262,9 @@ class CompiledReplay(Executor):
                             f"(r{a}.width, r{a}.height, r{a}.depth)" if a in self.sizes else self._ref(a) for a in args]
                     tup = f"({', '.join(refs)}{',' if len(refs) == 1 else ''})"
                     p = self._const("P", proto)
-                    line = (f"{lhs}msg_send({p}, {tup})" if fn == "objc_msgSend"
+                    sender = self._sender(proto, args) if fn == "objc_msgSend" else None
+                    line = (f"{lhs}{sender}({tup})" if sender is not None
+                            else f"{lhs}msg_send({p}, {tup})" if fn == "objc_msgSend"
                             else f"{lhs}c_call({fn!r}, {p}, {tup})")
                 case Store(dtype=dtype, addr=addr, value=value) if self._view_store(dtype, addr, value) is not None:
                     line = self._view_store(dtype, addr, value)  # type: ignore[assignment]
@@ -305,6 +307,21 @@ class CompiledReplay(Executor):
         body = ["    " + line for line in out] + ["    return replay"]
         self.lines = {line + 1: pc for line, pc in self.lines.items()}  # the head line comes first
         return "\n".join(head + body) + "\n"
+
+    def _sender(self, proto: Any, args: tuple[int, ...]) -> str | None:
+        """The name of the Bridge's sender of a message of fixed SEL (``SimDevice.sender``: ``msg_send`` with the
+        look-ups of its (prototype, SEL) pair done once, every check kept per message); None where the Bridge has
+        none (the message goes through ``msg_send``)."""
+        make = getattr(self.bridge, "sender", None)
+        if make is None or len(args) < 2 or not self._fixed(args[1]):
+            return None
+        sel = self._fixed_value(args[1])
+        key = ("P", ("sender", id(proto), sel))  # the Program holds ``proto``: its id stays its own
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = f"P{len(self.namespace)}"
+            self.namespace[name] = make(proto, sel)
+        return name
 
     def _direct(self, proto: Any, args: tuple[int, ...], result: bool = False, dst: int = -1) -> str | None:
         """A message as a bare ctypes call on a native MetalBridge (``mtlir.runtime.executors.native``): each

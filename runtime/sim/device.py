@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from mtlir.ir.dtypes import dtypes
@@ -517,6 +517,58 @@ class SimDevice(HostCalls, DeviceHooks, DeviceWaits):
                                                            self.memory) if decoder.kinds else ())
             self._route(sel, obj, method, decoder, name)
             return result_value(expected.ret, result)
+
+    def sender(self, proto: Prototype, sel: Any) -> Callable[[tuple[Any, ...]], Any]:
+        """``send(args)``, the same as ``msg_send(proto, args)`` for messages of one SEL through one prototype
+        object (``args``: the receiver, ``sel`` and the arguments), with the look-ups that depend only on the pair
+        done once: a compiled replay sends each of its messages through one (``CompiledReplay``). Every check of
+        ``msg_send`` stays per message: an error the device deferred and a closed device, the receiver a live
+        object (under the lock), the argument count, each argument decoded, the GPU's hooks (``moved_on``, and
+        ``wake`` for a lockless getter). A pair ``msg_send`` would refuse (an unknown SEL, another prototype) and
+        a receiver class seen for the first time take ``msg_send``'s full path, with its errors, at the message; on
+        a subclass that overrides ``msg_send`` (a test's fault injection) ``send`` is that ``msg_send``."""
+        name = self._sel_names.get(sel) if type(sel) is int else None
+        if (name is None or name not in SELECTORS or not isinstance(proto, Prototype)
+                or type(self).msg_send is not SimDevice.msg_send):  # refused per message; a subclass's own msg_send
+            return lambda args: self.msg_send(proto, args)
+        decoder = self._decoders.get(name)
+        if decoder is None:
+            decoder = self._decoders[name] = ArgumentDecoder(abi_prototype(name, self.target))
+        if id(proto) not in decoder.seen:
+            if proto != decoder.proto or len(decoder.held) >= 16:
+                return lambda args: self.msg_send(proto, args)
+            decoder.held.append(proto)
+            decoder.seen.add(id(proto))
+        nargs, objects, lock, gpu, full = decoder.nargs, self._objects, self._lock, self.gpu, self._msg_send
+        get = objects.get
+        routes: dict[type, _Route] = {}  # the receiver classes seen: their route (``_route``)
+
+        def send(args: tuple[Any, ...]) -> Any:
+            if self._deferred is not None:
+                self._raise_deferred(args)
+            recv = args[0]
+            obj = get(recv) if type(recv) is int else None
+            if obj is not None and len(args) == nargs:
+                route = routes.get(type(obj))
+                if route is not None:
+                    if route.method.lockless:
+                        if gpu.unwoken and gpu.polling(obj):  # as msg_send: a host polling starts the GPU
+                            with lock:
+                                gpu.wake()
+                        return result_value(route.ret, route.method.fn(self, obj))
+                    with lock:
+                        if gpu.fresh is not None:  # the host goes on encoding after a commit
+                            gpu.moved_on()
+                        if get(recv) is obj:
+                            return route.call(self, obj, args)
+                else:
+                    result = full(proto, args)
+                    known = self._routes.get((sel, type(obj)))
+                    if known is not None:
+                        routes[type(obj)] = known
+                    return result
+            return full(proto, args)
+        return send
 
     def _route(self, sel: int, obj: SimObject, method: Method, decoder: ArgumentDecoder, name: str) -> None:
         """Keep what ``sel`` resolved to for ``obj``'s class, for ``msg_send``'s fast path (at most ``_ROUTES``,

@@ -320,3 +320,27 @@ def test_run_takes_the_program_as_issue_4_names_it(cls: type) -> None:
     linked_only = Program([], 1, objects={0: Obj("queue", "queue")})
     with pytest.raises(LinkError, match="link the Program first"):
         ex.run(linked_only)
+
+
+def test_compiled_replay_sends_through_the_sim_device_s_senders() -> None:
+    """On a SimDevice each message of a fixed SEL goes through ``SimDevice.sender`` (msg_send with its pair's
+    look-ups done once), not ``msg_send``; a bridge without senders (RecordingBridge) keeps ``msg_send``."""
+    from mtlir.metal import Obj
+    from mtlir.runtime.sim.device import SimDevice
+    proto = abi_prototype("commandBuffer", "x86_64")
+    prog = Program([Call(2, "objc_msgSend", proto, (0, 1))], 3, selectors={1: "commandBuffer"},
+                   objects={0: Obj("queue", "queue")})
+    with SimDevice("x86_64") as dev:
+        device = dev.c_call("MTLCreateSystemDefaultDevice", c_prototype("MTLCreateSystemDefaultDevice"), ())
+        new_queue = "newCommandQueueWithMaxCommandBufferCount:"
+        queue = dev.msg_send(abi_prototype(new_queue, "x86_64"), (device, dev.sel_registerName(new_queue), 4))
+        ex = CompiledReplay(prog, dev, prepare_registers(prog, dev, {0: queue}))
+        assert "msg_send(" not in ex.source.split("try:", 1)[1], ex.source
+        pool = dev.c_call("objc_autoreleasePoolPush", c_prototype("objc_autoreleasePoolPush"), ())
+        ex.run()  # a command buffer (+0, in the pool), through the sender
+        assert len(dev.object(queue).live) == 1  # type: ignore[attr-defined]
+        dev.c_call("objc_autoreleasePoolPop", c_prototype("objc_autoreleasePoolPop"), (pool,))
+    b = RecordingBridge()
+    regs = prepare_registers(prog, b, {0: b.c_call("MTLCreateSystemDefaultDevice",
+                                                     c_prototype("MTLCreateSystemDefaultDevice"), ())})
+    assert "msg_send(" in CompiledReplay(prog, b, regs).source

@@ -9,7 +9,8 @@ import pytest
 
 from mtlir.ir.dtypes import PtrDType, dtypes
 from mtlir.metal import MTL, Prototype, abi_prototype, c_prototype
-from mtlir.errors import BridgeError
+from mtlir.errors import BridgeError, DeviceClosedError, MetalValidationError
+from mtlir.runtime.sim.objects import Buffer
 from mtlir.runtime.sim.device import SimDevice
 from simscene import Scene
 
@@ -291,3 +292,69 @@ def test_a_selector_resolved_before_is_still_checked_in_full(x86: Scene) -> None
         x86.send(buf, "length")
     with pytest.raises(BridgeError, match=r"deallocated"):
         x86.send(cmd, "setKernelBuffer:offset:atIndex:", buf, 0, 0)
+
+
+def test_a_sender_answers_and_refuses_as_msg_send(x86: Scene) -> None:
+    """``SimDevice.sender(proto, sel)`` (what a compiled replay sends through) keeps every check of msg_send per
+    message: a bad count or value, an argument of the wrong class, a deallocated receiver, a receiver of another
+    class, a prototype or SEL msg_send refuses (refused at the message, not when the sender is made), an error the
+    device deferred, a closed device; and a subclass's own msg_send is still called."""
+    dev = x86.dev
+    proto = abi_prototype("newBufferWithLength:options:", "x86_64")
+    new_buffer = dev.sender(proto, x86.m.sel("newBufferWithLength:options:"))
+    for _ in range(2):  # the first message takes msg_send's full path, the second the sender's own
+        buf = new_buffer((x86.device, x86.m.sel("newBufferWithLength:options:"), 64, 0))
+        assert isinstance(dev.object(buf), Buffer) and dev.object(buf).length == 64
+    with pytest.raises(BridgeError, match=r"wrong argument count: 1 after self and _cmd"):
+        new_buffer((x86.device, x86.m.sel("newBufferWithLength:options:"), 64))
+    with pytest.raises(BridgeError, match=r"argument 1 = -1 does not fit uint64"):
+        new_buffer((x86.device, x86.m.sel("newBufferWithLength:options:"), -1, 0))
+    with pytest.raises(BridgeError, match=r"unrecognized selector sent to instance"):
+        new_buffer((x86.fence, x86.m.sel("newBufferWithLength:options:"), 64, 0))  # a class that does not answer it
+    int32 = Prototype(dtypes.id, (dtypes.id, dtypes.SEL, dtypes.uint32, dtypes.uint64))
+    wrong = dev.sender(int32, x86.m.sel("newBufferWithLength:options:"))  # made: refused at each message
+    with pytest.raises(BridgeError, match=r"argument 1 is uint32 in the call's prototype"):
+        wrong((x86.device, x86.m.sel("newBufferWithLength:options:"), 64, 0))
+    unknown = dev.sender(proto, 0x1234)
+    with pytest.raises(BridgeError, match=r"not a registered SEL"):
+        unknown((x86.device, 0x1234, 64, 0))
+    set_buffer = dev.sender(abi_prototype("setKernelBuffer:offset:atIndex:", "x86_64"),
+                            x86.m.sel("setKernelBuffer:offset:atIndex:"))
+    cmd = x86.send(x86.icb(1), "indirectComputeCommandAtIndex:", 0)
+    sel = x86.m.sel("setKernelBuffer:offset:atIndex:")
+    for _ in range(2):
+        set_buffer((cmd, sel, buf, 0, 0))
+    with pytest.raises(BridgeError, match=r"argument 1 must be a MTLBuffer, got MTLFence"):
+        set_buffer((cmd, sel, x86.fence, 0, 0))
+    release = dev.sender(abi_prototype("release", "x86_64"), x86.m.sel("release"))
+    other = x86.buffer(64)
+    release((other, x86.m.sel("release")))
+    release((x86.send(x86.device, "newFence"), x86.m.sel("release")))  # another receiver class, same sender
+    with pytest.raises(BridgeError, match=r"deallocated"):
+        set_buffer((cmd, sel, other, 0, 0))
+    with pytest.raises(BridgeError, match=r"message sent to deallocated instance"):
+        release((other, x86.m.sel("release")))
+    dev.defer_error(MetalValidationError("a fault the GPU found"))
+    with pytest.raises(MetalValidationError, match="a fault the GPU found"):
+        set_buffer((cmd, sel, buf, 0, 0))
+    set_buffer((cmd, sel, buf, 0, 0))  # reported once
+    dev.close()
+    with pytest.raises(DeviceClosedError, match="is closed"):
+        set_buffer((cmd, sel, buf, 0, 0))
+
+
+def test_a_sender_calls_a_subclass_s_own_msg_send() -> None:
+    seen: list[int] = []
+
+    class Counting(SimDevice):
+        def msg_send(self, proto: Prototype, args: tuple[object, ...]) -> object:
+            seen.append(int(args[1]))  # type: ignore[call-overload]
+            return super().msg_send(proto, args)
+
+    with Counting("x86_64") as dev:
+        sel = dev.sel_registerName("newFence")
+        send = dev.sender(abi_prototype("newFence", "x86_64"), sel)
+        dev_handle = dev.c_call("MTLCreateSystemDefaultDevice", c_prototype("MTLCreateSystemDefaultDevice"), ())
+        send((dev_handle, sel))
+        send((dev_handle, sel))
+        assert seen == [sel, sel]
