@@ -25,7 +25,7 @@ from mtlir.errors import ArgumentError, BridgeError, DeviceClosedError
 from mtlir.runtime.metal.bridge import host_target
 from mtlir.runtime.sim.methods import encoding, icb, resources
 from mtlir.runtime.sim.msgsend import (ArgumentDecoder, Method, MethodTable, check_prototype, compile_call,
-                                      decode_word, result_value)
+                                      compile_send, decode_word, result_value)
 from mtlir.runtime.sim.gpu import GPU, OVERLAP_S
 from mtlir.runtime.sim.hooks import DeviceHooks
 from mtlir.runtime.sim.host_memory import HostCalls
@@ -136,6 +136,8 @@ class SimDevice(HostCalls, DeviceHooks, DeviceWaits):
         self._decoders: dict[str, ArgumentDecoder] = {}
         # (SEL, the receiver's class) -> what a message of that pair resolved to (``msg_send``'s fast path)
         self._routes: dict[tuple[int, type], _Route] = {}
+        # (id(prototype), SEL) -> (the prototype, its sender): ``sender``'s functions, made once per pair
+        self._senders: dict[tuple[int, Any], tuple[Prototype, Callable[[tuple[Any, ...]], Any]]] = {}
         # each thread's autorelease pool stack (Objective-C's pools are per thread: a pop on one thread never drains
         # another thread's objects), by ``threading.get_ident()``; a thread's entry goes when its stack empties
         self._pools_of: dict[int, list[tuple[int, list[SimObject]]]] = {}
@@ -526,7 +528,12 @@ class SimDevice(HostCalls, DeviceHooks, DeviceWaits):
         object (under the lock), the argument count, each argument decoded, the GPU's hooks (``moved_on``, and
         ``wake`` for a lockless getter). A pair ``msg_send`` would refuse (an unknown SEL, another prototype) and
         a receiver class seen for the first time take ``msg_send``'s full path, with its errors, at the message; on
-        a subclass that overrides ``msg_send`` (a test's fault injection) ``send`` is that ``msg_send``."""
+        a subclass that overrides ``msg_send`` (a test's fault injection) ``send`` is that ``msg_send``. The first
+        receiver class gets the whole message in one generated function
+        (``msgsend.compile_send``: the checks, the lock and the arguments' decoding inline)."""
+        made = self._senders.get((id(proto), sel))
+        if made is not None and made[0] is proto:  # one per pair for the device: every Session's replay shares it
+            return made[1]
         name = self._sel_names.get(sel) if type(sel) is int else None
         if (name is None or name not in SELECTORS or not isinstance(proto, Prototype)
                 or type(self).msg_send is not SimDevice.msg_send):  # refused per message; a subclass's own msg_send
@@ -566,9 +573,22 @@ class SimDevice(HostCalls, DeviceHooks, DeviceWaits):
                     known = self._routes.get((sel, type(obj)))
                     if known is not None:
                         routes[type(obj)] = known
+                        if not fused and specialize is not None:  # the first receiver class: inline from now on
+                            fused.append(type(obj))
+                            specialize(type(obj), known.method)
                     return result
             return full(proto, args)
-        return send
+        compiled = compile_send(name, decoder, self, send, full)
+        fused: list[type] = []
+        fast: Callable[[tuple[Any, ...]], Any]
+        specialize: Callable[[type, Method], None] | None
+        if compiled is None:  # arm64's MTLSize pointers: decoded by the route's call, never inline
+            fused.append(object)
+            fast, specialize = send, None
+        else:
+            fast, specialize = compiled
+        self._senders[(id(proto), sel)] = (proto, fast)  # (the prototype held: its id is not reused)
+        return fast
 
     def _route(self, sel: int, obj: SimObject, method: Method, decoder: ArgumentDecoder, name: str) -> None:
         """Keep what ``sel`` resolved to for ``obj``'s class, for ``msg_send``'s fast path (at most ``_ROUTES``,

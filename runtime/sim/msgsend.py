@@ -23,8 +23,8 @@ from mtlir.errors import BridgeError
 from mtlir.runtime.bridge.memory import HostMemory
 from mtlir.runtime.sim.objects import SimObject
 
-__all__ = ["Method", "MethodTable", "ArgumentDecoder", "check_prototype", "compile_call", "decode_word", "decode_size",
-           "result_value", "NIL"]
+__all__ = ["Method", "MethodTable", "ArgumentDecoder", "check_prototype", "compile_call", "compile_send", "decode_word",
+           "decode_size", "result_value", "NIL"]
 
 NIL = None  # in an argument spec: nil is accepted for this object argument
 _MTLSIZE_PTR = PtrDType(dtypes.MTLSize)
@@ -224,6 +224,16 @@ class ArgumentDecoder:
         return out
 
 
+_BUILTINS = {"int": int, "tuple": tuple, "float": float, "type": type, "isinstance": isinstance, "len": len,
+             "SimObject": SimObject}
+
+
+def _fast_type(ret: DType) -> type | None:
+    """The Python type a method's result already has when ``result_value`` would return it unchanged through
+    ``ret``: int for integer and pointer returns, float for a double; None for void and BOOL (converted)."""
+    if ret is dtypes.void or ret.kind == "bool":
+        return None
+    return float if ret.kind == "float" else int
 RouteCall = Callable[[Any, SimObject, tuple[Any, ...]], Any]  # a route's generated call: (device, receiver, args)
 
 
@@ -236,44 +246,124 @@ def compile_call(name: str, method: Method, decoder: ArgumentDecoder, objects: M
     inline (an int that fits, a live object of an accepted class, an x86_64 MTLSize of three ints, a number for a
     float); anything else takes ``decode``, which raises its errors. ``objects``, ``lookup`` and ``mem`` are the
     device's (its object table, its look-up of a bad handle, its host memory)."""
+    slow = _slow_call(name, method, decoder, objects, lookup, mem)
+    env: dict[str, Any] = {"get": objects.get, "result_value": result_value, "RET": decoder.proto.ret,
+                           "FAST": _fast_type(decoder.proto.ret), **_BUILTINS}
+    body = _decode_lines(decoder, env, "    ")
+    if body is None:  # arm64's MTLSize pointer: read from host memory, with its errors
+        return slow
+    _bind_method(env, method, slow)
+    exec("\n".join(["def call(dev, obj, args):"] + body), env)  # noqa: S102 (from the decoder's kinds alone)
+    return env["call"]  # type: ignore[no-any-return]
+
+
+def compile_send(name: str, decoder: ArgumentDecoder, dev: Any, other: Callable[[tuple[Any, ...]], Any],
+                 full: Callable[[Any, tuple[Any, ...]], Any]) -> tuple[Callable[[tuple[Any, ...]], Any],
+                                                                       Callable[[type, Method], None]] | None:
+    """``(send, specialize)``: a generated ``send(args)`` for messages of selector ``name`` through the prototype
+    object ``decoder.proto`` stands for (``SimDevice.sender``), with msg_send's fast path, the receiver check under
+    the device lock and the arguments' decoding in one function, once ``specialize(cls, method)`` has named the
+    receiver class it is for (a lockless getter runs without the lock, starting a GPU a host may be polling, as
+    msg_send does); until then, and for a receiver of any other class, ``send`` is ``other(args)``. A receiver no longer live under the lock takes
+    ``full(proto, args)`` (msg_send's full path, with its errors), an argument the inline decoding does not take
+    the method's ``decode`` (with its errors). None where the arguments cannot be decoded inline (arm64's MTLSize
+    pointers). ``dev``: the SimDevice (its ``_deferred``, lock, GPU and object table)."""
+    env: dict[str, Any] = {"get": dev._objects.get, "result_value": result_value, "RET": decoder.proto.ret,
+                           "dev": dev, "lock": dev._lock, "gpu": dev.gpu, "other": other, "full": full,
+                           "PROTO": decoder.proto, "NARGS": decoder.nargs, "CLS": None, "LOCKLESS": False,
+                           "FAST": _fast_type(decoder.proto.ret),
+                           **_BUILTINS}
+    body = _decode_lines(decoder, env, "            ")
+    if body is None:
+        return None
+    lines = ["def send(args):",
+             "    if dev._deferred is not None:",  # also set on a closed device (SimDevice.close)
+             "        dev._raise_deferred(args)",
+             "    recv = args[0]",
+             "    obj = get(recv) if type(recv) is int else None",
+             "    if obj is None or type(obj) is not CLS or len(args) != NARGS:",
+             "        return other(args)",
+             "    if LOCKLESS:",  # a one-field getter: no lock (a host polling status never stalls the GPU)
+             "        if gpu.unwoken and gpu.polling(obj):",  # a host may be polling: the GPU starts now
+             "            with lock:",
+             "                gpu.wake()",
+             "        result = fn(dev, obj)",
+             "        return result if type(result) is FAST else result_value(RET, result)",
+             "    with lock:",
+             "        if gpu.fresh is not None:",  # the host goes on encoding after a commit
+             "            gpu.moved_on()",
+             "        if get(recv) is obj:",
+             *body,
+             "    return full(PROTO, args)"]
+    exec("\n".join(lines), env)  # noqa: S102 (generated from the decoder's kinds alone, no outside text)
+
+    def specialize(cls: type, method: Method) -> None:
+        _bind_method(env, method, _slow_call(name, method, decoder, dev._objects, dev._lookup, dev.memory))
+        env["LOCKLESS"] = method.lockless
+        env["CLS"] = cls
+    return env["send"], specialize
+
+
+def _slow_call(name: str, method: Method, decoder: ArgumentDecoder, objects: Mapping[int, SimObject],
+               lookup: Callable[[Any, str], SimObject], mem: HostMemory) -> RouteCall:
+    """``call(dev, obj, args)`` through ``ArgumentDecoder.decode`` (every argument checked, with its errors)."""
     fn, ret = method.fn, decoder.proto.ret
     void = ret is dtypes.void
 
     def slow(dev: Any, obj: SimObject, args: tuple[Any, ...]) -> Any:
         result = fn(dev, obj, *decoder.decode(name, args, method, objects, lookup, mem))
         return None if void else result_value(ret, result)
+    return slow
 
-    env: dict[str, Any] = {"fn": fn, "slow": slow, "get": objects.get, "result_value": result_value, "RET": ret,
-                           "int": int, "tuple": tuple, "float": float, "type": type, "isinstance": isinstance,
-                           "len": len}
-    lines = ["def call(dev, obj, args):"]
-    names = []
+
+def _bind_method(env: dict[str, Any], method: Method, slow: RouteCall) -> None:
+    """The names the lines of ``_decode_lines`` take from ``method``: ``fn``, ``slow`` and each ``id`` argument's
+    accepted classes ``C<k>``."""
+    env["fn"], env["slow"] = method.fn, slow
     specs = iter(method.objects)
+    for k in env.get("_ids", ()):
+        env[f"C{k}"] = tuple(c for c in next(specs, (SimObject,)) if c is not None) or SimObject
+
+
+def _decode_lines(decoder: ArgumentDecoder, env: dict[str, Any], pad: str) -> list[str] | None:
+    """The lines (indented by ``pad``) that decode ``args[2:]`` inline and call ``fn(dev, obj, ...)``, returning its
+    result as ``result_value``; anything unusual returns ``slow(dev, obj, args)``. Fills ``env`` with the bounds
+    (``L<k>``, ``H<k>``) and ``_ids`` (the ``id`` arguments, whose classes ``_bind_method`` adds). None for an
+    argument kind not decoded inline (arm64's MTLSize pointer)."""
+    lines, names, ids = [], [], []
     for k, (kind, dt, lo, hi) in enumerate(zip(decoder.kinds, decoder.dtypes, decoder.lo, decoder.hi)):
         v = f"v{k}"
         names.append(v)
-        lines.append(f"    {v} = args[{k + 2}]")
+        lines.append(f"{pad}{v} = args[{k + 2}]")
         if kind == _WORD:
             env[f"L{k}"], env[f"H{k}"] = lo, hi
-            lines.append(f"    if type({v}) is not int or not L{k} <= {v} <= H{k}: return slow(dev, obj, args)")
+            lines.append(f"{pad}if type({v}) is not int or not L{k} <= {v} <= H{k}: return slow(dev, obj, args)")
         elif kind == _ID:
-            env[f"C{k}"] = tuple(c for c in next(specs, (SimObject,)) if c is not None) or SimObject
-            lines.append(f"    {v} = get({v}) if type({v}) is int else None")
-            lines.append(f"    if {v} is None or not isinstance({v}, C{k}): return slow(dev, obj, args)")
+            ids.append(k)
+            lines.append(f"{pad}{v} = get({v}) if type({v}) is int else None")
+            lines.append(f"{pad}if {v} is None or not isinstance({v}, C{k}): return slow(dev, obj, args)")
         elif kind == _SIZE and dt is dtypes.MTLSize:
-            lines.append(f"    if type({v}) is not tuple or len({v}) != 3: return slow(dev, obj, args)")
+            lines.append(f"{pad}if type({v}) is not tuple or len({v}) != 3: return slow(dev, obj, args)")
             for j in range(3):
-                lines.append(f"    if type({v}[{j}]) is not int or not 0 <= {v}[{j}] <= {_U64_MAX}: "
+                lines.append(f"{pad}if type({v}[{j}]) is not int or not 0 <= {v}[{j}] <= {_U64_MAX}: "
                              "return slow(dev, obj, args)")
         elif kind == _FLOAT:
-            lines.append(f"    if type({v}) is not float and type({v}) is not int: return slow(dev, obj, args)")
-            lines.append(f"    {v} = float({v})")
-        else:  # arm64's MTLSize pointer: read from host memory, with its errors
-            return slow
+            lines.append(f"{pad}if type({v}) is not float and type({v}) is not int: return slow(dev, obj, args)")
+            lines.append(f"{pad}{v} = float({v})")
+        else:
+            return None
+    env["_ids"] = tuple(ids)
     call = f"fn(dev, obj{''.join(', ' + n for n in names)})"
-    lines.append(f"    {call}\n    return None" if void else f"    return result_value(RET, {call})")
-    exec("\n".join(lines), env)  # noqa: S102 (generated from the decoder's kinds alone, no outside text)
-    return env["call"]  # type: ignore[no-any-return]
+    void = decoder.proto.ret is dtypes.void
+    if void:
+        lines.append(f"{pad}{call}\n{pad}return None")
+    elif decoder.proto.ret is dtypes.id:  # an object's handle, inline
+        lines.append(f"{pad}result = {call}\n{pad}return result.handle if isinstance(result, SimObject) else "
+                     "result_value(RET, result)")
+    else:  # a plain int (float) for an integer (double) return is returned as it is: result_value's answer
+        lines.append(f"{pad}result = {call}\n{pad}return result if type(result) is FAST else "
+                     "result_value(RET, result)")
+    return lines
 
 
 def _arg_object(name: str, i: int, value: Any, spec: tuple[Any, ...],
