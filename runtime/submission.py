@@ -18,6 +18,8 @@ def gpu_seconds(reported: Any) -> float | None:
     clock), or None when it is not a time: Metal reports 0.0 when the time is not available (METAL.md §1: before
     the command buffer completes, or on a device that does not time it), and a negative, infinite or NaN value is
     no time either."""
+    if type(reported) is float and 0.0 < reported < math.inf:  # the usual: a time (NaN fails the test)
+        return reported
     if isinstance(reported, bool) or not isinstance(reported, (int, float)):
         return None
     seconds = float(reported)

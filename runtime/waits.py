@@ -267,9 +267,16 @@ class SessionWaits:
         """Read the GPU times of a completed submit (``gpu_times``, ``spans``, ``timestamps``), release its command
         buffers and move it to ``completed``."""
         start, end = self._gpu_start, self._gpu_end
-        rec.gpu_times = [(gpu_seconds(start(cb)), gpu_seconds(end(cb))) if cb else (None, None) for cb in rec.cbs]
-        rec.spans = [GpuSpan(slot, seconds_to_ns(start), seconds_to_ns(end))
-                     for slot, (cb, (start, end)) in enumerate(zip(rec.cbs, rec.gpu_times)) if cb]
+        times: list[tuple[float | None, float | None]] = []
+        spans: list[GpuSpan] = []
+        for slot, cb in enumerate(rec.cbs):  # one pass: the usual submit has one command buffer
+            if cb:
+                t0, t1 = gpu_seconds(start(cb)), gpu_seconds(end(cb))
+                times.append((t0, t1))
+                spans.append(GpuSpan(slot, seconds_to_ns(t0), seconds_to_ns(t1)))
+            else:
+                times.append((None, None))
+        rec.gpu_times, rec.spans = times, spans
         for st in self.stamps:  # Stamp(slot, cb, which): slot <- GPUStartTime/GPUEndTime of cbslots[cb]
             if st.cb < len(rec.cbs) and rec.cbs[st.cb]:
                 rec.timestamps[st.slot] = rec.gpu_times[st.cb][0 if st.which == "GPUStartTime" else 1]
