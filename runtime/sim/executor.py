@@ -21,7 +21,7 @@ from mtlir.runtime.sim.dispatch import bound_storage, concurrent_order, sizes_ok
 from mtlir.runtime.sim.faults import GPUFault
 from mtlir.runtime.sim.injection import fault_at_start, inject, inject_blit
 from mtlir.runtime.sim.kernels.compiled import CompiledKernel
-from mtlir.runtime.sim.kernels.launch import MAX_BATCH, Launch
+from mtlir.runtime.sim.kernels.launch import MAX_BATCH, InFlight, Launch
 from mtlir.runtime.sim.objects import (ICB, BlitCopy, BlitEncoder, BlitFill, Buffer, CommandBuffer, Dispatch, Encoder,
                                        Execute, Gate, ICBSlot, Pipeline, SharedEvent, SignalStep, WaitStep, clock)
 from mtlir.runtime.sim.ranges import RangeBatch, Recording, build_range
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
-__all__ = ["Executor", "forget_fence_history"]
+__all__ = ["Executor", "KERNELS_IN_FLIGHT", "WOULD_BLOCK", "forget_fence_history"]
 
 _NOTHING: Any = object()  # a kept ICB command that runs nothing (a zero-size dispatch)
 
@@ -59,6 +59,16 @@ def _direct_key(p: Pipeline, d: Dispatch) -> tuple[Any, ...] | None:
         else:
             objects.append(b[0])
     return (p, d.grid, d.threadgroup, tuple(objects), tuple(bound))
+
+
+# What a command buffer's generator yields once it has enqueued a batch of kernels (``Executor._start``) that it
+# waits for at its next step: a gate that is always open. A host thread starting the command buffer at its commit
+# (``GPU.start``) stops there and goes on with its own work while the kernels run; any other thread going on
+# waits for them at once.
+KERNELS_IN_FLIGHT = Gate(lambda: True, "its kernels, running", None)
+# What it yields instead, only to a thread starting it (``GPU.starting``), before an operation that would run kernels
+# and wait for them there (direct dispatches, an ICB range through the full checks, a blit): that thread stops.
+WOULD_BLOCK = Gate(lambda: True, "an operation that waits for its kernels", None)
 
 
 def _reached(ev: SharedEvent, value: int) -> Callable[[], bool]:
@@ -122,6 +132,8 @@ class Executor:
                            Rule.FENCE_ORDER)
         for command in enc.commands:  # a run of direct dispatches is enqueued at once (``_flush``)
             if isinstance(command, Dispatch):
+                if self.gpu.starting and 0 not in command.grid and 0 not in command.threadgroup:
+                    yield WOULD_BLOCK  # (a zero-size dispatch, the warm-up of METAL.md §1 step 5, runs nothing)
                 self._batched(self._direct, cb, command)
                 if len(self._batch) >= MAX_BATCH:
                     self._flush()
@@ -131,25 +143,35 @@ class Executor:
                     self._flush()
                 kept = self._kept_range(cb, enc, command)
                 if kept is None:
+                    if self.gpu.starting:
+                        yield WOULD_BLOCK
                     yield from self._execute_icb(cb, enc, command)
                     continue
                 # a kept range (``ranges.RangeBatch``) runs here, not in a generator of its own (one level less
                 # to pass through at every step): its launches MAX_BATCH at a time, as the full path would (its
-                # ``chunks``: the batches and their launches made when it was kept)
+                # ``chunks``: the batches and their launches made when it was kept). With autorun each batch is
+                # started, then waited for at the next step (``KERNELS_IN_FLIGHT``): a host thread that starts the
+                # command buffer at its commit (``GPU.start``) goes on while the kernels run
                 self.gpu.kernels_run += kept.dispatches
                 chunks = kept.chunks
                 last = len(chunks) - 1
+                started = self.dev.autorun and chunks[0][1][0].ck._runner.checker is None
                 for i, (items, launches) in enumerate(chunks):
                     self._batch = items
-                    self._flush(i == last, launches)
-                    if i != last:
+                    if started:
+                        flight = self._start(i == last, launches)
+                        yield KERNELS_IN_FLIGHT
+                        self._finish(*flight)
+                    else:
+                        self._flush(i == last, launches)
                         yield None
-                yield None
         if self._batch:
             self._flush(write_back=True)
             yield None
         if isinstance(enc, BlitEncoder):
             for blit in enc.blits:
+                if self.gpu.starting:
+                    yield WOULD_BLOCK
                 if self.gpu.faulty:
                     inject_blit(self.gpu, cb, "copyFromBuffer:sourceOffset:toBuffer:destinationOffset:size:"
                                 if isinstance(blit, BlitCopy) else "fillBuffer:range:value:")
@@ -399,16 +421,55 @@ class Executor:
                                        self.dev.kernel_timeout_s, True, write_back)
             finally:
                 self.in_flight = None
-        except WaitTimeoutError as e:
-            raise self._watchdog(e) from e
-        except Exception as e:  # a kernel that crashes the runner fails its command buffer, never the worker
-            self.gpu.last_exception = e
-            _, p, what = batch[0]
-            more = f" (and the {len(batch) - 1} dispatches batched after it)" if len(batch) > 1 else ""
-            raise GPUFault(MTL.ErrorInternal, f"{what}{more}: kernel {p.label} raised {type(e).__name__}: {e}") from e
+        except Exception as e:
+            raise self._runner_fault(e, batch) from e
         if fault is not None:
             _, p, what = batch[fault[0]]
             self._access_fault(what, fault[1])
+
+    def _start(self, write_back: bool, launches: list[Launch]) -> tuple[InFlight, list[tuple[Launch, Pipeline, str]],
+                                                                          float]:
+        """Enqueue the batched dispatches (``launches``: theirs) without waiting (``KernelRunner.start``, the
+        device lock held: enqueueing takes microseconds): ``_finish`` waits for them at the command buffer's next
+        step. Returns what ``_finish`` takes (the batch, its items, the seconds the enqueue took). Raises
+        ``GPUFault`` Internal when the runner refuses the batch."""
+        batch, self._batch = self._batch, []
+        cb = self.gpu.advancing
+        self.in_flight = (batch, cb.handle if cb is not None else 0)
+        self.gpu.unsynced = True
+        t0 = clock()
+        try:
+            flight = batch[0][0].ck._runner.start(launches, self.dev.kernel_timeout_s, write_back)
+        except Exception as e:
+            self.in_flight = None
+            raise self._runner_fault(e, batch) from e
+        return flight, batch, clock() - t0
+
+    def _finish(self, flight: InFlight, batch: list[tuple[Launch, Pipeline, str]], enqueue_s: float) -> None:
+        """Wait for a batch ``_start`` enqueued, the device lock released meanwhile, and raise its fault as
+        ``_flush`` does. The batch's time for ``GPU.kernels_ran`` is its enqueue and this wait, not the host's work
+        in between (a batch started at a commit: ``GPU.starting``)."""
+        try:
+            try:
+                fault = self._unlocked(batch[0][0].ck._runner.finish, flight, extra_s=enqueue_s)
+            finally:
+                self.in_flight = None
+        except Exception as e:
+            raise self._runner_fault(e, batch) from e
+        if fault is not None:
+            _, p, what = batch[fault[0]]
+            self._access_fault(what, fault[1])
+
+    def _runner_fault(self, e: Exception, batch: list[tuple[Launch, Pipeline, str]]) -> GPUFault:
+        """The command buffer's fault for a runner error of ``batch``: the watchdog's for a kernel past
+        ``kernel_timeout_s``, else Internal naming the batch's first dispatch (a kernel that crashes the runner
+        fails its command buffer, never the thread running the step)."""
+        if isinstance(e, WaitTimeoutError):
+            return self._watchdog(e)
+        self.gpu.last_exception = e
+        _, p, what = batch[0]
+        more = f" (and the {len(batch) - 1} dispatches batched after it)" if len(batch) > 1 else ""
+        return GPUFault(MTL.ErrorInternal, f"{what}{more}: kernel {p.label} raised {type(e).__name__}: {e}")
 
     def _watchdog(self, e: WaitTimeoutError) -> GPUFault:
         """A kernel ran past ``kernel_timeout_s`` (the runner's ``WaitTimeoutError`` names its dispatch): the GPU
@@ -446,17 +507,18 @@ class Executor:
             self.gpu.last_exception = e
             raise GPUFault(MTL.ErrorInternal, f"{what}: kernel {p.label} raised {type(e).__name__}: {e}") from e
 
-    def _unlocked(self, run: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    def _unlocked(self, run: Callable[..., _T], *args: Any, extra_s: float = 0.0, **kwargs: Any) -> _T:
         """``run(*args, **kwargs)`` (kernels) on this thread with the device lock released (the host goes on sending
         messages), the kernel lock held and ``in_kernel`` set; the device lock taken back at the end however it
         ends (the caller turns an error into the command buffer's fault with the lock held), and the kernels' wall
-        time, without that wait for the lock, given to ``GPU.kernels_ran``. Results stay on the OpenCL device
-        until the next sync (``unsynced``). A plain call, not a context manager: it runs once per batch."""
+        time, without that wait for the lock, given to ``GPU.kernels_ran`` (plus ``extra_s`` seconds: a started
+        batch's enqueue, ``_finish``). Results stay on the OpenCL device until the next sync (``unsynced``). A plain
+        call, not a context manager: it runs once per batch."""
         gpu = self.gpu
         lock = self.dev._lock
         gpu.unsynced = True
         lock.release()
-        t0 = clock()
+        t0 = clock() - extra_s
         try:
             with gpu.kernel_lock:
                 gpu.in_kernel = True

@@ -35,9 +35,10 @@ import numpy as np
 
 from mtlir.errors import ArgumentError
 from mtlir.metal import MTL
-from mtlir.runtime.sim.executor import Executor, forget_fence_history
+from mtlir.runtime.sim.executor import KERNELS_IN_FLIGHT, WOULD_BLOCK, Executor, forget_fence_history
 from mtlir.runtime.sim.faults import GPUFault
 from mtlir.runtime.sim.injection import Fault, arm_fault, unfired_fault
+from mtlir.runtime.sim.kernels.runner import KernelRunner
 from mtlir.runtime.sim.lifetime import release_references
 from mtlir.runtime.sim.objects import CommandBuffer, CommandQueue, Encoder, Pipeline, SharedEvent, SignalStep, clock
 from mtlir.runtime.sim.rules.deadlock import find_deadlock
@@ -57,6 +58,11 @@ _START_S = 0.01
 # what a kernel batch (seconds, a recent average) must take for a pipelining host's commits to wake the worker at once
 # (``GPU.overlap_s``, ``SimDevice(overlap_s=...)``): below it the hand-offs cost more than the overlap saves
 OVERLAP_S = 0.0005
+
+
+def _stops_start(gate: object) -> bool:
+    """Whether a step that starts a command buffer at its commit stops at ``gate`` (what its generator yielded)."""
+    return gate is KERNELS_IN_FLIGHT or gate is WOULD_BLOCK
 
 
 class GPU:
@@ -99,6 +105,9 @@ class GPU:
         self.fresh: CommandBuffer | None = None
         self.waits_next = False
         self.drivers = 0  # host threads running the GPU's steps while they wait (``drive``): the worker naps then
+        # the step running now is a committing host thread's start of its command buffer (``_may_start``): it stops
+        # at the first kernels (the executor's ``KERNELS_IN_FLIGHT``, ``WOULD_BLOCK``)
+        self.starting = False
         # what the idle worker naps on (``_worker``), not the device's condition: the notifies of the steps a host
         # runs (``drive``) would wake it at each, at a cost to both threads; ``wake`` and ``stop`` set it
         self._nudge = threading.Event()
@@ -148,6 +157,8 @@ class GPU:
                 # else a blocking call wakes the worker (``wake``), or the worker finds it at its nap's end
                 # (``_START_S``)
                 self.unwoken = True
+                if idle and self._may_start():
+                    self._advance(cb, starting=True)
             else:  # work in flight already, or a host that goes on encoding after a commit (a pipelining host: its
                 # GPU work overlaps its Python): the worker runs it meanwhile, as it runs the earlier ones
                 self._rouse()
@@ -155,6 +166,20 @@ class GPU:
         self.dev._cv.notify_all()
         if self.dev.autorun:
             self._ensure_worker()
+
+    def _may_start(self) -> bool:
+        """Whether the committing host thread starts the command buffer it just committed to an idle GPU itself, up
+        to its first batch of kernels (``_advance(starting=True)``), instead of leaving it all to its next wait: the
+        kernels then run on the OpenCL device while the host's Python goes on (the commit's return, the wait's
+        messages), as Metal's GPU starts at the commit. The conditions of a host's ``drive``
+        (``DeviceWaits._may_drive``) but the wait's length: the OpenCL kernel runner without Oclgrind's checks
+        (``checked``) and no fault armed, on a thread that is not the worker, with no other thread in a step."""
+        if self.busy or self.drivers or self.injected_fault is not None or self.faulty or self.dev.checked:
+            return False
+        runner = self.dev._runner
+        worker = self.thread
+        return (runner is None or type(runner) is KernelRunner) and \
+            (worker is None or worker.ident != threading.get_ident())
 
     @property
     def overlap_s(self) -> float:
@@ -280,26 +305,29 @@ class GPU:
             return True
         return False
 
-    def _advance(self, cb: CommandBuffer) -> None:
+    def _advance(self, cb: CommandBuffer, starting: bool = False) -> None:
         """Run ``cb``'s next operation. With autorun (the worker thread, or a host thread running the steps it
         waits for: ``drive``), it runs on through the operations after it, up to a gate that is not met or the end,
         for at most ``_BATCH_S`` seconds, while no other queue has work: the steps that ``step_locked`` would run
         next are then exactly these (a queue runs its head alone; no other head to order before it, shuffle or
         watch), so one step saves the scheduling rounds between them (an eager command buffer: four rounds in one).
         A step that runs kernels releases the lock meanwhile, so the check is made again after each operation.
-        ``SimDevice.step`` (autorun False) runs one operation."""
+        ``SimDevice.step`` (autorun False) runs one operation. ``starting`` (a commit's start, ``_may_start``): stop
+        once a batch of kernels is enqueued (``KERNELS_IN_FLIGHT``) or before one that would be waited for
+        (``WOULD_BLOCK``), leaving the rest to the next step."""
         run = cb.run
         assert run is not None
         self.busy = True
         self.advancing = cb
         try:
+            self.starting = starting
             gate = next(run)
-            if self.dev.autorun and (gate is None or gate.ready()):
+            if self.dev.autorun and (gate is None or gate.ready()) and not (starting and _stops_start(gate)):
                 until = clock() + _BATCH_S
                 queues = self.queues
                 while (len(queues) == 1 or self._alone(cb)) and clock() < until:
                     gate = next(run)
-                    if gate is not None and not gate.ready():
+                    if gate is not None and (starting and _stops_start(gate) or not gate.ready()):
                         break
         except StopIteration:
             self._finish(cb, None)
@@ -321,7 +349,7 @@ class GPU:
                 else:
                     cb.gate, cb.blocked_since = gate, clock()
         finally:
-            self.busy = False
+            self.busy = self.starting = False
             self.advancing = None
 
     def _alone(self, cb: CommandBuffer) -> bool:
@@ -428,7 +456,8 @@ class GPU:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the worker thread (called without the lock held): it ends after the operation it is running. When
         that is a kernel that is not finishing (one past its timeout, which OpenCL cannot stop) it is left running
-        on its daemon thread instead of being waited for."""
+        on its daemon thread instead of being waited for. A batch of kernels started at a commit and not waited for
+        yet is waited for, at most ``timeout_s`` seconds (``KernelRunner.drain``): its kernels work in host memory."""
         with self.dev._cv:
             self.stopping = True
             thread = self.thread
@@ -443,6 +472,9 @@ class GPU:
                 if self.in_kernel:
                     thread.join(0.2)  # a kernel that ends now still gets its command buffer finished
                     return
+        runner = self.dev._runner
+        if type(runner) is KernelRunner:  # kernels started at a commit (``_may_start``) and not waited for
+            runner.drain(timeout_s)
 
     def signal(self, ev: SharedEvent, value: int) -> None:
         """The GPU signals ``ev``: the value only increases, a smaller one is ignored (rule 12). The results so far

@@ -125,11 +125,12 @@ class CommandQueue(SimObject):
 
 class Gate:
     """A condition a running command buffer waits for on the GPU: ``ready()``, a ``what`` for messages and the
-    ``rule`` of METAL.md §3 a wait that never ends breaks (``Rule.FENCE_ORDER``, ``Rule.EVENT_ONLY_INCREASES``)."""
+    ``rule`` of METAL.md §3 a wait that never ends breaks (``Rule.FENCE_ORDER``, ``Rule.EVENT_ONLY_INCREASES``;
+    None for the executor's always-open ``KERNELS_IN_FLIGHT``)."""
 
     __slots__ = ("ready", "what", "rule")
 
-    def __init__(self, ready: Callable[[], bool], what: str, rule: Rule) -> None:
+    def __init__(self, ready: Callable[[], bool], what: str, rule: Rule | None) -> None:
         self.ready, self.what, self.rule = ready, what, rule
 
 

@@ -9,7 +9,7 @@ enqueues a batch of them at once and waits once. Each launch of a batch writes i
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,9 +17,10 @@ import numpy as np
 from mtlir.runtime.sim.msl.guard.bound import FAULT_WORDS, SCRATCH_BYTES
 
 if TYPE_CHECKING:
+    from mtlir.errors import KernelAccessError
     from mtlir.runtime.sim.kernels.compiled import CompiledKernel, View
 
-__all__ = ["Launch", "FaultRecords", "DeviceBuffer", "MAX_BATCH", "RECORD_BYTES"]
+__all__ = ["Launch", "InFlight", "FaultRecords", "DeviceBuffer", "MAX_BATCH", "RECORD_BYTES"]
 
 # launches enqueued before one wait: each has its own fault record and scratch (64 KiB + 64 bytes; the slots' OpenCL
 # sub-buffers are made at their first use). A wait per batch is a round trip to the device (on the H200: the kernels'
@@ -69,6 +70,23 @@ class Launch:
     def what(self) -> str:
         """The launch as errors name it: kernel, global size, threadgroup."""
         return f"kernel {self.ck.function!r}, global size {self.global_size}, threadgroup {self.local_size}"
+
+
+class InFlight:
+    """A batch of launches enqueued and not yet waited for (``KernelRunner.start``, ``_enqueue``): its ``launches``,
+    ``first`` (the position of its first launch in the whole run, for the fault's position), ``events`` (per launch
+    its kernel's OpenCL event), ``back`` (the buffers to copy back once the kernels completed, with their page-locked
+    mirrors) and ``timeout_s``; once waited for, ``fault`` (the first fault: position, error; None) or ``error``
+    (the exception the wait raised, kept for ``KernelRunner.finish``)."""
+
+    __slots__ = ("launches", "first", "events", "back", "timeout_s", "fault", "error")
+
+    def __init__(self, launches: Sequence[Launch], first: int, events: list[tuple[Launch, Any]],
+                 back: list[tuple[DeviceBuffer, np.ndarray | None]]) -> None:
+        self.launches, self.first, self.events, self.back = launches, first, events, back
+        self.timeout_s = 0.0
+        self.fault: tuple[int, KernelAccessError] | None = None
+        self.error: Exception | None = None
 
 
 class SubBuffers:

@@ -9,18 +9,21 @@ OpenCL global size = grid x threadgroup per axis, local size = threadgroup) and 
 the storage arrays. ``CompiledKernel.prepare`` checks a dispatch once and gives a ``Launch`` (``launch``) that
 ``run_batch`` enqueues with others at once, waiting once for all of them (``waiter``: a helper thread blocks in
 ``clWaitForEvents``, so a kernel that never ends still times out); each launch of a batch has its own fault record.
+``start`` enqueues a batch and returns at once, ``finish`` waits for it later (the simulated GPU starts a command
+buffer's kernels at its commit; any other use of the runner meanwhile waits for the batch first).
 
-Memory: each distinct storage array (one MTLBuffer's bytes) becomes one OpenCL buffer, made once and kept while it
-is used (dropped after ``KEEP_SYNCS`` to twice that many syncs without a use: a sweep every ``KEEP_SYNCS`` syncs): where the device works in host memory (PoCL's CPU
-device) a ``USE_HOST_PTR`` buffer over the array itself, nothing copied or mapped; elsewhere a buffer in the
-device's own memory, copied in at its first use after a sync and kept there between kernels (``resident``): a run
-with ``keep=True`` leaves what it wrote on the device until ``sync()`` copies it back to the host arrays and marks
-every device copy stale (the next use copies in again, so what the host wrote in between is seen). A run without
-``keep`` syncs at once: its results are in the arrays when it returns. A view at a byte offset is always bound as the whole buffer with the offset passed in
-the kernel's offset argument (the translator adds one per buffer, ``msl.translate``), never as an OpenCL
-sub-buffer: a kernel whose views of one buffer overlap (an arena that holds a kernel's inputs and output, as
-tinygrad's memory planner makes) would read and write overlapping sub-buffers at once, which OpenCL leaves
-undefined (OpenCL 3.0 §5.2.2) and NVIDIA's driver answers by losing the writes.
+Memory (``memory.DeviceMemory``, the runner's base): each distinct storage array (one MTLBuffer's bytes) becomes one
+OpenCL buffer, made once and kept while it is used (dropped after ``KEEP_SYNCS`` to twice that many syncs without a
+use: a sweep every ``KEEP_SYNCS`` syncs): where the device works in host memory (PoCL's CPU device) a
+``USE_HOST_PTR`` buffer over the array itself, nothing copied or mapped; elsewhere a buffer in the device's own
+memory, copied in at its first use after a sync and kept there between kernels (``resident``): a run with
+``keep=True`` leaves what it wrote on the device until ``sync()`` copies it back to the host arrays and marks every
+device copy stale (the next use copies in again, so what the host wrote in between is seen). A run without ``keep``
+syncs at once: its results are in the arrays when it returns. A view at a byte offset is always bound as the whole
+buffer with the offset passed in the kernel's offset argument (the translator adds one per buffer,
+``msl.translate``), never as an OpenCL sub-buffer: a kernel whose views of one buffer overlap (an arena that holds a
+kernel's inputs and output, as tinygrad's memory planner makes) would read and write overlapping sub-buffers at once,
+which OpenCL leaves undefined (OpenCL 3.0 §5.2.2) and NVIDIA's driver answers by losing the writes.
 """
 from __future__ import annotations
 
@@ -40,25 +43,24 @@ from mtlir.runtime.sim.kernels.buildlog import build_error
 from mtlir.runtime.sim.kernels.compiled import CompiledKernel, View
 from mtlir.runtime.sim.kernels.devices import _import_pyopencl, device_kind, device_name, select_device
 from mtlir.runtime.sim.kernels.faults import _access_error
-from mtlir.runtime.sim.kernels.launch import MAX_BATCH, DeviceBuffer, FaultRecords, Launch
+from mtlir.runtime.sim.kernels.launch import MAX_BATCH, DeviceBuffer, FaultRecords, InFlight, Launch
+from mtlir.runtime.sim.kernels.memory import KEEP_SYNCS, MIRROR_BYTES, SNAPSHOT_BYTES, DeviceMemory, _address
 from mtlir.runtime.sim.kernels.stderr import _native_stderr, _pass_on
 from mtlir.runtime.sim.kernels.waiter import EventWaiter
 from mtlir.runtime.sim.msl.translate import Translation, translate
 from mtlir.runtime.sim.msl.simd import scratch_bytes
 
-KEEP_SYNCS = 4  # a device buffer unused for this many syncs is dropped at the next sweep (a submit syncs 1-3 times)
-SNAPSHOT_BYTES = 1 << 18  # device copies of buffers up to this size are copied in only when the host changed them
 SPIN_S = 0.002  # on a GPU the batch's wait first watches its last event this long on the calling thread (``waiter``)
-MIRROR_BYTES = 1 << 24  # buffers up to this size come back through a page-locked mirror (``_copy_back``)
+_ONE_LOOK_S = 1e-9  # a "spin" this short reads an event's status once (``EventWaiter.wait``): a started batch's wait
 
-__all__ = ["KernelRunner", "BUILD_OPTIONS"]
+__all__ = ["KernelRunner", "BUILD_OPTIONS", "KEEP_SYNCS", "SNAPSHOT_BYTES", "MIRROR_BYTES"]
 
 # -cl-single-precision-constant: MSL has no double, an unsuffixed literal such as 0.5 is a float there.
 # -w: no warnings (tinygrad's `if ((a==0))` draws one per kernel, which PoCL prints on stderr).
 BUILD_OPTIONS = ["-cl-single-precision-constant", "-w"]
 
 
-class KernelRunner:
+class KernelRunner(DeviceMemory):
     """Compiles and runs translated kernels on one OpenCL device (one context, one in-order queue).
 
     ``device``: a ``pyopencl.Device``, or what ``select_device`` takes (an index into ``list_devices()``, or a
@@ -106,6 +108,7 @@ class KernelRunner:
         self._mirrors: dict[DeviceBuffer, np.ndarray] = {}  # page-locked host copies results come back through
         self._waiter = EventWaiter()
         self.in_flight: list[tuple[Launch, Any]] = []  # the batch enqueued now: (launch, its kernel's event)
+        self._started: InFlight | None = None  # a batch ``start`` enqueued that nobody has waited for yet
         # Where the device works in host memory (PoCL's CPU device: a map of a USE_HOST_PTR buffer returns the host
         # pointer, checked once here) kernels work in the arrays themselves; elsewhere buffers are copied.
         probe = np.zeros(64, np.uint8)
@@ -138,91 +141,14 @@ class KernelRunner:
         every later run is refused), None while every kernel ended in time."""
         return self._stuck
 
-    @property
-    def resident(self) -> int:
-        """How many buffers have a device copy that is current now (copied in, or worked in, since the last
-        ``sync``)."""
-        return sum(1 for e in self._buffers.values() if e.current)
-
     def sync(self) -> None:
         """Copy what kernels run with ``keep=True`` wrote back into the host arrays, and forget every device copy:
         the next run copies its buffers in again, so it sees what the host wrote since. Raises ``RuntimeError``
         when OpenCL refuses a copy."""
         with self._lock:
+            if self._started is not None:
+                self._settle()
             self._sync_locked()
-
-    def _sync_locked(self) -> None:
-        cl = self.cl
-        if self._stuck is not None:
-            self._buffers.clear()
-            self._current, self._written = [], []
-            return  # the queue is blocked: nothing more comes back (the error said so)
-        self._generation += 1
-        current, written = self._current, self._written
-        self._current, self._written = [], []
-        try:
-            back = []
-            for e in dict.fromkeys(written):  # an entry written, copied back by a batch, then written again: once
-                if e.dirty:
-                    back.append((e, self._copy_back(e)))
-            for e in current:  # every entry current or dirty was made current since the last sync
-                e.current = e.dirty = False
-            if back:
-                self.queue.finish()
-                for e, mirror in back:
-                    self._landed(e, mirror)
-        except cl.Error as err:
-            raise RuntimeError(f"OpenCL could not copy the kernels' results back to the host: {err}") from None
-        finally:
-            if self._generation % KEEP_SYNCS == 0:  # the sweep, every KEEP_SYNCS syncs: O(buffers) once per sweep
-                old = self._generation - KEEP_SYNCS
-                for key in [k for k, e in self._buffers.items() if e.used < old]:
-                    dropped = self._buffers.pop(key)
-                    dropped.buf = None  # a launch holding it rebinds at its next run
-                    self._dropped += 1
-                    self._mirrors.pop(dropped, None)
-
-    def _copy_back(self, e: DeviceBuffer) -> np.ndarray | None:
-        """Enqueue the copy of ``e``'s device copy to the host, without waiting: into its page-locked mirror
-        (returned; ``_landed`` moves the bytes to the host array once the copy completed), else straight into the
-        host array (None)."""
-        mirror = self._mirror(e)
-        self.cl.enqueue_copy(self.queue, e.storage if mirror is None else mirror, e.buf, is_blocking=False)
-        return mirror
-
-    def _mirror(self, e: DeviceBuffer) -> np.ndarray | None:
-        """The page-locked host copy results of ``e`` come back through (made at its first use), for a buffer of
-        at most ``MIRROR_BYTES``; None for a larger one (copied straight into the host array). A copy into pageable
-        memory is staged by the driver on the calling thread: NVIDIA's copies twice, where a copy into page-locked
-        memory is one DMA (as ``FaultRecords`` reads its records)."""
-        mirror = self._mirrors.get(e)
-        if mirror is None and 0 < e.storage.nbytes <= MIRROR_BYTES:
-            mirror = self._mirrors[e] = self._pinned(e.storage.nbytes)
-        return mirror
-
-    def _pinned(self, nbytes: int) -> np.ndarray:
-        """``nbytes`` of page-locked host memory (uint8): an ``ALLOC_HOST_PTR`` buffer mapped once and kept mapped,
-        the staging area copies to the host go through (one DMA, no copy by the driver on the calling thread). It
-        is mapped on a queue of its own (``_map_queue``, made at the first call): a blocking map on the kernels'
-        in-order queue would wait for every kernel enqueued before it, as a map made while a batch is in flight
-        (the first copy back of a buffer) would, turning the batch's wait with a timeout into an unbounded one.
-        The buffer is no kernel's, so the map completes at once. Raises ``pyopencl.Error`` when OpenCL refuses."""
-        cl = self.cl
-        if self._map_queue is None:
-            self._map_queue = cl.CommandQueue(self.context, self.device)
-        buf = cl.Buffer(self.context, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, size=nbytes)
-        mapped, _ = cl.enqueue_map_buffer(self._map_queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0,
-                                          (nbytes,), np.uint8, is_blocking=True)
-        return mapped  # type: ignore[no-any-return]  # its ``base`` keeps the buffer alive
-
-    @staticmethod
-    def _landed(e: DeviceBuffer, mirror: np.ndarray | None) -> None:
-        """After the copy ``_copy_back`` enqueued completed: the bytes in the host array (from the mirror), and in
-        the snapshot (the device copy's bytes are the host's now)."""
-        if mirror is not None:
-            np.copyto(e.storage, mirror)
-        if e.snapshot is not None:
-            np.copyto(e.snapshot, e.storage)
 
     def compile(self, msl: str, function: str) -> CompiledKernel:
         """The kernel ``function`` of the MSL library ``msl``, translated and built once (cached).
@@ -328,9 +254,9 @@ class KernelRunner:
         if self.checker is not None and launches:  # checked mode: kernels/oclgrind.py checks each launch first
             return self.checker(self, launches, timeout_s, keep)  # type: ignore[no-any-return]
         with self._lock:
-            if self._stuck is not None:
-                raise RuntimeError(f"the OpenCL queue is blocked by an earlier kernel that never finished "
-                                   f"({self._stuck}); make a new KernelRunner (a new SimDevice)")
+            if self._started is not None:
+                self._settle()
+            self._refuse_if_stuck()
             fault: tuple[int, KernelAccessError] | None = None
             for first in range(0, len(launches), MAX_BATCH):
                 last = first + MAX_BATCH >= len(launches)
@@ -342,15 +268,80 @@ class KernelRunner:
                 self._sync_locked()
             return fault
 
+    def start(self, launches: Sequence[Launch], timeout_s: float, write_back: bool = False) -> InFlight:
+        """Enqueue one batch (at most ``MAX_BATCH`` launches, run with ``keep``) and return at once: the kernels run
+        on the OpenCL device while the caller goes on; ``finish`` waits for them and gives what ``run_batch`` gives.
+        Any other use of the runner before that (``run_batch``, ``start``, ``sync``) first waits for the batch and
+        keeps its outcome for ``finish``, so the runner's queue and buffers are never shared by two batches.
+        ``timeout_s`` and ``write_back`` as for ``run_batch``. Raises ``ValueError`` for an empty or too long batch,
+        ``RuntimeError`` when OpenCL refuses a launch or the queue is blocked by a kernel that never finished. Not
+        in checked mode (``checker``: Oclgrind checks each launch first): use ``run_batch`` there."""
+        if not 0 < len(launches) <= MAX_BATCH:
+            raise ValueError(f"start: a batch has 1 to {MAX_BATCH} launches, got {len(launches)}")
+        if self.checker is not None:
+            raise RuntimeError("start: checked mode runs each launch on Oclgrind first: use run_batch")
+        with self._lock:
+            if self._started is not None:
+                self._settle()
+            self._refuse_if_stuck()
+            batch = self._enqueue(launches, 0, write_back and not self.in_host_memory)
+            batch.timeout_s = timeout_s
+            self._started = batch
+            return batch
+
+    def finish(self, batch: InFlight) -> tuple[int, KernelAccessError] | None:
+        """Wait for a batch ``start`` enqueued (unless a later use of the runner already did) and return its first
+        fault, ``(position in the batch, KernelAccessError)``, None when none faulted; raises what ``run_batch``
+        raises for it (``WaitTimeoutError`` past its ``timeout_s`` without progress, ``RuntimeError``)."""
+        with self._lock:
+            if batch is self._started:
+                self._settle()
+        if batch.error is not None:
+            raise batch.error
+        return batch.fault
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait for a batch ``start`` enqueued, if any, at most ``timeout_s`` seconds without progress (its outcome
+        kept for ``finish``); past that the runner is ``stuck``, as for a batch past its own timeout. The simulated
+        device calls it when it closes: the batch's kernels work in host memory that must outlive them."""
+        with self._lock:
+            batch = self._started
+            if batch is not None:
+                batch.timeout_s = min(batch.timeout_s, timeout_s)
+                self._settle()
+
+    def _settle(self) -> None:
+        """Wait for the batch ``start`` enqueued (the lock held) and keep its outcome on it for ``finish``."""
+        batch, self._started = self._started, None
+        if batch is None:
+            return
+        try:
+            batch.fault = self._complete(batch, batch.timeout_s, look=True)
+        except Exception as e:  # kept for ``finish``: the caller here goes on with its own work (or refuses it)
+            batch.error = e
+        except BaseException as e:  # a Ctrl-C during the wait: the batch's outcome is not known
+            batch.error = RuntimeError(f"the wait for {batch.events[0][0].what} was interrupted "
+                                       f"({type(e).__name__})")
+            raise
+
+    def _refuse_if_stuck(self) -> None:
+        if self._stuck is not None:
+            raise RuntimeError(f"the OpenCL queue is blocked by an earlier kernel that never finished "
+                               f"({self._stuck}); make a new KernelRunner (a new SimDevice)")
+
     def _batch(self, launches: Sequence[Launch], first: int, timeout_s: float,
                write_back: bool = False) -> tuple[int, KernelAccessError] | None:
-        """Enqueue ``launches`` and wait once. The copies in come first, all of them, before the first kernel (a
-        buffer not current is used by no earlier launch of the batch, so copying it in earlier changes nothing);
-        the transfers to the host (results for ``write_back``, the fault records) are enqueued only once the
-        kernels completed (``after``, run by the wait): NVIDIA's driver blocks the thread that enqueues a copy
-        between the host and the device behind running kernels (seen on the H200: ~50 ms behind a 50 ms kernel,
-        pinned memory or not), which would make the wait's timeout unreachable; copies between buffers and
-        kernels return at once there."""
+        """Enqueue ``launches`` and wait once (``_enqueue``, ``_complete``)."""
+        return self._complete(self._enqueue(launches, first, write_back), timeout_s)
+
+    def _enqueue(self, launches: Sequence[Launch], first: int, write_back: bool) -> InFlight:
+        """Enqueue ``launches`` (the lock held) and flush the queue: the batch runs from now on. The copies in come
+        first, all of them, before the first kernel (a buffer not current is used by no earlier launch of the batch,
+        so copying it in earlier changes nothing); the transfers to the host (results for ``write_back``, the fault
+        records) are enqueued only once the kernels completed (``_complete``): NVIDIA's driver blocks the thread
+        that enqueues a copy between the host and the device behind running kernels (seen on the H200: ~50 ms
+        behind a 50 ms kernel, pinned memory or not), which would make the wait's timeout unreachable; copies
+        between buffers and kernels return at once there. Raises ``RuntimeError`` when OpenCL refuses a launch."""
         cl, queue, records = self.cl, self.queue, self._records
         in_flight: list[tuple[Launch, Any]] = []
         back: list[tuple[DeviceBuffer, np.ndarray | None]] = []
@@ -390,6 +381,16 @@ class KernelRunner:
             queue.flush()
         except cl.Error as e:
             raise RuntimeError(f"OpenCL refused to run {launch.what}: {e}") from None
+        self.in_flight = in_flight
+        return InFlight(launches, first, in_flight, back)
+
+    def _complete(self, batch: InFlight, timeout_s: float, look: bool = False) -> tuple[int, KernelAccessError] | None:
+        """Wait for a batch ``_enqueue`` enqueued (the lock held), bring its results and fault records back, and
+        return its first fault (position in the whole run, error); raises what ``_wait`` raises. ``look``: a batch
+        enqueued a while ago (``start``): its last event's status is read once on this thread first, and a batch
+        that has completed meanwhile is taken without the waiter thread's two hand-offs."""
+        cl, queue, records = self.cl, self.queue, self._records
+        launches, in_flight, back = batch.launches, batch.events, batch.back
         got: list[np.ndarray] = []
 
         def after() -> Any:
@@ -401,9 +402,8 @@ class KernelRunner:
             queue.flush()
             return last
 
-        self.in_flight = in_flight
         try:
-            self._wait(in_flight[-1][1], timeout_s, in_flight, after)
+            self._wait(in_flight[-1][1], timeout_s, in_flight, after, look)
         finally:
             self.in_flight = []
         for entry, mirror in back:  # the host arrays hold what the device copies hold
@@ -421,73 +421,21 @@ class KernelRunner:
                 for j in range(k, len(launches)):  # cleared: the next run starts with no fault
                     if words[j, 0]:
                         records.clear(queue, j, words[j])
-                return first + k, error
+                return batch.first + k, error
         return None
 
-    def _copy_in(self, e: DeviceBuffer) -> None:
-        """Bring the host's bytes of ``e`` to its device copy, before the kernels enqueued after (the queue is in
-        order). A buffer of at most ``SNAPSHOT_BYTES`` keeps a host copy of what its device copy holds
-        (``snapshot``): when the host has not changed the bytes since, nothing is copied (a compare of a few KiB in
-        memory costs less than a copy to a GPU, about 10 us each on NVIDIA's)."""
-        storage, snapshot = e.storage, e.snapshot
-        if snapshot is not None and np.array_equal(storage, snapshot):
-            return
-        self.cl.enqueue_copy(self.queue, e.buf, storage, is_blocking=False)
-        if storage.nbytes <= SNAPSHOT_BYTES:
-            if snapshot is None:
-                e.snapshot = storage.copy()
-            else:
-                np.copyto(snapshot, storage)
-
-    def _rebind(self, launch: Launch) -> None:
-        """Point a kept launch at the current device buffers of its storages (one of its entries was dropped)."""
-        uses = []
-        for k, ((e, writable), b) in enumerate(zip(launch.uses, launch.ck.info.bindings)):
-            if e.buf is None:
-                e = self._device_buffer(launch.bindings[b.arg.index][0])
-            uses.append((e, writable))
-            launch.args[k] = e.buf  # the buffers come first, in the order of the bindings
-        launch.uses = uses
-        if launch.own:
-            launch.kernel.set_args(*launch.args)
-
-    def _device_buffer(self, storage: np.ndarray) -> DeviceBuffer:
-        """The OpenCL buffer of ``storage``, made once per storage array: where the device works in host memory
-        (PoCL's CPU device) a ``USE_HOST_PTR`` buffer over the array itself, nothing copied; elsewhere a buffer of
-        the device's own, copied in at its first use after each sync (``run_batch``)."""
-        cl = self.cl
-        key = _storage_key(storage, self._buffers)
-        e = self._buffers.get(key)
-        if e is None:
-            in_place = self.in_host_memory and storage.flags.writeable
-            flags = cl.mem_flags.READ_WRITE | (cl.mem_flags.USE_HOST_PTR if in_place else 0)
-            buf = cl.Buffer(self.context, flags, size=0 if in_place else storage.nbytes,
-                            hostbuf=storage if in_place else None)
-            e = self._buffers[key] = DeviceBuffer(buf, storage, in_place)
-        return e
-
-    def _block(self, block: np.ndarray) -> Any:
-        """A read-only device buffer holding ``block``, one per distinct content (at most 4096 kept)."""
-        data = block.tobytes()
-        buf = self._blocks.get(data)
-        if buf is None:
-            if len(self._blocks) >= 4096:
-                self._blocks.clear()
-            cl = self.cl
-            buf = self._blocks[data] = cl.Buffer(self.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
-                                                 hostbuf=block)
-        return buf
-
     def _wait(self, event: Any, timeout_s: float, in_flight: list[tuple[Launch, Any]],
-              after: Any = None) -> None:
+              after: Any = None, look: bool = False) -> None:
         """Wait for ``event`` (the batch's last kernel), then for what ``after()`` enqueues once it completed (the
         event it returns), through the ``EventWaiter``: no sleeping. Past ``timeout_s`` in which no kernel of the
         batch completed (``running``: a kernel running that long, not the batch in all) mark the runner stuck
         (keeping the memory the kernels use alive: OpenCL cannot stop them) and raise ``WaitTimeoutError`` naming
-        the first launch of the batch that has not completed."""
+        the first launch of the batch that has not completed. ``look`` (on a CPU device, where the wait does not
+        spin): read the events' status once on this thread before handing the wait to the waiter's thread."""
         try:
             # the batch was just enqueued: its first launch runs (or has run: the first look then sees progress)
-            done = self._waiter.wait(event, timeout_s, self.spin_s, after, progress=self.running,
+            done = self._waiter.wait(event, timeout_s, self.spin_s or (_ONE_LOOK_S if look else 0.0), after,
+                                     progress=self.running,
                                      start=self.checking if self.checking is not None else 0)
         except self.cl.Error as e:
             raise RuntimeError(f"OpenCL failed to run {in_flight[0][0].what} (or a launch after it): {e}") from None
@@ -545,20 +493,3 @@ def _interrupts_held() -> Iterator[_Held]:
             signal.signal(signal.SIGINT, previous)
 
 
-def _storage_key(storage: np.ndarray, known: dict[int, DeviceBuffer]) -> int:
-    """The key of the OpenCL buffer for ``storage``: arrays over the same memory share one (views alias as in
-    Metal); ``ValueError`` for two storages that overlap without being the same memory."""
-    addr = _address(storage)
-    same = known.get(addr)
-    if same is not None and same.storage.nbytes == storage.nbytes:
-        return addr
-    for e in known.values():
-        if np.may_share_memory(storage, e.storage):
-            raise ValueError("two bound storages overlap without being the same array: bind one MTLBuffer's "
-                             "memory as one storage array")
-    return addr
-
-
-def _address(array: np.ndarray) -> int:
-    """The address of an array's first byte (``__array_interface__``: cheaper than ``ndarray.ctypes``)."""
-    return int(array.__array_interface__["data"][0])

@@ -21,16 +21,19 @@ from mtlir.runtime.sim.objects import CommandBuffer
 
 
 def _device(kernel_timeout_s: float, **kw: float) -> tuple[SimDevice, list[tuple[int, str]]]:
-    """A SimDevice whose GPU records (command buffer handle, thread name) at every step it advances."""
+    """A SimDevice whose GPU records (command buffer handle, thread name) at every step it advances, but the start
+    a committing thread makes up to the command buffer's first kernels (``starting``: recorded in ``dev.starts``)."""
     dev = SimDevice("x86_64", family="Apple7", kernel_timeout_s=kernel_timeout_s, **kw)
     steps: list[tuple[int, str]] = []
+    starts: list[tuple[int, str]] = []
     advance = dev.gpu._advance
 
-    def recorded(cb: CommandBuffer) -> None:
-        steps.append((cb.handle, threading.current_thread().name))
-        advance(cb)
+    def recorded(cb: CommandBuffer, starting: bool = False) -> None:
+        (starts if starting else steps).append((cb.handle, threading.current_thread().name))
+        advance(cb, starting)
 
     dev.gpu._advance = recorded  # type: ignore[method-assign]
+    dev.starts = starts  # type: ignore[attr-defined]
     return dev, steps
 
 
