@@ -437,7 +437,7 @@ class SessionRing:
         ctx._open("submit")
         if s.inflight:
             s.wait(timeout_s=ctx.timeout_s)
-        return s.submit(**values)
+        return s._submit(values)  # ``values`` is this call's own dict: no copy
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Wait for every submit of the ring's Sessions (``Session.wait``)."""

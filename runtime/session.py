@@ -196,6 +196,11 @@ class Session(SessionWaits):
         ``GPUExecutionError`` or ``TimeoutError`` from waiting for the previous submit, and what the Bridge raises
         while the Program runs: that error itself, with what the cleanup after it raised as notes
         (``_failed_run``)."""
+        return self._submit(values)
+
+    def _submit(self, values: dict[str, Any]) -> Submission:
+        """``submit`` with its variables as a dict it may change (the timeline value goes into it): a
+        ``SessionRing`` passes its own, with no second copy."""
         self._check_open("submit")
         if self.timeline_var is not None and self.timeline_var not in values:
             values[self.timeline_var] = self.timeline_values.value + 1
