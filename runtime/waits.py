@@ -121,14 +121,16 @@ class SessionWaits:
         done: list[Submission] = []
         block = getattr(self.bridge, "wait_command_buffers", None)  # a SimDevice: block until they end
         if block is not None and pending and value is None:  # everything is awaited: block before the first reads
-            block([cb for cb in pending[0].cbs if cb], timeout)
+            cbs = pending[0].cbs  # the usual one command buffer: the tuple itself
+            block(cbs if len(cbs) == 1 and cbs[0] else [cb for cb in cbs if cb], timeout)
+        status = self._status
         while True:
             current = self._timeline_now()
             running: list[int] = []  # the head submit's command buffers that have not ended
             while pending:
                 rec = pending[0]
-                live = [cb for cb in rec.cbs if cb]
-                status = self._status
+                cbs = rec.cbs
+                live = cbs if len(cbs) == 1 and cbs[0] else [cb for cb in cbs if cb]
                 statuses = [int(status(cb)) for cb in live]
                 if MTL.StatusError in statuses:
                     self._fail(rec, deadline)
