@@ -151,6 +151,7 @@ class SimDevice(HostCalls, DeviceHooks, DeviceWaits):
         self._gpu_va = 0x3_0000_0000
         self.leaked_autoreleased = 0
         self._deferred: Exception | None = None
+        self.waits_encoded = False  # an encodeWaitForEvent:value: was sent (a commit's deadlock test needs one)
         self.faults = FaultPlan()
         self.gpu = GPU(self)
         self.gpu.overlap_s = overlap_s
