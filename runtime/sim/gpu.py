@@ -29,6 +29,7 @@ import math
 import numbers
 import random
 import threading
+from collections import deque
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -58,6 +59,7 @@ _START_S = 0.01
 # what a kernel batch (seconds, a recent average) must take for a pipelining host's commits to wake the worker at once
 # (``GPU.overlap_s``, ``SimDevice(overlap_s=...)``): below it the hand-offs cost more than the overlap saves
 OVERLAP_S = 0.0005
+_RECENT_BATCHES = 8  # the kernel batches whose median time ``lazy`` compares with ``overlap_s``
 
 
 def _stops_start(gate: object) -> bool:
@@ -112,9 +114,10 @@ class GPU:
         # runs (``drive``) would wake it at each, at a cost to both threads; ``wake`` and ``stop`` set it
         self._nudge = threading.Event()
         self.napping = False  # the worker thread is idle, napping on ``_nudge`` (a host's wait may then ``drive``)
-        # the recent kernel batches' wall time (seconds, a running average: ``kernels_ran``) and the least of it for
-        # which committed work wakes the worker at once (``lazy``)
-        self.batch_s = 0.0
+        # the recent kernel batches' wall times (seconds: ``kernels_ran``), their median (``batch_s``) and the least
+        # of it for which committed work wakes the worker at once (``lazy``)
+        self._recent: deque[float] = deque([0.0] * _RECENT_BATCHES, maxlen=_RECENT_BATCHES)
+        self._batch_s = 0.0
         self._overlap_s = OVERLAP_S
 
     @property
@@ -167,14 +170,15 @@ class GPU:
         if self.dev.autorun:
             self._ensure_worker()
 
-    def _may_start(self) -> bool:
+    def _may_start(self, driving: int = 0) -> bool:
         """Whether the committing host thread starts the command buffer it just committed to an idle GPU itself, up
         to its first batch of kernels (``_advance(starting=True)``), instead of leaving it all to its next wait: the
         kernels then run on the OpenCL device while the host's Python goes on (the commit's return, the wait's
         messages), as Metal's GPU starts at the commit. The conditions of a host's ``drive``
         (``DeviceWaits._may_drive``) but the wait's length: the OpenCL kernel runner without Oclgrind's checks
-        (``checked``) and no fault armed, on a thread that is not the worker, with no other thread in a step."""
-        if self.busy or self.drivers or self.injected_fault is not None or self.faulty or self.dev.checked:
+        (``checked``) and no fault armed, on a thread that is not the worker, with no other thread in a step nor
+        driving (``driving``: the calling thread's own ``drive``, 1 there)."""
+        if self.busy or self.drivers > driving or self.injected_fault is not None or self.faulty or self.dev.checked:
             return False
         runner = self.dev._runner
         worker = self.thread
@@ -208,7 +212,7 @@ class GPU:
         GIL, a TinyJit loop of 8 short kernels ran ~5-10% more CPU per call with the worker woken at each commit);
         a batch as long as ``overlap_s`` switches a pipelining host back to the overlap (docs/simulator.md, "Who
         runs the GPU")."""
-        return self.batch_s < self.overlap_s
+        return self._batch_s < self._overlap_s
 
     def polling(self, obj: object) -> bool:
         """Whether a host reading a one-field getter of ``obj`` (``status``, ``signaledValue``, ``contents``:
@@ -222,9 +226,23 @@ class GPU:
         return not self.lazy
 
     def kernels_ran(self, seconds: float) -> None:
-        """A batch of kernels ran ``seconds`` (wall time, the device lock released): the running average ``lazy``
-        reads (each batch weighs a quarter)."""
-        self.batch_s += (seconds - self.batch_s) * 0.25
+        """A batch of kernels ran ``seconds`` (wall time, the device lock released): one of the recent batches whose
+        median ``lazy`` reads."""
+        recent = self._recent
+        recent.append(seconds)
+        self._batch_s = sorted(recent)[_RECENT_BATCHES // 2]
+
+    @property
+    def batch_s(self) -> float:
+        """The recent kernel batches' wall time, seconds: the (upper) median of the last ``_RECENT_BATCHES``
+        (``kernels_ran``), which one slow batch (a burst of load on the machine) does not move. Setting it makes
+        every recent batch that long."""
+        return self._batch_s
+
+    @batch_s.setter
+    def batch_s(self, seconds: float) -> None:
+        self._recent.extend([seconds] * _RECENT_BATCHES)
+        self._batch_s = seconds
 
     def wake(self) -> None:
         """Wake the worker thread for work ``submit`` left without waking it (the lock held): called by a wait that
@@ -437,6 +455,7 @@ class GPU:
                     if cb.status < ended:
                         break
                 else:
+                    self._start_next()
                     return True
                 left = deadline - clock()
                 if left <= 0 or self.stopping:
@@ -452,6 +471,22 @@ class GPU:
                     self.unwoken = True
                 else:
                     self._rouse()
+
+    def _start_next(self) -> None:
+        """After a host's ``drive`` ended what it waited for: start the oldest command buffer committed since (a
+        pipelining host's next one, which its next wait runs) up to its first kernels, as a commit to an idle GPU
+        does (``_may_start``), so they run while the host goes on; not while another command buffer's batch is
+        in flight (the executor's ``in_flight``: starting would wait for it), only while the GPU is lazy (else the
+        worker runs it, woken in ``drive``'s end) and without ``order_seed`` (whose shuffled order ``step_locked``
+        keeps)."""
+        if not self.lazy or self.executor.in_flight is not None or self.dev.order_seed is not None:
+            return
+        head = None
+        for q in self.queues:  # the oldest head, as ``step_locked`` picks it
+            if q.pending and (head is None or q.pending[0].seq < head.seq):
+                head = q.pending[0]
+        if head is not None and head.gate is None and self.dev.autorun and self._may_start(driving=1):
+            self._advance(head, starting=True)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the worker thread (called without the lock held): it ends after the operation it is running. When

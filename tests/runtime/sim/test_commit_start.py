@@ -64,7 +64,7 @@ def test_a_commit_to_an_idle_gpu_leaves_its_kernels_running(program: Program, mo
         assert sub.gpu_ns is not None and sub.gpu_ns >= 0
         got = s.read("buffer:0"), s.read("buffer:1")
     ref = SimDevice("x86_64", family="Apple7", kernel_timeout_s=5.0)
-    monkeypatch.setattr(GPU, "_may_start", lambda self: False)
+    monkeypatch.setattr(GPU, "_may_start", lambda self, driving=0: False)
     with ref, Session(program, ref, timeout_s=5.0) as s:
         _warm(ref, s, 8)
         s.submit(n=8)
@@ -110,3 +110,40 @@ def test_closing_the_device_waits_for_kernels_started_at_a_commit(program: Progr
         assert runner._started is not None
         dev.close()
         assert runner._started is None and runner.stuck is None
+
+
+def test_a_wait_starts_the_next_command_buffer_before_it_returns(program: Program) -> None:
+    """A pipelining host (two Sessions committed in a row, then a wait for the first): the wait runs the first and
+    starts the second up to its kernels, which run while the host goes on; the second's wait takes them."""
+    dev = SimDevice("x86_64", family="Apple7", kernel_timeout_s=5.0)
+    with dev, Session(program, dev, timeout_s=5.0) as a, Session(program, dev, timeout_s=5.0) as b:
+        _warm(dev, a, 8)
+        _warm(dev, b, 8)
+        runner = dev._runner
+        assert type(runner) is KernelRunner
+        first = a.submit(n=8)  # started at its commit
+        second = b.submit(n=8)  # behind it: left to the next wait
+        assert dev.gpu.unwoken
+        a.wait()
+        assert runner._started is not None and runner._started is not first  # the second's batch, running
+        (handle,) = second.cbs
+        assert dev.blocked_on(handle) is None
+        b.wait()
+        assert runner._started is None and b.read("buffer:0") == a.read("buffer:0")
+
+
+def test_one_slow_batch_does_not_end_the_lazy_gpu() -> None:
+    """``lazy`` reads the median of the recent batches: a burst of load that slows one batch leaves it lazy; a run
+    of long batches (kernels worth overlapping) ends it."""
+    with SimDevice("x86_64", overlap_s=0.001) as dev:
+        gpu = dev.gpu
+        for _ in range(8):
+            gpu.kernels_ran(0.0001)
+        gpu.kernels_ran(1.0)
+        assert gpu.lazy and gpu.batch_s == pytest.approx(0.0001)
+        for _ in range(4):
+            gpu.kernels_ran(0.01)
+        assert not gpu.lazy and gpu.batch_s == pytest.approx(0.01)
+        gpu.batch_s = 0.0  # as if every recent batch had been that long
+        gpu.kernels_ran(1.0)
+        assert gpu.lazy
