@@ -17,7 +17,11 @@ two paths of each pair alternating round by round, medians over ``rounds`` round
   per round (one ICB submit per call, then a wait), against the kernel runner running the batch's own launches
   (taken from the ICB's commands: the same kernels, buffers and sizes) as one ``run_batch`` and a ``sync`` per
   call; ``jit_us_per_dispatch`` = their difference divided by the kernels: what a dispatch in a replayed batch
-  costs on top of its kernel (issue 11's target: at most 30 us).
+  costs on top of its kernel, tinygrad's own TinyJit Python included (its inputs' preparation, ``run_linear``).
+- ``graph_us_per_call`` / ``graph_us_per_dispatch``: the same batch through the graph runner alone
+  (``MtlirGraph(input_uops, var_vals)``, what TinyJit calls for the batch, with the arguments it passed): mtlir's
+  own cost of a replayed batch, as ``eager_us`` is mtlir's own cost of an eager call (issue 11's target: at most
+  30 us per dispatch above the kernels).
 - ``*_paired``: the same figures from each round's own pair (the median of the rounds' ratios, or differences per
   dispatch), which a burst of load on a shared machine moves less than the figures from two medians taken apart.
 """
@@ -145,6 +149,29 @@ def measure(rounds: int = 9, calls: int = 20, kernels: int = 8) -> dict[str, Any
 
     jitted = Pair(jit, raw_chain, rounds)
     jit_s, raw_chain_s = jitted.medians()
+
+    seen: list[tuple[Any, ...]] = []  # what TinyJit hands the graph runner (its input UOps, the variables)
+    call = MtlirGraph.__call__
+
+    def record(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(args)
+        return call(self, *args, **kwargs)
+
+    MtlirGraph.__call__ = record  # type: ignore[method-assign]
+    try:
+        chain(x)
+    finally:
+        MtlirGraph.__call__ = call  # type: ignore[method-assign]
+    dev.synchronize()
+    (graph_args,) = seen
+
+    def replay() -> None:  # the graph runner alone: the batch's submit, without TinyJit's own Python
+        for _ in range(calls):
+            graph(*graph_args)
+        dev.synchronize()
+
+    replayed = Pair(replay, raw_chain, rounds)
+    graph_s, raw_graph_s = replayed.medians()
     return {"eager_us": eager_s * 1e6, "raw_us": raw_s * 1e6, "eager_over_raw": eager_s / raw_s,
             "eager_over_raw_paired": single.paired_ratio(),
             "eager_stream_us_per_call": stream_s / calls * 1e6,
@@ -153,6 +180,9 @@ def measure(rounds: int = 9, calls: int = 20, kernels: int = 8) -> dict[str, Any
             "jit_us_per_call": jit_s / calls * 1e6, "jit_raw_us_per_call": raw_chain_s / calls * 1e6,
             "jit_kernels": kernels, "jit_us_per_dispatch": (jit_s - raw_chain_s) / (calls * kernels) * 1e6,
             "jit_us_per_dispatch_paired": jitted.paired_difference() / (calls * kernels) * 1e6,
+            "graph_us_per_call": graph_s / calls * 1e6,
+            "graph_us_per_dispatch": (graph_s - raw_graph_s) / (calls * kernels) * 1e6,
+            "graph_us_per_dispatch_paired": replayed.paired_difference() / (calls * kernels) * 1e6,
             "rounds": rounds}
 
 
