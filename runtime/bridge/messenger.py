@@ -78,10 +78,9 @@ class Messenger:
         if len(proto.args) != 2:
             raise ValueError(f"{selector} takes {len(proto.args) - 2} arguments: getter is for none")
         bridge = self.bridge
-        make = getattr(bridge, "sender", None)
+        make = getattr(bridge, "getter", None)
         if make is not None:  # a SimDevice: the (prototype, SEL) pair's look-ups done once, its checks per message
-            send = make(proto, sel)
-            return lambda receiver: send((receiver, sel))
+            return make(proto, sel)  # type: ignore[no-any-return]
 
         def get(receiver: int) -> Any:
             return bridge.msg_send(proto, (receiver, sel))  # looked up per call, as send does

@@ -25,10 +25,11 @@ from mtlir.errors import ArgumentError, BridgeError, DeviceClosedError
 from mtlir.runtime.metal.bridge import host_target
 from mtlir.runtime.sim.methods import encoding, icb, resources
 from mtlir.runtime.sim.msgsend import (ArgumentDecoder, Method, MethodTable, check_prototype, compile_call,
-                                      compile_send, decode_word, result_value)
+                                      decode_word, result_value)
 from mtlir.runtime.sim.gpu import GPU, OVERLAP_S
 from mtlir.runtime.sim.hooks import DeviceHooks
 from mtlir.runtime.sim.host_memory import HostCalls
+from mtlir.runtime.sim.senders import Senders, _Inline
 from mtlir.runtime.sim.waiting import DeviceWaits
 from mtlir.runtime.sim.injection import Fault, FaultPlan
 from mtlir.runtime.sim.lifetime import dealloc
@@ -70,7 +71,7 @@ class _Route:
         self.call = compile_call(name, method, decoder, dev._objects, dev._lookup, dev.memory)
 
 
-class SimDevice(HostCalls, DeviceHooks, DeviceWaits):
+class SimDevice(HostCalls, DeviceHooks, DeviceWaits, Senders):
     """A simulated Metal device and its Bridge.
 
     ``target``: the ABI ``msg_send`` decodes (``"arm64"``, ``"x86_64"``; default: this machine's,
@@ -137,7 +138,8 @@ class SimDevice(HostCalls, DeviceHooks, DeviceWaits):
         # (SEL, the receiver's class) -> what a message of that pair resolved to (``msg_send``'s fast path)
         self._routes: dict[tuple[int, type], _Route] = {}
         # (id(prototype), SEL) -> (the prototype, its sender): ``sender``'s functions, made once per pair
-        self._senders: dict[tuple[int, Any], tuple[Prototype, Callable[[tuple[Any, ...]], Any]]] = {}
+        self._senders: dict[tuple[Any, ...], tuple[Prototype, Callable[[Any], Any]]] = {}
+        self._inline: dict[tuple[int, Any], _Inline] = {}  # the same pairs: their generated functions
         # each thread's autorelease pool stack (Objective-C's pools are per thread: a pop on one thread never drains
         # another thread's objects), by ``threading.get_ident()``; a thread's entry goes when its stack empties
         self._pools_of: dict[int, list[tuple[int, list[SimObject]]]] = {}
@@ -467,6 +469,8 @@ class SimDevice(HostCalls, DeviceHooks, DeviceWaits):
                             return route.call(self, obj, args)
         return self._msg_send(proto, args)
 
+    _plain_msg_send = msg_send  # (``Senders.sender``: a subclass's own msg_send is called as it is)
+
     def _msg_send(self, proto: Prototype, args: tuple[Any, ...]) -> Any:
         """``msg_send`` in full: every look-up and check, then the route of the pair kept for the fast path."""
         sel = args[1]
@@ -520,76 +524,6 @@ class SimDevice(HostCalls, DeviceHooks, DeviceWaits):
                                                            self.memory) if decoder.kinds else ())
             self._route(sel, obj, method, decoder, name)
             return result_value(expected.ret, result)
-
-    def sender(self, proto: Prototype, sel: Any) -> Callable[[tuple[Any, ...]], Any]:
-        """``send(args)``, the same as ``msg_send(proto, args)`` for messages of one SEL through one prototype
-        object (``args``: the receiver, ``sel`` and the arguments), with the look-ups that depend only on the pair
-        done once: a compiled replay sends each of its messages through one (``CompiledReplay``). Every check of
-        ``msg_send`` stays per message: an error the device deferred and a closed device, the receiver a live
-        object (under the lock), the argument count, each argument decoded, the GPU's hooks (``moved_on``, and
-        ``wake`` for a lockless getter). A pair ``msg_send`` would refuse (an unknown SEL, another prototype) and
-        a receiver class seen for the first time take ``msg_send``'s full path, with its errors, at the message; on
-        a subclass that overrides ``msg_send`` (a test's fault injection) ``send`` is that ``msg_send``. The first
-        receiver class gets the whole message in one generated function
-        (``msgsend.compile_send``: the checks, the lock and the arguments' decoding inline)."""
-        made = self._senders.get((id(proto), sel))
-        if made is not None and made[0] is proto:  # one per pair for the device: every Session's replay shares it
-            return made[1]
-        name = self._sel_names.get(sel) if type(sel) is int else None
-        if (name is None or name not in SELECTORS or not isinstance(proto, Prototype)
-                or type(self).msg_send is not SimDevice.msg_send):  # refused per message; a subclass's own msg_send
-            return lambda args: self.msg_send(proto, args)
-        decoder = self._decoders.get(name)
-        if decoder is None:
-            decoder = self._decoders[name] = ArgumentDecoder(abi_prototype(name, self.target))
-        if id(proto) not in decoder.seen:
-            if proto != decoder.proto or len(decoder.held) >= 16:
-                return lambda args: self.msg_send(proto, args)
-            decoder.held.append(proto)
-            decoder.seen.add(id(proto))
-        nargs, objects, lock, gpu, full = decoder.nargs, self._objects, self._lock, self.gpu, self._msg_send
-        get = objects.get
-        routes: dict[type, _Route] = {}  # the receiver classes seen: their route (``_route``)
-
-        def send(args: tuple[Any, ...]) -> Any:
-            if self._deferred is not None:
-                self._raise_deferred(args)
-            recv = args[0]
-            obj = get(recv) if type(recv) is int else None
-            if obj is not None and len(args) == nargs:
-                route = routes.get(type(obj))
-                if route is not None:
-                    if route.method.lockless:
-                        if gpu.unwoken and gpu.polling(obj):  # as msg_send: a host polling starts the GPU
-                            with lock:
-                                gpu.wake()
-                        return result_value(route.ret, route.method.fn(self, obj))
-                    with lock:
-                        if gpu.fresh is not None:  # the host goes on encoding after a commit
-                            gpu.moved_on()
-                        if get(recv) is obj:
-                            return route.call(self, obj, args)
-                else:
-                    result = full(proto, args)
-                    known = self._routes.get((sel, type(obj)))
-                    if known is not None:
-                        routes[type(obj)] = known
-                        if not fused and specialize is not None:  # the first receiver class: inline from now on
-                            fused.append(type(obj))
-                            specialize(type(obj), known.method)
-                    return result
-            return full(proto, args)
-        compiled = compile_send(name, decoder, self, send, full)
-        fused: list[type] = []
-        fast: Callable[[tuple[Any, ...]], Any]
-        specialize: Callable[[type, Method], None] | None
-        if compiled is None:  # arm64's MTLSize pointers: decoded by the route's call, never inline
-            fused.append(object)
-            fast, specialize = send, None
-        else:
-            fast, specialize = compiled
-        self._senders[(id(proto), sel)] = (proto, fast)  # (the prototype held: its id is not reused)
-        return fast
 
     def _route(self, sel: int, obj: SimObject, method: Method, decoder: ArgumentDecoder, name: str) -> None:
         """Keep what ``sel`` resolved to for ``obj``'s class, for ``msg_send``'s fast path (at most ``_ROUTES``,

@@ -258,16 +258,18 @@ def compile_call(name: str, method: Method, decoder: ArgumentDecoder, objects: M
 
 
 def compile_send(name: str, decoder: ArgumentDecoder, dev: Any, other: Callable[[tuple[Any, ...]], Any],
-                 full: Callable[[Any, tuple[Any, ...]], Any]) -> tuple[Callable[[tuple[Any, ...]], Any],
-                                                                       Callable[[type, Method], None]] | None:
+                 full: Callable[[Any, tuple[Any, ...]], Any], getter_sel: Any = None) -> tuple[
+                     Callable[[Any], Any], Callable[[type, Method], None]] | None:
     """``(send, specialize)``: a generated ``send(args)`` for messages of selector ``name`` through the prototype
     object ``decoder.proto`` stands for (``SimDevice.sender``), with msg_send's fast path, the receiver check under
     the device lock and the arguments' decoding in one function, once ``specialize(cls, method)`` has named the
     receiver class it is for (a lockless getter runs without the lock, starting a GPU a host may be polling, as
-    msg_send does); until then, and for a receiver of any other class, ``send`` is ``other(args)``. A receiver no longer live under the lock takes
-    ``full(proto, args)`` (msg_send's full path, with its errors), an argument the inline decoding does not take
-    the method's ``decode`` (with its errors). None where the arguments cannot be decoded inline (arm64's MTLSize
-    pointers). ``dev``: the SimDevice (its ``_deferred``, lock, GPU and object table)."""
+    msg_send does); until then, and for a receiver of any other class, ``send`` is ``other(args)``. A receiver
+    no longer live under the lock takes ``full(proto, args)`` (msg_send's full path, with its errors), an
+    argument the inline decoding does not take the method's ``decode`` (with its errors). With ``getter_sel`` (the
+    SEL of a selector without arguments) it is ``send(receiver)``, the message ``(receiver, getter_sel)``. None
+    where the arguments cannot be decoded inline (arm64's MTLSize pointers). ``dev``: the SimDevice (its
+    ``_deferred``, lock, GPU and object table)."""
     env: dict[str, Any] = {"get": dev._objects.get, "result_value": result_value, "RET": decoder.proto.ret,
                            "dev": dev, "lock": dev._lock, "gpu": dev.gpu, "other": other, "full": full,
                            "PROTO": decoder.proto, "NARGS": decoder.nargs, "CLS": None, "LOCKLESS": False,
@@ -276,10 +278,12 @@ def compile_send(name: str, decoder: ArgumentDecoder, dev: Any, other: Callable[
     body = _decode_lines(decoder, env, "            ")
     if body is None:
         return None
-    lines = ["def send(args):",
+    head = ["def send(args):", "    recv = args[0]"] if getter_sel is None else \
+        ["def send(recv):", "    args = (recv, SEL)"]
+    env["SEL"] = getter_sel
+    lines = [*head,
              "    if dev._deferred is not None:",  # also set on a closed device (SimDevice.close)
              "        dev._raise_deferred(args)",
-             "    recv = args[0]",
              "    obj = get(recv) if type(recv) is int else None",
              "    if obj is None or type(obj) is not CLS or len(args) != NARGS:",
              "        return other(args)",

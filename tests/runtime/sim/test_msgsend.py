@@ -358,3 +358,32 @@ def test_a_sender_calls_a_subclass_s_own_msg_send() -> None:
         send((dev_handle, sel))
         send((dev_handle, sel))
         assert seen == [sel, sel]
+
+
+def test_a_getter_answers_and_refuses_as_msg_send(x86: Scene) -> None:
+    """``SimDevice.getter(proto, sel)`` (a Session's wait: status, GPU times, release) is ``msg_send`` of
+    ``(receiver, sel)`` with its checks per message, generated once the first receiver class is known."""
+    dev = x86.dev
+    status = dev.getter(abi_prototype("status", "x86_64"), x86.m.sel("status"))
+    release = dev.getter(abi_prototype("release", "x86_64"), x86.m.sel("release"))
+    assert dev.getter(abi_prototype("status", "x86_64"), x86.m.sel("status")) is status  # one per pair
+    cbs = [x86.send(x86.queue, "commandBuffer") for _ in range(3)]
+    for cb in cbs:
+        x86.send(cb, "retain")
+        assert status(cb) == MTL.StatusNotEnqueued  # the first takes msg_send's full path, the others inline
+    release(cbs[0])
+    release(cbs[0])  # +1 of commandBuffer without a pool (leaked, as Objective-C does) and +1 of the retain
+    with pytest.raises(BridgeError, match=r"message sent to deallocated instance"):
+        status(cbs[0])
+    with pytest.raises(BridgeError, match=r"unrecognized selector sent to instance"):
+        status(x86.fence)  # a receiver of another class: msg_send's path and its error
+    with pytest.raises(BridgeError, match=r"is a handle of another SimDevice"):
+        release(0x7000_0000_0000)
+    dev.defer_error(MetalValidationError("a fault the GPU found"))
+    with pytest.raises(MetalValidationError, match="a fault the GPU found"):
+        status(cbs[1])
+    assert status(cbs[1]) == MTL.StatusNotEnqueued
+    release(cbs[1])
+    dev.close()
+    with pytest.raises(DeviceClosedError, match="is closed"):
+        release(cbs[2])
