@@ -63,7 +63,7 @@ def _direct_key(p: Pipeline, d: Dispatch) -> tuple[Any, ...] | None:
 
 # What a command buffer's generator yields once it has enqueued a batch of kernels (``Executor._start``) that it
 # waits for at its next step: a gate that is always open. A host thread starting the command buffer at its commit
-# (``GPU.start``) stops there and goes on with its own work while the kernels run; any other thread going on
+# (``GPU._may_start``) stops there and goes on with its own work while the kernels run; any other thread going on
 # waits for them at once.
 KERNELS_IN_FLIGHT = Gate(lambda: True, "its kernels, running", None)
 # What it yields instead, only to a thread starting it (``GPU.starting``), before an operation that would run kernels
@@ -151,7 +151,7 @@ class Executor:
                 # to pass through at every step): its launches MAX_BATCH at a time, as the full path would (its
                 # ``chunks``: the batches and their launches made when it was kept). With autorun each batch is
                 # started, then waited for at the next step (``KERNELS_IN_FLIGHT``): a host thread that starts the
-                # command buffer at its commit (``GPU.start``) goes on while the kernels run
+                # command buffer at its commit (``GPU._may_start``) goes on while the kernels run
                 self.gpu.kernels_run += kept.dispatches
                 chunks = kept.chunks
                 last = len(chunks) - 1
