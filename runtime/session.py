@@ -202,21 +202,19 @@ class Session(SessionWaits):
         """``submit`` with its variables as a dict it may change (the timeline value goes into it): a
         ``SessionRing`` passes its own, with no second copy."""
         self._check_open("submit")
-        if self.timeline_var is not None and self.timeline_var not in values:
-            values[self.timeline_var] = self.timeline_values.value + 1
+        tv = self.timeline_var
+        if tv is not None and tv not in values:
+            values[tv] = self.timeline_values.value + 1
         if self.serialize and self.inflight:
             bind_variables(self.program, values)  # this submit's own bad value first, not behind the wait
             self._wait(None, self.timeout_s)
-        value = int(values[self.timeline_var]) if self.timeline_var is not None else None
-        b = self.bridge
+        value = int(values[tv]) if tv is not None else None
         t0 = time.perf_counter()
-        slots = self._slots
-        if slots is not None:
-            view = self._slot_view
-            if view is not None:
-                view[:] = self._slot_zeros
-            else:
-                b.write(slots[0], self._slot_zeros)
+        view = self._slot_view  # (a view only where there is a cbslots table)
+        if view is not None:
+            view[:] = self._slot_zeros
+        elif self._slots is not None:
+            self.bridge.write(self._slots[0], self._slot_zeros)
         try:
             pool = self.messenger.push()
         except BaseException as e:  # nothing of this submit ran: an error the device deferred, a closed device
@@ -224,7 +222,7 @@ class Session(SessionWaits):
             raise
         try:
             self.executor.run(**values)
-            cbs = self._read_slots()
+            cbs = self._slot_struct.unpack(view) if view is not None else self._read_slots()
             self.messenger.pop(pool)
         except BaseException as e:
             self._failed_run(e, pool, value, t0)
