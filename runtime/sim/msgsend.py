@@ -285,7 +285,7 @@ def compile_send(name: str, decoder: ArgumentDecoder, dev: Any, other: Callable[
              "    if dev._deferred is not None:",  # also set on a closed device (SimDevice.close)
              "        dev._raise_deferred(args)",
              "    obj = get(recv) if type(recv) is int else None",
-             "    if obj is None or type(obj) is not CLS or len(args) != NARGS:",
+             "    if obj is None or type(obj) is not CLS" + (" or len(args) != NARGS:" if getter_sel is None else ":"),
              "        return other(args)",
              "    if LOCKLESS:",  # a one-field getter: no lock (a host polling status never stalls the GPU)
              "        if gpu.unwoken and gpu.polling(obj):",  # a host may be polling: the GPU starts now
