@@ -22,24 +22,28 @@ __all__ = ["Senders"]
 
 class _Inline:
     """The generated functions of one (prototype, SEL) pair (``SimDevice.sender`` and ``getter``), specialized
-    together on the first receiver class a message of the pair resolves (``msgsend.compile_send``)."""
+    together on the first receiver class a message of the pair resolves (``msgsend.compile_send``), once (two host
+    threads resolving at the same time take turns: a function never sees one class's method with another class)."""
 
-    __slots__ = ("first", "specializers")
+    __slots__ = ("first", "specializers", "lock")
 
     def __init__(self) -> None:
         self.first: tuple[type, Method] | None = None
         self.specializers: list[Callable[[type, Method], None]] = []
+        self.lock = threading.Lock()
 
     def add(self, specialize: Callable[[type, Method], None]) -> None:
-        self.specializers.append(specialize)
-        if self.first is not None:
-            specialize(*self.first)
+        with self.lock:
+            self.specializers.append(specialize)
+            if self.first is not None:
+                specialize(*self.first)
 
     def resolve(self, cls: type, method: Method) -> None:
-        if self.first is None:
-            self.first = (cls, method)
-            for specialize in self.specializers:
-                specialize(cls, method)
+        with self.lock:
+            if self.first is None:
+                self.first = (cls, method)
+                for specialize in self.specializers:
+                    specialize(cls, method)
 
 
 class Senders:
