@@ -14,6 +14,8 @@ kernel runs, so work really is in flight while the program goes on.
 from __future__ import annotations
 
 import itertools
+import math
+import numbers
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -71,6 +73,20 @@ class _Route:
         self.call = compile_call(name, method, decoder, dev._objects, dev._lookup, dev.memory)
 
 
+def _seconds(name: str, value: object) -> float:
+    """A timeout argument as seconds: a finite real number >= 0. Raises ``TypeError`` (not a number: a string, a
+    bool, None) or ``ArgumentError`` (negative, NaN, infinite) naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: seconds are a number, got {type(value).__name__} {value!r}")
+    try:
+        seconds = float(value) + 0.0
+    except OverflowError:
+        seconds = math.inf
+    if not 0 <= seconds < math.inf:
+        raise ArgumentError(f"{name}: {value!r} seconds: a finite number >= 0 is needed (every wait has a timeout)")
+    return seconds
+
+
 class SimDevice(HostCalls, DeviceHooks, DeviceWaits, Senders):
     """A simulated Metal device and its Bridge.
 
@@ -101,7 +117,8 @@ class SimDevice(HostCalls, DeviceHooks, DeviceWaits, Senders):
     docs/simulator.md; ``TypeError``/``ArgumentError`` for anything else).
 
     ``bridge`` is the device itself. Raises ``ValueError`` for an unknown target or family, ``ArgumentError``
-    for both ``kernel_runner`` and ``opencl_device``.
+    for both ``kernel_runner`` and ``opencl_device``, ``TypeError``/``ArgumentError`` for a timeout that is not a
+    finite number of seconds >= 0 (every wait has one: an infinite or NaN one would never end).
     """
 
     def __init__(self, target: str | None = None, *, strict: bool = True, family: str = "Apple9",
@@ -118,9 +135,9 @@ class SimDevice(HostCalls, DeviceHooks, DeviceWaits, Senders):
         self.strict = strict
         self.spec = DeviceSpec(family, residency_sets, icb)
         self.autorun = autorun
-        self.timeout_s = float(timeout_s)
-        self.gpu_timeout_s = float(gpu_timeout_s)
-        self.kernel_timeout_s = float(kernel_timeout_s)
+        self.timeout_s = _seconds("timeout_s", timeout_s)
+        self.gpu_timeout_s = _seconds("gpu_timeout_s", gpu_timeout_s)
+        self.kernel_timeout_s = _seconds("kernel_timeout_s", kernel_timeout_s)
         self.closed = False  # close() was called: a Session's close then sends nothing (docs/runtime.md)
         self.constant_align = constant_align
         self.max_buffer_length = max_buffer_length

@@ -170,6 +170,18 @@ def test_overlap_s_is_seconds() -> None:
             SimDevice("x86_64", overlap_s=bad)  # type: ignore[arg-type]
 
 
+def test_the_timeouts_are_seconds() -> None:
+    """Every wait has a timeout: a SimDevice refuses one that is not a finite number of seconds >= 0, naming it."""
+    from mtlir.errors import ArgumentError
+    with SimDevice("x86_64", timeout_s=np.float64(2.5), gpu_timeout_s=0, kernel_timeout_s=10 ** 3) as dev:
+        assert (dev.timeout_s, dev.gpu_timeout_s, dev.kernel_timeout_s) == (2.5, 0.0, 1000.0)
+    for name in ("timeout_s", "gpu_timeout_s", "kernel_timeout_s"):
+        for bad, error in ((-1.0, ArgumentError), (float("nan"), ArgumentError), (float("inf"), ArgumentError),
+                           (10 ** 400, ArgumentError), ("5", TypeError), (True, TypeError), (None, TypeError)):
+            with pytest.raises(error, match=name):
+                SimDevice("x86_64", **{name: bad})  # type: ignore[arg-type]
+
+
 def test_lazy_work_nobody_waits_for_still_starts_for_a_host_polling_an_event(program: Program) -> None:
     """A lazy GPU's committed work starts without any wait: a host spinning on the timeline event's value (a
     lockless getter that does not wake the worker) sees it reach the value within the worker's nap."""
