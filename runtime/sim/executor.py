@@ -412,20 +412,10 @@ class Executor:
         batch, self._batch = self._batch, []
         if not batch:
             return
-        runner = batch[0][0].ck._runner
         cb = self.gpu.advancing
-        try:
-            self.in_flight = (batch, cb.handle if cb is not None else 0)
-            try:
-                fault = self._unlocked(runner.run_batch, [b[0] for b in batch] if launches is None else launches,
-                                       self.dev.kernel_timeout_s, True, write_back)
-            finally:
-                self.in_flight = None
-        except Exception as e:
-            raise self._runner_fault(e, batch) from e
-        if fault is not None:
-            _, p, what = batch[fault[0]]
-            self._access_fault(what, fault[1])
+        self.in_flight = (batch, cb.handle if cb is not None else 0)
+        self._waited(batch, batch[0][0].ck._runner.run_batch, [b[0] for b in batch] if launches is None else launches,
+                     self.dev.kernel_timeout_s, True, write_back)
 
     def _start(self, write_back: bool, launches: list[Launch]) -> tuple[InFlight, list[tuple[Launch, Pipeline, str]],
                                                                           float]:
@@ -449,9 +439,16 @@ class Executor:
         """Wait for a batch ``_start`` enqueued, the device lock released meanwhile, and raise its fault as
         ``_flush`` does. The batch's time for ``GPU.kernels_ran`` is its enqueue and this wait, not the host's work
         in between (a batch started at a commit: ``GPU.starting``)."""
+        self._waited(batch, batch[0][0].ck._runner.finish, flight, extra_s=enqueue_s)
+
+    def _waited(self, batch: list[tuple[Launch, Pipeline, str]], run: Callable[..., Any], *args: Any,
+                extra_s: float = 0.0) -> None:
+        """``run(*args)``, the kernel runner's wait for ``batch`` (``in_flight``, cleared after), through
+        ``_unlocked``; a runner error becomes the command buffer's fault (``_runner_fault``), the fault record of a
+        kernel's access outside its buffers a PageFault naming its dispatch (``_access_fault``)."""
         try:
             try:
-                fault = self._unlocked(batch[0][0].ck._runner.finish, flight, extra_s=enqueue_s)
+                fault = self._unlocked(run, *args, extra_s=extra_s)
             finally:
                 self.in_flight = None
         except Exception as e:

@@ -38,22 +38,24 @@ class _Calls:
             monkeypatch.setattr(runner, name, call)
 
 
-def _warm(dev: SimDevice, s: Session, n: int) -> None:
-    """Two submits of ``n`` (the second replays the ICB range kept by the first), and the worker napping."""
+def _warm(dev: SimDevice, s: Session, n: int) -> KernelRunner:
+    """Two submits of ``n`` (the second replays the ICB range kept by the first), and the worker napping: the
+    device's kernel runner."""
     for _ in range(2):
         s.submit(n=n)
         s.wait()
     time.sleep(0.02)
     dev.gpu.batch_s = 0.0  # (the first runs' one-time costs forgotten: short kernels, a lazy GPU)
     assert dev.gpu.lazy and dev.gpu.thread is not None
+    runner = dev._runner
+    assert type(runner) is KernelRunner
+    return runner
 
 
 def test_a_commit_to_an_idle_gpu_leaves_its_kernels_running(program: Program, monkeypatch: pytest.MonkeyPatch) -> None:
     dev = SimDevice("x86_64", family="Apple7", kernel_timeout_s=5.0)
     with dev, Session(program, dev, timeout_s=5.0) as s:
-        _warm(dev, s, 8)
-        runner = dev._runner
-        assert type(runner) is KernelRunner
+        runner = _warm(dev, s, 8)
         calls = _Calls(dev, runner, monkeypatch).calls
         sub = s.submit(n=8)
         me = threading.current_thread().name
@@ -77,9 +79,7 @@ def test_a_commit_never_waits_for_kernels(program: Program, monkeypatch: pytest.
     start stops before it, and the wait runs it."""
     dev = SimDevice("x86_64", family="Apple7", kernel_timeout_s=5.0)
     with dev, Session(program, dev, timeout_s=5.0) as s:
-        _warm(dev, s, 8)
-        runner = dev._runner
-        assert type(runner) is KernelRunner
+        runner = _warm(dev, s, 8)
         calls = _Calls(dev, runner, monkeypatch).calls
         (handle,) = s.submit(n=13).cbs
         assert calls == [] and runner._started is None
@@ -103,9 +103,7 @@ def test_the_lazy_policy_times_a_started_batch_without_the_hosts_work(program: P
 def test_closing_the_device_waits_for_kernels_started_at_a_commit(program: Program) -> None:
     dev = SimDevice("x86_64", family="Apple7", kernel_timeout_s=5.0)
     with Session(program, dev, timeout_s=5.0) as s:
-        _warm(dev, s, 8)
-        runner = dev._runner
-        assert type(runner) is KernelRunner
+        runner = _warm(dev, s, 8)
         s.submit(n=8)
         assert runner._started is not None
         dev.close()
@@ -118,9 +116,7 @@ def test_a_wait_starts_the_next_command_buffer_before_it_returns(program: Progra
     dev = SimDevice("x86_64", family="Apple7", kernel_timeout_s=5.0)
     with dev, Session(program, dev, timeout_s=5.0) as a, Session(program, dev, timeout_s=5.0) as b:
         _warm(dev, a, 8)
-        _warm(dev, b, 8)
-        runner = dev._runner
-        assert type(runner) is KernelRunner
+        runner = _warm(dev, b, 8)
         first = a.submit(n=8)  # started at its commit
         second = b.submit(n=8)  # behind it: left to the next wait
         assert dev.gpu.unwoken
