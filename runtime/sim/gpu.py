@@ -177,8 +177,10 @@ class GPU:
         messages), as Metal's GPU starts at the commit. The conditions of a host's ``drive``
         (``DeviceWaits._may_drive``) but the wait's length: the OpenCL kernel runner without Oclgrind's checks
         (``checked``) and no fault armed, on a thread that is not the worker, with no other thread in a step nor
-        driving (``driving``: the calling thread's own ``drive``, 1 there)."""
-        if self.busy or self.drivers > driving or self.injected_fault is not None or self.faulty or self.dev.checked:
+        driving (``driving``: the calling thread's own ``drive``, 1 there); and not with the device's
+        ``order_seed``, whose runs keep the scheduler's shuffled order alone (``step_locked``)."""
+        if self.busy or self.drivers > driving or self.injected_fault is not None or self.faulty or self.dev.checked \
+                or self.dev.order_seed is not None:
             return False
         runner = self.dev._runner
         worker = self.thread
@@ -476,10 +478,9 @@ class GPU:
         """After a host's ``drive`` ended what it waited for: start the oldest command buffer committed since (a
         pipelining host's next one, which its next wait runs) up to its first kernels, as a commit to an idle GPU
         does (``_may_start``), so they run while the host goes on; not while another command buffer's batch is
-        in flight (the executor's ``in_flight``: starting would wait for it), only while the GPU is lazy (else the
-        worker runs it, woken in ``drive``'s end) and without ``order_seed`` (whose shuffled order ``step_locked``
-        keeps)."""
-        if not self.lazy or self.executor.in_flight is not None or self.dev.order_seed is not None:
+        in flight (the executor's ``in_flight``: starting would wait for it), and only while the GPU is lazy (else
+        the worker runs it, woken in ``drive``'s end)."""
+        if not self.lazy or self.executor.in_flight is not None:
             return
         head = None
         for q in self.queues:  # the oldest head, as ``step_locked`` picks it
@@ -510,6 +511,7 @@ class GPU:
         runner = self.dev._runner
         if type(runner) is KernelRunner:  # kernels started at a commit (``_may_start``) and not waited for
             runner.drain(timeout_s)
+            runner.release_threads()
 
     def signal(self, ev: SharedEvent, value: int) -> None:
         """The GPU signals ``ev``: the value only increases, a smaller one is ignored (rule 12). The results so far

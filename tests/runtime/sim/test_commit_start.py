@@ -14,11 +14,13 @@ from typing import Any
 import pytest
 from progbuild import submit_program
 
+from mtlir.metal import MTL
 from mtlir.program.program import Program
 from mtlir.runtime.session import Session
 from mtlir.runtime.sim.device import SimDevice
 from mtlir.runtime.sim.gpu import GPU
 from mtlir.runtime.sim.kernels.runner import KernelRunner
+from mtlir.runtime.sim.objects import CommandBuffer
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +145,30 @@ def test_one_slow_batch_does_not_end_the_lazy_gpu() -> None:
         gpu.batch_s = 0.0  # as if every recent batch had been that long
         gpu.kernels_ran(1.0)
         assert gpu.lazy
+
+
+def test_a_seeded_order_is_left_to_the_scheduler(program: Program) -> None:
+    """With ``order_seed`` nothing starts at a commit: the shuffled order of the scheduler's steps alone decides."""
+    dev = SimDevice("x86_64", family="Apple7", kernel_timeout_s=5.0, order_seed=3)
+    with dev, Session(program, dev, timeout_s=5.0) as s:
+        _warm(dev, s, 8)
+        (handle,) = s.submit(n=8).cbs
+        cb = dev.object(handle)
+        assert isinstance(cb, CommandBuffer) and cb.status == MTL.StatusCommitted
+        s.wait()
+        assert cb.status == MTL.StatusCompleted
+
+
+def test_closing_a_device_ends_its_opencl_wait_thread(program: Program) -> None:
+    for _ in range(2):
+        dev = SimDevice("x86_64", family="Apple7", kernel_timeout_s=5.0)
+        with dev, Session(program, dev, timeout_s=5.0) as s:
+            for n in (8, 13):  # the full checks' run_batch waits on the waiter thread
+                s.submit(n=n)
+                s.wait()
+            runner = dev._runner
+            assert type(runner) is KernelRunner
+            thread = runner._waiter._thread
+            assert thread is not None and thread.is_alive()
+        thread.join(5.0)
+        assert not thread.is_alive()
