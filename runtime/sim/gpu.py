@@ -486,8 +486,8 @@ class GPU:
         for q in self.queues:  # the oldest head, as ``step_locked`` picks it
             if q.pending and (head is None or q.pending[0].seq < head.seq):
                 head = q.pending[0]
-        if head is not None and head.gate is None and self.dev.autorun and self._may_start(driving=1):
-            self._advance(head, starting=True)
+        if head is not None and head.status == MTL.StatusCommitted and self.dev.autorun and self._may_start(driving=1):
+            self._advance(head, starting=True)  # (Committed: not begun, so not stopped before a blocking operation)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the worker thread (called without the lock held): it ends after the operation it is running. When
