@@ -15,6 +15,7 @@ from types import MappingProxyType
 from mtlir.runtime.sim.msl.guard.access import deref, device_cast, pointer_declaration, prefix_increment
 from mtlir.runtime.sim.msl.guard.bound import _SPACES
 from mtlir.runtime.sim.msl.guard.loops import loop_guard
+from mtlir.runtime.sim.msl.guard.pointers import pointer_group
 from mtlir.runtime.sim.msl.lex import ID, NUM, PP
 from mtlir.runtime.sim.msl.names import MATRIX_TYPES, OPENCL_ONLY_KEYWORDS, SCALARS, VECTORS
 from mtlir.runtime.sim.msl.simd import (MATRIX_FUNCTIONS, SIMD_FUNCTIONS, matrix_function, matrix_type, simd_function,
@@ -31,6 +32,7 @@ __all__ = ["TOKEN_RULES"]
 _ENTRIES: tuple[tuple[TokenRule, tuple[str, ...]], ...] = (
     (deref, ("*",)),
     (device_cast, ("(",)),
+    (pointer_group, ("(",)),
     (loop_guard, ("for", "while")),
     (prefix_increment, ("++", "--")),
     (pointer_declaration, (*sorted(_SPACES), "threadgroup", "thread")),

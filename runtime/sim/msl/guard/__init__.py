@@ -9,7 +9,9 @@ their *provenance*), and rewrites each access it finds:
 
 - ``p[e]`` -> the access at ``p + (e)``; ``p->f`` -> the access at ``p``;
 - ``*X`` where the pointer expression ``X`` involves exactly one tracked pointer at its top level (``*(p + e)``,
-  ``*((device float4*)(p + e))``, ``*p++``) -> the access at ``X``.
+  ``*((device float4*)(p + e))``, ``*p++``, ``*(c ? p : q)``: one buffer) -> the access at ``X``;
+- ``(X)[e]``, ``(X)->f`` for a pointer to vectors ``X`` (``((device float4*)(p + 1))[i]``, ``(c ? p : q)[i]``)
+  -> the access at ``(X) + (e)``, ``(X)``.
 
 An access becomes ``(*({ __auto_type a = (X); __MTL_CHK(a, start, length, code); }))`` (the macro is
 ``(__typeof__(a))__mtl_chk((__global uchar*)(a), sizeof(*(a)), start, length, __mtl_fault, code)``): a GNU
@@ -22,12 +24,12 @@ buffer after the run (``kernels.runner``) and raises ``KernelAccessError``; the 
 PageFault (``gpu``).
 
 What the translator cannot follow it refuses with ``UnsupportedKernelError`` naming the pointer, never running it
-unchecked: a buffer pointer used in any other way (compared, converted to an integer, passed to a macro, stored
-in a variable that is not a ``device``/``constant`` pointer), a dereference whose pointer mixes two buffers or
-comes from no buffer at all (``*((device float*)(x))``), a pointer variable used before it is assigned from a
-buffer, a cast of an integer to a ``device`` pointer, a function returning one, ``device`` pointers in structs or
-prototypes, a top-level ``#define`` naming a buffer parameter. Helper functions with ``device T*`` parameters get
-the bounds as hidden extra parameters, passed at each call.
+unchecked: a buffer pointer used in any other way (compared with anything but a pointer into its own buffer,
+converted to an integer, passed to a macro, stored in a variable that is not a ``device``/``constant`` pointer), a
+dereference whose pointer mixes two buffers or comes from no buffer at all (``*((device float*)(x))``), a pointer
+variable used before it is assigned from a buffer, a cast of an integer to a ``device`` pointer, a function
+returning one, ``device`` pointers in structs or prototypes, a top-level ``#define`` naming a buffer parameter.
+Helper functions with ``device T*`` parameters get the bounds as hidden extra parameters, passed at each call.
 
 A kernel's own fixed-size arrays (``float buf0[16];``, ``threadgroup float buf1[16];``) are tracked the same way,
 bounded by their own bytes (``__MTL_CHK_L``/``__MTL_CHK_P`` with scratch areas of their address space); an
@@ -41,6 +43,7 @@ NVIDIA's OpenCL faults on when the vector is not aligned to its size. The transl
 vector accesses and emit no check; scalar accesses stay as written and nothing is refused for the checks' sake.
 
 The pieces, one idea each: ``bound`` (``Bound``, ``Guard``, the names and sizes the translated kernel and the runner
-share), ``scan`` (reading the tokens around an access), ``access`` (the checked accesses), ``vector`` (the forms of
-a vector access) and ``loops`` (the loops that end after a fault). Their token rules run from the translator's table (``msl.token_rules.TOKEN_RULES``).
+share), ``scan`` (reading the tokens around an access), ``access`` (the checked accesses), ``pointers`` (parenthesised
+vector pointers, ``&p[i]``, comparisons, and the ``Bound`` a pointer expression's names share), ``vector`` (the
+forms of a vector access) and ``loops`` (the loops that end after a fault). Their token rules run from the translator's table (``msl.token_rules.TOKEN_RULES``).
 """

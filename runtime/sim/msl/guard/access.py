@@ -7,6 +7,8 @@ and refuse what they cannot follow.
 from __future__ import annotations
 
 from mtlir.runtime.sim.msl.guard.bound import _HOW, _SPACES, FAULT_PARAM, Bound
+from mtlir.runtime.sim.msl.guard.pointers import (_address_of_element, _bound_of, _checking, _compared, _group_pointer,
+                                                  _refuse_pointer_array)
 from mtlir.runtime.sim.msl.guard.scan import (_SPACE_OF, _expression_end, _is_cast, _is_write, _literal, _member,
                                               _operand_end, _pointee, _pointer_names, _split_args, _unary)
 from mtlir.runtime.sim.msl.guard.vector import VectorAccess, checked, vector_access, vector_increment
@@ -18,24 +20,6 @@ __all__ = ["guarded_access", "deref", "guard_name", "pointer_declaration", "help
            "pointer_argument", "prefix_increment"]
 
 
-def _bound_of(ts: list[Token], names: list[int], ctx: Ctx, where: Token, what: str) -> Bound:
-    """The one Bound the tracked names at ``names`` share; refuses none, several, or an unassigned variable."""
-    assert ctx.guard is not None
-    ptrs = ctx.guard.ptrs
-    bounds = {ptrs[ts[j].text] for j in names}
-    if None in bounds:
-        name = next(ts[j].text for j in names if ptrs[ts[j].text] is None)
-        refuse(where, name, f"the pointer variable `{name}` is used in {what} before it is initialised or "
-                            f"assigned from a buffer, so its accesses cannot be bounds-checked ({_HOW})")
-    if len(bounds) != 1:
-        which = ", ".join(sorted({ts[j].text for j in names}))
-        refuse(where, which, f"{what} mixes the buffer pointers {which}: the translator cannot tell which "
-                             f"buffer it points into, so it cannot bounds-check it ({_HOW})")
-    b = bounds.pop()
-    assert b is not None
-    return b
-
-
 def guarded_access(pointer: list[Token], bound: Bound, write: bool, ctx: Ctx) -> list[Token]:
     """The tokens of a checked access to a scalar or struct: the lvalue ``*pointer`` where ``pointer`` (OpenCL
     tokens) is evaluated once, checked against ``bound``, and replaced by the scratch area when out of range
@@ -44,10 +28,6 @@ def guarded_access(pointer: list[Token], bound: Bound, write: bool, ctx: Ctx) ->
         return [tok("(*", RAW), *pointer, tok(")", RAW)]
     a, check = checked(bound, write, ctx)
     return [tok(f"(*({{ __auto_type {a} = (", RAW), *pointer, tok(f"); {check}; }}))", RAW)]
-
-
-def _checking(ctx: Ctx) -> bool:
-    return ctx.guard is not None and ctx.guard.checked
 
 
 def _array_declaration(ts: list[Token], i: int, ctx: Ctx) -> None:
@@ -176,6 +156,14 @@ def prefix_increment(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
                               f"a buffer, so its accesses cannot be bounds-checked ({_HOW})")
         vector, space = g.vectors[t.text], bound.space if bound is not None else g.spaces[t.text]
         pointer = _indexed(ts, a, ctx)[0]
+    elif (t.text == "(" and not _is_cast(ts, a, ctx) and at(ts, group_end(ts, a) + 1).text == "["
+          and group_end(ts, group_end(ts, a) + 1) + 1 == b):  # `++(c ? p : q)[i]`
+        typed = _group_pointer(ts, a, ctx)
+        if typed is None:
+            return None
+        pointer, vector, space, bound = typed
+        bracket = group_end(ts, a) + 1
+        pointer += [tok("+", PUNCT, " "), tok("(", PUNCT, " "), *rewrite(ts, ctx, bracket + 1, b - 1), tok(")")]
     else:
         return None
     return after - i, vector_increment(VectorAccess(tuple(pointer), vector, space, bound), None, ts[i].text, True, ctx)
@@ -208,6 +196,8 @@ def guard_name(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
         _array_declaration(ts, i, ctx)
         return None
     if name in g.spaces and name not in g.ptrs and nxt in ("[", "->") and not _member(ts, i):
+        if _address_of_element(ts, i, ctx):
+            return 1, [tok(cl_name(name), ID)]  # `&t[i]`: an address (`t + i`), no access
         return _vector_name_access(ts, i, ctx, None, g.vectors[name], g.spaces[name])
     if name not in g.ptrs or _member(ts, i):
         return None
@@ -222,7 +212,7 @@ def guard_name(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
         if nxt == "[" and bound.space != "global" and _constant_element(ts, i, group_end(ts, i + 1) + 1, ctx):
             return 1, [out]  # name[K] within a literal-size array: checked here, the tokens pass as they are
         vector = g.vectors.get(name)
-        if vector is not None:
+        if vector is not None and not _address_of_element(ts, i, ctx):
             return _vector_name_access(ts, i, ctx, bound, vector, bound.space)
         if not g.checked:
             return 1, [out]  # without checks a scalar access stays as it is written
@@ -248,6 +238,8 @@ def guard_name(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
         return 1, [out]
     if bound is not None and bound.space != "global" or not g.checked:
         return 1, [out]  # a threadgroup or thread array as a pointer (passed on, ...), or no checks: passed as it is
+    if _compared(ts, i, ctx):
+        return 1, [out]  # `q < p + 2`: a comparison reads no memory, and its value is no pointer
     refuse(t, name, f"the simulated device bounds-checks every access to a buffer and cannot follow this use of the "
                     f"buffer pointer `{name}` ({_HOW})")
 
@@ -330,6 +322,7 @@ def pointer_declaration(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
         j += 1
     name = at(ts, j)
     after = at(ts, j + 1).text
+    _refuse_pointer_array(ts, i, j, ctx)
     if name.kind != ID or after not in ("=", ";", ",") or id(name) in ctx.guard.allowed:
         return None  # a cast (device float4*)(...), a helper's parameter, or something the other rules judge
     if after == "," or (after == "=" and at(ts, _expression_end(ts, j + 2)).text == ","):
@@ -359,6 +352,7 @@ def _vector_pointer_variable(ts: list[Token], i: int, ctx: Ctx) -> None:
     while at(ts, j).kind == ID and at(ts, j).text in ("const", "volatile", "restrict", "__restrict", "__restrict__"):
         j += 1
     name = at(ts, j)
+    _refuse_pointer_array(ts, i, j, ctx)
     if name.kind != ID or name.text in g.ptrs or at(ts, j + 1).text not in ("=", ";", ",", ")"):
         return
     vectors = [storage_type(t.text) for t in ts[i + 1:j] if t.kind == ID and t.text in VECTORS]

@@ -225,7 +225,17 @@ def _pointee(ts: list[Token], a: int, b: int, ctx: Ctx) -> tuple[str, str | None
     (``p + n``, ``p - n``) or any other term of it that is the pointer alone (``n + p``, ``4 * i + (p)``)."""
     while b - a >= 2 and ts[a].text == "(" and group_end(ts, a) == b - 1:
         a, b = a + 1, b - 1
+    comma = _top_level(ts, a, b, (",",))
+    if comma:  # `(e, p)`: the last operand's
+        return _pointee(ts, comma[-1] + 1, b, ctx)
+    branch = _true_branch(ts, a, b)
+    if branch is not None:  # `c ? p : q`: the branches' type (MSL requires them to agree)
+        return _pointee(ts, *branch, ctx)
     t = at(ts, a)
+    g = ctx.guard
+    if (t.text == "&" and g is not None and at(ts, a + 1).kind == ID and at(ts, a + 1).text in g.vectors
+            and at(ts, a + 2).text == "[" and group_end(ts, a + 2) == b - 1):  # `&p[i]`
+        return g.vectors[ts[a + 1].text], g.spaces.get(ts[a + 1].text)
     if t.kind == PUNCT and t.text == "(" and _is_cast(ts, a, ctx):
         inner = ts[a + 1:group_end(ts, a)]
         names = [x.text for x in inner if x.kind == ID and x.text in VECTORS]
@@ -233,12 +243,15 @@ def _pointee(ts: list[Token], a: int, b: int, ctx: Ctx) -> tuple[str, str | None
             return None
         spaces = [_SPACE_OF[x.text] for x in inner if x.kind == ID and x.text in _SPACE_OF]
         return storage_type(names[0]), spaces[0] if spaces else None
-    g = ctx.guard
     if g is None:
         return None
     if t.kind == ID and t.text in g.vectors:
         return g.vectors[t.text], g.spaces.get(t.text)
-    for s, e in _terms(ts, a, b)[1:]:
+    terms = _terms(ts, a, b)
+    s, e = terms[0]
+    if len(terms) > 1 and ts[s].text == "(" and group_end(ts, s) == e - 1 and not _is_cast(ts, s, ctx):
+        return _pointee(ts, s, e, ctx)  # `(c ? p : q) + 1`
+    for s, e in terms[1:]:
         while e - s >= 2 and ts[s].text == "(" and group_end(ts, s) == e - 1:
             s, e = s + 1, e - 1
         if e - s == 1 and ts[s].kind == ID and ts[s].text in g.vectors:
@@ -265,3 +278,32 @@ def _terms(ts: list[Token], a: int, b: int) -> list[tuple[int, int]]:
         j += 1
     spans.append((s, b))
     return spans
+
+
+def _top_level(ts: list[Token], a: int, b: int, texts: tuple[str, ...]) -> list[int]:
+    """Indices of the tokens of ``texts`` in ``ts[a:b]`` outside brackets."""
+    out: list[int] = []
+    j = a
+    while j < b:
+        t = ts[j]
+        if t.kind == PUNCT and t.text in ("(", "[", "{"):
+            j = group_end(ts, j) + 1
+            continue
+        if t.kind == PUNCT and t.text in texts:
+            out.append(j)
+        j += 1
+    return out
+
+
+def _true_branch(ts: list[Token], a: int, b: int) -> tuple[int, int] | None:
+    """The span of the first branch of the conditional expression ``ts[a:b]`` (``c ? x : y`` -> ``x``; its own
+    nested conditionals skipped), None when ``ts[a:b]`` is no conditional at its top level."""
+    marks = _top_level(ts, a, b, ("?", ":"))
+    if not marks or ts[marks[0]].text != "?":
+        return None
+    depth = 0
+    for j in marks:
+        depth += 1 if ts[j].text == "?" else -1
+        if depth == 0:
+            return marks[0] + 1, j
+    return None

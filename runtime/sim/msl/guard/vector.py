@@ -102,6 +102,16 @@ def vector_element(acc: VectorAccess, k: int, write: bool, ctx: Ctx) -> list[Tok
     return [head, *acc.pointer, tok(f"); {check}; }}) + {k}))", RAW)]
 
 
+def vector_subscript(acc: VectorAccess, index: list[Token], write: bool, ctx: Ctx) -> list[Token]:
+    """The lvalue of element ``index`` (OpenCL tokens) of the vector, ``p[i][j]``: the element's own address,
+    ``(*({ __auto_type a = (__global float*)(P) + (j); CHECK; }))``, checked as an access of one element (an index
+    outside the vector, undefined on Metal, is still kept inside the buffer)."""
+    a, check = checked(acc.bound, write, ctx)
+    elem = VECTORS[acc.vector][0]
+    head = tok(f"(*({{ __auto_type {a} = ({SPACE_QUALIFIER[acc.space]} {elem}*)(", RAW)
+    return [head, *acc.pointer, tok(") + (", RAW), *index, tok(f"); {check}; }}))", RAW)]
+
+
 def _gather(p: str, elem: str, comps: list[int] | None, n: int) -> str:
     """The elements ``comps`` of the vector at ``p`` as a value (all of it: ``vloadN``)."""
     if comps is None:
@@ -164,7 +174,7 @@ def vector_access(ts: list[Token], start: int, end: int, acc: VectorAccess, ctx:
     elements is refused (``++p->xy``: write ``p->xy += 1``); on a whole vector it is ``vector_increment``,
     called by ``access.prefix_increment``."""
     k, close = end, False
-    if member is None and _parenthesised(ts, start, end) and at(ts, end + 1).text in (".", "++", "--", *_ASSIGN):
+    if member is None and _parenthesised(ts, start, end) and at(ts, end + 1).text in (".", "[", "++", "--", *_ASSIGN):
         k, close = end + 1, True
     if member is not None:
         k = member
@@ -178,7 +188,13 @@ def vector_access(ts: list[Token], start: int, end: int, acc: VectorAccess, ctx:
     before = at(ts, start - 2 if close else start - 1)
     prefixed = before.kind == PUNCT and before.text in ("++", "--")
     out: list[Token]
-    if op.kind == PUNCT and op.text in _ASSIGN and not (comps is not None and len(comps) == 1):
+    if comps is None and op.kind == PUNCT and op.text == "[":  # `p[i][j]`, `(*p)[j]`: an element's lvalue
+        bracket = group_end(ts, k)
+        nxt = at(ts, bracket + 1)
+        write = nxt.kind == PUNCT and (nxt.text in _ASSIGN or nxt.text in ("++", "--")) or prefixed
+        out = vector_subscript(acc, rewrite(ts, ctx, k + 1, bracket), write, ctx)
+        k = bracket + 1
+    elif op.kind == PUNCT and op.text in _ASSIGN and not (comps is not None and len(comps) == 1):
         after = _expression_end(ts, k + 1)
         out, k = _store(acc, comps, op.text, rewrite(ts, ctx, k + 1, after), ctx), after
     elif op.kind == PUNCT and op.text in ("++", "--") and not (comps is not None and len(comps) == 1):

@@ -6,6 +6,7 @@ import pytest
 
 from mtlir.runtime.sim.msl.guard.access import deref, device_cast, pointer_declaration
 from mtlir.runtime.sim.msl.guard.loops import loop_guard
+from mtlir.runtime.sim.msl.guard.pointers import pointer_group
 from mtlir.runtime.sim.msl.lex import render, tokenize
 from mtlir.runtime.sim.msl.prelude import Prelude
 from mtlir.runtime.sim.msl.rewrite import Ctx, constant_space, device_space, rewrite
@@ -15,7 +16,7 @@ from mtlir.runtime.sim.msl.token_rules import TOKEN_RULES
 def test_the_guard_rules_come_first_on_their_tokens() -> None:
     assert TOKEN_RULES["device"] == (pointer_declaration, device_space)
     assert TOKEN_RULES["constant"] == (pointer_declaration, constant_space)
-    assert TOKEN_RULES["*"] == (deref,) and TOKEN_RULES["("] == (device_cast,)
+    assert TOKEN_RULES["*"] == (deref,) and TOKEN_RULES["("] == (device_cast, pointer_group)
     assert TOKEN_RULES["for"] == TOKEN_RULES["while"] == (loop_guard,)
 
 

@@ -326,3 +326,124 @@ def test_the_strict_build_refuses_a_vector_dereference(runner: KernelRunner) -> 
     bad = src.replace("vload4(0, (const __global float*)", "*((__global __mtl_float4_u*)", 1)
     with pytest.raises(runner.cl.RuntimeError):
         runner.cl.Program(runner.context, strict(bad)).build()
+
+
+@pytest.mark.parametrize("run_k", RUNS)
+def test_conditional_comma_and_cast_pointers_indexed_or_dereferenced(runner: KernelRunner, run_k) -> None:  # type: ignore[no-untyped-def]
+    msl = """kernel void k(device float* a, device float* o, uint t [[thread_position_in_grid]]) {
+      device float4* p = (device float4*)(a + 1 + 24 * t);
+      device float4* q = (device float4*)(a + 5 + 24 * t);
+      *(t == 0 ? p : q) = float4(1.0f, 2.0f, 3.0f, 4.0f);
+      *(t == 0 ? q : p) += float4(10.0f, 20.0f, 30.0f, 40.0f);
+      (t == 0 ? p : q)[2] = float4(5.0f, 6.0f, 7.0f, 8.0f);
+      (t == 0 ? q : p)[3].y = 9.0f;
+      *(t, p + 4) *= 2.0f;
+      ++(t == 0 ? p : q)[1];
+      (t != 0 ? p : q)->zw -= float2(0.5f, 0.25f);
+      ((device float4*)(a + 1 + 24 * t))[5].x += 100.0f;
+      o[2 * t] = (t == 0 ? p : q)[1].z + ((device float4*)(a + 1 + 24 * t))[5].w;
+      float4 r = ((device float4*)(a + 2 + 24 * t))[0];
+      o[2 * t + 1] = r.x - r.w;
+    }"""
+    for checks in (True, False):
+        src = translate(HEAD + msl, bounds_checks=checks).source
+        assert src.count("vstore4(") == 5
+        assert_no_vector_dereference(runner, src)
+    x = np.arange(50, dtype=np.float32)
+    out, o = run_k(runner, msl, [x, np.zeros(4, np.float32)], threads=2)
+    want, want_o = x.copy(), np.zeros(4, np.float32)
+    for t in range(2):
+        p, q = 1 + 24 * t, 5 + 24 * t
+        c, d = (p, q) if t == 0 else (q, p)
+        want[c:c + 4] = [1, 2, 3, 4]
+        want[d:d + 4] += [10, 20, 30, 40]
+        want[c + 8:c + 12] = [5, 6, 7, 8]
+        want[d + 13] = 9
+        want[p + 16:p + 20] *= 2
+        want[c + 4:c + 8] += 1
+        want[d + 2:d + 4] -= [0.5, 0.25]
+        want[p + 20] += 100
+        want_o[2 * t] = want[c + 6] + want[p + 23]
+        want_o[2 * t + 1] = want[p + 1] - want[p + 4]
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(o, want_o)
+
+
+@pytest.mark.parametrize("run_k", RUNS)
+def test_elements_and_addresses_of_vectors_through_pointers_stay_lvalues(runner: KernelRunner, run_k) -> None:  # type: ignore[no-untyped-def]
+    msl = """kernel void k(device float* a, device half* h, uint t [[thread_position_in_grid]]) {
+      device float4* p = (device float4*)(a + 1);
+      (&p[1])->x = 7.0f;
+      (&p[0])[2] = float4(1.0f, 2.0f, 3.0f, 4.0f);
+      *(&p[3]) = p[2] + 1.0f;
+      p[4][2] = 5.0f;
+      p[4][t + 1] += 10.0f;
+      (*p)[3] -= 1.0f;
+      a[0] = p[2][1] + (*(p + 4))[2];
+      device half4* hp = (device half4*)(h + 1);
+      hp[1][2] = 5.0h;
+      hp[0][3] += 1.0h;
+      threadgroup float s[12];
+      for (int j = 0; j < 12; j++) { s[j] = float(j); }
+      threadgroup float4* u = (threadgroup float4*)(s + 1);
+      (&u[1])->y = 70.0f;
+      u[0][1] = 80.0f;
+      a[21] = s[6] + s[2];
+    }"""
+    for checks in (True, False):
+        src = translate(HEAD + msl, bounds_checks=checks).source
+        assert "= (__global float*)(p + (4)) + (2);" in src  # p[4][2]: the element's own address
+        assert_no_vector_dereference(runner, src)
+    x = np.arange(22, dtype=np.float32)
+    hx = np.arange(10, dtype=np.float16)
+    out, hout = run_k(runner, msl, [x, hx])
+    want = x.copy()
+    want[5] = 7
+    want[9:13] = [1, 2, 3, 4]
+    want[13:17] = want[9:13] + 1
+    want[19] = 5
+    want[18] += 10
+    want[4] -= 1
+    want[0] = want[10] + want[19]
+    want[21] = 70 + 80
+    hwant = hx.copy()
+    hwant[7] = 5
+    hwant[4] += 1
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(hout, hwant)
+
+
+@pytest.mark.parametrize("run_k", RUNS)
+def test_vector_pointers_declared_in_for_loop_headers(runner: KernelRunner, run_k) -> None:  # type: ignore[no-untyped-def]
+    msl = """kernel void k(device float* a, uint t [[thread_position_in_grid]]) {
+      device float4* p = (device float4*)(a + 1);
+      for (device float4* r = p; r < p + 2; ++r) { *r += 1.0f; }
+      int n = 0;
+      for (device float4* r = (device float4*)(a + 9); r != (device float4*)(a + 17); r++, n++) { r->w = float(n); }
+    }"""
+    for checks in (True, False):
+        assert_no_vector_dereference(runner, translate(HEAD + msl, bounds_checks=checks).source)
+    x = np.arange(18, dtype=np.float32)
+    out, = run_k(runner, msl, [x])
+    want = x.copy()
+    want[1:9] += 1
+    want[12], want[16] = 0, 1
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("body,construct,why", [
+    ("device float4* ps[2] = {(device float4*)(a + 1), (device float4*)(a + 5)}; *ps[1] = 1.0f;", "ps",
+     "an array of pointers to vectors"),
+    ("device float4* p = (device float4*)(a + 1); thread device float4** pp = &p; **pp = 1.0f;", "**",
+     "a pointer to a pointer to vectors"),
+    ("*(t == 0 ? (device float4*)(a + 1) : (device float4*)(b + 1)) = 1.0f;", "a, b", "mixes the buffer pointers a, b"),
+    ("(t == 0 ? (device float4*)(a + 1) : (device float4*)(b + 1))[1] = 1.0f;", "a, b", "mixes the buffer pointers"),
+])
+def test_vector_pointers_the_translator_cannot_follow_are_refused_with_and_without_checks(
+        body: str, construct: str, why: str) -> None:
+    from mtlir.errors import UnsupportedKernelError
+    msl = f"kernel void k(device float* a, device float* b, uint t [[thread_position_in_grid]]) {{ {body} }}"
+    for checks in (True, False):
+        with pytest.raises(UnsupportedKernelError, match=why) as got:
+            translate(HEAD + msl, bounds_checks=checks)
+        assert got.value.construct == construct
