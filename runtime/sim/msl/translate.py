@@ -36,7 +36,8 @@ from mtlir.runtime.sim.msl.items import (buffer_names, defined_functions, functi
                                           top_level_items)
 from mtlir.runtime.sim.msl.kernel import KernelInfo, translate_kernel
 from mtlir.runtime.sim.msl.lex import ID, PUNCT, RAW, Token, render, tokenize
-from mtlir.runtime.sim.msl.names import MATRIX_TYPES, TEMPLATES, canonical_type_spellings, cl_name, refused_construct
+from mtlir.runtime.sim.msl.names import (MATRIX_TYPES, TEMPLATES, VECTORS, canonical_type_spellings, cl_name,
+                                         refused_construct)
 from mtlir.runtime.sim.msl.prelude import Prelude
 from mtlir.runtime.sim.msl.rewrite import Ctx, argument_spans, at, group_end, refuse, rewrite, tok
 from mtlir.runtime.sim.msl.simd import SIMD_PARAM, SUPPORTED, simd_helpers
@@ -181,6 +182,10 @@ def _translate_function(ts: list[Token], start: int, end: int, ctx: Ctx) -> list
     try:
         ctx.guard = Guard(fault=False, checked=ctx.checks)  # without checks: only the vector accesses' typing
         head = [t for t in ts[start:open_] if t.kind in (ID, PUNCT)]
+        if any(t.text in VECTORS for t in head) and any(t.text == "*" for t in head):
+            refuse(ts[open_ - 1], f"{ts[open_ - 1].text}()", "a function returning a pointer to vectors: the "
+                   "translator could not type the accesses made through it as vector loads and stores (it would "
+                   "dereference the vector pointer, which faults on NVIDIA's OpenCL at an element offset)")
         if ctx.checks and any(t.text in ("device", "constant") for t in head) and any(t.text == "*" for t in head):
             refuse(ts[open_ - 1], f"{ts[open_ - 1].text}()", "a function returning a device or constant pointer: "
                    "the accesses made through it could not be bounds-checked")

@@ -309,6 +309,11 @@ def pointer_declaration(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
         _vector_pointer_variable(ts, i, ctx)
         return None
     if ctx.guard is None:
+        j = type_end(ts, i + 1)
+        if ctx.scope == "program" and at(ts, j).text == "*" and any(t.text in VECTORS for t in ts[i + 1:j]):
+            refuse(ts[i], f"{ts[i].text} T*", "pointers to vectors outside a function's parameters and body (struct "
+                                              "members, prototypes): the translator could not type the accesses "
+                                              "made through them as vector loads and stores")
         if ctx.checks and ctx.scope == "program" and ts[i].text == "device" and at(ts, type_end(ts, i + 1)).text == "*":
             refuse(ts[i], "device T*", "device pointers outside a function's parameters and body (struct members, "
                                        "prototypes) cannot be bounds-checked by the simulated device")

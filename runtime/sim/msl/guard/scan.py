@@ -232,6 +232,8 @@ def _pointee(ts: list[Token], a: int, b: int, ctx: Ctx) -> tuple[str, str | None
     if branch is not None:  # `c ? p : q`: the branches' type (MSL requires them to agree)
         return _pointee(ts, *branch, ctx)
     t = at(ts, a)
+    if t.kind == PUNCT and t.text in ("++", "--"):  # `*++p`: the pointer's own type
+        return _pointee(ts, a + 1, b, ctx)
     g = ctx.guard
     if (t.text == "&" and g is not None and at(ts, a + 1).kind == ID and at(ts, a + 1).text in g.vectors
             and at(ts, a + 2).text == "[" and group_end(ts, a + 2) == b - 1):  # `&p[i]`

@@ -331,35 +331,38 @@ def test_the_strict_build_refuses_a_vector_dereference(runner: KernelRunner) -> 
 @pytest.mark.parametrize("run_k", RUNS)
 def test_conditional_comma_and_cast_pointers_indexed_or_dereferenced(runner: KernelRunner, run_k) -> None:  # type: ignore[no-untyped-def]
     msl = """kernel void k(device float* a, device float* o, uint t [[thread_position_in_grid]]) {
-      device float4* p = (device float4*)(a + 1 + 24 * t);
-      device float4* q = (device float4*)(a + 5 + 24 * t);
+      device float4* p = (device float4*)(a + 1 + 32 * t);
+      device float4* q = (device float4*)(a + 5 + 32 * t);
       *(t == 0 ? p : q) = float4(1.0f, 2.0f, 3.0f, 4.0f);
       *(t == 0 ? q : p) += float4(10.0f, 20.0f, 30.0f, 40.0f);
       (t == 0 ? p : q)[2] = float4(5.0f, 6.0f, 7.0f, 8.0f);
       (t == 0 ? q : p)[3].y = 9.0f;
       *(t, p + 4) *= 2.0f;
+      device float4* u = p + 5;
+      *++u += 1000.0f;
       ++(t == 0 ? p : q)[1];
       (t != 0 ? p : q)->zw -= float2(0.5f, 0.25f);
-      ((device float4*)(a + 1 + 24 * t))[5].x += 100.0f;
-      o[2 * t] = (t == 0 ? p : q)[1].z + ((device float4*)(a + 1 + 24 * t))[5].w;
-      float4 r = ((device float4*)(a + 2 + 24 * t))[0];
+      ((device float4*)(a + 1 + 32 * t))[5].x += 100.0f;
+      o[2 * t] = (t == 0 ? p : q)[1].z + ((device float4*)(a + 1 + 32 * t))[5].w;
+      float4 r = ((device float4*)(a + 2 + 32 * t))[0];
       o[2 * t + 1] = r.x - r.w;
     }"""
     for checks in (True, False):
         src = translate(HEAD + msl, bounds_checks=checks).source
-        assert src.count("vstore4(") == 5
+        assert src.count("vstore4(") == 6
         assert_no_vector_dereference(runner, src)
-    x = np.arange(50, dtype=np.float32)
+    x = np.arange(64, dtype=np.float32)
     out, o = run_k(runner, msl, [x, np.zeros(4, np.float32)], threads=2)
     want, want_o = x.copy(), np.zeros(4, np.float32)
     for t in range(2):
-        p, q = 1 + 24 * t, 5 + 24 * t
+        p, q = 1 + 32 * t, 5 + 32 * t
         c, d = (p, q) if t == 0 else (q, p)
         want[c:c + 4] = [1, 2, 3, 4]
         want[d:d + 4] += [10, 20, 30, 40]
         want[c + 8:c + 12] = [5, 6, 7, 8]
         want[d + 13] = 9
         want[p + 16:p + 20] *= 2
+        want[p + 24:p + 28] += 1000
         want[c + 4:c + 8] += 1
         want[d + 2:d + 4] -= [0.5, 0.25]
         want[p + 20] += 100
@@ -437,6 +440,9 @@ def test_vector_pointers_declared_in_for_loop_headers(runner: KernelRunner, run_
     ("device float4* p = (device float4*)(a + 1); thread device float4** pp = &p; **pp = 1.0f;", "**",
      "a pointer to a pointer to vectors"),
     ("*(t == 0 ? (device float4*)(a + 1) : (device float4*)(b + 1)) = 1.0f;", "a, b", "mixes the buffer pointers a, b"),
+    ("} device float4* at(device float* a) { return (device float4*)(a + 1); } void unused() {", "at()",
+     "a function returning a pointer to vectors"),
+    ("} struct S { thread float4* v; }; void unused() {", "thread T*", "pointers to vectors outside a function"),
     ("(t == 0 ? (device float4*)(a + 1) : (device float4*)(b + 1))[1] = 1.0f;", "a, b", "mixes the buffer pointers"),
 ])
 def test_vector_pointers_the_translator_cannot_follow_are_refused_with_and_without_checks(
