@@ -43,7 +43,8 @@ NVIDIA's OpenCL faults on when the vector is not aligned to its size. The transl
 vector accesses and emit no check; scalar accesses stay as written and nothing is refused for the checks' sake.
 
 The pieces, one idea each: ``bound`` (``Bound``, ``Guard``, the names and sizes the translated kernel and the runner
-share), ``scan`` (reading the tokens around an access), ``access`` (the checked accesses), ``pointers`` (parenthesised
-vector pointers, ``&p[i]``, comparisons, and the ``Bound`` a pointer expression's names share), ``vector`` (the
-forms of a vector access) and ``loops`` (the loops that end after a fault). Their token rules run from the translator's table (``msl.token_rules.TOKEN_RULES``).
+share), ``scan`` (reading the tokens around an access), ``access`` (the checked accesses), ``pointers``
+(parenthesised vector pointers, ``&p[i]``, comparisons, and the ``Bound`` a pointer expression's names share),
+``vector`` (the forms of a vector access) and ``loops`` (the loops that end after a fault). Their token rules run
+from the translator's table (``msl.token_rules.TOKEN_RULES``).
 """

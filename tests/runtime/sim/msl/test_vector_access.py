@@ -6,6 +6,7 @@ device, threadgroup and thread memory."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -170,6 +171,7 @@ def test_half_vectors_through_casts_at_element_offsets(runner: KernelRunner) -> 
 
 
 RUNS = [pytest.param(run, id="checked"), pytest.param(run_unchecked, id="unchecked")]
+Run = Callable[..., list[np.ndarray]]  # run or run_unchecked
 
 
 @pytest.mark.parametrize("run_k", RUNS)
@@ -329,7 +331,7 @@ def test_the_strict_build_refuses_a_vector_dereference(runner: KernelRunner) -> 
 
 
 @pytest.mark.parametrize("run_k", RUNS)
-def test_conditional_comma_and_cast_pointers_indexed_or_dereferenced(runner: KernelRunner, run_k) -> None:  # type: ignore[no-untyped-def]
+def test_conditional_comma_and_cast_pointers_indexed_or_dereferenced(runner: KernelRunner, run_k: Run) -> None:
     msl = """kernel void k(device float* a, device float* o, uint t [[thread_position_in_grid]]) {
       device float4* p = (device float4*)(a + 1 + 32 * t);
       device float4* q = (device float4*)(a + 5 + 32 * t);
@@ -373,7 +375,7 @@ def test_conditional_comma_and_cast_pointers_indexed_or_dereferenced(runner: Ker
 
 
 @pytest.mark.parametrize("run_k", RUNS)
-def test_elements_and_addresses_of_vectors_through_pointers_stay_lvalues(runner: KernelRunner, run_k) -> None:  # type: ignore[no-untyped-def]
+def test_elements_and_addresses_of_vectors_through_pointers_stay_lvalues(runner: KernelRunner, run_k: Run) -> None:
     msl = """kernel void k(device float* a, device half* h, uint t [[thread_position_in_grid]]) {
       device float4* p = (device float4*)(a + 1);
       (&p[1])->x = 7.0f;
@@ -417,7 +419,7 @@ def test_elements_and_addresses_of_vectors_through_pointers_stay_lvalues(runner:
 
 
 @pytest.mark.parametrize("run_k", RUNS)
-def test_vector_pointers_declared_in_for_loop_headers(runner: KernelRunner, run_k) -> None:  # type: ignore[no-untyped-def]
+def test_vector_pointers_declared_in_for_loop_headers(runner: KernelRunner, run_k: Run) -> None:
     msl = """kernel void k(device float* a, uint t [[thread_position_in_grid]]) {
       device float4* p = (device float4*)(a + 1);
       for (device float4* r = p; r < p + 2; ++r) { *r += 1.0f; }
