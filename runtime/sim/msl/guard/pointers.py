@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from mtlir.runtime.sim.msl.guard.bound import _HOW, _SPACES, Bound
 from mtlir.runtime.sim.msl.guard.scan import _is_cast, _operand_end, _pointee, _pointer_names, _unary, group_start
-from mtlir.runtime.sim.msl.guard.vector import VectorAccess, vector_access
-from mtlir.runtime.sim.msl.lex import ID, PUNCT, Token
+from mtlir.runtime.sim.msl.guard.vector import VectorAccess, checked, vector_access
+from mtlir.runtime.sim.msl.lex import ID, PUNCT, RAW, Token
 from mtlir.runtime.sim.msl.names import VECTORS
 from mtlir.runtime.sim.msl.rewrite import Ctx, TokenMatch, at, group_end, refuse, rewrite, tok
 
@@ -134,6 +134,9 @@ def pointer_group(ts: list[Token], i: int, ctx: Ctx) -> TokenMatch | None:
         index = rewrite(ts, ctx, close + 2, bracket)
         pointer += [tok("+", PUNCT, " "), tok("(", PUNCT, " "), *index, tok(")")]
         member, end = None, bracket + 1
+        if before.text == "&" and _unary(ts, i - 1, ctx) and at(ts, end).text not in (".", "->", "["):
+            a, check = checked(bound, False, ctx)  # `&(X)[i]`: an address, `&(*(...))`, not a load
+            return end - i, [tok(f"(*({{ __auto_type {a} = (", RAW), *pointer, tok(f"); {check}; }}))", RAW)]
     k, out = vector_access(ts, i, end, VectorAccess(tuple(pointer), vector, space, bound), ctx, member)
     return k - i, out
 

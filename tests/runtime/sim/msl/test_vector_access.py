@@ -342,6 +342,8 @@ def test_conditional_comma_and_cast_pointers_indexed_or_dereferenced(runner: Ker
       *(t, p + 4) *= 2.0f;
       device float4* u = p + 5;
       *++u += 1000.0f;
+      device float4* w = &(t == 0 ? p : q)[6 - t];
+      w->y = -5.0f;
       ++(t == 0 ? p : q)[1];
       (t != 0 ? p : q)->zw -= float2(0.5f, 0.25f);
       ((device float4*)(a + 1 + 32 * t))[5].x += 100.0f;
@@ -365,6 +367,7 @@ def test_conditional_comma_and_cast_pointers_indexed_or_dereferenced(runner: Ker
         want[d + 13] = 9
         want[p + 16:p + 20] *= 2
         want[p + 24:p + 28] += 1000
+        want[p + 25] = -5
         want[c + 4:c + 8] += 1
         want[d + 2:d + 4] -= [0.5, 0.25]
         want[p + 20] += 100
