@@ -201,3 +201,33 @@ def test_the_last_reference_dropped_by_a_command_buffer(scenes: list[Scene], str
     assert s.status(first) == MTL.StatusCompleted
     assert s.status(second) == MTL.StatusError and s.error_code(second) == MTL.ErrorInvalidResource
     assert not alive(s, out)
+
+
+def test_a_command_buffer_gone_leaves_no_reference_cycle() -> None:
+    """Its encoders point back at it (``Encoder.cb``): once its last reference goes (the Session's release at the
+    wait, the autorelease pool's pop), refcounting frees them all, not the cyclic garbage collector (each submit
+    left 14 objects in cycles before)."""
+    import gc
+
+    from progbuild import submit_program
+
+    from mtlir.runtime.session import Session
+    from mtlir.runtime.sim.device import SimDevice
+    from mtlir.runtime.sim.objects import CommandBuffer, Encoder
+    with SimDevice("x86_64", family="Apple7") as dev, Session(submit_program("x86_64", family="Apple7"), dev) as s:
+        s.submit(n=8)
+        s.wait()
+        gc.collect()
+        gc.disable()
+        try:
+            for n in (8, 13, 8):
+                s.submit(n=n)
+                s.wait()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            cyclic = [type(o).__name__ for o in gc.garbage if isinstance(o, (CommandBuffer, Encoder))]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert cyclic == []
