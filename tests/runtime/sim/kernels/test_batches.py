@@ -299,3 +299,43 @@ def test_what_follows_the_kernels_is_enqueued_once_they_completed_on_either_thre
     while not called and time.monotonic() < deadline:
         time.sleep(0.001)
     assert called == [1]  # the helper thread enqueues it once they end
+
+
+@pytest.mark.parametrize("in_host_memory", [None, False])
+def test_a_started_batch_keeps_its_outcome_until_finish(in_host_memory: bool | None) -> None:
+    """``start`` enqueues and returns; another use of the runner first waits for the started batch and keeps its
+    outcome (here a fault) for ``finish``; the other batch runs as usual; results reach the host at the sync."""
+    own = KernelRunner(in_host_memory=in_host_memory)
+    ok, over = own.compile(MSL, "add1"), own.compile(MSL, "over")
+    small, big = np.zeros(16, np.uint8), np.zeros(64, np.uint8)
+    bad = over.prepare({0: (small, 0)}, (1, 1, 1), (4, 1, 1), keep=True)
+    good = ok.prepare({0: (big, 0)}, (1, 1, 1), (4, 1, 1), keep=True)
+    assert bad is not None and good is not None
+    first = own.start([bad], 30)
+    assert own.run_batch([good], 30, keep=True) is None  # waits for ``first`` before its own batch
+    fault = own.finish(first)
+    assert fault is not None and fault[0] == 0 and fault[1].function == "over"
+    second = own.start([good], 30)
+    own.sync()  # waits for it too
+    assert own.finish(second) is None
+    assert list(big.view(np.float32)[:4]) == [2.0, 2.0, 2.0, 2.0]
+    with pytest.raises(ValueError, match="a batch has 1 to"):
+        own.start([], 30)
+
+
+def test_a_started_batch_past_its_timeout_raises_at_finish() -> None:
+    spin = HEAD + """kernel void spin(device float* x, constant int& n) {
+      float acc = x[0];
+      for (int k = 0; k < n; k++) { acc = acc * 0.999999f + x[1]; }
+      x[2] = acc;
+    }"""
+    own = KernelRunner()
+    data, var = np.ones(16, np.uint8), np.zeros(4, np.uint8)
+    var.view(np.int32)[0] = 120_000_000  # >= 0.1 s on PoCL: 5x the timeout below
+    slow = own.compile(spin, "spin").prepare({0: (data, 0), 1: (var, 0)}, (1, 1, 1), (1, 1, 1))
+    assert slow is not None
+    batch = own.start([slow], 0.02)
+    with pytest.raises(TimeoutError, match="kernel 'spin'.*did not finish within 0.02 s"):
+        own.finish(batch)
+    assert own.stuck is not None
+    own.queue.finish()  # let the spinning kernel end before the test does
