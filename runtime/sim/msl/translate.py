@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mtlir.errors import KernelCompileError
+from mtlir.runtime.sim.msl.aliases import resolve_vector_aliases
 from mtlir.runtime.sim.msl.compile_errors import check_metal_types
 from mtlir.runtime.sim.msl.guard.access import guard_name, helper_bound_params
 from mtlir.runtime.sim.msl.guard.bound import FAULT_PARAM, Guard
@@ -90,7 +91,7 @@ def translate(msl: str, *, bounds_checks: bool = True) -> Translation:
     ``KernelCompileError`` for a kernel signature Metal would reject (duplicate or out-of-range buffer index),
     more than 32 KiB of threadgroup arrays, or ``double`` anywhere as a type (Metal has none, MSL spec §2.1:
     ``compile_errors``; checked first, with the line quoted and a caret, as Metal's compiler reports it)."""
-    ts = canonical_type_spellings(tokenize(msl))
+    ts = resolve_vector_aliases(canonical_type_spellings(tokenize(msl)))
     check_metal_types(ts, msl)
     _refuse_unsupported(ts)
     prelude = Prelude()

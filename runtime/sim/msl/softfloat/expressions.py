@@ -314,10 +314,10 @@ class ExpressionTyper:
 
     def _member(self, node: Node) -> tuple[Ty | None, bool]:
         obj = node.kids[0]
-        if node.op == "->":
-            self._value(obj)
-            return None, False
-        ty, bits = self._expr(obj)
+        if node.op == "->":  # p->x is (*p).x: a vector pointer's component, else a struct member (untyped)
+            ty, bits = self._element(self._value(obj))
+        else:
+            ty, bits = self._expr(obj)
         if ty is None or ty.depth:
             return None, False
         if ty.n > 1 or ty.arithmetic:

@@ -449,6 +449,11 @@ def test_vector_pointers_declared_in_for_loop_headers(runner: KernelRunner, run_
      "a function returning a pointer to vectors"),
     ("} struct S { thread float4* v; }; void unused() {", "thread T*", "pointers to vectors outside a function"),
     ("(t == 0 ? (device float4*)(a + 1) : (device float4*)(b + 1))[1] = 1.0f;", "a, b", "mixes the buffer pointers"),
+    ("typedef device float4* F4P; F4P p = (F4P)(a + 1); *p += 1.0f;", "typedef F4P",
+     "a typedef of a pointer to, a reference to or an array of a vector type"),
+    ("threadgroup float s[12]; typedef threadgroup float4* TP; TP p = (TP)(s + 1); *p += 1.0f;", "typedef TP",
+     "a typedef of a pointer to"),
+    ("typedef half4 H; typedef H A[2]; thread A x;", "typedef A", "an array of a vector type"),
 ])
 def test_vector_pointers_the_translator_cannot_follow_are_refused_with_and_without_checks(
         body: str, construct: str, why: str) -> None:
@@ -458,3 +463,96 @@ def test_vector_pointers_the_translator_cannot_follow_are_refused_with_and_witho
         with pytest.raises(UnsupportedKernelError, match=why) as got:
             translate(HEAD + msl, bounds_checks=checks)
         assert got.value.construct == construct
+
+
+@pytest.mark.parametrize("run_k", RUNS)
+@pytest.mark.parametrize("alias", [
+    pytest.param("typedef float4 V;\n", id="file-typedef"),
+    pytest.param("#define V float4\n", id="define"),
+    pytest.param("typedef float4 W;\ntypedef W V;\n", id="typedef-of-typedef"),
+    pytest.param("", id="local-typedef"),
+])
+def test_vector_types_under_another_name_load_and_store_at_any_offset(runner: KernelRunner, run_k: Run,
+                                                                       alias: str) -> None:
+    local = "typedef float4 V;" if not alias else ""
+    msl = alias + f"""kernel void k(device float* a, device half* h, uint t [[thread_position_in_grid]]) {{
+      {local}
+      device V* p = (device V*)(a + 1);
+      *p += 1.0f;
+      p[1].y = 7.0f;
+      V x = V(2.0f);
+      (p + 2)->w = x.z + float(h[1]);
+    }}"""
+    for checks in (True, False):
+        src = translate(HEAD + msl, bounds_checks=checks).source
+        assert_no_vector_dereference(runner, src)
+    a = np.arange(13, dtype=np.float32)
+    out, _ = run_k(runner, msl, [a, np.array([0, 0.5], np.float16)])
+    want = a.copy()
+    want[1:5] += 1
+    want[6] = 7
+    want[12] = 2.5
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("run_k", RUNS)
+def test_a_half_vector_typedef_is_computed_in_software(runner: KernelRunner, run_k: Run) -> None:
+    msl = """typedef half4 H;
+    kernel void k(device half* h, uint t [[thread_position_in_grid]]) {
+      device H* p = (device H*)(h + 1);
+      H x = *p;
+      *p = x * 2.0h;
+      p->w = 9.0h;
+    }"""
+    h = (np.arange(6) * 0.5).astype(np.float16)
+    out, = run_k(runner, msl, [h])
+    np.testing.assert_array_equal(out, np.array([0, 1, 2, 3, 9, 2.5], np.float16))
+
+
+@pytest.mark.parametrize("run_k", RUNS)
+def test_a_typedef_name_is_resolved_only_in_its_scope_and_not_as_a_member(runner: KernelRunner, run_k: Run) -> None:
+    msl = """struct S { float V; };
+    kernel void k(device float* a, device S* s, uint t [[thread_position_in_grid]]) {
+      { typedef float4 V; device V* p = (device V*)(a + 1); *p = V(s->V); }
+      float V = 2.0f;
+      a[0] = V;
+    }"""
+    out, _ = run_k(runner, msl, [np.zeros(6, np.float32), np.array([3.0], np.float32)])
+    np.testing.assert_array_equal(out, [2, 3, 3, 3, 3, 0])
+
+
+@pytest.mark.parametrize("run_k", RUNS)
+@pytest.mark.parametrize("kind", ["half", "bfloat"])
+def test_a_component_of_a_16_bit_float_vector_through_arrow(runner: KernelRunner, run_k: Run, kind: str) -> None:
+    def c(x: str) -> str:  # a constant of the kind
+        return f"{x}h" if kind == "half" else f"bfloat({x}f)"
+    msl = f"""kernel void k(device float* o, device {kind}* h, uint t [[thread_position_in_grid]]) {{
+      device {kind}4* v = (device {kind}4*)(h + 1);
+      o[0] = v->x;
+      o[1] = float(v->y);
+      o[2] = v->xy.y + 0.25f;
+      o[3] = (t == 0 ? v : v + 1)->w;
+      v->z += {c('1.0')};
+      threadgroup {kind} s[8];
+      for (int j = 0; j < 8; j++) s[j] = h[j];
+      threadgroup {kind}4* u = (threadgroup {kind}4*)(s + 1);
+      o[4] = u->y;
+      u->w = {c('3.0')};
+      o[5] = s[4];
+      v[1].y = {c('4.0')};
+      (v + 1)->x = {c('0.5')};
+    }}"""
+    for checks in (True, False):
+        assert_no_vector_dereference(runner, translate(HEAD + msl, bounds_checks=checks).source)
+    vals = np.arange(10, dtype=np.float32) * 0.5
+    if kind == "half":
+        h = vals.astype(np.float16)
+    else:
+        h = (vals.view(np.uint32) >> 16).astype(np.uint16)  # exact in bfloat: the top 16 bits
+    o, hh = run_k(runner, msl, [np.zeros(6, np.float32), h])
+    np.testing.assert_array_equal(o, [0.5, 1.0, 1.25, 2.0, 1.0, 3.0])
+    got = hh.astype(np.float32) if kind == "half" else (hh.astype(np.uint32) << 16).view(np.float32)
+    want = vals.copy()
+    want[3] += 1
+    want[5], want[6] = 0.5, 4.0
+    np.testing.assert_array_equal(got, want)
