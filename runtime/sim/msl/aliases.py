@@ -20,7 +20,8 @@ from mtlir.runtime.sim.msl.names import VECTORS
 __all__ = ["resolve_vector_aliases"]
 
 # An object-like macro whose whole body is one name: `#define V float4` (a function-like macro is left alone).
-_DEFINE = re.compile(r"#\s*define\s+([A-Za-z_]\w*)\s+([A-Za-z_]\w*)\s*$")
+_DEFINE = re.compile(r"#\s*define\s+([A-Za-z_]\w*)\s+(?:metal\s*::\s*)?([A-Za-z_]\w*)\s*$")
+_DEFINE_VEC = re.compile(r"#\s*define\s+([A-Za-z_]\w*)\s+(?:metal\s*::\s*)?vec\s*<\s*([a-z]+)\s*,\s*([234])\s*>\s*$")
 _UNDEF = re.compile(r"#\s*undef\s+([A-Za-z_]\w*)\s*$")
 # Tokens that make a typedef's type more than a (qualified) vector type.
 _DECLARATOR = ("*", "&", "[", "]", "(", ")", ",")
@@ -43,7 +44,11 @@ def _typedef_end(ts: list[Token], i: int) -> int | None:
 def _expand(ts: list[Token], aliases: dict[str, list[Token]], at: Token) -> list[Token]:
     """The tokens of the alias type in ``ts``, at ``at``'s place (its line, column and the space before it)."""
     out: list[Token] = []
-    for t in ts:
+    texts = [t.text for t in ts] + ["", ""]
+    for k, t in enumerate(ts):
+        if texts[k:k + 2] == ["metal", "::"] and texts[k + 2] in VECTORS or (
+                texts[k - 1:k + 1] == ["metal", "::"] and texts[k + 1] in VECTORS):
+            continue  # metal::float4 is float4
         for u in aliases.get(t.text, [t]) if t.kind == ID else [t]:
             out.append(Token(u.kind, u.text, at.line, at.col, at.space if not out else (u.space or " ")))
     return out
@@ -53,12 +58,13 @@ def resolve_vector_aliases(ts: list[Token]) -> list[Token]:
     """``ts`` with every use of a typedef or ``#define`` name for a vector type (``typedef float4 V;``,
     ``typedef const half2 H;``, ``#define V float4``) replaced by the type's tokens, in its scope (a typedef in a
     block until the block closes; a macro until its ``#undef``), and those typedefs and defines dropped. The same
-    list when there is none. A use after ``.``, ``->`` or ``::`` (a member of that name) is left.
+    list when there is none. A use after ``.``, ``->`` or ``::`` (a member of that name) is left. ``metal::float4``
+    (the vector type named with its namespace, MSL spec §2.2) becomes ``float4`` too.
 
     Raises ``UnsupportedKernelError`` naming the typedef for a typedef of a pointer to, a reference to or an array
     of a vector type (``typedef device float4* F4P;``, ``typedef threadgroup half4* TP;``): write the pointer type
     out (``device float4*``) where it is used."""
-    if not any(t.text == "typedef" or (t.kind == PP and "define" in t.text) for t in ts):
+    if not any(t.text in ("typedef", "metal") or (t.kind == PP and "define" in t.text) for t in ts):
         return ts
     aliases: dict[str, list[Token]] = {}
     scopes: list[list[tuple[str, list[Token] | None]]] = [[]]  # per open block: (name, the alias it shadowed)
@@ -67,7 +73,11 @@ def resolve_vector_aliases(ts: list[Token]) -> list[Token]:
     while i < len(ts):
         t = ts[i]
         if t.kind == PP:
-            d, u = _DEFINE.match(t.text), _UNDEF.match(t.text)
+            d, u, v = _DEFINE.match(t.text), _UNDEF.match(t.text), _DEFINE_VEC.match(t.text)
+            if v and v.group(2) + v.group(3) in VECTORS:  # #define V vec<float, 4>
+                aliases[v.group(1)] = [Token(ID, v.group(2) + v.group(3), t.line, t.col, "")]
+                i, changed = i + 1, True
+                continue
             if d and (d.group(2) in VECTORS or d.group(2) in aliases):
                 aliases[d.group(1)] = _expand([Token(ID, d.group(2), t.line, t.col, "")], aliases, t)
                 i, changed = i + 1, True
@@ -92,6 +102,8 @@ def resolve_vector_aliases(ts: list[Token]) -> list[Token]:
                 aliases[name.text] = _expand(body, aliases, t)
                 i, changed = end + 1, True
                 continue
+            if end is not None and ts[end - 1].text in aliases:  # `typedef float V;`: V is no vector type here
+                scopes[-1].append((ts[end - 1].text, aliases.pop(ts[end - 1].text)))
         elif t.text == "{":
             scopes.append([])
         elif t.text == "}" and len(scopes) > 1:
@@ -100,6 +112,11 @@ def resolve_vector_aliases(ts: list[Token]) -> list[Token]:
                     aliases.pop(alias, None)
                 else:
                     aliases[alias] = shadowed
+        elif (t.kind == ID and t.text == "metal" and i + 2 < len(ts) and ts[i + 1].text == "::"
+              and ts[i + 2].kind == ID and ts[i + 2].text in VECTORS):  # metal::float4 is float4
+            out.append(ts[i + 2].with_space(t.space))
+            i, changed = i + 3, True
+            continue
         elif t.kind == ID and t.text in aliases and not (out and out[-1].text in (".", "->", "::")):
             out += _expand([t], aliases, t)
             i, changed = i + 1, True

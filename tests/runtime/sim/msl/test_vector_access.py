@@ -470,6 +470,11 @@ def test_vector_pointers_the_translator_cannot_follow_are_refused_with_and_witho
     pytest.param("typedef float4 V;\n", id="file-typedef"),
     pytest.param("#define V float4\n", id="define"),
     pytest.param("typedef float4 W;\ntypedef W V;\n", id="typedef-of-typedef"),
+    pytest.param("typedef metal::float4 V;\n", id="typedef-metal-namespace"),
+    pytest.param("#define V metal::float4\n", id="define-metal-namespace"),
+    pytest.param("#define V metal::float4\n#undef V\n#define V float4\n", id="undef"),
+    pytest.param("#define W float4\n#define V W\n", id="define-of-define"),
+    pytest.param("#define U 1\n#define V vec<float, 4>\n", id="define-of-the-template-spelling"),
     pytest.param("", id="local-typedef"),
 ])
 def test_vector_types_under_another_name_load_and_store_at_any_offset(runner: KernelRunner, run_k: Run,
@@ -479,7 +484,8 @@ def test_vector_types_under_another_name_load_and_store_at_any_offset(runner: Ke
       {local}
       device V* p = (device V*)(a + 1);
       *p += 1.0f;
-      p[1].y = 7.0f;
+      device metal::float4* q = (device metal::float4*)(a + 5);
+      q->y = 7.0f;
       V x = V(2.0f);
       (p + 2)->w = x.z + float(h[1]);
     }}"""
@@ -513,12 +519,12 @@ def test_a_half_vector_typedef_is_computed_in_software(runner: KernelRunner, run
 def test_a_typedef_name_is_resolved_only_in_its_scope_and_not_as_a_member(runner: KernelRunner, run_k: Run) -> None:
     msl = """struct S { float V; };
     kernel void k(device float* a, device S* s, uint t [[thread_position_in_grid]]) {
-      { typedef float4 V; device V* p = (device V*)(a + 1); *p = V(s->V); }
+      { typedef float4 V; device V* p = (device V*)(a + 1); *p = V(s->V); { typedef float V; V x = 1.5f; a[5] = x; } }
       float V = 2.0f;
       a[0] = V;
     }"""
     out, _ = run_k(runner, msl, [np.zeros(6, np.float32), np.array([3.0], np.float32)])
-    np.testing.assert_array_equal(out, [2, 3, 3, 3, 3, 0])
+    np.testing.assert_array_equal(out, [2, 3, 3, 3, 3, 1.5])
 
 
 @pytest.mark.parametrize("run_k", RUNS)
