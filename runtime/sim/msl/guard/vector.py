@@ -95,11 +95,10 @@ def vector_load(acc: VectorAccess, ctx: Ctx) -> list[Token]:
 
 
 def vector_element(acc: VectorAccess, k: int, write: bool, ctx: Ctx) -> list[Token]:
-    """The lvalue of element ``k`` (``p->y``): ``(*((__global float*)({ __auto_type a = (P); CHECK; }) + 1))``."""
-    a, check = checked(acc.bound, write, ctx)
-    elem = VECTORS[acc.vector][0]
-    head = tok(f"(*(({SPACE_QUALIFIER[acc.space]} {elem}*)({{ __auto_type {a} = (", RAW)
-    return [head, *acc.pointer, tok(f"); {check}; }}) + {k}))", RAW)]
+    """The lvalue of element ``k`` (``p->y``): ``vector_subscript``'s with the index ``k``, checked as an access of
+    that one element, as Metal reads or writes only it (a vector straddling the buffer's end may have its in-bounds
+    components read and written: before 2026-12-02, session 8c, the whole vector was checked)."""
+    return vector_subscript(acc, [tok(str(k), RAW)], write, ctx)
 
 
 def vector_subscript(acc: VectorAccess, index: list[Token], write: bool, ctx: Ctx) -> list[Token]:
