@@ -110,19 +110,28 @@ def test_the_fault_of_one_dispatch_of_a_batch_names_that_dispatch(scene: Scene) 
     assert s.status(cb) == MTL.StatusCompleted, s.error_text(cb)
 
 
-def test_a_batch_that_does_not_finish_names_its_kernel() -> None:
-    spin = HEAD + """kernel void quick(device float* x) { x[3] = 1.0f; }
-    kernel void spin(device float* x, constant int& n) {
-      float acc = x[0];
-      for (int k = 0; k < n; k++) { acc = acc * 0.999999f + x[1]; }
-      x[2] = acc;
-    }"""
-    own = KernelRunner()
+SPIN = HEAD + """kernel void quick(device float* x) { x[3] = 1.0f; }
+kernel void spin(device float* x, constant int& n) {
+  float acc = x[0];
+  for (int k = 0; k < n; k++) { acc = acc * 0.999999f + x[1]; }
+  x[2] = acc;
+}"""
+
+
+def _quick_and_slow(own: KernelRunner) -> tuple[Any, Any]:
+    """Two launches of ``SPIN`` on ``own``: ``quick`` and ``slow`` (>= 0.1 s on PoCL: 5x the 0.02 s timeouts of the
+    tests, whatever the load)."""
     data, var = np.ones(16, np.uint8), np.zeros(4, np.uint8)
-    var.view(np.int32)[0] = 120_000_000  # >= 0.1 s on PoCL: 6x the timeout below, whatever the load
-    quick = own.compile(spin, "quick").prepare({0: (data, 0)}, (1, 1, 1), (1, 1, 1))
-    slow = own.compile(spin, "spin").prepare({0: (data, 0), 1: (var, 0)}, (1, 1, 1), (1, 1, 1))
+    var.view(np.int32)[0] = 120_000_000
+    quick = own.compile(SPIN, "quick").prepare({0: (data, 0)}, (1, 1, 1), (1, 1, 1))
+    slow = own.compile(SPIN, "spin").prepare({0: (data, 0), 1: (var, 0)}, (1, 1, 1), (1, 1, 1))
     assert quick is not None and slow is not None
+    return quick, slow
+
+
+def test_a_batch_that_does_not_finish_names_its_kernel() -> None:
+    own = KernelRunner()
+    quick, slow = _quick_and_slow(own)
     own.run_batch([quick], timeout_s=30)  # built and warm
     with pytest.raises(TimeoutError, match="kernel 'spin'.*did not finish within 0.02 s"):
         own.run_batch([quick, slow], timeout_s=0.02)
@@ -324,16 +333,8 @@ def test_a_started_batch_keeps_its_outcome_until_finish(in_host_memory: bool | N
 
 
 def test_a_started_batch_past_its_timeout_raises_at_finish() -> None:
-    spin = HEAD + """kernel void spin(device float* x, constant int& n) {
-      float acc = x[0];
-      for (int k = 0; k < n; k++) { acc = acc * 0.999999f + x[1]; }
-      x[2] = acc;
-    }"""
     own = KernelRunner()
-    data, var = np.ones(16, np.uint8), np.zeros(4, np.uint8)
-    var.view(np.int32)[0] = 120_000_000  # >= 0.1 s on PoCL: 5x the timeout below
-    slow = own.compile(spin, "spin").prepare({0: (data, 0), 1: (var, 0)}, (1, 1, 1), (1, 1, 1))
-    assert slow is not None
+    _, slow = _quick_and_slow(own)
     batch = own.start([slow], 0.02)
     with pytest.raises(TimeoutError, match="kernel 'spin'.*did not finish within 0.02 s"):
         own.finish(batch)
