@@ -511,7 +511,6 @@ class GPU:
         runner = self.dev._runner
         if type(runner) is KernelRunner:  # kernels started at a commit (``_may_start``) and not waited for
             runner.drain(timeout_s)
-            runner.release_threads()
 
     def signal(self, ev: SharedEvent, value: int) -> None:
         """The GPU signals ``ev``: the value only increases, a smaller one is ignored (rule 12). The results so far

@@ -310,12 +310,6 @@ class KernelRunner(DeviceMemory):
                 batch.timeout_s = min(batch.timeout_s, timeout_s)
                 self._settle()
 
-    def release_threads(self) -> None:
-        """End the thread that waits for the OpenCL events (``waiter``), once it has waited for what it was handed;
-        a later wait starts it again. The simulated device calls it when it closes: a program that makes and closes
-        many devices leaves no thread behind."""
-        self._waiter.stop()
-
     def _settle(self) -> None:
         """Wait for the batch ``start`` enqueued (the lock held) and keep its outcome on it for ``finish``."""
         batch, self._started = self._started, None

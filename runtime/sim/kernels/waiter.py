@@ -23,8 +23,8 @@ class EventWaiter:
     order."""
 
     def __init__(self) -> None:
-        self._work: queue.SimpleQueue[tuple[Any, Callable[[], Any] | None, threading.Lock, list[BaseException]]
-                                      | None] = queue.SimpleQueue()  # None: the thread ends (``stop``)
+        self._work: queue.SimpleQueue[tuple[Any, Callable[[], Any] | None, threading.Lock, list[BaseException]]] = \
+            queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def wait(self, event: Any, timeout_s: float, spin_s: float = 0.0, then: Callable[[], Any] | None = None,
@@ -79,19 +79,9 @@ class EventWaiter:
             raise failed[0]
         return True
 
-    def stop(self) -> None:
-        """End the helper thread once it has waited for what it was handed (it starts again at the next wait that
-        needs it): a closed device leaves no thread behind."""
-        if self._thread is not None and self._thread.is_alive():
-            self._work.put(None)
-        self._thread = None
-
     def _run(self) -> None:
         while True:
-            work = self._work.get()
-            if work is None:
-                return
-            event, then, done, failed = work
+            event, then, done, failed = self._work.get()
             try:
                 event.wait()
                 if then is not None:

@@ -157,20 +157,3 @@ def test_a_seeded_order_is_left_to_the_scheduler(program: Program) -> None:
         assert isinstance(cb, CommandBuffer) and cb.status == MTL.StatusCommitted
         s.wait()
         assert cb.status == MTL.StatusCompleted
-
-
-def test_closing_a_device_ends_its_opencl_wait_thread(program: Program) -> None:
-    for _ in range(2):
-        dev = SimDevice("x86_64", family="Apple7", kernel_timeout_s=5.0)
-        with dev, Session(program, dev, timeout_s=5.0) as s:
-            s.submit(n=8)
-            s.wait()
-            runner = dev._runner
-            assert type(runner) is KernelRunner
-            runner.spin_s = 0.0  # (a GPU's runner watches a batch on the caller's thread first: not here)
-            s.submit(n=13)  # the full checks' run_batch waits on the waiter thread
-            s.wait()
-            thread = runner._waiter._thread
-            assert thread is not None and thread.is_alive()
-        thread.join(5.0)
-        assert not thread.is_alive()
