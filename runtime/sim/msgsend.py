@@ -234,6 +234,8 @@ def _fast_type(ret: DType) -> type | None:
     if ret is dtypes.void or ret.kind == "bool":
         return None
     return float if ret.kind == "float" else int
+
+
 RouteCall = Callable[[Any, SimObject, tuple[Any, ...]], Any]  # a route's generated call: (device, receiver, args)
 
 
