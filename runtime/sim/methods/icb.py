@@ -156,12 +156,7 @@ def _cmd_buffer(dev: SimDevice, cmd: ICBCommand, buf: Buffer | None, offset: int
     if dev.strict and buf is not None and offset >= buf.length:
         raise violation(Rule.API_VALIDATION, Call(_SET_BUFFER, cmd, buf, offset, index),
                         f"offset({offset}) must be < [buffer length]({buf.length})")
-    icb = cmd.icb
-    slot: ICBSlot | None
-    if icb.alive and not (dev.strict and icb.readers) and cmd.index is not None:
-        slot = icb.slots[cmd.index]  # ``_slot``'s usual answer, without the call (3 of an eager submit's setters)
-    else:
-        slot = _slot(dev, cmd, _SET_BUFFER, buf, offset, index)
+    slot = _slot(dev, cmd, _SET_BUFFER, buf, offset, index)
     if slot is None:
         return
     old = slot.bindings.get(index)
