@@ -175,15 +175,7 @@ def collect_reads(dev: SimDevice, cb: CommandBuffer) -> None:
     """At commit: record what ``cb`` reads (buffers from their lowest bound offset, ICB ranges) on the objects,
     for rule 15 (and the ICB ranges for rule 14: ``icb_users``); forgotten when it finishes."""
     reads: dict[Buffer, int] = {}
-    steps = cb.steps
-    head = steps[0] if steps else None
-    if type(head) is Encoder and len(head.commands) == 1 and type(command := head.commands[0]) is Execute \
-            and (len(steps) == 1 or len(steps) == 2 and not isinstance(steps[1], Encoder)):
-        # a submit of one ICB range (and its signal): the range's reads as they are
-        cb.icb_reads.append((command.icb, command.first, command.count))
-        reads = dict(analyze_range(dev, command.icb, command.first, command.count).reads)
-        steps = []
-    for step in steps:
+    for step in cb.steps:
         if not isinstance(step, Encoder):
             continue
         for command in step.commands:
@@ -192,6 +184,9 @@ def collect_reads(dev: SimDevice, cb: CommandBuffer) -> None:
             else:
                 cb.icb_reads.append((command.icb, command.first, command.count))
                 pairs = analyze_range(dev, command.icb, command.first, command.count).reads
+                if not reads:  # a range's reads hold one entry per buffer, its lowest offset: taken as they are
+                    reads = dict(pairs)
+                    continue
             for buf, off in pairs:
                 if off < reads.get(buf, off + 1):
                     reads[buf] = off
